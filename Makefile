@@ -1,0 +1,22 @@
+# nemo_topr: the two commands a new user runs are `make demo` and `make test`.
+# Both create .venv (Python 3.12, pinned requirements) when it is missing.
+SHELL := /bin/bash
+PYTHON := .venv/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: venv test test-fast demo clean
+
+venv:
+	@scripts/setup_venv.sh
+
+test: venv
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+test-fast: venv
+	$(PYTHON) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: venv
+	$(PYTHON) -m nemo_topr.demo
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,8 @@
+"""nemo_topr: Tapered Off-Policy REINFORCE (TOPR) on NVIDIA's Megatron stack.
+
+Importing the package is cheap and side-effect free: it imports neither Megatron nor
+Bridge and patches nothing. The Megatron-facing modules import them when used, and the
+CPU runtime (`nemo_topr.cpu_runtime.enable_cpu_runtime`) is always applied explicitly.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,40 @@
+"""`nemo-topr` command line: one verb per stage of the recipe.
+
+Each verb lives in its own module exposing ``main(argv) -> int``; modules are imported only
+when their verb runs, so `nemo-topr data stats` never pays for importing Megatron.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# verb -> (module, one-line help). Keep in pipeline order.
+VERBS: dict[str, tuple[str, str]] = {
+    "data": ("nemo_topr.data.cli", "validate, inspect and curate pre-scored datasets"),
+}
+
+
+def _usage() -> str:
+    width = max((len(v) for v in VERBS), default=0)
+    lines = ["usage: nemo-topr VERB [args...]", "", "verbs:"]
+    lines += [f"  {verb:<{width}}  {help_}" for verb, (_, help_) in VERBS.items()]
+    lines += ["", "Run `nemo-topr VERB --help` for a verb's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    verb, rest = argv[0], argv[1:]
+    if verb not in VERBS:
+        print(f"nemo-topr: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(VERBS[verb][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,415 @@
+"""Run Megatron-Core 0.19.2 and Megatron-Bridge 0.6.2 on machines without CUDA.
+
+This is the only module in nemo_topr that patches upstream code. It exists so that the real
+Bridge ``finetune()`` loop, tensor/pipeline parallelism over gloo, distributed checkpoints and
+AutoBridge conversion run on CPU for tests and demos. On a GPU machine it does nothing.
+
+Two entry points, both explicit (importing this module patches nothing):
+
+* :func:`import_bridge` imports Megatron-Bridge. Bridge imports three GPU-only packages at
+  module top level; when (and only when) such a package is absent, a stub is served to exactly
+  those importing modules and removed from ``sys.modules`` afterwards, so Megatron-Core's own
+  ``try: import transformer_engine`` probes still conclude "not installed" (``HAVE_TE`` stays
+  False). On a cluster image with TE and NVRx installed nothing is stubbed.
+* :func:`enable_cpu_runtime` applies the CUDA-to-CPU patches listed in :data:`PATCHES`, each
+  documented with the upstream ``file:line`` it works around (paths relative to
+  ``site-packages/megatron``). It is a no-op when ``torch.cuda.is_available()``, idempotent,
+  and fully reversible with :func:`disable_cpu_runtime` (every patch is an attribute swap that
+  remembers the original, plus one ``TorchFunctionMode`` that is exited on disable).
+
+Also here: :func:`cpu_model_overrides`, the model-config settings a CPU build needs (local layer
+spec instead of TE, fused kernels off, fp32). That is configuration, not a patch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+# --------------------------------------------------------------------------------------------
+# Importing Bridge without Transformer Engine / NVIDIA Resiliency Extension
+# --------------------------------------------------------------------------------------------
+
+_STUB_VERSION = "0.0.0+nemo-topr-stub"
+
+
+class _Unavailable:
+    """Base of every stub class: it cannot be instantiated, so nothing silently uses TE."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(f"{type(self).__name__} is a stub: the real package is not installed")
+
+
+def _stub_classes(module: types.ModuleType, names: tuple[str, ...]) -> None:
+    for name in names:
+        setattr(module, name, type(name, (_Unavailable,), {}))
+
+
+def _fill_te_pytorch(module: types.ModuleType) -> None:
+    _stub_classes(module, ("Linear", "LayerNormLinear", "LayerNormMLP", "TransformerLayer",
+                           "RMSNorm", "LayerNorm", "GroupedLinear"))
+    module.fp8_autocast = lambda *args, **kwargs: contextlib.nullcontext()
+    # lora_layers.py:109 evaluates `te.ops.Sequential` in annotations at class-definition time
+    module.ops = types.ModuleType("transformer_engine.pytorch.ops")
+    _stub_classes(module.ops, ("Sequential", "Linear", "LayerNorm", "RMSNorm"))
+
+
+def _fill_nvrx_inprocess(module: types.ModuleType) -> None:
+    _stub_classes(module, ("CallWrapper",))
+
+
+@dataclass(frozen=True)
+class _ImportStub:
+    package: str
+    importers: frozenset[str]  # only these modules get the stub
+    submodules: dict[str, Callable[[types.ModuleType], None]]
+    upstream: str
+
+
+_IMPORT_STUBS = (
+    _ImportStub(
+        "transformer_engine",
+        frozenset({"megatron.bridge.peft.lora_layers",
+                   "megatron.bridge.models.gpt_full_te_layer_autocast_spec"}),
+        {"transformer_engine.pytorch": _fill_te_pytorch},
+        "bridge/peft/lora_layers.py:20, bridge/models/gpt_full_te_layer_autocast_spec.py:28",
+    ),
+    _ImportStub(
+        "nvidia_resiliency_ext",
+        frozenset({"megatron.bridge.training.pretrain"}),
+        {"nvidia_resiliency_ext.inprocess": _fill_nvrx_inprocess},
+        "bridge/training/pretrain.py:19",
+    ),
+)
+
+
+def _importing_module() -> str:
+    """Name of the module whose ``import`` statement is being executed."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name.startswith(("importlib", "_frozen_importlib")) or name == __name__):
+            return name
+        frame = frame.f_back
+    return ""
+
+
+class _StubLoader(importlib.abc.Loader):
+    def __init__(self, fill: Callable[[types.ModuleType], None] | None) -> None:
+        self.fill = fill
+
+    def create_module(self, spec):  # noqa: ANN001 - importlib protocol
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__version__ = _STUB_VERSION
+        if self.fill is not None:
+            self.fill(module)
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+class _ScopedStubFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, stubs: tuple[_ImportStub, ...]) -> None:
+        self.stubs = {stub.package: stub for stub in stubs}
+
+    def find_spec(self, name, path, target=None):  # noqa: ANN001 - importlib protocol
+        stub = self.stubs.get(name.split(".")[0])
+        if stub is None or _importing_module() not in stub.importers:
+            return None
+        if name == stub.package:
+            return importlib.util.spec_from_loader(name, _StubLoader(None), is_package=True)
+        if name in stub.submodules:
+            return importlib.util.spec_from_loader(name, _StubLoader(stub.submodules[name]),
+                                                   is_package=True)
+        return None
+
+
+BRIDGE_MODULES = ("megatron.bridge", "megatron.bridge.training.pretrain",
+                  "megatron.bridge.training.finetune")
+
+
+def import_bridge(modules: tuple[str, ...] = BRIDGE_MODULES) -> list[str]:
+    """Import Megatron-Bridge, stubbing only absent GPU-only packages for their importers.
+
+    Returns the names of the stubbed packages (empty on a full GPU image). Raises if any
+    Megatron-Core module ends up believing Transformer Engine is installed when it is not.
+    """
+    missing = tuple(s for s in _IMPORT_STUBS if importlib.util.find_spec(s.package) is None)
+    finder = _ScopedStubFinder(missing)
+    sys.meta_path.insert(0, finder)
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [n for n, m in list(sys.modules.items())
+                     if vars(m).get("__version__") == _STUB_VERSION]:
+            del sys.modules[name]
+    if any(s.package == "transformer_engine" for s in missing):
+        fooled = [n for n, m in list(sys.modules.items())
+                  if n.startswith("megatron.core") and vars(m).get("HAVE_TE", False)]
+        if fooled:
+            raise RuntimeError(f"Transformer Engine stub leaked into Megatron-Core: {fooled}")
+    return [s.package for s in missing]
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA -> CPU patches
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One documented patch: what it replaces and which upstream code needs it."""
+
+    name: str
+    upstream: str
+    why: str
+
+
+class _NullStream:
+    """Stands in for torch.cuda.Stream/current_stream(): CPU work is already ordered."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> Any:
+        return event
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _is_cuda_device(device: Any) -> bool:
+    if isinstance(device, bool):
+        return False
+    if isinstance(device, int):  # a bare ordinal means a CUDA device to torch
+        return True
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+class CudaToCpuMode(TorchFunctionMode):
+    """Redirects ``device="cuda"`` (factories, ``.to``) to CPU and makes ``Tensor.cuda()`` a no-op."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if _is_cuda_device(kwargs.get("device")):
+            kwargs = {**kwargs, "device": "cpu"}
+        if func is torch.Tensor.to and any(_is_cuda_device(a) for a in args[1:]):
+            args = tuple("cpu" if i and _is_cuda_device(a) else a for i, a in enumerate(args))
+        return func(*args, **kwargs)
+
+
+def _clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decoupled_grad=False):
+    """Device-agnostic copy of megatron.core.optimizer.clip_grads.clip_grad_by_total_norm_fp32."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    attr = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = [getattr(p, attr).detach() for p in parameters if getattr(p, attr, None) is not None]
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    if isinstance(clip_coeff, torch.Tensor):
+        if grads:
+            torch._foreach_mul_(grads, clip_coeff.clamp_max(1.0))
+    elif clip_coeff < 1.0 and grads:
+        torch._foreach_mul_(grads, clip_coeff)
+
+
+@contextlib.contextmanager
+def _no_rng_fork(self, name=None):  # noqa: ANN001 - replaces a method
+    yield
+
+
+def _spoof_cuda_tensor_type(init: Callable) -> Callable:
+    """Wrap DistributedOptimizer.__init__ so CPU params report 'torch.cuda.*Tensor' types."""
+
+    def wrapped(self, *args: Any, **kwargs: Any) -> None:
+        real_type = torch.Tensor.type
+
+        def cuda_named_type(tensor, dtype=None, non_blocking=False, **kw):  # noqa: ANN001
+            if dtype is None and not tensor.is_cuda:
+                return real_type(tensor).replace("torch.", "torch.cuda.", 1)
+            return real_type(tensor, dtype, non_blocking, **kw)
+
+        torch.Tensor.type = cuda_named_type
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            torch.Tensor.type = real_type
+
+    return wrapped
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("torch.cuda.current_device -> torch.device('cpu')",
+          "core/tensor_parallel/layers.py:305, core/models/common/embeddings/rotary_pos_embedding.py:78, "
+          "core/distributed/param_and_grad_buffer.py:1186, bridge/models/model_provider.py:689",
+          "Megatron places new buffers, weights and RoPE tables on current_device()."),
+    Patch("torch.cuda.synchronize -> no-op",
+          "core/timers.py:152, core/dist_checkpointing/strategies/filesystem_async.py:248",
+          "timers and checkpoint saves synchronize the device; CPU work is synchronous."),
+    Patch("torch.cuda.{Stream, current_stream, stream} -> null stream",
+          "core/distributed/param_and_grad_buffer.py:632, training/models/dist_utils.py:303-306",
+          "DDP grad sync and model wrapping order work on CUDA streams."),
+    Patch("torch.cuda.get_rng_state -> torch.get_rng_state; torch.cuda.set_rng_state -> no-op",
+          "bridge/training/checkpointing.py:491 (save), :3155 and :3167 (load)",
+          "checkpoints store and restore the CUDA RNG; the CPU RNG is saved beside it already."),
+    Patch("CudaToCpuMode: device='cuda' -> 'cpu', Tensor.cuda() -> identity",
+          "core/pipeline_parallel/schedules.py:749, core/optimizer/clip_grads.py:108, "
+          "core/optimizer/optimizer.py:315, bridge/training/setup.py:281, "
+          "bridge/training/initialize.py:895-944, bridge/data/loaders.py:406, "
+          "bridge/training/eval.py:295, bridge/training/utils/train_utils.py:769",
+          "literal CUDA devices in schedules, optimizer, seeding checks, data loading and logging."),
+    Patch("CudaRNGStatesTracker.fork -> null context",
+          "core/tensor_parallel/random.py:311 (tracker empty: bridge/training/initialize.py:869 "
+          "seeds it only when a CUDA device exists)",
+          "dropout under tensor parallelism forks a CUDA RNG; on CPU it uses the CPU generator."),
+    Patch("clip_grad_by_total_norm_fp32 -> device-agnostic version",
+          "core/optimizer/clip_grads.py:174 (asserts grad.type() == 'torch.cuda.FloatTensor')",
+          "gradient clipping would reject CPU gradients."),
+    Patch("DistributedOptimizer.__init__ sees CPU params as torch.cuda.*Tensor",
+          "core/optimizer/distrib_optimizer.py:401, :466 (TypeError for other tensor types)",
+          "the distributed optimizer accepts only CUDA tensor types."),
+    Patch("bridge setup: initialize_megatron(allow_no_cuda=True)",
+          "bridge/training/initialize.py:91 (assert torch.cuda.is_available()), called at "
+          "bridge/training/setup.py:253",
+          "Bridge refuses to initialise without CUDA unless told otherwise."),
+    Patch("bridge compile_helpers -> no-op when the prebuilt helpers_cpp imports",
+          "bridge/training/initialize.py:147 (runs `make` in megatron/core/datasets)",
+          "the PyPI wheel ships the built extension but no Makefile, so `make` fails."),
+)
+
+
+class _Runtime:
+    """Book-keeping of what was swapped, so disable_cpu_runtime() restores it exactly."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[Any, str, Any]] = []
+        self.mode: CudaToCpuMode | None = None
+
+    def swap(self, owner: Any, attr: str, new: Any) -> None:
+        self.saved.append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, new)
+
+    def restore(self) -> None:
+        for owner, attr, original in reversed(self.saved):
+            setattr(owner, attr, original)
+        self.saved.clear()
+        if self.mode is not None:
+            self.mode.__exit__(None, None, None)
+            self.mode = None
+
+
+_active: _Runtime | None = None
+
+
+def is_enabled() -> bool:
+    return _active is not None
+
+
+def enable_cpu_runtime() -> tuple[Patch, ...]:
+    """Apply every patch in :data:`PATCHES` (imports Bridge via :func:`import_bridge`).
+
+    Returns the patches applied: all of them on a machine without CUDA, none when
+    ``torch.cuda.is_available()`` is true or the runtime is already enabled.
+    """
+    global _active
+    if torch.cuda.is_available() or _active is not None:
+        return ()
+    import_bridge()
+    import megatron.bridge.training.initialize as bridge_initialize
+    import megatron.bridge.training.setup as bridge_setup
+    import megatron.core.optimizer.clip_grads as clip_grads
+    import megatron.core.optimizer.optimizer as optimizer
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+
+    runtime = _Runtime()
+    try:
+        runtime.swap(torch.cuda, "current_device", lambda: torch.device("cpu"))
+        runtime.swap(torch.cuda, "synchronize", lambda device=None: None)
+        runtime.swap(torch.cuda, "Stream", _NullStream)
+        runtime.swap(torch.cuda, "current_stream", lambda device=None: _NullStream())
+        runtime.swap(torch.cuda, "stream", lambda stream=None: contextlib.nullcontext())
+        runtime.swap(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
+        runtime.swap(torch.cuda, "set_rng_state", lambda new_state, device="cuda": None)
+        runtime.mode = CudaToCpuMode()
+        runtime.mode.__enter__()
+        runtime.swap(CudaRNGStatesTracker, "fork", _no_rng_fork)
+        runtime.swap(clip_grads, "clip_grad_by_total_norm_fp32", _clip_grad_by_total_norm_fp32)
+        runtime.swap(optimizer, "clip_grad_by_total_norm_fp32", _clip_grad_by_total_norm_fp32)
+        runtime.swap(DistributedOptimizer, "__init__",
+                     _spoof_cuda_tensor_type(DistributedOptimizer.__init__))
+        runtime.swap(bridge_setup, "initialize_megatron",
+                     _with_kwargs(bridge_initialize.initialize_megatron, allow_no_cuda=True))
+        if importlib.util.find_spec("megatron.core.datasets.helpers_cpp") is not None:
+            runtime.swap(bridge_initialize, "compile_helpers", lambda: None)
+    except BaseException:
+        runtime.restore()
+        raise
+    _active = runtime
+    return PATCHES
+
+
+def disable_cpu_runtime() -> None:
+    """Undo :func:`enable_cpu_runtime` (restores every attribute, exits the device mode)."""
+    global _active
+    if _active is not None:
+        _active.restore()
+        _active = None
+
+
+def _with_kwargs(func: Callable, **fixed: Any) -> Callable:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **{**kwargs, **fixed})
+
+    call.__wrapped__ = func
+    return call
+
+
+# --------------------------------------------------------------------------------------------
+# Model settings a CPU build needs (configuration, not patches)
+# --------------------------------------------------------------------------------------------
+
+_FUSIONS = ("bias_activation_fusion", "masked_softmax_fusion", "persist_layer_norm",
+            "bias_dropout_fusion", "apply_rope_fusion", "cross_entropy_loss_fusion",
+            "gradient_accumulation_fusion")
+
+
+def cpu_model_overrides(provider: Any) -> Any:
+    """Make a Bridge model provider buildable without CUDA/TE: local layer spec, no fused
+    kernels (they are CUDA or TE kernels), fp32 params. No-op when CUDA is available."""
+    if torch.cuda.is_available():
+        return provider
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+
+    provider.transformer_layer_spec = local_layer_spec
+    provider.transformer_impl = "local"
+    for flag in _FUSIONS:
+        if hasattr(provider, flag):
+            setattr(provider, flag, False)
+    provider.params_dtype = provider.pipeline_dtype = torch.float32
+    provider.bf16 = provider.fp16 = False
+    provider.use_cpu_initialization = True
+    return provider

@@ -1,0 +1,47 @@
+"""Process-group set-up for the tools that run a Megatron model outside Bridge's training loop
+(log-prob scoring, export, tests). Bridge's ``finetune()`` does its own initialisation."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1) -> None:
+    """Join (or create) the default process group and Megatron's model-parallel groups.
+
+    Under torchrun the rendezvous comes from the environment; a plain ``python`` process becomes
+    a world of one on a free local port. The backend is NCCL with CUDA and gloo without.
+    """
+    from megatron.core import parallel_state
+
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tensor_parallel,
+            pipeline_model_parallel_size=pipeline_parallel,
+            create_gloo_process_groups=True,
+        )
+
+
+def destroy_model_parallel() -> None:
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

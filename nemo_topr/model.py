@@ -1,0 +1,69 @@
+"""Model providers: a tiny Llama for CPU tests and demos, real Llamas from local HF directories.
+
+Both return Megatron-Bridge ``GPTModelProvider`` objects (Bridge's model config + factory), so the
+rest of the recipe never cares which one it got. Call :func:`nemo_topr.cpu_runtime.import_bridge`
+(or ``enable_cpu_runtime``) before using this module on a machine without Transformer Engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from nemo_topr import cpu_runtime
+
+
+def tiny_llama_provider(
+    *,
+    vocab_size: int = 512,
+    seq_length: int = 256,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    ffn_hidden_size: int = 172,
+    num_attention_heads: int = 4,
+    num_query_groups: int = 2,
+):
+    """A Llama-shaped GPT (RMSNorm, SwiGLU, RoPE, grouped-query attention, untied output layer)
+    small enough to train on two CPU cores."""
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    provider = GPTModelProvider(
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        ffn_hidden_size=ffn_hidden_size,
+        num_attention_heads=num_attention_heads,
+        num_query_groups=num_query_groups,
+        vocab_size=vocab_size,
+        seq_length=seq_length,
+        normalization="RMSNorm",
+        layernorm_epsilon=1e-5,
+        activation_func=F.silu,
+        gated_linear_unit=True,
+        position_embedding_type="rope",
+        rotary_base=500_000,
+        add_bias_linear=False,
+        share_embeddings_and_output_weights=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=0.02,
+    )
+    return cpu_runtime.cpu_model_overrides(provider)
+
+
+def hf_llama_provider(hf_dir: str | Path, *, load_weights: bool = True, seq_length: int | None = None):
+    """Provider for a Llama checkpoint in a local Hugging Face directory (no hub access).
+
+    Returns ``(auto_bridge, provider)``; keep the bridge to export trained weights back to HF.
+    """
+    from megatron.bridge import AutoBridge
+
+    hf_dir = Path(hf_dir)
+    if not (hf_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{hf_dir}: not a Hugging Face model directory (no config.json)")
+    bridge = AutoBridge.from_hf_pretrained(str(hf_dir), torch_dtype=torch.float32, local_files_only=True)
+    provider = bridge.to_megatron_provider(load_weights=load_weights)
+    if seq_length is not None:
+        provider.seq_length = seq_length
+    return bridge, cpu_runtime.cpu_model_overrides(provider)

@@ -1,0 +1,381 @@
+"""Tapered off-policy REINFORCE objectives (pure torch).
+
+TOPR (Le Roux et al., 2025, arXiv 2503.14286) trains a policy pi on completions sampled from
+a frozen behaviour policy mu. For a batch of B sequences with completion mask m_it, token
+log-probs log pi_it, rewards R_i and baseline c:
+
+    s_i   = sum_t m_it log pi_it                 (completion log-likelihood; carries the gradient)
+    n_i   = sum_t m_it                           (completion length)
+    rho_i = exp(s_i - log mu(y_i | x_i))         (sequence-level importance ratio)
+    w_i   = 1                   if R_i >= 0      (positives: SFT-like)
+          = clamp(rho_i, 0, 1)  if R_i <  0      (negatives: truncated ratio)
+    loss  = -(1/B) sum_i stop_grad(w_i) (R_i - c) s_i / n_i
+
+so that d loss / d log pi_it = -w_i (R_i - c) m_it / (B n_i). Positive vs negative is decided
+on the reward R_i (the paper); `negative_rule="advantage"` decides on R_i - c instead.
+
+The whole family is one loss: w_i = clamp(rho_i, a, b) with per-side bounds [a, b]
+(`ObjectiveConfig.weight_bounds`), a detached weight that never carries gradient:
+
+    variant               positives [a+, b+]   negatives [a-, b-]
+    sft_positive          [1, 1]               [0, 0]     (negatives dropped)
+    reinforce             [1, 1]               [1, 1]     (naive off-policy REINFORCE)
+    importance_sampling   [0, inf]             [0, inf]   (w = rho)
+    tis                   [0, 1]               [0, 1]     (truncated IS)
+    topr                  [1, 1]               [0, 1]
+    asymre                [1, 1]               [1, 1]     with c_i = mean_{j: g_j = g_i} R_j + deltaV
+    ppo_clip              surrogate -min(rho A, clip(rho, 1-eps, 1+eps) A), A = R - c; rho carries grad
+
+Ratio levels (`sequence` is the paper's; the others are unfaithful ablations seen elsewhere):
+
+    sequence        rho_i  = exp(s_i - log mu_i)                          (paper; TRIBE)
+    geometric_mean  rho_i  = exp((s_i - log mu_i) / n_i)                  (verl's open TOPR PR)
+    token           rho_it = exp(log pi_it - log mu_it), weights token t  (ROLL, Trinity-RFT)
+
+Normalisations of the per-sequence objective J_i (J_i = w_i (R_i - c) s_i for the family):
+
+    sequence_mean     loss = -(1/B) sum_i J_i / n_i          (paper)
+    token_sum         loss = -(1/B) sum_i J_i                (sum over tokens, mean over sequences)
+    batch_token_mean  loss = -sum_i J_i / sum_i n_i
+
+Numerics: everything runs in fp32 (fp64 input stays fp64). log rho is computed in log space and
+the truncation is decided there (log rho >= 0 => min(rho, 1) = 1 exactly); `max_log_ratio`
+clamps log rho only as the argument of exp(), after truncation, so log-ratios of +-1e4 give
+finite losses and gradients (exp(-1e4) = 0 exactly).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+VARIANTS = ("topr", "sft_positive", "reinforce", "importance_sampling", "tis", "asymre", "ppo_clip")
+RATIO_LEVELS = ("sequence", "token", "geometric_mean")
+NORMALIZATIONS = ("sequence_mean", "token_sum", "batch_token_mean")
+NEGATIVE_RULES = ("reward", "advantage")
+
+# (pos_lower, pos_upper, neg_lower, neg_upper): the weight on a side is clamp(rho, lower, upper).
+_VARIANT_BOUNDS: dict[str, tuple[float, float, float, float]] = {
+    "sft_positive": (1.0, 1.0, 0.0, 0.0),
+    "reinforce": (1.0, 1.0, 1.0, 1.0),
+    "importance_sampling": (0.0, math.inf, 0.0, math.inf),
+    "tis": (0.0, 1.0, 0.0, 1.0),
+    "topr": (1.0, 1.0, 0.0, 1.0),
+    "asymre": (1.0, 1.0, 1.0, 1.0),
+}
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """Which member of the tapered family `policy_loss` computes (see the module docstring).
+
+    variant: one of VARIANTS; sets the default weight bounds of each side.
+    pos_lower, pos_upper, neg_lower, neg_upper: explicit bounds [a, b] that override the
+        variant's, side by side: the weight becomes clamp(rho, a, b) ([rho]_a^b in the paper);
+        a = b = 1 gives weight 1. Need 0 <= a <= b (b may be inf). Not used by ppo_clip.
+    baseline: c, the advantage is R - c. asymre replaces it by its group mean (leave it 0).
+    negative_rule: "reward" (the paper) marks R_i < 0 as negative; "advantage" marks R_i - c < 0.
+    ratio_level: one of RATIO_LEVELS.
+    normalization: one of NORMALIZATIONS.
+    ppo_epsilon: clip window [1 - eps, 1 + eps] of ppo_clip.
+    asymre_delta_v: deltaV of AsymRE, added to the group-mean reward (paper: -0.1 for +-1 rewards).
+    max_log_ratio: log rho is clamped to at most this only inside exp(), after the truncation
+        has been decided in log space, so that exp() stays finite; it caps untruncated weights
+        (importance_sampling, ppo_clip) at exp(max_log_ratio) = 4.9e8 by default. Gradients
+        are returned in the input's dtype: with fp16 inputs and untruncated weights, lower it
+        (e.g. 10) so that exp(max_log_ratio) |A| / normaliser fits fp16's 65504.
+    """
+
+    variant: str = "topr"
+    pos_lower: float | None = None
+    pos_upper: float | None = None
+    neg_lower: float | None = None
+    neg_upper: float | None = None
+    baseline: float = 0.0
+    negative_rule: str = "reward"
+    ratio_level: str = "sequence"
+    normalization: str = "sequence_mean"
+    ppo_epsilon: float = 0.2
+    asymre_delta_v: float = -0.1
+    max_log_ratio: float = 20.0
+
+    def __post_init__(self) -> None:
+        _check_choice("variant", self.variant, VARIANTS)
+        _check_choice("ratio_level", self.ratio_level, RATIO_LEVELS)
+        _check_choice("normalization", self.normalization, NORMALIZATIONS)
+        _check_choice("negative_rule", self.negative_rule, NEGATIVE_RULES)
+        if self.variant == "ppo_clip":
+            if any(bound is not None for bound in (self.pos_lower, self.pos_upper, self.neg_lower, self.neg_upper)):
+                raise ValueError("ppo_clip clips rho to [1 - ppo_epsilon, 1 + ppo_epsilon]; "
+                                 "pos_lower/pos_upper/neg_lower/neg_upper do not apply")
+        else:
+            pos_lower, pos_upper, neg_lower, neg_upper = self.weight_bounds
+            for side, lower, upper in (("pos", pos_lower, pos_upper), ("neg", neg_lower, neg_upper)):
+                if not 0.0 <= lower <= upper:
+                    raise ValueError(f"need 0 <= {side}_lower <= {side}_upper; got {lower}, {upper}")
+        if not math.isfinite(self.baseline):
+            raise ValueError(f"baseline must be finite; got {self.baseline}")
+        if self.variant == "asymre" and self.baseline != 0.0:
+            raise ValueError("asymre uses the group-mean reward + asymre_delta_v as its baseline; "
+                             f"leave baseline at 0.0 (got {self.baseline})")
+        if not math.isfinite(self.asymre_delta_v):
+            raise ValueError(f"asymre_delta_v must be finite; got {self.asymre_delta_v}")
+        if not 0.0 < self.ppo_epsilon < 1.0:
+            raise ValueError(f"ppo_epsilon must be in (0, 1); got {self.ppo_epsilon}")
+        if not 0.0 < self.max_log_ratio < math.inf:
+            raise ValueError(f"max_log_ratio must be positive and finite; got {self.max_log_ratio}")
+
+    @property
+    def weight_bounds(self) -> tuple[float, float, float, float]:
+        """(pos_lower, pos_upper, neg_lower, neg_upper): the variant's, overridden where set."""
+        explicit = (self.pos_lower, self.pos_upper, self.neg_lower, self.neg_upper)
+        return tuple(float(d if e is None else e) for d, e in zip(_VARIANT_BOUNDS[self.variant], explicit, strict=True))
+
+
+def policy_loss(
+    token_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    rewards: torch.Tensor,
+    config: ObjectiveConfig | None = None,
+    group_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss to minimise and metrics for one batch; formulas in the module docstring.
+
+    token_logprobs: [B, T] float, log pi(y_t | x, y_<t) of the trained policy (carries grad).
+    loss_mask: [B, T] bool or 0/1, nonzero on completion tokens. Every row needs one.
+    behavior_logprobs: [B] log mu(y | x) summed over the completion tokens, or [B, T] per-token
+        log mu (masked like token_logprobs). `sequence` and `geometric_mean` accept either;
+        `token` needs [B, T]. Treated as data: no gradient flows into it.
+    rewards: [B].
+    config: ObjectiveConfig; default TOPR, sequence ratio, sequence-mean normalisation.
+    group_ids: [B] int prompt ids; asymre's baseline is the mean reward of each id's group.
+
+    Returns the scalar loss (fp32, fp64 for fp64 input) and `metrics`, plain Python floats
+    (a group's mean is 0.0 when the group is empty; its count says so):
+        num_sequences, num_positive, num_negative, num_tokens: counts, the denominators of the
+            means below, so that micro-batches can be aggregated exactly.
+        positive_share: p, share of positives.
+        effective_positive_share: p~ = sum_{pos} |A_i| / sum_i |A_i| for advantages A = R - c
+            (the paper's p(1-c)/(1+c(1-2p)) for +-1 rewards); before importance weights; 0.0 if
+            every A_i = 0.
+        log_ratio_abs_mean, log_ratio_abs_max: mean and max of |log rho| over sequences (token
+            level: per-sequence token means for the mean, all tokens for the max).
+        negative_truncated_share: share of negatives whose weight is < 1.
+        negative_weight_mean, positive_weight_mean: mean weight per side.
+        weight_ess: (sum_i w_i)^2 / sum_i w_i^2, the effective sample size of the weights, in
+            [1, B] (B when all weights are equal); 0.0 when all weights are 0.
+        positive_logprob_mean, negative_logprob_mean: mean over the side of s_i / n_i.
+    A sequence's weight is the factor multiplying (R_i - c) grad s_i; at the token level it is
+    the token mean, for ppo_clip it is rho_i where the unclipped term is active and 0 elsewhere.
+    """
+    if config is None:
+        config = ObjectiveConfig()
+    _check_inputs(token_logprobs, loss_mask, behavior_logprobs, rewards, group_ids, config)
+    dtype = torch.promote_types(token_logprobs.dtype, torch.float32)  # upcast half/bf16, keep fp64
+    device = token_logprobs.device
+
+    mask = loss_mask.to(device=device, dtype=torch.bool)
+    lengths = mask.sum(-1)
+    empty = torch.nonzero(lengths == 0).flatten().tolist()
+    if empty:
+        raise ValueError(f"sequences at batch indices {empty} have no completion tokens (loss_mask row all zero)")
+    lengths = lengths.to(dtype)
+    # where(), not a product: padding positions may hold -inf or NaN.
+    logprobs = torch.where(mask, token_logprobs.to(dtype), 0.0)
+    seq_logprobs = logprobs.sum(-1)
+
+    rewards = rewards.detach().to(device=device, dtype=dtype)
+    advantages = rewards - _baseline(rewards, config, group_ids)
+    negative = (advantages if config.negative_rule == "advantage" else rewards) < 0
+    behavior_logprobs = behavior_logprobs.detach().to(device=device, dtype=dtype)
+    log_ratio = _log_ratio(logprobs, seq_logprobs, lengths, mask, behavior_logprobs, config.ratio_level)
+
+    if config.variant == "ppo_clip":
+        objective, weights = _ppo_clip_objective(log_ratio, advantages, mask, config)
+    else:
+        weights = _tapered_weights(log_ratio.detach(), negative, config)
+        if config.ratio_level == "token":
+            objective = advantages * (weights * logprobs).sum(-1)
+        else:
+            objective = advantages * weights * seq_logprobs
+
+    if config.normalization == "sequence_mean":
+        loss = -(objective / lengths).mean()
+    elif config.normalization == "token_sum":
+        loss = -objective.mean()
+    else:
+        loss = -objective.sum() / lengths.sum()
+    return loss, _metrics(weights, log_ratio.detach(), negative, advantages, seq_logprobs.detach(), lengths, mask)
+
+
+def effective_positive_share(p: float, c: float) -> float:
+    """p~ = p (1 - c) / (1 + c (1 - 2p)): the share of gradient mass on positives for +-1 rewards.
+
+    With baseline c, positives get weight |1 - c| and negatives |-1 - c| = 1 + c. Needs p in
+    [0, 1] and c in [-1, 1]; c = -1 gives 1 (negatives discarded), c = 0 gives p.
+    """
+    if not (0.0 <= p <= 1.0 and -1.0 <= c <= 1.0):
+        raise ValueError(f"need p in [0, 1] and c in [-1, 1]; got p={p}, c={c}")
+    denominator = 1.0 + c * (1.0 - 2.0 * p)
+    if denominator == 0.0:
+        raise ValueError(f"p~ is undefined for p={p}, c={c}: neither side carries any weight")
+    return p * (1.0 - c) / denominator
+
+
+def baseline_for_share(p: float, target: float) -> float:
+    """The baseline c with effective_positive_share(p, c) = target, for +-1 rewards.
+
+    c = (p - target) / (p + target (1 - 2p)); for p, target in (0, 1) it lies in (-1, 1).
+    target < p gives c > 0 (weigh negatives up), target > p gives c < 0.
+    """
+    if not (0.0 < p < 1.0 and 0.0 < target < 1.0):
+        raise ValueError(f"need p in (0, 1) and target in (0, 1); got p={p}, target={target}")
+    c = (p - target) / (p + target * (1.0 - 2.0 * p))
+    if not -1.0 < c < 1.0:  # guaranteed by the domains above; guards rounding at the edges
+        raise ValueError(f"no baseline in (-1, 1) reaches target={target} from p={p} (got c={c})")
+    return c
+
+
+def _check_inputs(
+    token_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor | None,
+    config: ObjectiveConfig,
+) -> None:
+    if token_logprobs.dim() != 2 or not token_logprobs.is_floating_point():
+        raise ValueError(f"token_logprobs must be a float [B, T] tensor; got {token_logprobs.dtype} "
+                         f"of shape {tuple(token_logprobs.shape)}")
+    batch, length = token_logprobs.shape
+    if batch == 0:
+        raise ValueError("empty batch: token_logprobs has no rows")
+    if loss_mask.shape != token_logprobs.shape:
+        raise ValueError(f"loss_mask shape {tuple(loss_mask.shape)} != token_logprobs shape {(batch, length)}")
+    if behavior_logprobs.shape not in ((batch,), (batch, length)):
+        raise ValueError(f"behavior_logprobs must be [B] = ({batch},) sequence sums or [B, T] = "
+                         f"({batch}, {length}) per-token values; got {tuple(behavior_logprobs.shape)}")
+    if config.ratio_level == "token" and behavior_logprobs.dim() != 2:
+        raise ValueError("ratio_level='token' needs per-token behavior_logprobs of shape [B, T]; "
+                         f"got sequence sums of shape {tuple(behavior_logprobs.shape)}")
+    if rewards.shape != (batch,):
+        raise ValueError(f"rewards must be [B] = ({batch},); got {tuple(rewards.shape)}")
+    if group_ids is not None and group_ids.shape != (batch,):
+        raise ValueError(f"group_ids must be [B] = ({batch},); got {tuple(group_ids.shape)}")
+    if config.variant == "asymre" and group_ids is None:
+        raise ValueError("variant='asymre' needs group_ids (prompt ids) for its group-mean baseline")
+
+
+def _baseline(rewards: torch.Tensor, config: ObjectiveConfig, group_ids: torch.Tensor | None) -> torch.Tensor | float:
+    """c, or for asymre V_i = mean reward of sample i's group (itself included) + deltaV."""
+    if config.variant != "asymre":
+        return config.baseline
+    groups, group_index = torch.unique(group_ids.to(rewards.device), return_inverse=True)
+    group_sum = rewards.new_zeros(len(groups)).index_add_(0, group_index, rewards)
+    group_size = rewards.new_zeros(len(groups)).index_add_(0, group_index, torch.ones_like(rewards))
+    return (group_sum / group_size)[group_index] + config.asymre_delta_v
+
+
+def _log_ratio(
+    logprobs: torch.Tensor,
+    seq_logprobs: torch.Tensor,
+    lengths: torch.Tensor,
+    mask: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    ratio_level: str,
+) -> torch.Tensor:
+    """log rho: [B] for sequence/geometric_mean, [B, T] (0 off the mask) for token."""
+    if ratio_level == "token":
+        return logprobs - torch.where(mask, behavior_logprobs, 0.0)
+    if behavior_logprobs.dim() == 2:
+        behavior_logprobs = torch.where(mask, behavior_logprobs, 0.0).sum(-1)
+    log_ratio = seq_logprobs - behavior_logprobs
+    return log_ratio / lengths if ratio_level == "geometric_mean" else log_ratio
+
+
+def _log(bound: float) -> float:
+    return math.log(bound) if bound > 0 else -math.inf
+
+
+def _tapered_weights(log_ratio: torch.Tensor, negative: torch.Tensor, config: ObjectiveConfig) -> torch.Tensor:
+    """clamp(rho, lower, upper) per side, clamped in log space before the only exp()."""
+    pos_lower, pos_upper, neg_lower, neg_upper = config.weight_bounds
+    if log_ratio.dim() == 2:
+        negative = negative[:, None]
+    log_weights = torch.where(negative, log_ratio.clamp(_log(neg_lower), _log(neg_upper)),
+                              log_ratio.clamp(_log(pos_lower), _log(pos_upper)))
+    return torch.exp(log_weights.clamp(max=config.max_log_ratio))
+
+
+def _ppo_clip_objective(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, config: ObjectiveConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence J_i = min(rho A, clip(rho, 1-eps, 1+eps) A) (token level: summed over tokens).
+
+    rho carries the gradient, so d J / d log rho = rho A where the unclipped term is the min and
+    0 where clipping binds; that factor is returned, detached, as the weight. Like the rest of
+    the family J_i is then normalised, so sequence_mean divides the sequence surrogate by n_i.
+    """
+    ratio = torch.exp(log_ratio.clamp(max=config.max_log_ratio))
+    if ratio.dim() == 2:
+        advantages = advantages[:, None]
+    eps = config.ppo_epsilon
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1.0 - eps, 1.0 + eps) * advantages)
+    clipped = ((advantages > 0) & (ratio > 1.0 + eps)) | ((advantages < 0) & (ratio < 1.0 - eps))
+    weights = torch.where(clipped, 0.0, ratio.detach())
+    if ratio.dim() == 2:
+        surrogate = torch.where(mask, surrogate, 0.0).sum(-1)
+    return surrogate, weights
+
+
+def _masked_mean(values: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+    return _safe_divide(torch.where(select, values, 0.0).sum(), select.sum())
+
+
+def _safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    return torch.where(denominator > 0, numerator / denominator, 0.0)
+
+
+def _metrics(
+    weights: torch.Tensor,
+    log_ratio: torch.Tensor,
+    negative: torch.Tensor,
+    advantages: torch.Tensor,
+    seq_logprobs: torch.Tensor,
+    lengths: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, float]:
+    positive = ~negative
+
+    def per_sequence(values: torch.Tensor) -> torch.Tensor:
+        return values if values.dim() == 1 else torch.where(mask, values, 0.0).sum(-1) / lengths
+
+    seq_weights = per_sequence(weights)
+    abs_log_ratio = log_ratio.abs()
+    abs_advantages = advantages.abs()
+    positive_mass = torch.where(positive, abs_advantages, 0.0).sum()
+    mean_logprobs = seq_logprobs / lengths
+    values = {
+        "num_positive": positive.sum(),
+        "num_negative": negative.sum(),
+        "num_tokens": lengths.sum(),
+        "positive_share": positive.to(lengths.dtype).mean(),
+        "effective_positive_share": _safe_divide(positive_mass, abs_advantages.sum()),
+        "log_ratio_abs_mean": per_sequence(abs_log_ratio).mean(),
+        "log_ratio_abs_max": abs_log_ratio.max(),
+        "negative_truncated_share": _masked_mean((seq_weights < 1).to(lengths.dtype), negative),
+        "negative_weight_mean": _masked_mean(seq_weights, negative),
+        "positive_weight_mean": _masked_mean(seq_weights, positive),
+        "weight_ess": _safe_divide(seq_weights.sum() ** 2, (seq_weights**2).sum()),
+        "positive_logprob_mean": _masked_mean(mean_logprobs, positive),
+        "negative_logprob_mean": _masked_mean(mean_logprobs, negative),
+    }
+    # One device-to-host transfer for all metrics.
+    floats = torch.stack([value.to(torch.float64) for value in values.values()]).tolist()
+    return {"num_sequences": float(len(lengths)), **dict(zip(values, floats, strict=True))}

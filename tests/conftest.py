@@ -1,0 +1,51 @@
+"""Shared test fixtures: an in-process Megatron world of one, and a torchrun launcher."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKERS = Path(__file__).parent / "workers"
+SHARED_DATA = Path(os.environ.get("NEMO_TOPR_DATA_DIR", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def megatron_world():
+    """CPU runtime on, gloo world of one, TP=PP=1, for in-process Megatron tests."""
+    from nemo_topr import cpu_runtime
+    from nemo_topr.distributed import initialize_model_parallel
+
+    cpu_runtime.enable_cpu_runtime()
+    initialize_model_parallel(1, 1)
+    yield
+
+
+def run_distributed(worker: str, nproc: int, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``tests/workers/<worker>`` under ``torch.distributed.run`` on a free port.
+
+    The workers run in their own process group, which is killed whole on timeout so no
+    stray ranks outlive the test. Raises with the workers' output when they fail.
+    """
+    from nemo_topr.distributed import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+           str(WORKERS / worker), *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, env=env, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{worker} x{nproc} timed out after {timeout}s:\n{out[-4000:]}")
+    if proc.returncode != 0:
+        raise AssertionError(f"{worker} x{nproc} exited {proc.returncode}:\n{out[-6000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)

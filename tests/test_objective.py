@@ -1,0 +1,407 @@
+"""Tests of nemo_topr.objective against the paper's gradient written out by hand.
+
+`reference` is deliberately written element by element with Python floats and `math`, from
+the formulas of the TOPR paper (and PPO / AsymRE), sharing no code with the module.
+"""
+
+import math
+
+import pytest
+import torch
+
+from nemo_topr.objective import (
+    NORMALIZATIONS,
+    RATIO_LEVELS,
+    VARIANTS,
+    ObjectiveConfig,
+    baseline_for_share,
+    effective_positive_share,
+    policy_loss,
+)
+
+INF = math.inf
+# The paper's table: ((a+, b+), (a-, b-)) with weight [rho]_a^b on each side.
+PAPER_BOUNDS = {
+    "sft_positive": ((1, 1), (0, 0)),
+    "reinforce": ((1, 1), (1, 1)),
+    "importance_sampling": ((0, INF), (0, INF)),
+    "tis": ((0, 1), (0, 1)),
+    "topr": ((1, 1), (0, 1)),
+    "asymre": ((1, 1), (1, 1)),
+}
+CUSTOM_BOUNDS = {"pos_lower": 0.5, "pos_upper": 2.0, "neg_lower": 0.1, "neg_upper": 1.5}
+
+
+def reference(logp, mask, behavior, rewards, config, group_ids=None, bounds=None):
+    """(loss, d loss / d logp) from the closed-form per-token gradient, in Python floats.
+
+    bounds: ((a+, b+), (a-, b-)), by default the paper's for config.variant.
+    """
+    B, T = len(logp), len(logp[0])
+    n = [sum(mask[i]) for i in range(B)]
+    N = sum(n)
+    s = [sum(logp[i][t] for t in range(T) if mask[i][t]) for i in range(B)]
+    per_token_behavior = isinstance(behavior[0], list)
+    b = [sum(behavior[i][t] for t in range(T) if mask[i][t]) if per_token_behavior else behavior[i] for i in range(B)]
+    if config.variant == "asymre":
+        c = [sum(r for r, g in zip(rewards, group_ids, strict=True) if g == group_ids[i])
+             / sum(1 for g in group_ids if g == group_ids[i]) + config.asymre_delta_v for i in range(B)]
+    else:
+        c = [config.baseline] * B
+    eps = config.ppo_epsilon
+    loss, grad = 0.0, [[0.0] * T for _ in range(B)]
+    for i in range(B):
+        A = rewards[i] - c[i]
+        negative = (A if config.negative_rule == "advantage" else rewards[i]) < 0
+        scale = {"sequence_mean": 1 / (B * n[i]), "token_sum": 1 / B, "batch_token_mean": 1 / N}[config.normalization]
+        if config.variant != "ppo_clip":
+            lower, upper = (bounds or PAPER_BOUNDS[config.variant])[negative]
+        for t in range(T):
+            if not mask[i][t]:
+                continue
+            if config.ratio_level == "sequence":
+                rho, d_log_rho = math.exp(s[i] - b[i]), 1.0  # d log rho / d logp_it
+            elif config.ratio_level == "geometric_mean":
+                rho, d_log_rho = math.exp((s[i] - b[i]) / n[i]), 1.0 / n[i]
+            else:
+                rho, d_log_rho = math.exp(logp[i][t] - behavior[i][t]), 1.0
+            if config.variant == "ppo_clip":
+                clipped = (A > 0 and rho > 1 + eps) or (A < 0 and rho < 1 - eps)
+                grad[i][t] = -scale * (0.0 if clipped else rho * A * d_log_rho)
+                if config.ratio_level == "token" or t == next(k for k in range(T) if mask[i][k]):
+                    loss -= scale * min(rho * A, min(max(rho, 1 - eps), 1 + eps) * A)
+            else:
+                w = min(max(rho, lower), upper)
+                grad[i][t] = -scale * w * A
+                loss -= scale * w * A * logp[i][t]
+    return loss, grad
+
+
+def random_batch(seed: int, per_token_behavior: bool, B: int = 6, T: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    logp = -0.05 - 2 * torch.rand(B, T, generator=g, dtype=torch.float64)
+    mask = torch.rand(B, T, generator=g) < 0.7
+    mask[torch.arange(B), torch.randint(T, (B,), generator=g)] = True
+    behavior_tokens = torch.where(mask, logp + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64), 0.0)
+    behavior = behavior_tokens if per_token_behavior else behavior_tokens.sum(-1)
+    choices = torch.tensor([-1.0, 1.0, 0.5, -0.25, 0.0], dtype=torch.float64)
+    rewards = choices[torch.randint(len(choices), (B,), generator=g)]
+    group_ids = torch.randint(3, (B,), generator=g)
+    return logp, mask, behavior, rewards, group_ids
+
+
+def loss_and_grad(logp, mask, behavior, rewards, config, group_ids=None):
+    logp = logp.detach().clone().requires_grad_(True)
+    loss, metrics = policy_loss(logp, mask, behavior, rewards, config, group_ids)
+    loss.backward()
+    return loss.detach(), logp.grad, metrics
+
+
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+@pytest.mark.parametrize("ratio_level", RATIO_LEVELS)
+@pytest.mark.parametrize("variant", [*VARIANTS, "custom_bounds"])
+def test_gradient_matches_closed_form(variant, ratio_level, normalization):
+    custom = variant == "custom_bounds"
+    bounds = ((CUSTOM_BOUNDS["pos_lower"], CUSTOM_BOUNDS["pos_upper"]),
+              (CUSTOM_BOUNDS["neg_lower"], CUSTOM_BOUNDS["neg_upper"])) if custom else None
+    for seed in range(4):
+        config = ObjectiveConfig(
+            **(dict(CUSTOM_BOUNDS, variant="topr") if custom else {"variant": variant}),
+            ratio_level=ratio_level, normalization=normalization,
+            baseline=0.0 if variant == "asymre" else (0.0, 0.3, -0.4, 0.6)[seed],
+            negative_rule=("reward", "advantage")[seed % 2],
+        )
+        logp, mask, behavior, rewards, group_ids = random_batch(seed, ratio_level == "token" or seed % 2 == 0)
+        loss, grad, _ = loss_and_grad(logp, mask, behavior, rewards, config, group_ids)
+        expected_loss, expected_grad = reference(logp.tolist(), mask.tolist(), behavior.tolist(), rewards.tolist(),
+                                                 config, group_ids.tolist(), bounds)
+        torch.testing.assert_close(grad, torch.tensor(expected_grad, dtype=torch.float64), rtol=1e-6, atol=1e-12)
+        assert loss.item() == pytest.approx(expected_loss, rel=1e-6, abs=1e-12)
+
+
+# --- reductions -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+def test_topr_on_all_positive_batch_is_sft(normalization):
+    logp, mask, behavior, _, _ = random_batch(0, per_token_behavior=False)
+    rewards = torch.ones(len(logp), dtype=torch.float64)
+    loss, grad, _ = loss_and_grad(logp, mask, behavior, rewards, ObjectiveConfig(normalization=normalization))
+    token_nll = -(logp * mask).sum(-1)
+    expected = {"sequence_mean": (token_nll / mask.sum(-1)).mean(), "token_sum": token_nll.mean(),
+                "batch_token_mean": token_nll.sum() / mask.sum()}[normalization]
+    torch.testing.assert_close(loss, expected)
+    sft_loss, sft_grad, _ = loss_and_grad(logp, mask, behavior, rewards,
+                                          ObjectiveConfig(variant="sft_positive", normalization=normalization))
+    torch.testing.assert_close((loss, grad), (sft_loss, sft_grad))
+
+
+def test_topr_and_tis_agree_on_negatives():
+    logp, mask, behavior, rewards, _ = random_batch(1, per_token_behavior=False)
+    topr = loss_and_grad(logp, mask, behavior, -rewards.abs() - 0.1, ObjectiveConfig(variant="topr"))
+    tis = loss_and_grad(logp, mask, behavior, -rewards.abs() - 0.1, ObjectiveConfig(variant="tis"))
+    torch.testing.assert_close(topr[:2], tis[:2])
+    # On a mixed batch the negative rows still agree.
+    _, topr_grad, _ = loss_and_grad(logp, mask, behavior, rewards, ObjectiveConfig(variant="topr"))
+    _, tis_grad, _ = loss_and_grad(logp, mask, behavior, rewards, ObjectiveConfig(variant="tis"))
+    negative = rewards < 0
+    assert negative.any() and (~negative).any()
+    torch.testing.assert_close(topr_grad[negative], tis_grad[negative])
+
+
+@pytest.mark.parametrize("variant", ["topr", "reinforce", "sft_positive"])
+def test_baseline_minus_one_is_twice_sft_positive(variant):
+    # R = +1: weight 1, advantage 1 - (-1) = 2. R = -1: advantage -1 - (-1) = 0, dropped.
+    logp, mask, behavior, _, _ = random_batch(2, per_token_behavior=False)
+    rewards = torch.tensor([1.0, -1.0, -1.0, 1.0, -1.0, 1.0], dtype=torch.float64)
+    loss, grad, _ = loss_and_grad(logp, mask, behavior, rewards, ObjectiveConfig(variant=variant, baseline=-1.0))
+    sft_loss, sft_grad, _ = loss_and_grad(logp, mask, behavior, rewards, ObjectiveConfig(variant="sft_positive"))
+    torch.testing.assert_close((loss, grad), (2 * sft_loss, 2 * sft_grad))
+
+
+@pytest.mark.parametrize("ratio_level", RATIO_LEVELS)
+def test_importance_sampling_at_rho_one_is_reinforce(ratio_level):
+    logp, mask, _, rewards, _ = random_batch(3, per_token_behavior=True)
+    behavior = logp.clone()  # mu = pi: rho = 1 exactly
+    results = [loss_and_grad(logp, mask, behavior, rewards, ObjectiveConfig(variant=v, ratio_level=ratio_level))
+               for v in ("importance_sampling", "reinforce")]
+    torch.testing.assert_close(results[0][:2], results[1][:2])
+
+
+def test_negative_rule_reward_vs_advantage():
+    # R = 0.2 with c = 0.5: positive by reward (weight 1), negative by advantage (weight rho).
+    logp = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
+    mask, rewards, behavior = torch.ones(1, 2), torch.tensor([0.2]), torch.tensor([0.0])  # log rho = -2
+    for rule, weight in (("reward", 1.0), ("advantage", math.exp(-2.0))):
+        config = ObjectiveConfig(baseline=0.5, negative_rule=rule)
+        _, grad, metrics = loss_and_grad(logp, mask, behavior, rewards, config)
+        torch.testing.assert_close(grad, torch.full((1, 2), weight * 0.3 / 2, dtype=torch.float64))
+        assert metrics["num_negative"] == (rule == "advantage")
+
+
+def test_asymre_uses_group_mean_plus_delta_v():
+    logp = torch.full((4, 1), -1.0, dtype=torch.float64)
+    rewards = torch.tensor([1.0, -1.0, 1.0, 1.0])
+    config = ObjectiveConfig(variant="asymre", normalization="token_sum")
+    _, grad, _ = loss_and_grad(logp, torch.ones(4, 1), torch.zeros(4), rewards, config, torch.tensor([7, 7, 3, 3]))
+    advantages = torch.tensor([1.1, -0.9, 0.1, 0.1], dtype=torch.float64)  # V = 0 - 0.1 and 1 - 0.1
+    torch.testing.assert_close(grad[:, 0], -advantages / 4)
+
+
+def test_ppo_clip_ratio_carries_gradient_and_clipping_stops_it():
+    logp = torch.full((4, 1), -1.0, dtype=torch.float64)
+    behavior = torch.tensor([-1.0 - math.log(2.0)] * 2 + [-1.0 - math.log(1.1)] * 2, dtype=torch.float64)
+    rewards = torch.tensor([1.0, -1.0, 1.0, -1.0])  # rho = 2, 2, 1.1, 1.1
+    config = ObjectiveConfig(variant="ppo_clip", normalization="token_sum")
+    loss, grad, metrics = loss_and_grad(logp, torch.ones(4, 1), behavior, rewards, config)
+    # rho = 2, A > 0: clipped, no gradient. rho = 2, A < 0: unclipped, d(rho A)/d logp = rho A.
+    torch.testing.assert_close(grad[:, 0], -torch.tensor([0.0, -2.0, 1.1, -1.1], dtype=torch.float64) / 4)
+    assert loss.item() == pytest.approx(-(1.2 - 2.0 + 1.1 - 1.1) / 4)
+    assert metrics["positive_weight_mean"] == pytest.approx(0.55)
+
+
+# --- stability and detached weights -------------------------------------------------------------
+
+@pytest.mark.parametrize("ratio_level", RATIO_LEVELS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_extreme_log_ratios_and_all_negative_batches_are_finite(variant, ratio_level):
+    logp, mask, _, rewards, group_ids = random_batch(4, per_token_behavior=True)
+    offsets = torch.tensor([1e4, -1e4], dtype=torch.float64).repeat(logp.numel() // 2 + 1)[: logp.numel()]
+    behavior = logp + offsets.view_as(logp)
+    for batch_rewards in (rewards, -rewards.abs() - 1):
+        loss, grad, metrics = loss_and_grad(logp, mask, behavior, batch_rewards,
+                                            ObjectiveConfig(variant=variant, ratio_level=ratio_level), group_ids)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all()
+        assert all(math.isfinite(value) for value in metrics.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_are_upcast(dtype):
+    logp, mask, behavior, rewards, group_ids = random_batch(5, per_token_behavior=False)
+    logp = logp.to(dtype).requires_grad_(True)
+    for variant in VARIANTS:
+        loss, _ = policy_loss(logp, mask, behavior.to(dtype), rewards.to(dtype), ObjectiveConfig(variant=variant),
+                              group_ids)
+        # Upcasting is exact, so fp32 input of the same values gives the same fp32 loss.
+        fp32_loss, _ = policy_loss(logp.detach().float(), mask, behavior.to(dtype).float(), rewards.to(dtype).float(),
+                                   ObjectiveConfig(variant=variant), group_ids)
+        assert loss.dtype == torch.float32 and loss.item() == fp32_loss.item()
+        (grad,) = torch.autograd.grad(loss, logp)
+        assert grad.dtype == dtype and torch.isfinite(grad).all()
+        # Untruncated weights reach exp(max_log_ratio) = 4.9e8: past fp16's 65504 once cast back to the
+        # input's dtype, hence the documented smaller max_log_ratio for fp16 importance sampling.
+        fp16_safe = {"max_log_ratio": 10.0} if dtype == torch.float16 and variant == "importance_sampling" else {}
+        extreme_behavior = (logp.detach().float() * mask).sum(-1) + torch.tensor([1e4, -1e4] * 3)
+        loss, _ = policy_loss(logp, mask, extreme_behavior.to(dtype), rewards.to(dtype),
+                              ObjectiveConfig(variant=variant, **fp16_safe), group_ids)
+        (grad,) = torch.autograd.grad(loss, logp)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all()
+
+
+def test_fp64_input_stays_fp64():
+    logp, mask, behavior, rewards, _ = random_batch(5, per_token_behavior=False)
+    assert policy_loss(logp, mask, behavior, rewards)[0].dtype == torch.float64
+
+
+def test_padding_values_do_not_leak():
+    logp, mask, behavior, rewards, _ = random_batch(6, per_token_behavior=True)
+    padded = torch.where(mask, logp, -math.inf)
+    for ratio_level in RATIO_LEVELS:
+        config = ObjectiveConfig(ratio_level=ratio_level)
+        expected = loss_and_grad(logp, mask, behavior, rewards, config)
+        padded_behavior = torch.where(mask, behavior, math.nan)
+        torch.testing.assert_close(loss_and_grad(padded, mask, padded_behavior, rewards, config)[:2], expected[:2])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_gradient_reaches_behavior_logprobs(variant):
+    logp, mask, behavior, rewards, group_ids = random_batch(7, per_token_behavior=False)
+    behavior = behavior.clone().requires_grad_(True)
+    logp = logp.clone().requires_grad_(True)
+    policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(variant=variant), group_ids)[0].backward()
+    assert behavior.grad is None and logp.grad is not None
+
+
+def test_topr_weight_is_a_constant():
+    # Each negative row's gradient is rho_i (a number) times its REINFORCE gradient; a weight that
+    # carried gradient would add a term rho_i (R_i - c) s_i d(log rho_i) / n_i to every token.
+    logp, mask, _, _, _ = random_batch(8, per_token_behavior=False)
+    rewards = torch.tensor([1.0, -1.0, -0.5, 1.0, -1.0, -2.0], dtype=torch.float64)
+    behavior = (logp * mask).sum(-1) + torch.tensor([0.5, 1.0, 0.3, -0.5, -1.0, 2.0], dtype=torch.float64)
+    _, topr_grad, _ = loss_and_grad(logp, mask, behavior, rewards, ObjectiveConfig(variant="topr"))
+    _, reinforce_grad, _ = loss_and_grad(logp, mask, behavior, rewards, ObjectiveConfig(variant="reinforce"))
+    rho = torch.exp((logp * mask).sum(-1) - behavior)
+    weights = torch.where(rewards < 0, rho.clamp(max=1.0), 1.0)
+    torch.testing.assert_close(topr_grad, weights[:, None] * reinforce_grad)
+
+
+# --- effective positive share -------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_positive", [1, 3, 7, 9])
+@pytest.mark.parametrize("c", [-0.9, -0.5, 0.0, 0.4, 0.8])
+def test_effective_positive_share_counts_gradient_mass(num_positive, c):
+    B = 10
+    rewards = torch.tensor([1.0] * num_positive + [-1.0] * (B - num_positive))
+    logp = torch.full((B, 1), -0.7, dtype=torch.float64)
+    behavior = logp[:, 0].clone()  # on-policy: rho = 1, TOPR weight 1 on both sides
+    config = ObjectiveConfig(baseline=c, normalization="token_sum")
+    _, grad, metrics = loss_and_grad(logp, torch.ones(B, 1), behavior, rewards, config)
+    mass = grad[:, 0].abs()  # |w_i (R_i - c)| / B
+    share = (mass[:num_positive].sum() / mass.sum()).item()
+    p = num_positive / B
+    assert effective_positive_share(p, c) == pytest.approx(share, rel=1e-12)
+    assert metrics["effective_positive_share"] == pytest.approx(share, rel=1e-12)
+    assert metrics["positive_share"] == pytest.approx(p)
+
+
+@pytest.mark.parametrize("p", [0.05, 0.3, 0.5, 0.9])
+@pytest.mark.parametrize("target", [0.1, 0.15, 0.5, 0.95])
+def test_baseline_for_share_inverts(p, target):
+    c = baseline_for_share(p, target)
+    assert -1 < c < 1
+    assert effective_positive_share(p, c) == pytest.approx(target, rel=1e-12)
+    assert (c > 0) == (target < p)
+
+
+def test_effective_positive_share_limits():
+    assert effective_positive_share(0.3, 0.0) == pytest.approx(0.3)
+    assert effective_positive_share(0.3, -1.0) == 1.0  # c = -1 discards the negatives
+    assert effective_positive_share(0.3, 1.0) == 0.0
+
+
+@pytest.mark.parametrize("p, c", [(-0.1, 0.0), (1.1, 0.0), (0.5, 1.5), (0.5, -1.01), (0.0, -1.0), (1.0, 1.0)])
+def test_effective_positive_share_domain(p, c):
+    with pytest.raises(ValueError, match=r"need p in \[0, 1\] and c in \[-1, 1\]|undefined"):
+        effective_positive_share(p, c)
+
+
+@pytest.mark.parametrize("p, target", [(0.0, 0.5), (1.0, 0.5), (0.5, 0.0), (0.5, 1.0), (1.5, 0.2)])
+def test_baseline_for_share_domain(p, target):
+    with pytest.raises(ValueError, match=r"p in \(0, 1\) and target in \(0, 1\)"):
+        baseline_for_share(p, target)
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+def test_metrics_values():
+    logp = torch.tensor([[-1.0, -3.0], [-2.0, 0.0], [-0.5, -0.5], [-1.0, -1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]])
+    rewards = torch.tensor([1.0, -1.0, -1.0, 1.0])
+    behavior = torch.tensor([-4.0, -1.0, -1.0, -1.0], dtype=torch.float64)  # log rho = 0, -1, 0, -1
+    _, metrics = policy_loss(logp, mask, behavior, rewards)
+    assert all(type(value) is float for value in metrics.values())
+    weights = [1.0, math.exp(-1.0), 1.0, 1.0]
+    expected = {
+        "num_sequences": 4, "num_positive": 2, "num_negative": 2, "num_tokens": 7,
+        "positive_share": 0.5, "effective_positive_share": 0.5,
+        "log_ratio_abs_mean": 0.5, "log_ratio_abs_max": 1.0,
+        "negative_truncated_share": 0.5, "negative_weight_mean": (weights[1] + 1) / 2, "positive_weight_mean": 1.0,
+        "weight_ess": sum(weights) ** 2 / sum(w * w for w in weights),
+        "positive_logprob_mean": (-2.0 - 1.0) / 2, "negative_logprob_mean": (-2.0 - 0.5) / 2,
+    }
+    assert metrics == pytest.approx(expected)
+
+
+def test_metrics_of_empty_groups_are_zero():
+    logp, mask, behavior, _, _ = random_batch(9, per_token_behavior=False)
+    _, metrics = policy_loss(logp, mask, behavior, torch.ones(len(logp)))
+    assert metrics["num_negative"] == 0
+    assert metrics["negative_weight_mean"] == metrics["negative_logprob_mean"] == 0.0
+    _, metrics = policy_loss(logp, mask, behavior, -torch.ones(len(logp)), ObjectiveConfig(variant="sft_positive"))
+    assert metrics["num_positive"] == 0 and metrics["weight_ess"] == 0.0
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+def test_empty_completion_row_names_indices():
+    logp, mask, behavior, rewards, _ = random_batch(10, per_token_behavior=False)
+    mask[[1, 3]] = False
+    with pytest.raises(ValueError, match=r"indices \[1, 3\] have no completion tokens"):
+        policy_loss(logp, mask, behavior, rewards)
+
+
+@pytest.mark.parametrize("field, choices", [
+    ("variant", VARIANTS), ("ratio_level", RATIO_LEVELS),
+    ("normalization", NORMALIZATIONS), ("negative_rule", ("reward", "advantage")),
+])
+def test_bad_choice_lists_choices(field, choices):
+    with pytest.raises(ValueError, match=field) as error:
+        ObjectiveConfig(**{field: "bogus"})
+    assert all(choice in str(error.value) for choice in choices)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"neg_lower": 2.0}, "neg_lower <= neg_upper"),
+    ({"pos_lower": -1.0, "pos_upper": 1.0}, "0 <= pos_lower"),
+    ({"variant": "ppo_clip", "neg_upper": 1.0}, "do not apply"),
+    ({"variant": "asymre", "baseline": 0.5}, "leave baseline"),
+    ({"ppo_epsilon": 1.5}, "ppo_epsilon"),
+    ({"max_log_ratio": 0.0}, "max_log_ratio"),
+    ({"baseline": math.nan}, "baseline must be finite"),
+])
+def test_bad_config_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ObjectiveConfig(**kwargs)
+
+
+def test_explicit_bounds_override_one_side_only():
+    config = ObjectiveConfig(variant="topr", neg_upper=2.0, pos_lower=0.0)
+    assert config.weight_bounds == (0.0, 1.0, 0.0, 2.0)
+    assert ObjectiveConfig(variant="tis", pos_lower=1.0, pos_upper=1.0).weight_bounds == ObjectiveConfig().weight_bounds
+
+
+def test_shape_errors():
+    logp, mask, behavior, rewards, _ = random_batch(11, per_token_behavior=False)
+    with pytest.raises(ValueError, match="loss_mask shape"):
+        policy_loss(logp, mask[:, :-1], behavior, rewards)
+    with pytest.raises(ValueError, match="behavior_logprobs must be"):
+        policy_loss(logp, mask, behavior[:-1], rewards)
+    with pytest.raises(ValueError, match="rewards must be"):
+        policy_loss(logp, mask, behavior, rewards[:, None])
+    with pytest.raises(ValueError, match="token_logprobs must be"):
+        policy_loss(logp[0], mask[0], behavior[:1], rewards[:1])
+    with pytest.raises(ValueError, match=r"ratio_level='token' needs per-token behavior_logprobs"):
+        policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(ratio_level="token"))
+    with pytest.raises(ValueError, match="group_ids must be"):
+        policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(variant="asymre"), torch.zeros(2))
+    with pytest.raises(ValueError, match="needs group_ids"):
+        policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(variant="asymre"))
