@@ -1,0 +1,98 @@
+"""`nemo-topr data validate|stats|curate` end to end, and the statistics they print."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nemo_topr.cli import main
+from nemo_topr.data.records import load_records
+from nemo_topr.data.stats import summarize
+from nemo_topr.objective import effective_positive_share
+from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+FIXTURES = Path(__file__).parent / "fixtures" / "data"
+SCORED = FIXTURES / "gsm8k_scored.jsonl"
+MALFORMED = FIXTURES / "malformed.jsonl"
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny_tokenizer")
+    build_tiny_tokenizer(out, chat_template=False)
+    return out
+
+
+def test_summary_of_the_real_gsm8k_fixture():
+    summary = summarize(load_records(SCORED).records, baseline=0.2)
+    composition = summary["composition"]
+    assert (composition["records"], composition["prompts"], composition["positives"]) == (24, 6, 11)
+    assert composition["p"] == pytest.approx(11 / 24)
+    assert composition["p_tilde"] == pytest.approx(effective_positive_share(11 / 24, 0.2))
+    assert summary["positives_per_prompt"] == {0: 1, 1: 2, 2: 1, 3: 1, 4: 1}
+    assert summary["samples_per_prompt"] == {4: 6}
+    assert summary["reward"] == {"count": 24, "values": {"-1.0": 13, "1.0": 11}}
+    assert summary["chars"]["completion"]["count"] == 24 and summary["behavior_logprob"]["max"] < 0
+    assert "tokens" not in summary
+
+
+def test_validate_prints_the_report(capsys, tokenizer_dir):
+    assert main(["data", "validate", str(SCORED), "--tokenizer", str(tokenizer_dir), "--max-seq-length", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert "records in: 24\nrecords used: 24\nrecords dropped: 0" in out
+    assert "packed into 3 rows of 2048 tokens, padding share" in out
+
+
+def test_validate_strict_fails_with_the_located_error(capsys):
+    assert main(["data", "validate", str(MALFORMED)]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {MALFORMED}:2: record: invalid JSON")
+
+
+def test_validate_non_strict_counts_drops_including_too_long(capsys, tokenizer_dir):
+    argv = ["data", "validate", str(MALFORMED), "--no-strict", "--tokenizer", str(tokenizer_dir), "--max-seq-length", "256"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "records in: 16\nrecords used: 3\nrecords dropped: 13" in out
+    assert f"too_long: 1  (first: {MALFORMED}:14: completion:" in out
+
+
+def test_validate_reports_a_missing_tokenizer(capsys, tmp_path):
+    assert main(["data", "validate", str(SCORED), "--tokenizer", str(tmp_path / "none")]) == 1
+    assert "tokenizer: directory does not exist" in capsys.readouterr().err
+
+
+def test_stats_writes_json_and_png(tmp_path, tokenizer_dir, capsys):
+    out = tmp_path / "stats"
+    assert main(["data", "stats", str(SCORED), "--baseline", "0.2", "--tokenizer", str(tokenizer_dir), "--out", str(out)]) == 0
+    summary = json.loads((out / "stats.json").read_text())
+    assert summary["composition"]["p"] == pytest.approx(11 / 24)
+    assert summary["composition"]["baseline"] == 0.2
+    assert summary["tokens"]["completion"]["count"] == 24
+    assert summary["validation"]["records_in"] == 24
+    assert (out / "stats.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert '"p_tilde"' in capsys.readouterr().out
+
+
+def test_curate_writes_a_dataset_and_its_stats(tmp_path):
+    out = tmp_path / "curated.jsonl"
+    assert main(["data", "curate", str(SCORED), "--target-p", "0.25", "--seed", "1", "--out", str(out)]) == 0
+    stats = json.loads(out.with_suffix(".stats.json").read_text())
+    curated = load_records(out).records
+    assert stats["records_in"] == 24 == len(curated) + sum(stats["dropped"].values())
+    assert stats["after"]["positives"] == sum(r.reward > 0 for r in curated) == 4  # 4 / (4 + 13) is nearest 0.25
+    assert stats["settings"]["seed"] == 1
+
+    again = tmp_path / "again.jsonl"
+    main(["data", "curate", str(SCORED), "--target-p", "0.25", "--seed", "1", "--out", str(again)])
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_curate_anna_karenina_and_bad_settings(tmp_path, capsys):
+    out = tmp_path / "ak.jsonl"
+    assert main(["data", "curate", str(SCORED), "--anna-karenina", "--out", str(out), "--stats", str(tmp_path / "s.json")]) == 0
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["after"]["positives"] == 5 and stats["dropped"] == {"anna_karenina": 6}  # 5 prompts with a positive
+    with pytest.raises(SystemExit):
+        main(["data", "curate", str(SCORED), "--anna-karenina", "--target-p", "0.2", "--out", str(out)])
+    assert main(["data", "curate", str(SCORED), "--target-p-tilde", "0.2", "--baseline", "1", "--out", str(out)]) == 1
+    assert "baseline must be in (-1, 1)" in capsys.readouterr().err

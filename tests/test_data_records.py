@@ -1,0 +1,216 @@
+"""Reading and validating pre-scored records: every malformed class names file, line and field."""
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from nemo_topr.data.records import DataError, Record, load_records, schema_of, write_jsonl
+
+FIXTURES = Path(__file__).parent / "fixtures" / "data"
+SCORED = FIXTURES / "gsm8k_scored.jsonl"
+MALFORMED = FIXTURES / "malformed.jsonl"
+
+# line of malformed.jsonl -> (reason counted in non-strict mode, field named, words of the problem)
+MALFORMED_LINES = {
+    2: ("invalid_json", "record", "invalid JSON"),
+    3: ("invalid_utf8", "record", "invalid UTF-8"),
+    4: ("missing_field", "reward", "missing"),
+    5: ("wrong_type", "completion", "expected a string, got number"),
+    6: ("wrong_type", "reward", "expected a number, got string '1.0'"),
+    7: ("nonfinite_reward", "reward", "nan"),
+    8: ("nonfinite_reward", "reward", "inf"),
+    9: ("invalid_behavior_logprob", "behavior_logprob", "nan"),
+    10: ("invalid_behavior_logprob", "behavior_logprob", "<= 0, got 0.5"),
+    11: ("empty_completion", "completion", "is empty"),
+    12: ("duplicate_id", "sample_id", "first at"),
+    13: ("schema_mismatch", "behavior_logprob", "schema differs within the file"),
+}
+MALFORMED_VALID_LINES = [1, 14, 15, 16]
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def _write_parquet(path: Path, rows: list[dict]) -> Path:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def _scored_rows() -> list[dict]:
+    return [json.loads(line) for line in _lines(SCORED)]
+
+
+def test_real_gsm8k_rows_load_with_full_report():
+    records = load_records(SCORED)
+    assert [r.index for r in records.records] == list(range(24))
+    assert records.report.records_in == records.report.records_used == 24
+    assert not records.report.dropped
+    first = records.records[0]
+    assert first.prompt.startswith("Question: Natalia sold clips") and first.prompt.endswith("\nAnswer:")
+    assert first.completion.endswith("The answer is 72.") and first.reward == 1.0
+    assert (first.path, first.line, first.prompt_id, first.sample_id) == (str(SCORED), 1, "gsm8k-train-0", 0)
+    assert schema_of(first) == {"prompt": "string", "behavior_logprob": "number", "prompt_id": "string", "sample_id": "integer"}
+    assert len({r.prompt_key for r in records.records}) == 6
+
+
+@pytest.mark.parametrize("line", sorted(MALFORMED_LINES))
+def test_strict_mode_raises_naming_file_line_and_field(tmp_path, line):
+    _, field, problem = MALFORMED_LINES[line]
+    path = tmp_path / "one_bad.jsonl"
+    path.write_bytes(_lines(MALFORMED)[0] + _lines(MALFORMED)[line - 1])
+    with pytest.raises(DataError) as caught:
+        load_records(path, strict=True)
+    assert str(caught.value).startswith(f"{path}:2: {field}: ")
+    assert problem in caught.value.problem
+    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), 2, field)
+
+
+def test_strict_mode_stops_at_the_first_problem_of_the_fixture():
+    with pytest.raises(DataError, match=rf"^{MALFORMED}:2: record: invalid JSON"):
+        load_records(MALFORMED)
+
+
+def test_non_strict_mode_counts_every_drop_by_reason():
+    records = load_records(MALFORMED, strict=False)
+    report = records.report
+    expected = {}
+    for reason, _, _ in MALFORMED_LINES.values():
+        expected[reason] = expected.get(reason, 0) + 1
+    assert dict(report.dropped) == expected
+    assert report.records_in == 16 == len(records.records) + sum(report.dropped.values())
+    assert report.records_used == len(records.records) == len(MALFORMED_VALID_LINES)
+    assert [r.line for r in records.records] == MALFORMED_VALID_LINES
+    for line, (reason, field, problem) in MALFORMED_LINES.items():
+        if line == min(k for k, v in MALFORMED_LINES.items() if v[0] == reason):
+            assert report.first_error[reason].startswith(f"{MALFORMED}:{line}: {field}: ")
+    assert "records dropped: 12" in report.format()
+
+
+def test_record_index_counts_dropped_records_too():
+    records = load_records(MALFORMED, strict=False)
+    assert [r.index for r in records.records] == [line - 1 for line in MALFORMED_VALID_LINES]
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_empty_file_missing_path_and_no_match_raise_in_both_modes(tmp_path, strict):
+    with pytest.raises(DataError, match=rf"^{FIXTURES / 'empty.jsonl'}:0: file: empty"):
+        load_records(FIXTURES / "empty.jsonl", strict=strict)
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'nope.jsonl'}:0: path: does not exist"):
+        load_records(tmp_path / "nope.jsonl", strict=strict)
+    with pytest.raises(DataError, match="pattern matches no"):
+        load_records(str(tmp_path / "*.jsonl"), strict=strict)
+    with pytest.raises(DataError, match="directory holds no"):
+        load_records(tmp_path, strict=strict)
+    (tmp_path / "data.csv").write_text("prompt,completion,reward\n")
+    with pytest.raises(DataError, match="unknown format '.csv'"):
+        load_records(tmp_path / "data.csv", strict=strict)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_schema_differing_between_files_names_both(strict):
+    with pytest.raises(DataError) as caught:
+        load_records(FIXTURES / "schema_mismatch", strict=strict)
+    message = str(caught.value)
+    assert message.startswith(f"{FIXTURES / 'schema_mismatch' / 'b.jsonl'}:1: behavior_logprob: schema differs between files")
+    assert str(FIXTURES / "schema_mismatch" / "a.jsonl") in message
+
+
+def test_misspelt_field_is_a_schema_error(tmp_path):
+    row = {**_scored_rows()[0], "behaviour_logprob": -3.0}
+    path = tmp_path / "typo.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=rf"^{path}:1: behaviour_logprob: unknown field"):
+        load_records(path, strict=False)
+
+
+def test_directory_with_mixed_formats_names_both(tmp_path):
+    (tmp_path / "part-0.jsonl").write_bytes(SCORED.read_bytes())
+    _write_parquet(tmp_path / "part-1.parquet", _scored_rows())
+    with pytest.raises(DataError) as caught:
+        load_records(tmp_path)
+    assert str(caught.value).startswith(f"{tmp_path}:0: format: mixes JSONL")
+    assert "part-0.jsonl" in str(caught.value) and "part-1.parquet" in str(caught.value)
+
+
+def test_parquet_reads_like_jsonl(tmp_path):
+    parquet = load_records(_write_parquet(tmp_path / "scored.parquet", _scored_rows())).records
+    jsonl = load_records(SCORED).records
+    assert [r.to_json() for r in parquet] == [r.to_json() for r in jsonl]
+    assert [r.line for r in parquet] == list(range(1, 25))
+
+
+def test_parquet_errors_name_the_row_and_column(tmp_path):
+    rows = _scored_rows()
+    rows[2]["reward"] = math.nan
+    path = _write_parquet(tmp_path / "nan.parquet", rows)
+    with pytest.raises(DataError, match=rf"^{path}:3: reward: must be finite"):
+        load_records(path)
+    assert load_records(path, strict=False).report.dropped == {"nonfinite_reward": 1}
+
+    missing = _write_parquet(tmp_path / "missing.parquet", [{k: v for k, v in r.items() if k != "reward"} for r in rows])
+    with pytest.raises(DataError, match=rf"^{missing}:0: reward: missing column"):
+        load_records(missing, strict=False)
+
+    as_string = _write_parquet(tmp_path / "string.parquet", [{**r, "reward": str(r["reward"])} for r in rows])
+    with pytest.raises(DataError, match=rf"^{as_string}:1: reward: expected a number, got string"):
+        load_records(as_string)
+
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(b"not parquet")
+    with pytest.raises(DataError, match=rf"^{corrupt}:0: file: cannot read Parquet"):
+        load_records(corrupt)
+
+
+def test_chat_message_prompts_are_validated(tmp_path):
+    row = {"prompt": [{"role": "user", "content": 3}], "completion": "x", "reward": 1}
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=rf"^{path}:1: prompt\[0\].content: expected a string, got number"):
+        load_records(path)
+    assert load_records(FIXTURES / "math500_chat.jsonl").records[0].prompt[1]["role"] == "user"
+
+
+def test_a_dataset_with_every_record_dropped_raises(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "q", "completion": "", "reward": 1}\n')
+    with pytest.raises(DataError, match=r":0: dataset: no usable records \(1 read"):
+        load_records(path, strict=False)
+
+
+def test_globs_and_lists_read_files_in_order_with_one_index(tmp_path):
+    rows = _scored_rows()
+    for part in range(2):
+        (tmp_path / f"part-{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[part * 12 : part * 12 + 12]))
+    by_glob = load_records(str(tmp_path / "part-*.jsonl")).records
+    by_list = load_records([tmp_path / "part-0.jsonl", tmp_path / "part-1.jsonl"]).records
+    assert [r.index for r in by_glob] == [r.index for r in by_list] == list(range(24))
+    assert by_glob[12].path.endswith("part-1.jsonl") and by_glob[12].line == 1
+
+
+def test_duplicate_ids_are_found_across_files(tmp_path):
+    for name in ("a.jsonl", "b.jsonl"):
+        (tmp_path / name).write_bytes(_lines(SCORED)[0])
+    with pytest.raises(DataError, match=rf"b.jsonl:1: sample_id: duplicate .* first at {tmp_path / 'a.jsonl'}:1"):
+        load_records(tmp_path)
+
+
+def test_written_records_read_back_identically(tmp_path):
+    records = load_records(SCORED).records
+    write_jsonl(records, tmp_path / "out.jsonl")
+    assert [r.to_json() for r in load_records(tmp_path / "out.jsonl").records] == [r.to_json() for r in records]
+
+
+def test_records_convert_to_a_hugging_face_dataset():
+    dataset = load_records(FIXTURES / "math500_chat.jsonl").to_hf_dataset()
+    assert len(dataset) == 6
+    assert json.loads(dataset[0]["prompt"])[0]["role"] == "system"
+
+
+def test_prompt_key_groups_by_prompt_id_else_prompt_text():
+    assert Record(prompt="q", completion="c", reward=1.0, prompt_id=7).prompt_key == "7"
+    assert Record(prompt="q", completion="c", reward=1.0).prompt_key == "q"

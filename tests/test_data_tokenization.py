@@ -1,0 +1,123 @@
+"""Tokenization: exact prompt/completion boundary, loss masks, chat templates, length limits."""
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from nemo_topr.data.records import DataError, Record, RecordSet, ValidationReport, load_records
+from nemo_topr.data.tokenization import load_tokenized, load_tokenizer, prompt_token_ids, tokenize_records
+from nemo_topr.tiny_tokenizer import BOS, CHAT_TOKENS, EOS, PAD, build_tiny_tokenizer
+
+FIXTURES = Path(__file__).parent / "fixtures" / "data"
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny_chat_tokenizer")
+    build_tiny_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain_tokenizer():
+    return build_tiny_tokenizer(chat_template=False)
+
+
+def _record_set(*pairs: tuple[str, str]) -> RecordSet:
+    records = [Record(prompt=p, completion=c, reward=1.0, index=i) for i, (p, c) in enumerate(pairs)]
+    return RecordSet(records, ValidationReport(records_in=len(records), records_used=len(records)))
+
+
+def test_tiny_tokenizer_is_fast_deterministic_and_reloads(chat_tokenizer_dir):
+    start = time.perf_counter()
+    built = build_tiny_tokenizer()
+    assert time.perf_counter() - start < 3.0
+    reloaded = AutoTokenizer.from_pretrained(chat_tokenizer_dir, local_files_only=True)
+    assert len(built) == len(reloaded) == 512
+    assert built.get_vocab() == reloaded.get_vocab()
+    assert (reloaded.bos_token, reloaded.eos_token, reloaded.pad_token) == (BOS, EOS, PAD)
+    assert all(token in reloaded.all_special_tokens for token in CHAT_TOKENS)
+    text = "Natalia sold 48/2 = 24 clips in May."
+    assert reloaded(text)["input_ids"] == built(text)["input_ids"]
+    assert reloaded(text)["input_ids"][0] == reloaded.bos_token_id  # Llama-style BOS
+    assert reloaded.decode(reloaded(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_tiny_tokenizer_without_chat_template(plain_tokenizer):
+    assert not plain_tokenizer.chat_template
+    assert not any(token in plain_tokenizer.get_vocab() for token in CHAT_TOKENS)
+
+
+@pytest.mark.parametrize(
+    "prompt, completion",
+    [("She sold th", "e rest of the apples."), ("So 10 - 4 = ", "6 apples remain.")],
+)
+def test_boundary_is_exact_where_joint_tokenization_merges(plain_tokenizer, prompt, completion):
+    tok = plain_tokenizer
+    prompt_ids = tok(prompt)["input_ids"]
+    completion_ids = tok(completion, add_special_tokens=False)["input_ids"]
+    joint = tok(prompt + completion)["input_ids"]
+    assert joint != prompt_ids + completion_ids  # the case this test exists for
+
+    (seq,) = tokenize_records(_record_set((prompt, completion)), tok).sequences
+    assert seq.input_ids == prompt_ids + completion_ids + [tok.eos_token_id]
+    assert seq.loss_mask == [0] * len(prompt_ids) + [1] * (len(completion_ids) + 1)
+
+
+def test_chat_template_renders_messages_and_string_prompts(chat_tokenizer_dir):
+    tok = load_tokenizer(chat_tokenizer_dir)
+    records = load_records(FIXTURES / "math500_chat.jsonl")
+    tokenized = tokenize_records(records, tok)
+    seq, record = tokenized.sequences[0], records.records[0]
+    n_prompt = seq.loss_mask.count(0)
+    prompt_text = tok.decode(seq.input_ids[:n_prompt])
+    assert prompt_text.startswith(f"{BOS}<|start_header_id|>system<|end_header_id|>\n\nYou are a careful mathematician.<|eot_id|>")
+    assert prompt_text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert tok.decode(seq.input_ids[n_prompt:]) == record.completion + EOS
+    assert math.isnan(seq.behavior_logprob)  # the fixture has no behavior_logprob
+
+    user_turn = tok.decode(prompt_token_ids(tok, "What is 2 + 2?"))
+    assert user_turn == f"{BOS}<|start_header_id|>user<|end_header_id|>\n\nWhat is 2 + 2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def test_chat_prompts_need_a_chat_template(plain_tokenizer):
+    records = load_records(FIXTURES / "math500_chat.jsonl")
+    with pytest.raises(DataError, match=r"math500_chat.jsonl:1: prompt: chat-message prompts need a tokenizer with a chat template"):
+        tokenize_records(records, plain_tokenizer)
+
+
+def test_dense_ids_and_their_mapping(plain_tokenizer):
+    records = load_records(FIXTURES / "gsm8k_scored.jsonl")
+    tokenized = tokenize_records(records, plain_tokenizer)
+    assert [s.sample_id for s in tokenized.sequences] == list(range(24))
+    assert [s.prompt_id for s in tokenized.sequences] == [i // 4 for i in range(24)]
+    assert tokenized.prompt_keys == [f"gsm8k-train-{i}" for i in range(6)]
+    assert tokenized.sequences[0].behavior_logprob == records.records[0].behavior_logprob
+
+
+def test_too_long_sequences_raise_or_are_counted(chat_tokenizer_dir):
+    malformed = FIXTURES / "malformed.jsonl"
+    with pytest.raises(DataError, match=rf"^{malformed}:14: completion: \d+ tokens .* > max_seq_length 256"):
+        load_tokenized(malformed, chat_tokenizer_dir, max_seq_length=256, strict=False, too_long="error")
+    tokenized = load_tokenized(malformed, chat_tokenizer_dir, max_seq_length=256, strict=False)
+    report = tokenized.report
+    assert report.dropped["too_long"] == 1 and sum(report.dropped.values()) == 13
+    assert report.records_in == 16 == len(tokenized.sequences) + sum(report.dropped.values())
+    assert report.records_used == len(tokenized.sequences) == 3
+    assert max(len(s.input_ids) for s in tokenized.sequences) <= 256
+
+
+def test_all_records_too_long_means_no_completion_tokens(plain_tokenizer):
+    records = _record_set(("Question: 1 + 1?\nAnswer:", " 2"))
+    with pytest.raises(DataError, match=r"dataset: no completion tokens"):
+        tokenize_records(records, plain_tokenizer, max_seq_length=3, strict=False)
+
+
+def test_missing_or_empty_tokenizer_directory(tmp_path):
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'nope'}:0: tokenizer: directory does not exist"):
+        load_tokenizer(tmp_path / "nope")
+    with pytest.raises(DataError, match=rf"^{tmp_path}:0: tokenizer: cannot load"):
+        load_tokenizer(tmp_path)
