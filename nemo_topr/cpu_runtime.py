@@ -332,12 +332,14 @@ def enable_cpu_runtime() -> tuple[Patch, ...]:
     """Apply every patch in :data:`PATCHES` (imports Bridge via :func:`import_bridge`).
 
     Returns the patches applied: all of them on a machine without CUDA, none when
-    ``torch.cuda.is_available()`` is true or the runtime is already enabled.
+    ``torch.cuda.is_available()`` is true or the runtime is already enabled. Bridge is imported
+    through :func:`import_bridge` in every case, so a GPU venv without Transformer Engine or
+    NVRx can still import it.
     """
     global _active
+    import_bridge()
     if torch.cuda.is_available() or _active is not None:
         return ()
-    import_bridge()
     import megatron.bridge.training.initialize as bridge_initialize
     import megatron.bridge.training.setup as bridge_setup
     import megatron.core.optimizer.clip_grads as clip_grads

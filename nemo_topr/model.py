@@ -67,3 +67,31 @@ def hf_llama_provider(hf_dir: str | Path, *, load_weights: bool = True, seq_leng
     if seq_length is not None:
         provider.seq_length = seq_length
     return bridge, cpu_runtime.cpu_model_overrides(provider)
+
+
+def build_tiny_hf_llama(out_dir: str | Path, tokenizer, *, seed: int = 0, num_layers: int = 2,
+                        hidden_size: int = 64, intermediate_size: int = 172, num_heads: int = 4,
+                        num_kv_heads: int = 2, max_position_embeddings: int = 1024) -> Path:
+    """Write a randomly initialised Llama (Hugging Face format) plus `tokenizer` to `out_dir`.
+
+    This is how tests and the demo get a "pretrained" model offline: every later stage reads it
+    exactly as it would read a real Llama 3 directory.
+    """
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-5, rope_theta=500_000.0,
+        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).float()
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0,
+                     top_p=1.0, top_k=500, max_new_tokens=512).save_pretrained(out_dir)
+    return out_dir

@@ -1,0 +1,1 @@
+"""Training on Megatron-Bridge: the TOPR step, data provider, configs, recipe, scoring, export."""

@@ -1,0 +1,163 @@
+"""TOPR run configuration: Hydra/OmegaConf YAML in ``conf/`` -> Megatron-Bridge ``ConfigContainer``.
+
+A run config has Bridge's sections (``model``, ``train``, ``optimizer``, ``scheduler``,
+``checkpoint``, ``logger``, ``ddp``, ``dist``, ``rng``, ``dataset``, ...) plus three of ours:
+
+    hf_model:   local Hugging Face Llama directory; the model comes from it through AutoBridge
+    run_dir:    where checkpoints, TensorBoard logs, the resolved config and reports go
+    objective:  `nemo_topr.objective.ObjectiveConfig` fields
+
+Overrides come last, as in Bridge recipes: defaults in code (:func:`default_container`), then the
+YAML files (Hydra defaults lists), then ``key=value`` from the command line. Every key is
+checked against the dataclass it lands on; a typo is an error naming the key and the closest
+valid names, never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from nemo_topr.objective import ObjectiveConfig
+
+CONF_DIR = Path(os.environ.get("NEMO_TOPR_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
+OUR_KEYS = ("hf_model", "run_dir", "objective")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the dotted key that caused it."""
+
+
+def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path | None = None) -> DictConfig:
+    """Compose ``config_dir/config_name.yaml`` (with its defaults list) and apply overrides."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+
+    config_dir = Path(config_dir or CONF_DIR).resolve()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+    except MissingConfigException as error:
+        available = sorted(p.stem for p in config_dir.glob("*.yaml"))
+        raise ConfigError(f"no config {config_name!r} in {config_dir}; available: {available}") from error
+    except ConfigCompositionException as error:
+        cause = error.__cause__ or error
+        raise ConfigError(f"bad override: {cause}") from error
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def _check_keys(target: Any, values: dict[str, Any], path: str) -> None:
+    """Raise ConfigError for any key in `values` that `target` (a dataclass) does not have."""
+    names = {f.name for f in dataclasses.fields(target) if not f.name.startswith("_")}
+    for key, value in values.items():
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=3)
+            hint = f"; did you mean {', '.join(f'{path}.{c}' for c in close)}?" if close else ""
+            raise ConfigError(f"unknown config key {path}.{key} ({type(target).__name__}){hint}")
+        current = getattr(target, key)
+        if isinstance(value, dict) and dataclasses.is_dataclass(current) and "_target_" not in value:
+            _check_keys(current, value, f"{path}.{key}")
+
+
+def apply_section(target: Any, values: dict[str, Any], path: str) -> None:
+    """Strictly apply a YAML section onto a Bridge config dataclass (Bridge's own setter
+    handles dtype strings and activation-function names)."""
+    from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
+
+    _check_keys(target, values, path)
+    apply_overrides(target, values, {})
+
+
+def objective_from(values: dict[str, Any]) -> ObjectiveConfig:
+    _check_keys(ObjectiveConfig(), values, "objective")
+    return ObjectiveConfig(**values)
+
+
+def default_container(provider: Any, dataset: Any):
+    """Bridge ConfigContainer with TOPR's fixed choices; YAML overrides go on top."""
+    from megatron.bridge.training.config import (
+        CheckpointConfig, ConfigContainer, DistributedDataParallelConfig, DistributedInitConfig, LoggerConfig,
+        OptimizerConfig, RNGConfig, SchedulerConfig, TrainingConfig, ValidationConfig,
+    )
+    from megatron.bridge.training.tokenizers.config import TokenizerConfig
+
+    on_gpu = torch.cuda.is_available()
+    # The step returns (sum, denominator): Megatron divides by the global denominator.
+    provider.calculate_per_token_loss = True
+    return ConfigContainer(
+        model=provider,
+        train=TrainingConfig(train_iters=1, global_batch_size=8, micro_batch_size=1,
+                             exit_signal_handler=True),
+        validation=ValidationConfig(eval_iters=0, eval_interval=None),
+        optimizer=OptimizerConfig(optimizer="adam", lr=5e-7, min_lr=5e-7, weight_decay=0.0, clip_grad=1.0,
+                                  bf16=on_gpu, fp16=False,
+                                  params_dtype=torch.bfloat16 if on_gpu else torch.float32,
+                                  use_distributed_optimizer=on_gpu),
+        scheduler=SchedulerConfig(lr_decay_style="constant", lr_warmup_iters=0, start_weight_decay=0.0,
+                                  end_weight_decay=0.0, weight_decay_incr_style="constant"),
+        ddp=DistributedDataParallelConfig(use_distributed_optimizer=on_gpu, grad_reduce_in_fp32=True,
+                                          overlap_grad_reduce=on_gpu, overlap_param_gather=on_gpu,
+                                          average_in_collective=False),  # required by per-token loss
+        dataset=dataset,
+        logger=LoggerConfig(log_interval=1),
+        tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=provider.vocab_size),
+        checkpoint=CheckpointConfig(save_interval=100, ckpt_format="torch_dist", async_save=False,
+                                    fully_parallel_save=on_gpu, fully_parallel_load=on_gpu),
+        dist=DistributedInitConfig(distributed_backend="nccl" if on_gpu else "gloo",
+                                   use_gloo_process_groups=True),
+        rng=RNGConfig(seed=1234),
+    )
+
+
+@dataclass
+class TrainingRun:
+    """Everything `nemo-topr train` needs, resolved."""
+
+    container: Any  # megatron.bridge.training.config.ConfigContainer
+    objective: ObjectiveConfig
+    run_dir: Path
+    hf_model: Path
+    raw: DictConfig  # the composed YAML, saved into run_dir
+
+
+def build_training_run(raw: DictConfig) -> TrainingRun:
+    """Map a composed config onto Bridge's ConfigContainer (model from `hf_model`)."""
+    from nemo_topr.model import hf_llama_provider
+    from nemo_topr.training.data import ToprDatasetConfig
+
+    values = OmegaConf.to_container(raw, resolve=True)
+    missing = [key for key in OUR_KEYS if values.get(key) in (None, "")]
+    if missing:
+        raise ConfigError(f"config keys {missing} must be set (e.g. hf_model=/path/to/hf_llama)")
+    run_dir = Path(values["run_dir"]).resolve()
+    hf_model = Path(values["hf_model"]).resolve()
+    objective = objective_from(values["objective"])
+
+    _, provider = hf_llama_provider(hf_model, load_weights=False)
+    dataset = ToprDatasetConfig(tokenizer_dir=str(hf_model), report_path=str(run_dir / "data_report.json"))
+    container = default_container(provider, dataset)
+    container.checkpoint.save = container.checkpoint.load = str(run_dir / "checkpoints")
+    container.checkpoint.pretrained_checkpoint = str(hf_model)
+    container.logger.tensorboard_dir = str(run_dir / "tensorboard")
+    for section, section_values in values.items():
+        if section in OUR_KEYS:
+            continue
+        if not hasattr(container, section):
+            close = difflib.get_close_matches(section, [f.name for f in dataclasses.fields(container)] + list(OUR_KEYS))
+            raise ConfigError(f"unknown config section {section!r}" + (f"; did you mean {close}?" if close else ""))
+        apply_section(getattr(container, section), section_values, section)
+    if not container.model.calculate_per_token_loss:
+        raise ConfigError("model.calculate_per_token_loss must stay true: the TOPR step returns (sum, denominator)")
+    if container.dataset.seq_length != container.model.seq_length:
+        raise ConfigError(f"dataset.seq_length ({container.dataset.seq_length}) must equal model.seq_length "
+                          f"({container.model.seq_length})")
+    return TrainingRun(container, objective, run_dir, hf_model, raw)

@@ -1,0 +1,115 @@
+"""Bridge dataset provider for pre-scored TOPR data: validated records -> tokenized -> packed rows.
+
+Bridge's sampler hands out *rows* (one packed row = one Bridge "sample"); ``global_batch_size``
+and ``micro_batch_size`` therefore count rows. The row order is fixed before training (packing,
+then a seeded shuffle per epoch), so a run resumed from a checkpoint's
+``consumed_train_samples`` continues with exactly the rows it had not seen. The last global
+batch is completed with empty rows (no sequences, no loss) rather than dropping real data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
+
+from nemo_topr.data.packing import TokenizedSequence, collate_packed, pack_sequences, padding_share
+from nemo_topr.data.tokenization import TokenizedDataset, load_tokenized, load_tokenizer, pad_id_of
+
+
+class PackedRows(torch.utils.data.Dataset):
+    """Map-style dataset of packed rows; Bridge's DataLoader batches them with `collate_fn`."""
+
+    def __init__(self, sequences: list[TokenizedSequence], rows: list[list[int]], seq_length: int, pad_id: int):
+        self.sequences, self.rows, self.seq_length, self.pad_id = sequences, rows, seq_length, pad_id
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> list[int]:
+        return self.rows[index]
+
+    def collate_fn(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
+        return collate_packed(self.sequences, rows, self.seq_length, self.pad_id)
+
+
+@dataclass
+class PreparedData:
+    dataset: TokenizedDataset
+    rows: list[list[int]]  # all epochs, padded to a whole number of global batches
+    pad_id: int
+    padding_share: float
+    filler_rows: int
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    def summary(self) -> dict[str, Any]:
+        sequences = self.dataset.sequences
+        return {
+            **self.dataset.report.to_dict(),
+            "sequences": len(sequences),
+            "positives": sum(seq.reward >= 0 for seq in sequences),
+            "rows": self.num_rows,
+            "filler_rows": self.filler_rows,
+            "padding_share": round(self.padding_share, 4),
+        }
+
+
+@dataclass(kw_only=True)
+class ToprDatasetConfig(DatasetProvider):
+    """``dataset:`` section of a TOPR run (Bridge's ConfigContainer.dataset)."""
+
+    train_path: str = ""
+    tokenizer_dir: str = ""
+    seq_length: int = 2048
+    packed: bool = True  # False: one sequence per row (padded batches)
+    strict: bool = True  # False: malformed records are dropped and counted in the report
+    too_long: str | None = None  # "error" | "drop"; default follows `strict`
+    shuffle_seed: int = 1234
+    epochs: int = 1
+    report_path: str | None = None  # where the data report JSON is written
+    dataloader_type: str | None = "single"
+    num_workers: int = 0
+
+    def prepare(self, global_batch_size: int) -> PreparedData:
+        """Validate, tokenize and pack once (cached); rows padded to whole global batches."""
+        # cached outside the dataclass fields: Bridge serialises the config into checkpoints
+        if getattr(self, "_prepared", None) is not None:
+            return self._prepared
+        if not self.train_path:
+            raise ValueError("dataset.train_path is not set")
+        if self.epochs < 1:
+            raise ValueError(f"dataset.epochs must be >= 1; got {self.epochs}")
+        dataset = load_tokenized(self.train_path, self.tokenizer_dir, max_seq_length=self.seq_length,
+                                 strict=self.strict, too_long=self.too_long)
+        pad_id = pad_id_of(load_tokenizer(self.tokenizer_dir))
+        sequences = dataset.sequences
+        epoch_rows = (pack_sequences(sequences, self.seq_length, pad_id) if self.packed
+                      else [[i] for i in range(len(sequences))])
+        rows: list[list[int]] = []
+        for epoch in range(self.epochs):
+            shuffled = list(epoch_rows)
+            random.Random(self.shuffle_seed + epoch).shuffle(shuffled)
+            rows += shuffled
+        filler = math.ceil(len(rows) / global_batch_size) * global_batch_size - len(rows)
+        rows += [[] for _ in range(filler)]
+        self._prepared = PreparedData(dataset, rows, pad_id, padding_share(sequences, epoch_rows, self.seq_length),
+                                      filler)
+        if self.report_path:
+            Path(self.report_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(self.report_path).write_text(json.dumps(self._prepared.summary(), indent=2) + "\n")
+        return self._prepared
+
+    def build_datasets(self, context: DatasetBuildContext):
+        if getattr(self, "_prepared", None) is None:
+            raise RuntimeError("ToprDatasetConfig.prepare(global_batch_size) must run before training")
+        prepared = self._prepared
+        return PackedRows(prepared.dataset.sequences, prepared.rows, self.seq_length, prepared.pad_id), None, None

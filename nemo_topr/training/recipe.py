@@ -1,0 +1,65 @@
+"""`nemo-topr train`: one TOPR run on Megatron-Bridge's ``finetune()`` loop.
+
+    nemo-topr train --config-name tiny_cpu optimizer.lr=3e-4 objective.variant=tis
+
+Reads the config (conf/ + overrides), validates, tokenizes and packs the data, sets the number
+of iterations to cover the data once per epoch, saves the resolved config in the run
+directory, and hands Bridge the TOPR forward step. Re-running the same command resumes from
+the run directory's latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from omegaconf import OmegaConf
+
+from nemo_topr import cpu_runtime
+from nemo_topr.training.config import CONF_DIR, TrainingRun, build_training_run, compose
+
+
+def prepare(run: TrainingRun) -> dict:
+    """Resolve what depends on the data (iterations) and record the run's inputs."""
+    train = run.container.train
+    prepared = run.container.dataset.prepare(train.global_batch_size)
+    train.train_iters = prepared.num_rows // train.global_batch_size
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(run.raw, run.run_dir / "config.yaml")
+    summary = {**prepared.summary(), "train_iters": train.train_iters,
+               "global_batch_size": train.global_batch_size}
+    return summary
+
+
+def train(run: TrainingRun) -> dict:
+    from megatron.bridge.training.finetune import finetune
+
+    from nemo_topr.training.step import ToprForwardStep
+
+    summary = prepare(run)
+    if _is_rank_zero():
+        print(f"[nemo-topr] data: {json.dumps(summary)}", flush=True)
+    finetune(run.container, ToprForwardStep(run.objective, sample_log_dir=run.run_dir))
+    return summary
+
+
+def _is_rank_zero() -> bool:
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="nemo-topr train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-name", default="topr", help="YAML file in the config dir, without .yaml")
+    parser.add_argument("--config-path", default=str(CONF_DIR), help="config directory (default: %(default)s)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides (OmegaConf dotted keys)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    cpu_runtime.enable_cpu_runtime()  # no-op on GPU machines
+    run = build_training_run(compose(args.config_name, args.overrides, args.config_path))
+    train(run)
+    return 0

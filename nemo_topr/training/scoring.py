@@ -1,0 +1,121 @@
+"""`nemo-topr score-logprobs`: behaviour log-probs log mu(y|x) for a pre-scored dataset.
+
+    nemo-topr score-logprobs --model HF_DIR --data graded.jsonl --out scored.jsonl [--tp 2 --pp 1]
+
+A forward-only pass of a Hugging Face checkpoint (the data's generator, or the starting
+checkpoint of training when the data carries no mu) through the same tokenization, packing and
+Megatron forward as training, with the same TP/PP machinery. Writes the input records with
+``behavior_logprob`` set (summed over completion tokens incl. EOS). Scoring with the starting
+checkpoint makes rho = 1 at step 0 by construction: TOPR then begins as SFT on positives plus a
+full-weight push-down on negatives, and tapers as pi moves away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from nemo_topr import cpu_runtime
+from nemo_topr.data.packing import collate_packed, pack_sequences
+from nemo_topr.data.records import load_records, write_jsonl
+from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
+
+
+def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, seq_length: int = 2048,
+                   tensor_parallel: int = 1, pipeline_parallel: int = 1, rows_per_batch: int = 4,
+                   strict: bool = True) -> dict:
+    """Score every record; rank 0 writes `out` and returns a summary (other ranks return {})."""
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from nemo_topr.distributed import initialize_model_parallel
+    from nemo_topr.model import hf_llama_provider
+    from nemo_topr.training.step import forward_packed, sequence_table
+
+    cpu_runtime.enable_cpu_runtime()
+    initialize_model_parallel(tensor_parallel, pipeline_parallel)
+    _, provider = hf_llama_provider(model_dir, load_weights=True, seq_length=seq_length)
+    provider.tensor_model_parallel_size = tensor_parallel
+    provider.pipeline_model_parallel_size = pipeline_parallel
+    provider.pipeline_dtype = provider.params_dtype
+    provider.finalize()
+    model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+    for chunk in model:
+        chunk.eval()
+
+    records = load_records(data, strict=strict)
+    tokenizer = load_tokenizer(model_dir)
+    tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict)
+    sequences, pad_id = tokenized.sequences, pad_id_of(tokenizer)
+    rows = pack_sequences(sequences, seq_length, pad_id)
+    dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+    my_rows = rows[dp_rank::dp_size]
+    my_rows += [[] for _ in range(-len(my_rows) % rows_per_batch)]  # equal micro-batch shapes for PP
+    batches = [collate_packed(sequences, my_rows[i:i + rows_per_batch], seq_length, pad_id)
+               for i in range(0, len(my_rows), rows_per_batch)]
+
+    scores: dict[int, float] = {}
+
+    def forward_step(data_iterator, chunk):
+        batch = next(data_iterator)
+        output = forward_packed(chunk, batch, provider)
+
+        def collect(per_token_ce: torch.Tensor):
+            completion = batch["loss_mask"]
+            table = sequence_table(-per_token_ce.reshape(completion.shape).float() * completion, batch,
+                                   int(batch["seq_len"].max()))
+            scores.update(zip(batch["sample_ids"].tolist(), table.sum(-1).tolist()))
+            return per_token_ce.sum() * 0.0, {}
+
+        return output, collect
+
+    with torch.no_grad():
+        if batches:
+            get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=iter(batches), model=model,
+                num_microbatches=len(batches), seq_length=seq_length, micro_batch_size=rows_per_batch,
+                forward_only=True)
+
+    last_stage_leader = (parallel_state.is_pipeline_last_stage()
+                         and parallel_state.get_tensor_model_parallel_rank() == 0)
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, scores if last_stage_leader else {})
+    if torch.distributed.get_rank() != 0:
+        return {}
+    all_scores = {k: v for part in gathered for k, v in part.items()}
+    by_index = {record.index: record for record in records.records}
+    scored = [replace(by_index[sample_id], behavior_logprob=all_scores[sample_id])
+              for sample_id in sorted(all_scores)]
+    write_jsonl(scored, out)
+    summary = {**records.report.to_dict(), "records_scored": len(scored), "out": str(out),
+               "mean_behavior_logprob": sum(all_scores.values()) / len(all_scores)}
+    Path(str(out) + ".report.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="nemo-topr score-logprobs", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="local Hugging Face model directory (weights + tokenizer)")
+    parser.add_argument("--data", required=True, help="records: JSONL/Parquet file, directory or glob")
+    parser.add_argument("--out", required=True, help="output JSONL with behavior_logprob set")
+    parser.add_argument("--seq-length", type=int, default=2048)
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    parser.add_argument("--rows-per-batch", type=int, default=4)
+    parser.add_argument("--no-strict", dest="strict", action="store_false",
+                        help="drop malformed or over-long records (counted in OUT.report.json)")
+    args = parser.parse_args(argv)
+    summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
+                             tensor_parallel=args.tp, pipeline_parallel=args.pp,
+                             rows_per_batch=args.rows_per_batch, strict=args.strict)
+    if summary:
+        print(json.dumps(summary, indent=2))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        torch.distributed.barrier()
+    return 0

@@ -1,0 +1,207 @@
+"""The TOPR forward step: Megatron model -> per-token log pi -> `nemo_topr.objective.policy_loss`.
+
+Plugs into Bridge's ``finetune()`` as its ``forward_step_func``; Bridge keeps the training loop,
+the pipeline schedule, the optimizer, checkpointing and logging.
+
+Per micro-batch (layout in `nemo_topr.data.packing`):
+
+1. The model's labels path returns per-token cross-entropy from the vocab-parallel logits
+   (no full-vocabulary gather); log pi = -CE.
+2. Packed rows are unpacked into a per-sequence table [N, T_max] (position t of sequence i at
+   column t), so every completion is scored on its own whatever row it was packed in. Under
+   context parallelism each rank holds part of every sequence: the tables are all-reduced over
+   the CP group (sum forward, identity backward), so the sequence-level ratio sees the whole
+   completion.
+3. `policy_loss` returns the batch mean; the step hands Bridge the *sum* and its denominator
+   (sequences, or completion tokens for `batch_token_mean`) and runs with
+   ``calculate_per_token_loss=True``, so Megatron divides by the global denominator across
+   micro-batches and data-parallel ranks: the loss is exactly the global-batch objective.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from nemo_topr.objective import ObjectiveConfig, policy_loss
+
+# metric -> the count it is averaged over when micro-batches and data-parallel ranks are combined
+_METRIC_WEIGHTS = {
+    "positive_share": "num_sequences",
+    "effective_positive_share": "num_sequences",
+    "log_ratio_abs_mean": "num_sequences",
+    "log_ratio_abs_max": None,  # mean over micro-batches of each micro-batch's max
+    "weight_ess": None,
+    "positive_weight_mean": "num_positive",
+    "positive_logprob_mean": "num_positive",
+    "negative_weight_mean": "num_negative",
+    "negative_truncated_share": "num_negative",
+    "negative_logprob_mean": "num_negative",
+}
+
+
+def sequence_table(values: torch.Tensor, batch: dict[str, torch.Tensor], max_length: int) -> torch.Tensor:
+    """Scatter per-position values [R, L] of packed rows into a per-sequence table [N, max_length].
+
+    Entry (i, t) holds the value at position t of sequence i; positions outside a sequence are 0.
+    Differentiable: gradients flow back to exactly the packed positions they came from.
+    """
+    owner = batch["seq_index"]
+    inside = owner >= 0
+    table = values.new_zeros(len(batch["rewards"]), max_length)
+    return table.index_put((owner[inside], batch["position_ids"][inside]), values[inside])
+
+
+class _AllReduceSumIdentityBackward(torch.autograd.Function):
+    """Sum over a group; each rank then computes the same loss, and its gradient w.r.t. its own
+    partial table is the gradient w.r.t. the sum (d sum / d part = 1)."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group) -> torch.Tensor:  # noqa: ANN001
+        tensor = tensor.clone()
+        torch.distributed.all_reduce(tensor, group=group)
+        return tensor
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001
+        return grad, None
+
+
+def reduce_over_context_parallel(table: torch.Tensor, group) -> torch.Tensor:  # noqa: ANN001
+    if group is None or torch.distributed.get_world_size(group) == 1:
+        return table
+    return _AllReduceSumIdentityBackward.apply(table, group)
+
+
+def topr_loss(
+    per_token_ce: torch.Tensor,
+    batch: dict[str, torch.Tensor],
+    config: ObjectiveConfig,
+    cp_group=None,  # noqa: ANN001
+    report_denominator: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """``(loss_sum, denominator, metrics)`` for one micro-batch, in Bridge's loss convention.
+
+    `metrics` values are ``[numerator, count]`` tensors that Bridge sums over micro-batches and
+    data-parallel ranks before dividing. `report_denominator=False` (context-parallel ranks other
+    than the first) reports a zero denominator so the global one counts each sequence once.
+    """
+    num_sequences = len(batch["rewards"])
+    if num_sequences == 0:  # an all-padding filler row; contributes nothing, keeps the graph
+        zero = per_token_ce.sum() * 0.0
+        return zero, torch.zeros((), dtype=torch.int), {"topr_loss": torch.stack([zero.detach(), zero.detach()])}
+    if torch.isnan(batch["behavior_logprobs"]).any():
+        raise ValueError("behavior_logprob missing for some sequences: score the data first "
+                         "(`nemo-topr score-logprobs`)")
+    max_length = int(batch["seq_len"].max())
+    completion = batch["loss_mask"].to(per_token_ce.dtype)
+    token_logprobs = reduce_over_context_parallel(sequence_table(-per_token_ce * completion, batch, max_length),
+                                                  cp_group)
+    loss_mask = reduce_over_context_parallel(sequence_table(completion.detach(), batch, max_length), cp_group) > 0
+    loss, metrics = policy_loss(token_logprobs, loss_mask, batch["behavior_logprobs"], batch["rewards"],
+                                config=config, group_ids=batch["prompt_ids"])
+    denominator = metrics["num_tokens"] if config.normalization == "batch_token_mean" else metrics["num_sequences"]
+    loss_sum = loss * denominator
+    reported = torch.tensor(int(denominator) if report_denominator else 0, dtype=torch.int)
+    return loss_sum, reported, _reduction_pairs(loss_sum.detach(), reported, metrics)
+
+
+def _reduction_pairs(loss_sum: torch.Tensor, denominator: torch.Tensor,
+                     metrics: dict[str, float]) -> dict[str, torch.Tensor]:
+    pairs = {"topr_loss": torch.stack([loss_sum.float(), denominator.float()])}
+    for name, count_name in _METRIC_WEIGHTS.items():
+        count = metrics[count_name] if count_name else 1.0
+        pairs[name] = torch.tensor([metrics[name] * count, count], dtype=torch.float32)
+    return pairs
+
+
+def _to_device(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if not torch.cuda.is_available():
+        return batch
+    return {k: v.cuda(non_blocking=True) for k, v in batch.items()}
+
+
+def packed_attention_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[R, 1, L, L] boolean mask, True = blocked: causal within each sequence, nothing across
+    sequences; padding attends only to itself (its outputs are never used)."""
+    owner = batch["seq_index"]
+    length = owner.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=owner.device).tril()
+    same_sequence = owner[:, :, None] == owner[:, None, :]
+    return ~(same_sequence & causal)[:, None]
+
+
+def packed_seq_params(batch: dict[str, torch.Tensor]):
+    """THD metadata for Transformer Engine attention: rows flattened into one stream, each
+    sequence (and each row's padding tail) its own segment."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    rows, length = batch["tokens"].shape
+    starts = set(batch["seq_start"].tolist()) | {r * length for r in range(rows)}
+    ends = (batch["seq_start"] + batch["seq_len"]).tolist()
+    starts |= {e for e in ends if e % length}  # a row's padding tail starts where its last sequence ends
+    boundaries = sorted(starts | {rows * length})
+    cu_seqlens = torch.tensor(boundaries, dtype=torch.int32, device=batch["tokens"].device)
+    max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                           max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
+
+
+def forward_packed(model: torch.nn.Module, batch: dict[str, torch.Tensor], config: Any) -> torch.Tensor:
+    """Per-token cross-entropy of a packed batch through the model's labels path.
+
+    Local (CPU) attention gets a block-diagonal causal mask; Transformer Engine attention gets
+    the rows as one THD stream with cu_seqlens. Either way no token attends across sequences.
+    """
+    if config.transformer_impl == "local":
+        return model(batch["tokens"], batch["position_ids"], packed_attention_mask(batch), labels=batch["labels"])
+    flat = {k: batch[k].reshape(1, -1) for k in ("tokens", "labels", "position_ids")}
+    return model(flat["tokens"], flat["position_ids"], None, labels=flat["labels"],
+                 packed_seq_params=packed_seq_params(batch))
+
+
+class ToprForwardStep:
+    """Bridge forward-step functor: ``step(state, data_iterator, model)``.
+
+    `sample_log_dir`: optional directory; per micro-batch the step appends the iteration and the
+    sample ids it trained on to ``samples_dp{data-parallel rank}.jsonl`` there (a ledger that
+    shows resumed runs neither repeat nor skip data).
+    """
+
+    def __init__(self, objective: ObjectiveConfig, sample_log_dir: str | Path | None = None) -> None:
+        self.objective = objective
+        self.sample_log_dir = Path(sample_log_dir) if sample_log_dir else None
+
+    def __call__(self, state: Any, data_iterator: Iterator, model: torch.nn.Module,
+                 return_schedule_plan: bool = False):
+        from megatron.core.utils import get_attr_wrapped_model
+
+        config = get_attr_wrapped_model(model, "config")
+        if config.context_parallel_size > 1:
+            # topr_loss already reduces sequence tables over the CP group; what is missing is
+            # splitting packed THD streams across CP ranks (segments padded to 2*CP).
+            raise NotImplementedError("context_parallel_size > 1 is not supported by the TOPR step yet; "
+                                      "use tensor/pipeline/data parallelism")
+        batch = _to_device(next(data_iterator))
+        self._log_samples(state, batch)
+        output = forward_packed(model, batch, config)
+
+        def loss_func(per_token_ce: torch.Tensor):
+            return topr_loss(per_token_ce.reshape(batch["loss_mask"].shape), batch, self.objective)
+
+        return output, loss_func
+
+    def _log_samples(self, state: Any, batch: dict[str, torch.Tensor]) -> None:
+        if self.sample_log_dir is None:
+            return
+        from megatron.core import parallel_state
+
+        if parallel_state.get_tensor_model_parallel_rank() or parallel_state.get_pipeline_model_parallel_rank():
+            return
+        ledger = self.sample_log_dir / f"samples_dp{parallel_state.get_data_parallel_rank()}.jsonl"
+        with ledger.open("a") as log:
+            log.write(json.dumps({"iteration": int(state.train_state.step),
+                                  "sample_ids": batch["sample_ids"].tolist()}) + "\n")
