@@ -12,6 +12,9 @@ import sys
 # verb -> (module, one-line help). Keep in pipeline order.
 VERBS: dict[str, tuple[str, str]] = {
     "data": ("nemo_topr.data.cli", "validate, inspect and curate pre-scored datasets"),
+    "score-logprobs": ("nemo_topr.training.scoring", "add behaviour log-probs log mu(y|x) to a dataset"),
+    "train": ("nemo_topr.training.recipe", "TOPR training on Megatron-Bridge's finetune() loop"),
+    "export": ("nemo_topr.training.export", "write a run's latest checkpoint as a Hugging Face model"),
 }
 
 

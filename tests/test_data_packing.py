@@ -72,6 +72,17 @@ def test_padded_batches_are_packed_batches_with_one_sequence_per_row():
     assert padded["seq_start"].tolist() == [0, 5]
 
 
+def test_empty_rows_are_all_padding():
+    """Filler rows (the training provider completes the last global batch with them)."""
+    seqs = [_seq(2, 2, 0)]
+    batch = collate_packed(seqs, [[0], []], seq_length=6, pad_id=PAD)
+    assert batch["tokens"][1].tolist() == [PAD] * 6 and batch["seq_index"][1].tolist() == [-1] * 6
+    assert batch["loss_mask"][1].sum() == 0 and batch["seq_start"].tolist() == [0]
+    only_filler = collate_packed(seqs, [[], []], seq_length=6, pad_id=PAD)
+    assert only_filler["rewards"].shape == (0,) and only_filler["sample_ids"].dtype == torch.long
+    assert unpack(only_filler) == []
+
+
 sequence_shapes = st.lists(st.tuples(st.integers(1, 20), st.integers(1, 20)), min_size=1, max_size=40)
 
 

@@ -199,6 +199,23 @@ def test_duplicate_ids_are_found_across_files(tmp_path):
         load_records(tmp_path)
 
 
+def test_sample_ids_repeat_across_prompts_but_not_within_one(tmp_path):
+    rows = [{"prompt": p, "completion": "x", "reward": 1, "sample_id": 0} for p in ("q1", "q2", "q1")]
+    path = tmp_path / "ids.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=rf"^{path}:3: sample_id: duplicate sample_id 0 of prompt '\(prompt text\)'; first at {path}:1"):
+        load_records(path)
+
+
+def test_a_prompt_id_names_one_prompt(tmp_path):
+    rows = [{"prompt": p, "completion": "x", "reward": 1, "prompt_id": 5, "sample_id": i} for i, p in enumerate("aba")]
+    path = tmp_path / "ids.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=rf"^{path}:2: prompt: differs from the prompt of prompt_id 5 at {path}:1"):
+        load_records(path)
+    assert load_records(path, strict=False).report.dropped == {"conflicting_prompt": 1}
+
+
 def test_written_records_read_back_identically(tmp_path):
     records = load_records(SCORED).records
     write_jsonl(records, tmp_path / "out.jsonl")
@@ -207,8 +224,8 @@ def test_written_records_read_back_identically(tmp_path):
 
 def test_records_convert_to_a_hugging_face_dataset():
     dataset = load_records(FIXTURES / "math500_chat.jsonl").to_hf_dataset()
-    assert len(dataset) == 6
-    assert json.loads(dataset[0]["prompt"])[0]["role"] == "system"
+    assert len(dataset) == 6 and dataset[0]["prompt"][0]["role"] == "system"
+    assert json.loads(load_records(SCORED).to_hf_dataset()[0]["meta"]) == {"source": "gsm8k_train", "row": 0}
 
 
 def test_prompt_key_groups_by_prompt_id_else_prompt_text():

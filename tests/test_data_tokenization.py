@@ -79,7 +79,7 @@ def test_chat_template_renders_messages_and_string_prompts(chat_tokenizer_dir):
     assert tok.decode(seq.input_ids[n_prompt:]) == record.completion + EOS
     assert math.isnan(seq.behavior_logprob)  # the fixture has no behavior_logprob
 
-    user_turn = tok.decode(prompt_token_ids(tok, "What is 2 + 2?"))
+    (user_turn,) = map(tok.decode, prompt_token_ids(tok, ["What is 2 + 2?"]))
     assert user_turn == f"{BOS}<|start_header_id|>user<|end_header_id|>\n\nWhat is 2 + 2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
 
 

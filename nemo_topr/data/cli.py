@@ -1,0 +1,133 @@
+"""`nemo-topr data {validate,stats,curate}`: check, describe and curate pre-scored datasets.
+
+Exit status: 0 on success; 1 when the data, the tokenizer or the settings have a problem (data
+problems print `path:line: field: problem` to stderr); 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from nemo_topr.data.records import RecordSet, load_records
+
+
+def _add_input_arguments(
+    parser: argparse.ArgumentParser, *, tokenizer: bool = False, length_limit: bool = False
+) -> None:
+    parser.add_argument("paths", nargs="+", help="JSONL/Parquet files, directories or glob patterns")
+    parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
+                        help="stop at the first bad record (default) or drop and count bad records")
+    if tokenizer:
+        parser.add_argument("--tokenizer", type=Path, help="local tokenizer directory (token lengths)")
+    if length_limit:
+        parser.add_argument("--max-seq-length", type=int, help="limit on prompt + completion + EOS tokens")
+        parser.add_argument("--too-long", choices=("error", "drop"),
+                            help="what to do with sequences over the limit (default: error if strict, else drop)")
+
+
+def _tokenize(args: argparse.Namespace, records: RecordSet, **limits):
+    """(tokenizer, TokenizedDataset); `limits`: max_seq_length and too_long."""
+    from nemo_topr.data.tokenization import load_tokenizer, tokenize_records
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    return tokenizer, tokenize_records(records, tokenizer, strict=args.strict, **limits)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    records = load_records(args.paths, strict=args.strict)
+    if args.tokenizer is not None:
+        tokenizer, tokenized = _tokenize(args, records, max_seq_length=args.max_seq_length, too_long=args.too_long)
+        if args.max_seq_length is not None:
+            from nemo_topr.data.packing import pack_sequences, padding_share
+            from nemo_topr.data.tokenization import pad_id_of
+
+            rows = pack_sequences(tokenized.sequences, args.max_seq_length, pad_id_of(tokenizer))
+            share = padding_share(tokenized.sequences, rows, args.max_seq_length)
+            records.report.notes.append(
+                f"packed into {len(rows)} rows of {args.max_seq_length} tokens, padding share {share:.2%}"
+            )
+    print(records.report.format())
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from nemo_topr.data.stats import plot_summary, summarize, write_summary
+
+    records = load_records(args.paths, strict=args.strict)
+    sequences = _tokenize(args, records)[1].sequences if args.tokenizer is not None else None
+    summary = summarize(records.records, baseline=args.baseline, sequences=sequences)
+    summary["validation"] = records.report.to_dict()
+    print(json.dumps(summary["composition"], indent=2))
+    if args.out is not None:
+        write_summary(summary, args.out / "stats.json")
+        plot_summary(summary, args.out / "stats.png")
+        print(f"wrote {args.out / 'stats.json'} and {args.out / 'stats.png'}")
+    return 0
+
+
+def _curate(args: argparse.Namespace) -> int:
+    from nemo_topr.data.curation import Curation, curate
+    from nemo_topr.data.records import write_jsonl
+    from nemo_topr.data.stats import write_summary
+
+    curation = Curation(
+        dedup=args.dedup,
+        target_p=args.target_p,
+        target_p_tilde=args.target_p_tilde,
+        baseline=args.baseline,
+        anna_karenina=args.anna_karenina,
+        per_prompt=args.per_prompt,
+        seed=args.seed,
+    )
+    records = load_records(args.paths, strict=args.strict)
+    result = curate(records.records, curation)
+    result.stats["validation"] = records.report.to_dict()
+    stats_path = args.stats or args.out.with_suffix(".stats.json")
+    write_jsonl(result.records, args.out)
+    write_summary(result.stats, stats_path)
+    print(json.dumps({key: result.stats[key] for key in ("records_in", "records_out", "dropped", "after")}, indent=2))
+    print(f"wrote {args.out} and {stats_path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nemo-topr data", description="Validate, inspect and curate pre-scored datasets.")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    validate = verbs.add_parser("validate", help="check a dataset and print the report")
+    _add_input_arguments(validate, tokenizer=True, length_limit=True)
+    validate.set_defaults(run=_validate)
+
+    stats = verbs.add_parser("stats", help="counts, p, p~, per-prompt positives, lengths, rewards")
+    _add_input_arguments(stats, tokenizer=True)
+    stats.add_argument("--baseline", type=float, default=0.0, help="baseline c for p~ (default 0)")
+    stats.add_argument("--out", type=Path, help="directory for stats.json and stats.png")
+    stats.set_defaults(run=_stats)
+
+    curate = verbs.add_parser("curate", help="sub-sample and de-duplicate into a new JSONL dataset")
+    _add_input_arguments(curate)
+    mode = curate.add_mutually_exclusive_group()
+    mode.add_argument("--target-p", type=float, help="share of positives to reach")
+    mode.add_argument("--target-p-tilde", type=float, help="effective share of positives to reach at --baseline")
+    mode.add_argument("--anna-karenina", action="store_true", help="per prompt, the first positive plus all negatives")
+    curate.add_argument("--baseline", type=float, default=0.0, help="baseline c for p~ (default 0)")
+    curate.add_argument("--per-prompt", action="store_true", help="spread the sub-sampling evenly over prompts")
+    curate.add_argument("--dedup", action=argparse.BooleanOptionalAction, default=True,
+                        help="drop exact duplicate (prompt, completion) pairs first (default on)")
+    curate.add_argument("--seed", type=int, default=0)
+    curate.add_argument("--out", type=Path, required=True, help="output JSONL file")
+    curate.add_argument("--stats", type=Path, help="stats JSON (default: OUT with suffix .stats.json)")
+    curate.set_defaults(run=_curate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ValueError as error:  # DataError, and settings the data cannot satisfy
+        print(f"error: {error}", file=sys.stderr)
+        return 1

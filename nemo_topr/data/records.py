@@ -1,0 +1,422 @@
+"""Pre-scored records: schema, reading (JSONL, Parquet), validation and the drop report.
+
+A record is one sampled completion with its reward (see docs/data.md):
+
+    prompt            str, or a list of chat messages {"role": str, "content": str}
+    completion        str, non-empty
+    reward            finite number
+    behavior_logprob  optional finite number <= 0: log mu(completion | prompt), summed over tokens
+    prompt_id         optional str or int
+    sample_id         optional str or int; unique per prompt (prompt_id, else the prompt text)
+    meta              optional JSON object, carried along untouched
+
+JSONL is read line by line (not through `datasets`, which loses line numbers and coerces types)
+so that every error names `file:line: field: problem`; Parquet rows are numbered from 1 the same
+way, and line 0 stands for the file (or dataset) as a whole. Record-level problems raise in
+strict mode and are counted as drops otherwise; problems with a whole file or with the schema
+always raise.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REQUIRED_FIELDS = ("prompt", "completion", "reward")
+OPTIONAL_FIELDS = ("behavior_logprob", "prompt_id", "sample_id", "meta")
+FIELDS = REQUIRED_FIELDS + OPTIONAL_FIELDS
+FORMATS = {".jsonl": "JSONL", ".parquet": "Parquet"}
+
+Messages = list[dict[str, str]]
+
+
+class DataError(ValueError):
+    """A data problem located as `path:line: field: problem` (line 0: the file as a whole)."""
+
+    def __init__(self, path: str | Path, line: int, field: str, problem: str):
+        self.path, self.line, self.field, self.problem = str(path), line, field, problem
+        super().__init__(f"{self.path}:{line}: {field}: {problem}")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One validated record; `index` is its position among all records read (dropped included)."""
+
+    prompt: str | Messages
+    completion: str
+    reward: float
+    behavior_logprob: float | None = None
+    prompt_id: str | int | None = None
+    sample_id: str | int | None = None
+    meta: dict[str, Any] | None = None
+    path: str = ""
+    line: int = 0
+    index: int = 0
+
+    @property
+    def prompt_key(self) -> str:
+        """Groups the samples of one prompt: the prompt_id if given, else the prompt itself."""
+        if self.prompt_id is not None:
+            return str(self.prompt_id)
+        return self.prompt if isinstance(self.prompt, str) else json.dumps(self.prompt, sort_keys=True)
+
+    def error(self, field: str, problem: str) -> DataError:
+        return DataError(self.path, self.line, field, problem)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as written to JSONL: schema fields only, absent optionals left out."""
+        values = {name: getattr(self, name) for name in FIELDS}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+def is_positive(reward: float) -> bool:
+    """The paper's T+ (R >= 0), the rule `nemo_topr.objective` applies by default."""
+    return reward >= 0
+
+
+@dataclass
+class ValidationReport:
+    """What happened to every record: records_in = records_used + sum(dropped.values())."""
+
+    files: list[str] = field(default_factory=list)
+    records_in: int = 0
+    records_used: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    first_error: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def reject(self, reason: str, error: DataError, strict: bool) -> None:
+        """Raise `error` when strict; otherwise count one dropped record under `reason`."""
+        if strict:
+            raise error
+        self.dropped[reason] += 1
+        self.first_error.setdefault(reason, str(error))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "records_in": self.records_in,
+            "records_used": self.records_used,
+            "records_dropped": sum(self.dropped.values()),
+            "dropped": dict(sorted(self.dropped.items())),
+            "first_error": dict(sorted(self.first_error.items())),
+            "notes": self.notes,
+        }
+
+    def format(self) -> str:
+        lines = [
+            f"files: {len(self.files)}",
+            f"records in: {self.records_in}",
+            f"records used: {self.records_used}",
+            f"records dropped: {sum(self.dropped.values())}",
+        ]
+        for reason, count in sorted(self.dropped.items()):
+            lines.append(f"  {reason}: {count}  (first: {self.first_error[reason]})")
+        return "\n".join(lines + self.notes)
+
+
+@dataclass
+class RecordSet:
+    """Validated records plus the report of how they were obtained."""
+
+    records: list[Record]
+    report: ValidationReport
+
+    def to_hf_dataset(self):
+        """The records as a `datasets.Dataset`; `meta` becomes a JSON string (its keys vary)."""
+        import datasets
+
+        rows = [record.to_json() for record in self.records]
+        for row in rows:
+            if "meta" in row:
+                row["meta"] = json.dumps(row["meta"])
+        return datasets.Dataset.from_list(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding files
+
+
+def resolve_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+    """Data files named by files, directories (their *.jsonl / *.parquet) or glob patterns."""
+    files: list[Path] = []
+    for spec in [paths] if isinstance(paths, (str, Path)) else paths:
+        files += _files_of(str(spec))
+    formats = {FORMATS[file.suffix]: file for file in files}
+    if len(formats) > 1:
+        named = " and ".join(f"{fmt} ({file})" for fmt, file in sorted(formats.items()))
+        raise DataError(_spec_name(paths), 0, "format", f"mixes {named}; use one format per dataset")
+    return files
+
+
+def _spec_name(paths: str | Path | Sequence[str | Path]) -> str:
+    return str(paths) if isinstance(paths, (str, Path)) else ",".join(map(str, paths))
+
+
+def _files_of(spec: str) -> list[Path]:
+    path = Path(spec)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in FORMATS and p.is_file())
+        if not files:
+            raise DataError(spec, 0, "path", "directory holds no .jsonl or .parquet files")
+        return files
+    if path.is_file():
+        if path.suffix not in FORMATS:
+            raise DataError(spec, 0, "path", f"unknown format {path.suffix!r}; expected .jsonl or .parquet")
+        return [path]
+    if glob.has_magic(spec):
+        files = sorted(Path(p) for p in glob.glob(spec) if Path(p).suffix in FORMATS and Path(p).is_file())
+        if not files:
+            raise DataError(spec, 0, "path", "pattern matches no .jsonl or .parquet files")
+        return files
+    raise DataError(spec, 0, "path", "does not exist")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading raw rows: (line, parsed row), or (line, _Rejected) when the line cannot be parsed
+
+
+class _Rejected(Exception):
+    """A record-level problem: dropped under `reason` in non-strict mode."""
+
+    def __init__(self, reason: str, error: DataError):
+        super().__init__(str(error))
+        self.reason, self.error = reason, error
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                problem = f"invalid UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1})"
+                yield number, _Rejected("invalid_utf8", DataError(path, number, "record", problem))
+                continue
+            try:
+                yield number, json.loads(text.rstrip("\r\n"))
+            except json.JSONDecodeError as error:
+                problem = f"invalid JSON: {error.msg} (column {error.colno})"
+                yield number, _Rejected("invalid_json", DataError(path, number, "record", problem))
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as error:  # pyarrow raises several types for unreadable files
+        raise DataError(path, 0, "file", f"cannot read Parquet ({error})") from error
+    for name in REQUIRED_FIELDS:
+        if name not in table.column_names:
+            raise DataError(path, 0, name, f"missing column (columns: {', '.join(table.column_names)})")
+    yield from enumerate(table.to_pylist(), start=1)
+
+
+def _raw_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    return _parquet_rows(path) if path.suffix == ".parquet" else _jsonl_rows(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validating one row
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
+
+
+def _type_name(value: Any) -> str:
+    names = {type(None): "null", str: "string", bool: "boolean", dict: "object", list: "array"}
+    return names.get(type(value), "number")
+
+
+def _check_messages(path: Path, line: int, messages: list) -> None:
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            problem = f"expected a message object, got {_type_name(message)}"
+            raise _Rejected("wrong_type", DataError(path, line, f"prompt[{i}]", problem))
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                problem = f"expected a string, got {_type_name(message.get(key))}"
+                raise _Rejected("wrong_type", DataError(path, line, f"prompt[{i}].{key}", problem))
+
+
+def _record_from_row(path: Path, line: int, row: Any, index: int) -> Record:
+    """The Record a parsed row describes, or _Rejected naming the first problem found."""
+
+    def reject(reason: str, field_name: str, problem: str) -> _Rejected:
+        return _Rejected(reason, DataError(path, line, field_name, problem))
+
+    if not isinstance(row, dict):
+        raise reject("wrong_type", "record", f"expected a JSON object, got {_type_name(row)}")
+    unknown = sorted(set(row) - set(FIELDS))
+    if unknown:  # a schema problem (often a misspelt field), never a per-record drop
+        known = ", ".join(FIELDS)
+        raise DataError(path, line, unknown[0], f"unknown field; known fields: {known} (put extra data under 'meta')")
+    for name in REQUIRED_FIELDS:
+        if row.get(name) is None:
+            raise reject("missing_field", name, "missing" if name not in row else "is null")
+    values = {name: row.get(name) for name in FIELDS}
+
+    prompt, completion = values["prompt"], values["completion"]
+    if isinstance(prompt, list):
+        _check_messages(path, line, prompt)
+    elif not isinstance(prompt, str):
+        raise reject("wrong_type", "prompt", f"expected a string or a list of messages, got {_type_name(prompt)}")
+    if not isinstance(completion, str):
+        raise reject("wrong_type", "completion", f"expected a string, got {_type_name(completion)}")
+    for name in ("reward", "behavior_logprob"):
+        if values[name] is not None and not _is_number(values[name]):
+            raise reject("wrong_type", name, f"expected a number, got {_type_name(values[name])} {values[name]!r}")
+    for name in ("prompt_id", "sample_id"):
+        if values[name] is not None and not _is_id(values[name]):
+            raise reject("wrong_type", name, f"expected a string or an integer, got {_type_name(values[name])}")
+    if values["meta"] is not None and not isinstance(values["meta"], dict):
+        raise reject("wrong_type", "meta", f"expected an object, got {_type_name(values['meta'])}")
+
+    reward, logprob = values["reward"], values["behavior_logprob"]
+    if not math.isfinite(reward):
+        raise reject("nonfinite_reward", "reward", f"must be finite, got {reward}")
+    if logprob is not None and not (math.isfinite(logprob) and logprob <= 0):
+        problem = f"must be a finite log-probability <= 0, got {logprob}"
+        raise reject("invalid_behavior_logprob", "behavior_logprob", problem)
+    if not prompt:
+        raise reject("empty_prompt", "prompt", "is empty")
+    if not completion:
+        raise reject("empty_completion", "completion", "is empty")
+
+    return Record(
+        prompt=prompt,
+        completion=completion,
+        reward=float(reward),
+        behavior_logprob=None if logprob is None else float(logprob),
+        prompt_id=values["prompt_id"],
+        sample_id=values["sample_id"],
+        meta=values["meta"],
+        path=str(path),
+        line=line,
+        index=index,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks across records
+
+
+def schema_of(record: Record) -> dict[str, str]:
+    """Field -> kind; all records of a dataset share it (meta is free-form and left out)."""
+    schema = {"prompt": "string" if isinstance(record.prompt, str) else "messages"}
+    if record.behavior_logprob is not None:
+        schema["behavior_logprob"] = "number"
+    for name in ("prompt_id", "sample_id"):
+        value = getattr(record, name)
+        if value is not None:
+            schema[name] = "string" if isinstance(value, str) else "integer"
+    return schema
+
+
+def _schema_difference(schema: dict[str, str], expected: dict[str, str]) -> tuple[str, str, str]:
+    """(field, its kind here, its kind in `expected`) for the first field that differs."""
+    name = next(name for name in FIELDS if schema.get(name) != expected.get(name))
+    return name, schema.get(name, "absent"), expected.get(name, "absent")
+
+
+class _ConsistencyCheck:
+    """One schema for the whole dataset, one prompt per prompt_id, unique (prompt, sample_id)."""
+
+    def __init__(self) -> None:
+        self.schema: dict[str, str] | None = None
+        self.schema_path = ""
+        self.file_schema: dict[str, str] | None = None
+        self.first_of_prompt_id: dict[str | int, Record] = {}
+        self.first_of_id: dict[tuple[str, str | int], Record] = {}
+
+    def start_file(self) -> None:
+        self.file_schema = None
+
+    def check(self, record: Record) -> None:
+        schema = schema_of(record)
+        if self.schema is None:
+            self.schema, self.schema_path = schema, record.path
+        if self.file_schema is None:  # a file's first record fixes its schema
+            self.file_schema = schema
+            if schema != self.schema:
+                name, here, there = _schema_difference(schema, self.schema)
+                raise record.error(name, f"schema differs between files: {here} here, {there} in {self.schema_path}")
+        if schema != self.file_schema:
+            name, here, there = _schema_difference(schema, self.file_schema)
+            problem = f"schema differs within the file: {here} here, {there} in earlier records"
+            raise _Rejected("schema_mismatch", record.error(name, problem))
+        if record.prompt_id is not None:
+            first = self.first_of_prompt_id.setdefault(record.prompt_id, record)
+            if first.prompt != record.prompt:
+                problem = f"differs from the prompt of prompt_id {record.prompt_id!r} at {first.path}:{first.line}"
+                raise _Rejected("conflicting_prompt", record.error("prompt", problem))
+        if record.sample_id is not None:  # the prompt stands in for a missing prompt_id
+            first = self.first_of_id.setdefault((record.prompt_key, record.sample_id), record)
+            if first is not record:
+                prompt = record.prompt_id if record.prompt_id is not None else "(prompt text)"
+                problem = f"duplicate sample_id {record.sample_id!r} of prompt {prompt!r}"
+                problem += f"; first at {first.path}:{first.line}"
+                raise _Rejected("duplicate_id", record.error("sample_id", problem))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading a dataset
+
+
+def load_records(paths: str | Path | Sequence[str | Path], *, strict: bool = True) -> RecordSet:
+    """Read and validate every record under `paths` (files, directories or globs).
+
+    Strict: the first problem raises DataError. Non-strict: records with a problem are
+    dropped and counted by reason in the report. Missing, empty or unreadable files, mixed
+    formats, unknown fields, a schema that differs between files and a dataset left with no
+    records raise in both modes.
+    """
+    files = resolve_files(paths)
+    report = ValidationReport(files=[str(f) for f in files])
+    records: list[Record] = []
+    consistency = _ConsistencyCheck()
+    for path in files:
+        consistency.start_file()
+        records_before = report.records_in
+        for line, row in _raw_rows(path):
+            index = report.records_in
+            report.records_in += 1
+            try:
+                if isinstance(row, _Rejected):
+                    raise row
+                record = _record_from_row(path, line, row, index)
+                consistency.check(record)
+            except _Rejected as rejected:
+                report.reject(rejected.reason, rejected.error, strict)
+                continue
+            records.append(record)
+        if report.records_in == records_before:
+            raise DataError(path, 0, "file", "empty (no records)")
+
+    report.records_used = len(records)
+    if not records:
+        problem = f"no usable records ({report.records_in} read, all dropped: {dict(report.dropped)})"
+        raise DataError(_spec_name(paths), 0, "dataset", problem)
+    return RecordSet(records, report)
+
+
+def write_jsonl(records: Sequence[Record], path: str | Path) -> None:
+    """Write records in the input schema (readable again by `load_records`)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with Path(path).open("w", encoding="utf-8") as out:
+        for record in records:
+            out.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")

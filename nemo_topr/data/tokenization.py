@@ -1,0 +1,144 @@
+"""Records -> token ids with a loss mask on the completion.
+
+The prompt and the completion are tokenized separately and their ids concatenated, so the
+boundary is exact even where tokenizing `prompt + completion` would merge tokens across it
+(the behaviour policy scored exactly the completion's tokens). With a chat template the prompt
+is rendered as the user turn (or the given message list) followed by the assistant header; the
+completion is the assistant turn. Without one, the prompt text is used as is, with the
+tokenizer's own special tokens (e.g. BOS). EOS is appended to every completion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from nemo_topr.data.packing import TokenizedSequence
+from nemo_topr.data.records import DataError, Messages, RecordSet, ValidationReport, load_records
+
+TooLong = Literal["error", "drop"]
+
+
+@dataclass
+class TokenizedDataset:
+    """Tokenized sequences and what is needed to map them back to records."""
+
+    sequences: list[TokenizedSequence]
+    prompt_keys: list[str]  # dense prompt_id -> Record.prompt_key (order of first appearance)
+    report: ValidationReport
+
+
+def load_tokenizer(path: str | Path):
+    """A tokenizer from a local directory (never downloaded)."""
+    from transformers import AutoTokenizer
+
+    if not Path(path).is_dir():
+        raise DataError(path, 0, "tokenizer", "directory does not exist")
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise DataError(path, 0, "tokenizer", f"cannot load a tokenizer from this directory ({error})") from error
+
+
+def pad_id_of(tokenizer) -> int:
+    """The pad token, falling back to EOS (padding is never attended to nor trained on)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def _encode(tokenizer, texts: list[str], *, add_special_tokens: bool) -> list[list[int]]:
+    return tokenizer(texts, add_special_tokens=add_special_tokens, return_attention_mask=False)["input_ids"]
+
+
+def prompt_token_ids(tokenizer, prompts: Sequence[str | Messages]) -> list[list[int]]:
+    """Ids of everything the model reads before the completion, for each prompt."""
+    if tokenizer.chat_template:
+        texts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+            for prompt in prompts
+        ]
+        return _encode(tokenizer, texts, add_special_tokens=False)  # special tokens come from the template
+    if not all(isinstance(prompt, str) for prompt in prompts):
+        raise ValueError("chat-message prompts need a tokenizer with a chat template")
+    return _encode(tokenizer, list(prompts), add_special_tokens=True)
+
+
+def tokenize_records(
+    records: RecordSet,
+    tokenizer,
+    *,
+    max_seq_length: int | None = None,
+    strict: bool = True,
+    too_long: TooLong | None = None,
+) -> TokenizedDataset:
+    """Tokenize validated records, checking what only tokens reveal.
+
+    A record whose prompt or completion tokenizes to nothing raises when strict and is dropped
+    otherwise; one over `max_seq_length` tokens (prompt + completion + EOS) is handled by
+    `too_long`, which defaults to "error" when strict and "drop" otherwise. Drops are added to
+    `records.report`. The dense sample_id of a sequence is its record's `index`; the dense
+    prompt_id numbers `Record.prompt_key` in order of first appearance.
+    """
+    too_long = too_long or ("error" if strict else "drop")
+    eos_id = tokenizer.eos_token_id
+    if eos_id is None:
+        raise ValueError("the tokenizer has no EOS token to end completions with")
+    if not tokenizer.chat_template:
+        chat = next((r for r in records.records if not isinstance(r.prompt, str)), None)
+        if chat is not None:
+            raise chat.error("prompt", "chat-message prompts need a tokenizer with a chat template")
+    report = records.report
+    prompts: dict[str, str | Messages] = {}  # load_records ensures one prompt per prompt_id
+    for record in records.records:
+        prompts.setdefault(record.prompt_key, record.prompt)
+    prompt_ids_by_key = dict(zip(prompts, prompt_token_ids(tokenizer, list(prompts.values()))))
+    completions = _encode(tokenizer, [r.completion for r in records.records], add_special_tokens=False)
+    dense_prompt_id: dict[str, int] = {}
+    sequences = []
+    for record, completion_ids in zip(records.records, completions):
+        key = record.prompt_key
+        prompt_ids = prompt_ids_by_key[key]
+        if not prompt_ids or not completion_ids:
+            name = "prompt" if not prompt_ids else "completion"
+            report.reject(f"empty_{name}", record.error(name, "tokenizes to no tokens"), strict)
+            continue
+        length = len(prompt_ids) + len(completion_ids) + 1
+        if max_seq_length is not None and length > max_seq_length:
+            problem = f"{length} tokens with the prompt and EOS > max_seq_length {max_seq_length}"
+            report.reject("too_long", record.error("completion", problem), strict=too_long == "error")
+            continue
+        sequences.append(
+            TokenizedSequence(
+                input_ids=prompt_ids + completion_ids + [eos_id],
+                loss_mask=[0] * len(prompt_ids) + [1] * (len(completion_ids) + 1),
+                reward=record.reward,
+                behavior_logprob=math.nan if record.behavior_logprob is None else record.behavior_logprob,
+                prompt_id=dense_prompt_id.setdefault(key, len(dense_prompt_id)),
+                sample_id=record.index,
+            )
+        )
+    report.records_used = len(sequences)
+    if not sequences:
+        problem = f"no completion tokens: all {report.records_in} records dropped {dict(report.dropped)}"
+        raise DataError(",".join(report.files), 0, "dataset", problem)
+    return TokenizedDataset(sequences, list(dense_prompt_id), report)
+
+
+def load_tokenized(
+    paths,
+    tokenizer_dir: str | Path,
+    *,
+    max_seq_length: int | None = None,
+    strict: bool = True,
+    too_long: TooLong | None = None,
+) -> TokenizedDataset:
+    """Read, validate and tokenize a dataset in one call (see `tokenize_records`)."""
+    records = load_records(paths, strict=strict)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    return tokenize_records(records, tokenizer, max_seq_length=max_seq_length, strict=strict, too_long=too_long)
