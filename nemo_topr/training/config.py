@@ -36,21 +36,25 @@ class ConfigError(ValueError):
 
 
 def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path | None = None) -> DictConfig:
-    """Compose ``config_dir/config_name.yaml`` (with its defaults list) and apply overrides."""
+    """Compose ``config_dir/config_name.yaml`` (with its defaults list), then apply ``key=value``
+    overrides. Any field of the target dataclasses may be overridden, whether or not the YAML
+    mentions it; unknown keys are rejected later, against the dataclasses themselves."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra.errors import ConfigCompositionException, MissingConfigException
+    from hydra.errors import MissingConfigException
 
     config_dir = Path(config_dir or CONF_DIR).resolve()
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+            cfg = hydra_compose(config_name=config_name)
     except MissingConfigException as error:
         available = sorted(p.stem for p in config_dir.glob("*.yaml"))
         raise ConfigError(f"no config {config_name!r} in {config_dir}; available: {available}") from error
-    except ConfigCompositionException as error:
-        cause = error.__cause__ or error
-        raise ConfigError(f"bad override: {cause}") from error
+    malformed = [item for item in overrides if "=" not in item]
+    if malformed:
+        raise ConfigError(f"overrides must be key=value; got {malformed}")
+    OmegaConf.set_struct(cfg, False)
+    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     OmegaConf.resolve(cfg)
     return cfg
 
@@ -110,8 +114,12 @@ def default_container(provider: Any, dataset: Any):
         dataset=dataset,
         logger=LoggerConfig(log_interval=1),
         tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=provider.vocab_size),
+        # load_rng: on CPU the tensor-parallel RNG tracker is never seeded (no CUDA generator), and
+        # Bridge refuses to restore an empty tracker (bridge/training/checkpointing.py:3156);
+        # the CPU generator state is not needed to resume (dropout is off, data order comes
+        # from the consumed-sample count).
         checkpoint=CheckpointConfig(save_interval=100, ckpt_format="torch_dist", async_save=False,
-                                    fully_parallel_save=on_gpu, fully_parallel_load=on_gpu),
+                                    fully_parallel_save=on_gpu, fully_parallel_load=on_gpu, load_rng=on_gpu),
         dist=DistributedInitConfig(distributed_backend="nccl" if on_gpu else "gloo",
                                    use_gloo_process_groups=True),
         rng=RNGConfig(seed=1234),

@@ -17,11 +17,16 @@ import torch
 from omegaconf import OmegaConf
 
 from nemo_topr import cpu_runtime
+from nemo_topr.training.checkpoints import ensure_latest_complete
 from nemo_topr.training.config import CONF_DIR, TrainingRun, build_training_run, compose
 
 
 def prepare(run: TrainingRun) -> dict:
-    """Resolve what depends on the data (iterations) and record the run's inputs."""
+    """Resolve what depends on the data (iterations), check the checkpoint to resume from,
+    and record the run's inputs."""
+    repaired = ensure_latest_complete(run.container.checkpoint.save)
+    if repaired and _is_rank_zero():
+        print(f"[nemo-topr] WARNING: {repaired}", flush=True)
     train = run.container.train
     prepared = run.container.dataset.prepare(train.global_batch_size)
     train.train_iters = prepared.num_rows // train.global_batch_size

@@ -28,19 +28,24 @@ import torch
 
 from nemo_topr.objective import ObjectiveConfig, policy_loss
 
-# metric -> the count it is averaged over when micro-batches and data-parallel ranks are combined
-_METRIC_WEIGHTS = {
-    "positive_share": "num_sequences",
-    "effective_positive_share": "num_sequences",
-    "log_ratio_abs_mean": "num_sequences",
-    "log_ratio_abs_max": None,  # mean over micro-batches of each micro-batch's max
-    "weight_ess": None,
-    "positive_weight_mean": "num_positive",
-    "positive_logprob_mean": "num_positive",
-    "negative_weight_mean": "num_negative",
-    "negative_truncated_share": "num_negative",
-    "negative_logprob_mean": "num_negative",
+# logged name -> (objective metric, sign, count it is averaged over when micro-batches and
+# data-parallel ranks are combined; None: plain mean over micro-batches). Log-probs are logged
+# as NLL because Bridge's console log prints only positive values.
+_LOGGED_METRICS = {
+    "positive_share": ("positive_share", 1.0, "num_sequences"),
+    "effective_positive_share": ("effective_positive_share", 1.0, "num_sequences"),
+    "log_ratio_abs_mean": ("log_ratio_abs_mean", 1.0, "num_sequences"),
+    "log_ratio_abs_max": ("log_ratio_abs_max", 1.0, None),  # mean of the micro-batch maxima
+    "weight_ess": ("weight_ess", 1.0, None),
+    "positive_weight_mean": ("positive_weight_mean", 1.0, "num_positive"),
+    "negative_weight_mean": ("negative_weight_mean", 1.0, "num_negative"),
+    "negative_truncated_share": ("negative_truncated_share", 1.0, "num_negative"),
+    "positive_nll": ("positive_logprob_mean", -1.0, "num_positive"),
+    "negative_nll": ("negative_logprob_mean", -1.0, "num_negative"),
 }
+
+
+_LOGGED_NAMES = ("topr_loss", *_LOGGED_METRICS)
 
 
 def sequence_table(values: torch.Tensor, batch: dict[str, torch.Tensor], max_length: int) -> torch.Tensor:
@@ -90,9 +95,9 @@ def topr_loss(
     than the first) reports a zero denominator so the global one counts each sequence once.
     """
     num_sequences = len(batch["rewards"])
-    if num_sequences == 0:  # an all-padding filler row; contributes nothing, keeps the graph
+    if num_sequences == 0:  # only filler rows: contributes nothing (zero counts), keeps the graph
         zero = per_token_ce.sum() * 0.0
-        return zero, torch.zeros((), dtype=torch.int), {"topr_loss": torch.stack([zero.detach(), zero.detach()])}
+        return zero, torch.zeros((), dtype=torch.int), {name: torch.zeros(2) for name in _LOGGED_NAMES}
     if torch.isnan(batch["behavior_logprobs"]).any():
         raise ValueError("behavior_logprob missing for some sequences: score the data first "
                          "(`nemo-topr score-logprobs`)")
@@ -112,9 +117,9 @@ def topr_loss(
 def _reduction_pairs(loss_sum: torch.Tensor, denominator: torch.Tensor,
                      metrics: dict[str, float]) -> dict[str, torch.Tensor]:
     pairs = {"topr_loss": torch.stack([loss_sum.float(), denominator.float()])}
-    for name, count_name in _METRIC_WEIGHTS.items():
+    for logged, (name, sign, count_name) in _LOGGED_METRICS.items():
         count = metrics[count_name] if count_name else 1.0
-        pairs[name] = torch.tensor([metrics[name] * count, count], dtype=torch.float32)
+        pairs[logged] = torch.tensor([sign * metrics[name] * count, count], dtype=torch.float32)
     return pairs
 
 

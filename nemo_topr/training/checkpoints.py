@@ -1,0 +1,64 @@
+"""Resume safety for Bridge checkpoint directories.
+
+Bridge 0.6.2 finishes a save by writing, in order, ``iter_N/train_state.pt``, the two "latest"
+trackers (``latest_train_state.pt``, ``latest_checkpointed_iteration.txt``) and then
+``iter_N/run_config.yaml`` (bridge/training/checkpointing.py:1460-1468). A job killed between
+the trackers and the config leaves "latest" pointing at a checkpoint that cannot be loaded.
+Before every run we check the latest checkpoint and, if it is incomplete, point the trackers
+back at the newest complete one and set the broken directory aside — reported, never silent.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+TRACKER = "latest_checkpointed_iteration.txt"
+TRAIN_STATE_TRACKER = "latest_train_state.pt"
+
+
+def is_complete(iteration_dir: Path) -> bool:
+    """A torch_dist checkpoint whose data, train state and run config were all written."""
+    config = iteration_dir / "run_config.yaml"
+    if not ((iteration_dir / ".metadata").is_file() and (iteration_dir / "train_state.pt").is_file()
+            and config.is_file()):
+        return False
+    try:
+        return isinstance(yaml.safe_load(config.read_text()), dict)
+    except yaml.YAMLError:
+        return False
+
+
+def _iteration_dirs(checkpoint_dir: Path) -> list[tuple[int, Path]]:
+    found = []
+    for path in checkpoint_dir.glob("iter_*"):
+        suffix = path.name.removeprefix("iter_")
+        if path.is_dir() and suffix.isdigit():
+            found.append((int(suffix), path))
+    return sorted(found)
+
+
+def ensure_latest_complete(checkpoint_dir: str | Path) -> str | None:
+    """Make the trackers name the newest complete checkpoint. Returns a message when something
+    was repaired, None when the directory was already consistent (or holds no checkpoint)."""
+    checkpoint_dir = Path(checkpoint_dir)
+    tracker = checkpoint_dir / TRACKER
+    if not tracker.is_file():
+        return None
+    latest = int(tracker.read_text().strip() or 0)
+    latest_dir = checkpoint_dir / f"iter_{latest:07d}"
+    if is_complete(latest_dir):
+        return None
+    complete = [(it, path) for it, path in _iteration_dirs(checkpoint_dir) if it < latest and is_complete(path)]
+    if latest_dir.exists():
+        latest_dir.rename(latest_dir.with_name(latest_dir.name + ".incomplete"))
+    if not complete:
+        tracker.unlink()
+        (checkpoint_dir / TRAIN_STATE_TRACKER).unlink(missing_ok=True)
+        return f"checkpoint iter {latest} was incomplete and no earlier one exists: starting from the pretrained model"
+    iteration, path = complete[-1]
+    shutil.copy(path / "train_state.pt", checkpoint_dir / TRAIN_STATE_TRACKER)
+    tracker.write_text(str(iteration))
+    return f"checkpoint iter {latest} was incomplete (set aside as {latest_dir.name}.incomplete); resuming from iter {iteration}"
