@@ -19,18 +19,18 @@ def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int =
     """Join (or create) the default process group and Megatron's model-parallel groups.
 
     Under torchrun the rendezvous comes from the environment; a plain ``python`` process becomes
-    a world of one on a free local port. The backend is NCCL with CUDA and gloo without.
+    a world of one with an in-memory store. The backend is NCCL with CUDA and gloo without.
     """
     from megatron.core import parallel_state
 
     if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if "WORLD_SIZE" in os.environ:  # torchrun / srun: rendezvous from the environment
+            if torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            torch.distributed.init_process_group(backend)
+        else:  # a world of one needs no port (so parallel jobs on one machine cannot collide)
+            torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tensor_parallel,

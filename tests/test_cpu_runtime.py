@@ -51,9 +51,8 @@ def test_device_mode_redirects_cuda_to_cpu_only_inside():
         assert x.cuda() is x
         assert x.to("cuda").device.type == "cpu"
         assert x.to(torch.float64).dtype == torch.float64  # non-device .to() untouched
-    if not torch.cuda.is_available():
-        with pytest.raises((RuntimeError, AssertionError)):
-            torch.ones(1, device="cuda")
+    # (that nothing is redirected once the runtime is disabled is checked in a fresh
+    # interpreter by test_enable_then_disable_restores_everything)
 
 
 def test_bridge_import_does_not_fool_megatron_core_about_te(megatron_world):

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 from omegaconf import OmegaConf
 
 from nemo_topr import cpu_runtime
+from nemo_topr.distributed import free_port
 from nemo_topr.training.checkpoints import ensure_latest_complete
 from nemo_topr.training.config import CONF_DIR, TrainingRun, build_training_run, compose
 
@@ -64,6 +66,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if "WORLD_SIZE" not in os.environ:  # a plain single process: Bridge would default to port 29500
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     cpu_runtime.enable_cpu_runtime()  # no-op on GPU machines
     run = build_training_run(compose(args.config_name, args.overrides, args.config_path))
     train(run)
