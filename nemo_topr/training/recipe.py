@@ -5,7 +5,8 @@
 Reads the config (conf/ + overrides), validates, tokenizes and packs the data, sets the number
 of iterations to cover the data once per epoch, saves the resolved config in the run
 directory, and hands Bridge the TOPR forward step. Re-running the same command resumes from
-the run directory's latest checkpoint.
+the run directory's latest checkpoint. SIGTERM (pre-emption) makes Bridge save a checkpoint at
+the next iteration boundary; the command then exits with 75 so that a job script requeues it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
@@ -39,7 +41,15 @@ def prepare(run: TrainingRun) -> dict:
     return summary
 
 
-def train(run: TrainingRun) -> dict:
+# Exit status of a run stopped early by a signal with a checkpoint saved: EX_TEMPFAIL, which
+# the sbatch scripts in slurm/ requeue. 0 means the data was trained to the end.
+EXIT_REQUEUE = 75
+COMPLETED_MARKER = "COMPLETED"
+
+
+def train(run: TrainingRun) -> int:
+    """Run (or resume) training; returns 0 when done, EXIT_REQUEUE when stopped by a signal
+    (SIGTERM by default, `train.exit_signal`) after saving a checkpoint."""
     from megatron.bridge.training.finetune import finetune
 
     from nemo_topr.training.step import ToprForwardStep
@@ -47,8 +57,25 @@ def train(run: TrainingRun) -> dict:
     summary = prepare(run)
     if _is_rank_zero():
         print(f"[nemo-topr] data: {json.dumps(summary)}", flush=True)
-    finetune(run.container, ToprForwardStep(run.objective, sample_log_dir=run.run_dir))
-    return summary
+    try:
+        finetune(run.container, ToprForwardStep(run.objective, sample_log_dir=run.run_dir))
+    except SystemExit as stop:  # Bridge exits this way after a signal-triggered checkpoint
+        if stop.code not in (0, None):
+            raise
+    reached = _latest_checkpoint_iteration(run)
+    if reached < run.container.train.train_iters:
+        if _is_rank_zero():
+            print(f"[nemo-topr] stopped at iteration {reached} of {run.container.train.train_iters} with a "
+                  f"checkpoint saved; rerun the same command to resume (exit {EXIT_REQUEUE})", flush=True)
+        return EXIT_REQUEUE
+    if _is_rank_zero():
+        (run.run_dir / COMPLETED_MARKER).write_text(f"{reached}\n")
+    return 0
+
+
+def _latest_checkpoint_iteration(run: TrainingRun) -> int:
+    tracker = Path(run.container.checkpoint.save) / "latest_checkpointed_iteration.txt"
+    return int(tracker.read_text()) if tracker.is_file() else 0
 
 
 def _is_rank_zero() -> bool:
@@ -71,5 +98,4 @@ def main(argv: list[str]) -> int:
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     cpu_runtime.enable_cpu_runtime()  # no-op on GPU machines
     run = build_training_run(compose(args.config_name, args.overrides, args.config_path))
-    train(run)
-    return 0
+    return train(run)
