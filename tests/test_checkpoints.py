@@ -7,7 +7,11 @@ import torch
 from nemo_topr.training.checkpoints import ensure_latest_complete, is_complete
 
 
-def _checkpoint(root: Path, iteration: int, *, config: str = "model: {}\n") -> Path:
+FULL_CONFIG = ("model:\n  tensor_model_parallel_size: 1\n  pipeline_model_parallel_size: 1\n"
+               "checkpoint:\n  save_rng: true\n  save_optim: true\n  fully_parallel_save: false\n")
+
+
+def _checkpoint(root: Path, iteration: int, *, config: str = FULL_CONFIG) -> Path:
     path = root / f"iter_{iteration:07d}"
     path.mkdir(parents=True)
     (path / ".metadata").write_bytes(b"x")
@@ -48,3 +52,9 @@ def test_incomplete_first_checkpoint_restarts_from_the_pretrained_model(tmp_path
     assert "no earlier one" in ensure_latest_complete(tmp_path)
     assert not (tmp_path / "latest_checkpointed_iteration.txt").exists()
     assert not (tmp_path / "latest_train_state.pt").exists()
+
+
+def test_run_config_cut_short_counts_as_incomplete(tmp_path):
+    cut = FULL_CONFIG[: FULL_CONFIG.index("checkpoint:")]  # still valid YAML, missing what load reads
+    assert not is_complete(_checkpoint(tmp_path, 7, config=cut))
+    assert is_complete(_checkpoint(tmp_path, 8))

@@ -1,6 +1,7 @@
 """Run configs: YAML + key=value overrides onto Bridge's ConfigContainer, typos rejected."""
 
 import json
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -70,3 +71,50 @@ def test_resolved_config_is_saved_in_the_run_dir(tiny_hf, tmp_path):
     saved = OmegaConf.load(tmp_path / "run" / "config.yaml")
     assert saved.optimizer.lr == 0.02 and saved.dataset.train_path == str(data)
     assert summary["records_in"] == 12 and run.container.train.train_iters * 4 == summary["rows"]
+
+
+def test_negative_sequence_length_is_a_clear_error(tiny_hf, tmp_path):
+    with pytest.raises(ConfigError, match="model.seq_length must be at least 2 tokens; got -8"):
+        _run(tiny_hf, tmp_path, "model.seq_length=-8")
+
+
+def _scored(tmp_path, records):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({**r, "behavior_logprob": -50.0}) + "\n" for r in records))
+    return data
+
+
+@pytest.mark.parametrize("baseline", [1.0, -1.5])
+def test_baseline_outside_unit_interval_for_pm1_rewards_is_rejected(tiny_hf, tmp_path, baseline):
+    from nemo_topr.demo import build_graded_records
+    from nemo_topr.training.recipe import prepare
+
+    data = _scored(tmp_path, build_graded_records(2))
+    run = _run(tiny_hf, tmp_path / "run", f"dataset.train_path={data}", f"objective.baseline={baseline}")
+    with pytest.raises(ConfigError, match=r"outside \(-1, 1\) for \+-1 rewards"):
+        prepare(run)
+
+
+def test_non_strict_run_report_accounts_for_every_record(tiny_hf, tmp_path):
+    from nemo_topr.training.recipe import prepare
+
+    fixture = Path(__file__).parent / "fixtures" / "data" / "malformed.jsonl"
+    run = _run(tiny_hf, tmp_path / "run", f"dataset.train_path={fixture}", "dataset.strict=false",
+               "model.seq_length=256")
+    summary = prepare(run)
+    report = json.loads((tmp_path / "run" / "data_report.json").read_text())
+    assert report["records_in"] == 16
+    assert report["records_in"] == report["records_used"] + report["records_dropped"]
+    assert report["records_dropped"] == sum(report["dropped"].values()) == 13
+    assert {"invalid_json", "invalid_utf8", "missing_field", "wrong_type", "nonfinite_reward",
+            "invalid_behavior_logprob", "empty_completion", "duplicate_id", "schema_mismatch",
+            "too_long"} == set(report["dropped"])
+    assert summary["sequences"] == report["records_used"] == 3
+
+
+def test_missing_tokenizer_directory_is_a_clear_error(tmp_path):
+    from nemo_topr.data.records import DataError
+    from nemo_topr.data.tokenization import load_tokenizer
+
+    with pytest.raises(DataError, match=r"no_such_dir:0: tokenizer: directory does not exist"):
+        load_tokenizer(tmp_path / "no_such_dir")

@@ -107,7 +107,10 @@ def test_killed_run_resumes_with_exactly_the_remaining_samples(demo, tmp_path):
     tracker = killed_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
     first_checkpoint = killed_dir / "checkpoints" / "iter_0000003"
     deadline = time.time() + 600
-    while not is_complete(first_checkpoint) and proc.poll() is None and time.time() < deadline:
+    ledger = killed_dir / "samples_dp0.jsonl"
+    # kill once training has moved past the first checkpoint, i.e. its save has returned
+    while not (is_complete(first_checkpoint) and _last_iteration(ledger) >= 3):
+        assert proc.poll() is None and time.time() < deadline
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -125,6 +128,17 @@ def test_killed_run_resumes_with_exactly_the_remaining_samples(demo, tmp_path):
     assert _ids_by_iteration(stitched) == _ids_by_iteration(_ledger(reference_dir))
     trained = [sample for entry in stitched for sample in entry["sample_ids"]]
     assert sorted(trained) == list(range(144))  # one epoch: every sample exactly once
+    # Same per-step losses as the uninterrupted run, bit for bit (CPU, no dropout; TensorBoard
+    # drops the killed run's orphaned steps when the resumed run logs them again).
+    assert _scalars(killed_dir, "topr_loss") == _scalars(reference_dir, "topr_loss")
+
+
+def _last_iteration(ledger: Path) -> int:
+    """Last iteration in a ledger being written (-1 if none yet, or if its last line is partial)."""
+    try:
+        return json.loads(ledger.read_text().splitlines()[-1])["iteration"]
+    except (FileNotFoundError, IndexError, json.JSONDecodeError):
+        return -1
 
 
 def _ids_by_iteration(ledger: list[dict]) -> dict[int, list[int]]:

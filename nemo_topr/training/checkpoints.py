@@ -19,6 +19,14 @@ TRACKER = "latest_checkpointed_iteration.txt"
 TRAIN_STATE_TRACKER = "latest_train_state.pt"
 
 
+# What Bridge reads from run_config.yaml when it loads a checkpoint
+# (bridge/training/checkpointing.py:2749-2803); a file cut short by a kill lacks some of them.
+_RUN_CONFIG_KEYS_READ_ON_LOAD = {
+    "model": ("tensor_model_parallel_size", "pipeline_model_parallel_size"),
+    "checkpoint": ("save_rng", "save_optim", "fully_parallel_save"),
+}
+
+
 def is_complete(iteration_dir: Path) -> bool:
     """A torch_dist checkpoint whose data, train state and run config were all written."""
     config = iteration_dir / "run_config.yaml"
@@ -26,9 +34,12 @@ def is_complete(iteration_dir: Path) -> bool:
             and config.is_file()):
         return False
     try:
-        return isinstance(yaml.safe_load(config.read_text()), dict)
+        run_config = yaml.safe_load(config.read_text())
     except yaml.YAMLError:
         return False
+    return isinstance(run_config, dict) and all(
+        isinstance(run_config.get(section), dict) and all(key in run_config[section] for key in keys)
+        for section, keys in _RUN_CONFIG_KEYS_READ_ON_LOAD.items())
 
 
 def _iteration_dirs(checkpoint_dir: Path) -> list[tuple[int, Path]]:

@@ -163,6 +163,8 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
             close = difflib.get_close_matches(section, [f.name for f in dataclasses.fields(container)] + list(OUR_KEYS))
             raise ConfigError(f"unknown config section {section!r}" + (f"; did you mean {close}?" if close else ""))
         apply_section(getattr(container, section), section_values, section)
+    if container.model.seq_length < 2:
+        raise ConfigError(f"model.seq_length must be at least 2 tokens; got {container.model.seq_length}")
     if not container.model.calculate_per_token_loss:
         raise ConfigError("model.calculate_per_token_loss must stay true: the TOPR step returns (sum, denominator)")
     if container.dataset.seq_length != container.model.seq_length:

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from nemo_topr import cpu_runtime
 from nemo_topr.distributed import free_port
 from nemo_topr.training.checkpoints import ensure_latest_complete
-from nemo_topr.training.config import CONF_DIR, TrainingRun, build_training_run, compose
+from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, compose
 
 
 def prepare(run: TrainingRun) -> dict:
@@ -33,12 +33,22 @@ def prepare(run: TrainingRun) -> dict:
         print(f"[nemo-topr] WARNING: {repaired}", flush=True)
     train = run.container.train
     prepared = run.container.dataset.prepare(train.global_batch_size)
+    check_baseline(run.objective, {seq.reward for seq in prepared.dataset.sequences})
     train.train_iters = prepared.num_rows // train.global_batch_size
     run.run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(run.raw, run.run_dir / "config.yaml")
     summary = {**prepared.summary(), "train_iters": train.train_iters,
                "global_batch_size": train.global_batch_size}
     return summary
+
+
+def check_baseline(objective, rewards: set[float]) -> None:
+    """With +-1 rewards a baseline outside (-1, 1) gives one side a zero or sign-flipped
+    advantage (c = 1: positives get no signal; c > 1: they are pushed down)."""
+    if rewards <= {-1.0, 1.0} and objective.variant != "asymre" and not -1.0 < objective.baseline < 1.0:
+        raise ConfigError(f"objective.baseline={objective.baseline} is outside (-1, 1) for +-1 rewards: "
+                          "one side would get a zero or sign-flipped advantage (use -1 < c < 1; "
+                          "baseline_for_share(p, target) computes c for a target positive share)")
 
 
 # Exit status of a run stopped early by a signal with a checkpoint saved: EX_TEMPFAIL, which
