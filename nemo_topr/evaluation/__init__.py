@@ -1,0 +1,1 @@
+"""Sampling (`nemo-topr generate`), benchmark metrics and evaluation (`nemo-topr eval`)."""

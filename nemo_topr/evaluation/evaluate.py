@@ -1,0 +1,188 @@
+"""`nemo-topr eval`: benchmark metrics of a model or of graded records, and per-round plots.
+
+Three modes:
+
+    nemo-topr eval --model DIR --benchmark gsm8k|math500 [--limit K] [--num-samples N] --out r1.json
+        samples N completions per problem (as `nemo-topr generate`), grades them and reports
+    nemo-topr eval --records graded.jsonl [--task gsm8k|math] --out r1.json
+        re-grades records written by `generate` (meta.reference_answer; meta.verifier_score,
+        when every record has one, adds the verifier-weighted vote)
+    nemo-topr eval --plot r1.json r2.json ... --out rounds.png
+        one line per metric across rounds (the result files, in the order given)
+
+Results are a JSON file and a Markdown table next to it (same name, `.md`). Metrics and vote
+rules are documented in `nemo_topr.evaluation.metrics`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from nemo_topr.data.records import DataError, Record, load_records, write_jsonl
+from nemo_topr.evaluation.generate import (
+    GradedCompletion,
+    Problem,
+    add_sampling_arguments,
+    graded_records,
+    load_problems,
+    sample_and_grade,
+    settings_from_args,
+)
+from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics
+from nemo_topr.grading import TASKS, graded_answer, same_answer
+
+EVAL_BENCHMARKS = {"gsm8k": "gsm8k-test", "math500": "math500"}
+
+
+def default_ks(num_samples: int) -> list[int]:
+    """1, 2, 4, ... up to `num_samples`, plus `num_samples` itself."""
+    ks = [1]
+    while ks[-1] * 2 <= num_samples:
+        ks.append(ks[-1] * 2)
+    return ks if ks[-1] == num_samples else [*ks, num_samples]
+
+
+def benchmark_results(problems: Sequence[Sequence[SampleOutcome]], task: str, ks: Sequence[int] | None,
+                      **details: Any) -> dict[str, Any]:
+    """The results document: counts, metrics (see `benchmark_metrics`) and `details`."""
+    if not problems:
+        raise ValueError("no problems to evaluate")
+    fewest = min(len(samples) for samples in problems)
+    ks = list(ks or default_ks(fewest))
+    if max(ks) > fewest:
+        raise ValueError(f"k = {max(ks)} exceeds the {fewest} samples of some problem")
+    metrics = benchmark_metrics(problems, ks, same=partial(same_answer, task))
+    return {**details, "task": task, "num_problems": len(problems),
+            "num_samples": sum(map(len, problems)), "samples_per_problem": fewest, "ks": ks, "metrics": metrics}
+
+
+def outcomes_of_completions(graded: Sequence[Sequence[GradedCompletion]]) -> list[list[SampleOutcome]]:
+    return [[SampleOutcome(s.answer, s.grade == "correct") for s in samples] for samples in graded]
+
+
+def outcomes_of_records(records: Sequence[Record], task: str | None) -> tuple[str, list[list[SampleOutcome]]]:
+    """(task, samples per prompt in file order), re-graded from `meta.reference_answer`.
+
+    The task is `task` when given, else the records' `meta.task`.
+    """
+    by_prompt: dict[str, list[SampleOutcome]] = {}
+    tasks = set()
+    for record in records:
+        meta = record.meta or {}
+        record_task = task or meta.get("task")
+        if record_task not in TASKS or "reference_answer" not in meta:
+            raise record.error("meta", f"needs reference_answer and a task ({'|'.join(TASKS)}; or pass --task)")
+        answer, grade = graded_answer(record_task, record.completion, str(meta["reference_answer"]))
+        outcome = SampleOutcome(answer, grade == "correct", meta.get("verifier_score"))
+        by_prompt.setdefault(record.prompt_key, []).append(outcome)
+        tasks.add(record_task)
+    if len(tasks) > 1:
+        raise DataError(records[0].path, 0, "meta.task", f"mixes tasks {sorted(tasks)}; evaluate them separately")
+    return tasks.pop(), list(by_prompt.values())
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    """A Markdown table of the metrics, titled with the label and counts."""
+    title = (f"**{results['label']}** ({results['task']}): {results['num_problems']} problems, "
+             f"{results['samples_per_problem']} samples each")
+    rows = [f"| {name} | {100 * value:.2f} |" for name, value in results["metrics"].items()]
+    return "\n".join([title, "", "| metric | % |", "|---|---|", *rows]) + "\n"
+
+
+def write_results(results: dict[str, Any], out: Path) -> Path:
+    """Write `out` (JSON) and its Markdown table (`out` with `.md`); returns the Markdown path."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    markdown = out.with_suffix(".md")
+    markdown.write_text(results_markdown(results), encoding="utf-8")
+    return markdown
+
+
+def plot_rounds(result_paths: Sequence[Path], out: Path) -> None:
+    """One line per metric (those every result has), one point per result file, in order."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = [json.loads(Path(path).read_text(encoding="utf-8")) for path in result_paths]
+    names = [name for name in results[0]["metrics"] if all(name in r["metrics"] for r in results)]
+    rounds = range(1, len(results) + 1)
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name in names:
+        axes.plot(rounds, [100 * r["metrics"][name] for r in results], marker="o", label=name)
+    axes.set_xticks(list(rounds), [r.get("label", f"round {i}") for i, r in zip(rounds, results)], rotation=20)
+    axes.set_ylabel("%")
+    axes.set_title(f"{results[0]['task']} across rounds")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
+    problems: list[Problem] = load_problems(EVAL_BENCHMARKS[args.benchmark], data_dir=args.data_dir, limit=args.limit)
+    settings = settings_from_args(args, problems[0].task)
+    graded = sample_and_grade(args.model, problems, settings, args.backend)
+    if args.samples_out:
+        write_jsonl(graded_records(problems, graded), args.samples_out)
+    return benchmark_results(outcomes_of_completions(graded), problems[0].task, args.k,
+                             label=args.label or args.model.name, source=args.benchmark,
+                             model=str(args.model), sampling=asdict(settings))
+
+
+def _evaluate_records(args: argparse.Namespace) -> dict[str, Any]:
+    records = load_records(args.records).records
+    task, problems = outcomes_of_records(records, args.task)
+    problems = problems[: args.limit]
+    return benchmark_results(problems, task, args.k, label=args.label or Path(args.records[0]).stem,
+                             source=[str(path) for path in args.records])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nemo-topr eval", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--benchmark", choices=sorted(EVAL_BENCHMARKS), help="sample and grade a model (needs --model)")
+    mode.add_argument("--records", nargs="+", help="graded records (JSONL/Parquet files, directories, globs)")
+    mode.add_argument("--plot", nargs="+", type=Path, help="result JSONs, one per round, in order")
+    parser.add_argument("--model", type=Path, help="local Hugging Face checkpoint directory (--benchmark)")
+    add_sampling_arguments(parser, num_samples=1)
+    parser.add_argument("--k", type=int, nargs="+", help="k values (default: 1, 2, 4, ... up to the samples)")
+    parser.add_argument("--label", help="name of this result in tables and plots (default: model or file name)")
+    parser.add_argument("--samples-out", type=Path, help="also write the graded samples as records (--benchmark)")
+    parser.add_argument("--out", type=Path, required=True, help="results JSON (Markdown next to it), or the plot PNG")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.plot:
+        plot_rounds(args.plot, args.out)
+        print(f"wrote {args.out}")
+        return 0
+    if args.benchmark and args.model is None:
+        print("nemo-topr eval: --benchmark needs --model", file=sys.stderr)
+        return 2
+    try:
+        results = _evaluate_model(args) if args.benchmark else _evaluate_records(args)
+    except (OSError, ValueError) as error:  # DataError is a ValueError
+        print(f"nemo-topr eval: {error}", file=sys.stderr)
+        return 1
+    markdown = write_results(results, args.out)
+    print(results_markdown(results))
+    print(f"wrote {args.out} and {markdown}")
+    return 0

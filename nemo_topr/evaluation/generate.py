@@ -1,0 +1,332 @@
+"""`nemo-topr generate`: sample completions from a local Hugging Face checkpoint and grade them.
+
+Prompts come from a benchmark (GSM8K train/test with the paper's 8-shot prompt, MATH-500
+zero-shot; see `nemo_topr.data.prompts`) or from a JSONL file of {prompt, reference_answer,
+prompt_id}. Each prompt gets N samples with the paper's sampling settings (temperature 1,
+top-p 1, top-k 500, 512 new tokens), from vLLM when it is installed and a GPU is present,
+from `transformers` otherwise. Prompts are tokenized exactly as training tokenizes them
+(`prompt_token_ids`: the chat template when the tokenizer has one).
+
+Generation stops at EOS, and at the task's stop strings (GSM8K: "\\n\\nQuestion:", where a
+few-shot model starts the next question); the completion is cut before the stop string.
+Sample j of prompt i is drawn with seed `prompt_seed(seed, i)`, so a run is deterministic
+and `--limit K` reproduces the first K prompts of the full run.
+
+The output is pre-scored records (reward +1 correct, -1 wrong or invalid) whose `meta` holds
+the task, the reference answer, the extracted answer and the grade (correct / wrong /
+invalid), and with `--sampler-logprobs` the sampler's own log-probability of the sampled
+tokens. Training's log mu comes from `nemo-topr score-logprobs`, not from the sampler (see
+docs/evaluation.md). Empty completions (EOS first) cannot be records and are counted, not
+written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from nemo_topr.data.records import DataError, Messages, Record, write_jsonl
+from nemo_topr.grading import GRADES, TASKS, Grade, graded_answer, reward_of
+
+BENCHMARKS = ("gsm8k-train", "gsm8k-test", "math500")
+STOP_STRINGS = {"gsm8k": ("\n\nQuestion:",), "math": ()}
+BACKENDS = ("auto", "vllm", "transformers")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt to sample, with what grades its completions."""
+
+    prompt_id: str
+    prompt: str | Messages
+    reference_answer: str
+    task: str
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """The paper's defaults: temperature 1, top-p 1, top-k 500, at most 512 new tokens."""
+
+    num_samples: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 500
+    max_new_tokens: int = 512
+    seed: int = 0
+    stop_strings: tuple[str, ...] = ()
+    sampler_logprobs: bool = False
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A sampled completion (cut at its stop string), with the sampler's log-prob if asked for."""
+
+    text: str
+    sampler_logprob: float | None = None
+
+
+@dataclass(frozen=True)
+class GradedCompletion:
+    completion: Completion
+    answer: str | None
+    grade: Grade
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts
+
+
+def benchmark_problems(name: str, data_dir: str | Path | None = None) -> list[Problem]:
+    """Every problem of `gsm8k-train`, `gsm8k-test` (8-shot prompt) or `math500` (zero-shot)."""
+    from nemo_topr.data import prompts
+
+    if name == "math500":
+        rows = prompts.load_math500(data_dir)
+        return [Problem(f"math500-{i}", prompts.math500_prompt(row["question"]), row["answer"], "math")
+                for i, row in enumerate(rows)]
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; expected one of {BENCHMARKS}")
+    split = name.removeprefix("gsm8k-")
+    exemplars = prompts.gsm8k_exemplars(prompts.load_gsm8k("train", data_dir))
+    return [Problem(f"{name}-{i}", prompts.gsm8k_prompt(row["question"], exemplars),
+                    prompts.gsm8k_final_answer(row["answer"]), "gsm8k")
+            for i, row in enumerate(prompts.load_gsm8k(split, data_dir))]
+
+
+def jsonl_problems(path: str | Path, task: str) -> list[Problem]:
+    """Problems from JSONL rows {prompt, reference_answer, prompt_id (default: the line number)}."""
+    problems = []
+    with Path(path).open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            for name in ("prompt", "reference_answer"):
+                if not row.get(name):
+                    raise DataError(path, number, name, "missing or empty")
+            problems.append(Problem(str(row.get("prompt_id", number)), row["prompt"], str(row["reference_answer"]), task))
+    if not problems:
+        raise DataError(path, 0, "file", "empty (no prompts)")
+    return problems
+
+
+def load_problems(source: str, *, task: str | None = None, data_dir: str | Path | None = None,
+                  limit: int | None = None) -> list[Problem]:
+    """The first `limit` problems of a benchmark name or of a JSONL file (which needs `task`)."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be at least 1; got {limit}")
+    if source in BENCHMARKS:
+        problems = benchmark_problems(source, data_dir)
+    elif task in TASKS:
+        problems = jsonl_problems(source, task)
+    else:
+        raise ValueError(f"{source}: a prompt file needs --task {'|'.join(TASKS)}")
+    return problems[:limit]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling
+
+
+def prompt_seed(seed: int, prompt_index: int) -> int:
+    """The seed of one prompt's samples: 32 random bits drawn from (seed, prompt_index).
+
+    32 bits because torch's CPU generator (mt19937) keeps only the low 32 bits of a seed.
+    """
+    return random.Random(f"{seed}:{prompt_index}").getrandbits(32)
+
+
+def trim_at_stop(text: str, stop_strings: Sequence[str]) -> str:
+    """`text` up to the first occurrence of any stop string."""
+    cuts = [text.find(stop) for stop in stop_strings if stop in text]
+    return text[: min(cuts)] if cuts else text
+
+
+def choose_backend(backend: str) -> str:
+    """`auto`: vLLM when it is importable and a GPU is present, else `transformers`."""
+    if backend != "auto":
+        return backend
+    import torch
+
+    return "vllm" if importlib.util.find_spec("vllm") and torch.cuda.is_available() else "transformers"
+
+
+def _generated_lengths(new_tokens, eos_ids: set[int], pad_id: int) -> list[int]:
+    """Tokens each sequence sampled: through its first EOS, or up to the padding that follows
+    a stop string (or all of them at the token limit)."""
+    lengths = []
+    for row in new_tokens.tolist():
+        length = len(row)
+        for i, token in enumerate(row):
+            if token in eos_ids:
+                length = i + 1
+                break
+            if token == pad_id:
+                length = i
+                break
+        lengths.append(length)
+    return lengths
+
+
+def _sample_with_transformers(model_dir: Path, prompt_ids: list[list[int]], settings: SamplingSettings,
+                              tokenizer) -> list[list[Completion]]:
+    """One `generate` call per prompt (its N samples batched), on CPU or one GPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nemo_topr.data.tokenization import pad_id_of
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval()
+    eos = model.generation_config.eos_token_id
+    eos_ids, pad_id = set(eos if isinstance(eos, list) else [eos]), pad_id_of(tokenizer)
+    completions = []
+    for index, ids in enumerate(prompt_ids):
+        torch.manual_seed(prompt_seed(settings.seed, index))
+        input_ids = torch.tensor([ids])
+        with torch.no_grad():
+            output = model.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
+                temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                max_new_tokens=settings.max_new_tokens, num_return_sequences=settings.num_samples,
+                stop_strings=list(settings.stop_strings) or None, tokenizer=tokenizer,
+                pad_token_id=pad_id, return_dict_in_generate=True,
+                output_scores=settings.sampler_logprobs,
+            )
+        new_tokens = output.sequences[:, input_ids.shape[1]:]
+        texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        logprobs = [None] * len(texts)
+        if settings.sampler_logprobs:
+            token_logprobs = model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)
+            lengths = _generated_lengths(new_tokens, eos_ids, pad_id)
+            logprobs = [float(row[:n].sum()) for row, n in zip(token_logprobs, lengths)]
+        completions.append([Completion(trim_at_stop(t, settings.stop_strings), lp) for t, lp in zip(texts, logprobs)])
+    return completions
+
+
+def _sample_with_vllm(model_dir: Path, prompt_ids: list[list[int]], settings: SamplingSettings) -> list[list[Completion]]:
+    """All prompts in one vLLM call; vLLM cuts the stop strings itself."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=str(model_dir), seed=settings.seed)
+    params = [
+        SamplingParams(n=settings.num_samples, temperature=settings.temperature, top_p=settings.top_p,
+                       top_k=settings.top_k, max_tokens=settings.max_new_tokens, stop=list(settings.stop_strings),
+                       seed=prompt_seed(settings.seed, index), logprobs=0 if settings.sampler_logprobs else None)
+        for index in range(len(prompt_ids))
+    ]
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params)
+    return [
+        [Completion(trim_at_stop(sample.text, settings.stop_strings),
+                    sample.cumulative_logprob if settings.sampler_logprobs else None) for sample in output.outputs]
+        for output in outputs
+    ]
+
+
+def sample_completions(model_dir: str | Path, problems: Sequence[Problem], settings: SamplingSettings,
+                       backend: str = "auto") -> list[list[Completion]]:
+    """`settings.num_samples` completions for each problem, in problem order."""
+    from nemo_topr.data.tokenization import load_tokenizer, prompt_token_ids
+
+    tokenizer = load_tokenizer(model_dir)
+    prompt_ids = prompt_token_ids(tokenizer, [problem.prompt for problem in problems])
+    if choose_backend(backend) == "vllm":
+        return _sample_with_vllm(Path(model_dir), prompt_ids, settings)
+    return _sample_with_transformers(Path(model_dir), prompt_ids, settings, tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grading and records
+
+
+def grade_completions(problem: Problem, completions: Sequence[Completion]) -> list[GradedCompletion]:
+    return [GradedCompletion(c, *graded_answer(problem.task, c.text, problem.reference_answer)) for c in completions]
+
+
+def graded_records(problems: Sequence[Problem], graded: Sequence[Sequence[GradedCompletion]]) -> list[Record]:
+    """Pre-scored records, sample_id = the sample's index for its prompt; empty completions skipped."""
+    records = []
+    for problem, samples in zip(problems, graded):
+        for sample_id, sample in enumerate(samples):
+            if not sample.completion.text:
+                continue
+            meta = {"task": problem.task, "reference_answer": problem.reference_answer,
+                    "answer": sample.answer, "grade": sample.grade}
+            if sample.completion.sampler_logprob is not None:
+                meta["sampler_logprob"] = sample.completion.sampler_logprob
+            records.append(Record(prompt=problem.prompt, completion=sample.completion.text,
+                                  reward=reward_of(sample.grade), prompt_id=problem.prompt_id,
+                                  sample_id=sample_id, meta=meta))
+    return records
+
+
+def sample_and_grade(model_dir: str | Path, problems: Sequence[Problem], settings: SamplingSettings,
+                     backend: str = "auto") -> list[list[GradedCompletion]]:
+    completions = sample_completions(model_dir, problems, settings, backend)
+    return [grade_completions(problem, samples) for problem, samples in zip(problems, completions)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line (the sampling options are shared with `nemo-topr eval`)
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser, *, num_samples: int) -> None:
+    defaults = SamplingSettings()
+    parser.add_argument("--task", choices=TASKS, help="grader for a prompt file (benchmarks set it)")
+    parser.add_argument("--data-dir", type=Path, help="benchmark files (default: $NEMO_TOPR_DATA_DIR or ../shared/data)")
+    parser.add_argument("--limit", type=int, help="only the first K problems")
+    parser.add_argument("--num-samples", type=int, default=num_samples, help="samples per prompt")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature)
+    parser.add_argument("--top-p", type=float, default=defaults.top_p)
+    parser.add_argument("--top-k", type=int, default=defaults.top_k)
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--stop", action="append",
+                        help="stop string, repeatable (default: the task's, GSM8K: '\\n\\nQuestion:')")
+    parser.add_argument("--sampler-logprobs", action="store_true",
+                        help="record the sampler's log-prob of each completion in meta.sampler_logprob")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto")
+
+
+def settings_from_args(args: argparse.Namespace, task: str) -> SamplingSettings:
+    stops = STOP_STRINGS[task] if args.stop is None else args.stop
+    return SamplingSettings(num_samples=args.num_samples, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                            stop_strings=tuple(stops), sampler_logprobs=args.sampler_logprobs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nemo-topr generate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", required=True,
+                        help=f"{' | '.join(BENCHMARKS)}, or a JSONL file of {{prompt, reference_answer, prompt_id}}")
+    parser.add_argument("--model", type=Path, required=True, help="local Hugging Face checkpoint directory")
+    add_sampling_arguments(parser, num_samples=16)
+    parser.add_argument("--out", type=Path, required=True, help="JSONL of graded records")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        problems = load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit)
+        settings = settings_from_args(args, problems[0].task)
+        graded = sample_and_grade(args.model, problems, settings, args.backend)
+    except (OSError, ValueError) as error:  # DataError is a ValueError
+        print(f"nemo-topr generate: {error}", file=sys.stderr)
+        return 1
+    records = graded_records(problems, graded)
+    write_jsonl(records, args.out)
+    grades = Counter(sample.grade for samples in graded for sample in samples)
+    empty = sum(not sample.completion.text for samples in graded for sample in samples)
+    print(f"{len(problems)} prompts x {settings.num_samples} samples: "
+          + ", ".join(f"{grades[g]} {g}" for g in GRADES))
+    print(f"wrote {len(records)} records to {args.out} ({empty} empty completions not written)")
+    print(f"settings: {json.dumps(asdict(settings))}")
+    return 0

@@ -1,0 +1,117 @@
+"""`nemo-topr generate` and `nemo-topr eval` end to end on CPU with a tiny random Llama."""
+
+import json
+import math
+
+import pytest
+
+from nemo_topr.data.records import load_records
+from nemo_topr.evaluation import evaluate, generate
+from nemo_topr.evaluation.generate import (
+    Completion,
+    Problem,
+    SamplingSettings,
+    grade_completions,
+    graded_records,
+    load_problems,
+    sample_and_grade,
+    trim_at_stop,
+)
+from nemo_topr.grading import grade
+
+TINY_SAMPLING = ["--num-samples", "2", "--max-new-tokens", "16"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    # The 8-shot GSM8K prompt is about 3,000 tiny-tokenizer tokens.
+    out = tmp_path_factory.mktemp("tiny_llama")
+    return build_tiny_hf_llama(out, build_tiny_tokenizer(), max_position_embeddings=4096)
+
+
+def test_generate_writes_graded_records(model_dir, tmp_path):
+    out = tmp_path / "graded.jsonl"
+    args = ["--model", str(model_dir), "--prompts", "gsm8k-test", "--limit", "2", *TINY_SAMPLING,
+            "--sampler-logprobs", "--out", str(out)]
+    assert generate.main(args) == 0
+    records = load_records(out).records  # strict validation
+    assert {(r.prompt_id, r.sample_id) for r in records} <= {(f"gsm8k-test-{i}", j) for i in range(2) for j in range(2)}
+    for record in records:
+        meta = record.meta
+        assert record.reward in (1.0, -1.0)
+        assert (record.reward == 1.0) == (meta["grade"] == "correct")
+        assert grade(meta["task"], record.completion, meta["reference_answer"]) == meta["grade"]
+        assert "\n\nQuestion:" not in record.completion
+        assert math.isfinite(meta["sampler_logprob"]) and meta["sampler_logprob"] < 0
+
+
+def test_sampling_is_deterministic_and_limit_keeps_the_first_prompts(model_dir):
+    problems = load_problems("math500", limit=2)
+    settings = SamplingSettings(num_samples=2, max_new_tokens=8)
+    both = sample_and_grade(model_dir, problems, settings, backend="transformers")
+    assert sample_and_grade(model_dir, problems, settings, backend="transformers") == both
+    assert sample_and_grade(model_dir, problems[:1], settings, backend="transformers") == both[:1]
+    other_seed = sample_and_grade(model_dir, problems, SamplingSettings(num_samples=2, max_new_tokens=8, seed=1),
+                                  backend="transformers")
+    assert other_seed != both
+
+
+def test_stop_strings_cut_completions(model_dir):
+    problems = load_problems("math500", limit=2)
+    settings = SamplingSettings(num_samples=2, max_new_tokens=16, stop_strings=("e",))
+    completions = [s.completion.text for samples in sample_and_grade(model_dir, problems, settings, "transformers")
+                   for s in samples]
+    assert not any("e" in text for text in completions)
+    assert trim_at_stop(" 12.\n\nQuestion: Tom has", ["\n\nQuestion:"]) == " 12."
+    assert trim_at_stop("a STOP b END", ["END", "STOP"]) == "a "
+
+
+def test_empty_completions_are_not_written():
+    problem = Problem("p0", "What is 2+3?", "5", "math")
+    graded = grade_completions(problem, [Completion(""), Completion("so \\boxed{5}"), Completion("so \\boxed{6}")])
+    assert [g.grade for g in graded] == ["invalid", "correct", "wrong"]
+    records = graded_records([problem], [graded])
+    assert [(r.sample_id, r.reward) for r in records] == [(1, 1.0), (2, -1.0)]
+
+
+def test_generate_reads_a_prompt_file(model_dir, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "Question: What is 2+3?\nAnswer:", "reference_answer": "5", "prompt_id": "add"},
+            {"prompt": "Question: What is 2*3?\nAnswer:", "reference_answer": "#### 6"}]
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "graded.jsonl"
+    args = ["--model", str(model_dir), "--prompts", str(prompts), *TINY_SAMPLING, "--out", str(out)]
+    assert generate.main(args) == 1  # a prompt file needs --task
+    assert generate.main([*args, "--task", "gsm8k"]) == 0
+    assert {r.prompt_id for r in load_records(out).records} <= {"add", "2"}
+
+
+def test_eval_writes_results_and_plots_rounds(model_dir, tmp_path):
+    result, samples = tmp_path / "r1.json", tmp_path / "samples.jsonl"
+    args = ["--model", str(model_dir), "--benchmark", "math500", "--limit", "3", *TINY_SAMPLING,
+            "--out", str(result), "--samples-out", str(samples)]
+    assert evaluate.main(args) == 0
+    results = json.loads(result.read_text())
+    assert (results["num_problems"], results["samples_per_problem"], results["ks"]) == (3, 2, [1, 2])
+    assert set(results["metrics"]) == {"pass@1", "pass@2", "maj@2", "invalid_rate"}
+    assert "| pass@1 |" in result.with_suffix(".md").read_text()
+
+    # The same samples re-graded from records, with verifier scores added to their meta.
+    scored = tmp_path / "scored.jsonl"
+    lines = [json.loads(line) for line in samples.read_text().splitlines()]
+    for row in lines:
+        row["meta"]["verifier_score"] = 0.5
+    scored.write_text("".join(json.dumps(row) + "\n" for row in lines))
+    assert evaluate.main(["--records", str(scored), "--k", "1", "--out", str(tmp_path / "r2.json")]) == 0
+    rescored = json.loads((tmp_path / "r2.json").read_text())
+    assert rescored["task"] == "math" and "weighted_maj@1" not in rescored["metrics"]
+    if rescored["samples_per_problem"] >= 2:  # empty completions are not records
+        assert evaluate.main(["--records", str(scored), "--out", str(tmp_path / "r2.json")]) == 0
+        assert "weighted_maj@2" in json.loads((tmp_path / "r2.json").read_text())["metrics"]
+
+    plot = tmp_path / "rounds.png"
+    assert evaluate.main(["--plot", str(result), str(tmp_path / "r2.json"), "--out", str(plot)]) == 0
+    assert plot.read_bytes().startswith(b"\x89PNG")
