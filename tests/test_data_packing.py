@@ -58,7 +58,7 @@ def test_collated_layout_of_two_packed_sequences():
     assert {k: v.dtype for k, v in batch.items()} == {
         "tokens": torch.long, "labels": torch.long, "loss_mask": torch.float32, "position_ids": torch.long,
         "seq_index": torch.long, "seq_start": torch.long, "seq_len": torch.long, "rewards": torch.float32,
-        "behavior_logprobs": torch.float32, "prompt_ids": torch.long, "sample_ids": torch.long,
+        "behavior_logprobs": torch.float64, "prompt_ids": torch.long, "sample_ids": torch.long,
         "num_completion_tokens": torch.long,
     }
 

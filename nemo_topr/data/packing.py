@@ -11,7 +11,7 @@ sequence per row). R rows of L tokens, N sequences numbered in row-major order o
     seq_index     long  [R, L]  the sequence owning the position, -1 in padding
     seq_start     long  [N]     flat offset r * L + start of each sequence
     seq_len       long  [N]     its length in tokens
-    rewards, behavior_logprobs (NaN when absent)   float32 [N]
+    rewards float32, behavior_logprobs float64 (NaN when absent)   [N]
     prompt_ids, sample_ids, num_completion_tokens  long    [N]
 """
 
@@ -115,7 +115,9 @@ def collate_packed(
         seq_start=torch.tensor(seq_start, dtype=torch.long),
         seq_len=torch.tensor(seq_len, dtype=torch.long),
         rewards=torch.tensor([seq.reward for seq in members], dtype=torch.float32),
-        behavior_logprobs=torch.tensor([seq.behavior_logprob for seq in members], dtype=torch.float32),
+        # float64: log mu of a long completion is in the hundreds, where a float32 ulp (6e-5)
+        # would already move rho = exp(log pi - log mu) by that much
+        behavior_logprobs=torch.tensor([seq.behavior_logprob for seq in members], dtype=torch.float64),
         prompt_ids=torch.tensor([seq.prompt_id for seq in members], dtype=torch.long),
         sample_ids=torch.tensor([seq.sample_id for seq in members], dtype=torch.long),
         num_completion_tokens=torch.tensor(num_completion_tokens, dtype=torch.long),

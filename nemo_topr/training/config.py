@@ -97,6 +97,8 @@ def default_container(provider: Any, dataset: Any):
     on_gpu = torch.cuda.is_available()
     # The step returns (sum, denominator): Megatron divides by the global denominator.
     provider.calculate_per_token_loss = True
+    if on_gpu:  # AutoBridge builds fp32 providers; train in bf16 unless the YAML says otherwise
+        provider.bf16, provider.params_dtype, provider.pipeline_dtype = True, torch.bfloat16, torch.bfloat16
     return ConfigContainer(
         model=provider,
         train=TrainingConfig(train_iters=1, global_batch_size=8, micro_batch_size=1,

@@ -28,8 +28,12 @@ from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_reco
 
 def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, seq_length: int = 2048,
                    tensor_parallel: int = 1, pipeline_parallel: int = 1, rows_per_batch: int = 4,
-                   strict: bool = True) -> dict:
-    """Score every record; rank 0 writes `out` and returns a summary (other ranks return {})."""
+                   strict: bool = True, precision: str = "fp32") -> dict:
+    """Score every record; rank 0 writes `out` and returns a summary (other ranks return {}).
+
+    `precision` ("fp32" or "bf16") should match training's, so that rho = 1 at step 0 when the
+    starting checkpoint scores its own data (bf16 rounding summed over hundreds of tokens
+    otherwise shows up as |log rho| > 0 before the first update)."""
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -42,6 +46,8 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     _, provider = hf_llama_provider(model_dir, load_weights=True, seq_length=seq_length)
     provider.tensor_model_parallel_size = tensor_parallel
     provider.pipeline_model_parallel_size = pipeline_parallel
+    if precision == "bf16":
+        provider.bf16, provider.params_dtype = True, torch.bfloat16
     provider.pipeline_dtype = provider.params_dtype
     provider.finalize()
     model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
@@ -108,12 +114,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
     parser.add_argument("--rows-per-batch", type=int, default=4)
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16" if torch.cuda.is_available() else "fp32",
+                        help="model precision; match training's (default: bf16 with CUDA, fp32 without)")
     parser.add_argument("--no-strict", dest="strict", action="store_false",
                         help="drop malformed or over-long records (counted in OUT.report.json)")
     args = parser.parse_args(argv)
     summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
                              tensor_parallel=args.tp, pipeline_parallel=args.pp,
-                             rows_per_batch=args.rows_per_batch, strict=args.strict)
+                             rows_per_batch=args.rows_per_batch, strict=args.strict, precision=args.precision)
     if summary:
         print(json.dumps(summary, indent=2))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -102,9 +102,11 @@ def topr_loss(
         raise ValueError("behavior_logprob missing for some sequences: score the data first "
                          "(`nemo-topr score-logprobs`)")
     max_length = int(batch["seq_len"].max())
-    completion = batch["loss_mask"].to(per_token_ce.dtype)
-    token_logprobs = reduce_over_context_parallel(sequence_table(-per_token_ce * completion, batch, max_length),
-                                                  cp_group)
+    # The objective runs in float64 here: s_i sums hundreds of terms and rho = exp(s_i - log mu_i)
+    # turns any rounding of that sum into a relative error of rho (the table is small: N x T).
+    completion = batch["loss_mask"].to(torch.float64)
+    token_logprobs = reduce_over_context_parallel(
+        sequence_table(-per_token_ce.to(torch.float64) * completion, batch, max_length), cp_group)
     loss_mask = reduce_over_context_parallel(sequence_table(completion.detach(), batch, max_length), cp_group) > 0
     loss, metrics = policy_loss(token_logprobs, loss_mask, batch["behavior_logprobs"], batch["rewards"],
                                 config=config, group_ids=batch["prompt_ids"])
