@@ -26,6 +26,25 @@ from nemo_topr.data.records import load_records, write_jsonl
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 
 
+def scoring_forward_step(scores: dict[int, float], config):
+    """Forward-only step for Megatron's pipeline schedule: adds {sample_id: log pi(completion)}
+    to `scores` (on the last pipeline stage), through the training step's own forward and sums."""
+    from nemo_topr.training.step import completion_logprob_table, forward_packed
+
+    def forward_step(data_iterator, chunk):
+        batch = next(data_iterator)
+        output = forward_packed(chunk, batch, config)
+
+        def collect(per_token_ce: torch.Tensor):
+            logprobs, _ = completion_logprob_table(per_token_ce, batch)
+            scores.update(zip(batch["sample_ids"].tolist(), logprobs.sum(-1).tolist()))
+            return per_token_ce.sum() * 0.0, {}
+
+        return output, collect
+
+    return forward_step
+
+
 def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, seq_length: int = 2048,
                    tensor_parallel: int = 1, pipeline_parallel: int = 1, rows_per_batch: int = 4,
                    strict: bool = True, precision: str = "fp32") -> dict:
@@ -39,7 +58,6 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
 
     from nemo_topr.distributed import initialize_model_parallel
     from nemo_topr.model import hf_llama_provider
-    from nemo_topr.training.step import forward_packed, sequence_table
 
     cpu_runtime.enable_cpu_runtime()
     initialize_model_parallel(tensor_parallel, pipeline_parallel)
@@ -66,19 +84,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
                for i in range(0, len(my_rows), rows_per_batch)]
 
     scores: dict[int, float] = {}
-
-    def forward_step(data_iterator, chunk):
-        batch = next(data_iterator)
-        output = forward_packed(chunk, batch, provider)
-
-        def collect(per_token_ce: torch.Tensor):
-            completion = batch["loss_mask"]
-            table = sequence_table(-per_token_ce.reshape(completion.shape).float() * completion, batch,
-                                   int(batch["seq_len"].max()))
-            scores.update(zip(batch["sample_ids"].tolist(), table.sum(-1).tolist()))
-            return per_token_ce.sum() * 0.0, {}
-
-        return output, collect
+    forward_step = scoring_forward_step(scores, provider)
 
     with torch.no_grad():
         if batches:

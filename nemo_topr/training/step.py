@@ -60,6 +60,21 @@ def sequence_table(values: torch.Tensor, batch: dict[str, torch.Tensor], max_len
     return table.index_put((owner[inside], batch["position_ids"][inside]), values[inside])
 
 
+def completion_logprob_table(per_token_ce: torch.Tensor, batch: dict[str, torch.Tensor]):
+    """(log pi per completion token [N, T_max], its mask [N, T_max]) from a packed batch's
+    per-token cross-entropy [R, L].
+
+    float64: s_i sums hundreds of terms and rho = exp(s_i - log mu_i) turns any rounding of that
+    sum into a relative error of rho (the table is small: N x T). Scoring uses the same table, so
+    log mu and log pi are summed the same way.
+    """
+    max_length = int(batch["seq_len"].max())
+    completion = batch["loss_mask"].to(torch.float64)
+    logprobs = sequence_table(-per_token_ce.reshape(completion.shape).to(torch.float64) * completion, batch,
+                              max_length)
+    return logprobs, sequence_table(completion, batch, max_length) > 0
+
+
 class _AllReduceSumIdentityBackward(torch.autograd.Function):
     """Sum over a group; each rank then computes the same loss, and its gradient w.r.t. its own
     partial table is the gradient w.r.t. the sum (d sum / d part = 1)."""
@@ -101,13 +116,9 @@ def topr_loss(
     if torch.isnan(batch["behavior_logprobs"]).any():
         raise ValueError("behavior_logprob missing for some sequences: score the data first "
                          "(`nemo-topr score-logprobs`)")
-    max_length = int(batch["seq_len"].max())
-    # The objective runs in float64 here: s_i sums hundreds of terms and rho = exp(s_i - log mu_i)
-    # turns any rounding of that sum into a relative error of rho (the table is small: N x T).
-    completion = batch["loss_mask"].to(torch.float64)
-    token_logprobs = reduce_over_context_parallel(
-        sequence_table(-per_token_ce.to(torch.float64) * completion, batch, max_length), cp_group)
-    loss_mask = reduce_over_context_parallel(sequence_table(completion.detach(), batch, max_length), cp_group) > 0
+    token_logprobs, loss_mask = completion_logprob_table(per_token_ce, batch)
+    token_logprobs = reduce_over_context_parallel(token_logprobs, cp_group)
+    loss_mask = reduce_over_context_parallel(loss_mask.to(torch.float64), cp_group) > 0
     loss, metrics = policy_loss(token_logprobs, loss_mask, batch["behavior_logprobs"], batch["rewards"],
                                 config=config, group_ids=batch["prompt_ids"])
     denominator = metrics["num_tokens"] if config.normalization == "batch_token_mean" else metrics["num_sequences"]
