@@ -1,0 +1,290 @@
+"""`python -m nemo_topr.miniature` (`make miniature`): the CPU miniature of the TOPR paper.
+
+Every stage uses the project's real pipeline: `nemo-topr train` (Megatron-Bridge finetune loop)
+and `nemo-topr score-logprobs` run as subprocesses exactly as a user runs them; export
+(`export_run`, the code behind `nemo-topr export`) and generation + grading
+(`sample_and_grade`, the code behind `nemo-topr generate` / `eval`) run in this process to save
+the ~25 s start-up per command.
+
+1. task: synthetic 2-3 step arithmetic word problems (`task.py`), splits pretrain / train / test;
+   a byte-level BPE tokenizer trained on the task text and a tiny Llama, both built offline;
+2. pretraining from scratch: SFT (`objective.variant=sft_positive`) on gold solutions of the
+   pretrain split, --pretrain-epochs epochs per round; after each round the export is sampled on train prompts.
+   Stopping rule, fixed before any result was seen: stop after the first round whose train
+   pass@1 is >= 0.30 (or after --max-pretrain-rounds); that export is the starting model mu;
+3. the offline dataset: k samples per train prompt from mu (temperature 1), graded +-1, log mu
+   scored with `nemo-topr score-logprobs`;
+4. from mu and that data: sft_positive, reinforce, tis, topr, asymre (dV = -0.1), ppo_clip, and
+   TOPR at several effective positive shares p~ (baseline from `baseline_for_share`), each for
+   --epochs epochs at one fixed lr, per seed;
+5. every trained model is exported and evaluated at the end of training (not during) on the
+   test split: pass@1, maj@k, invalid-answer rate; telemetry from each run's TensorBoard;
+6. `report.py` writes results.md and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+VARIANTS = ("sft_positive", "reinforce", "tis", "topr", "asymre", "ppo_clip")
+TELEMETRY = ("topr_loss", "positive_nll", "negative_nll", "negative_weight_mean", "positive_weight_mean",
+             "effective_positive_share", "negative_truncated_share", "log_ratio_abs_mean")
+PRETRAIN_TARGET = 0.30
+
+
+def _log(text: str) -> None:
+    print(f"[miniature {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def _records(problems, prefix: str) -> list[dict]:
+    """Gold solutions as pre-scored records. behavior_logprob is a placeholder 0.0: with
+    sft_positive every record is a positive of weight 1 whatever rho is, so log mu is unused."""
+    return [{"prompt": p.prompt, "completion": p.solution, "reward": 1.0, "prompt_id": f"{prefix}-{i}",
+             "sample_id": 0, "behavior_logprob": 0.0} for i, p in enumerate(problems)]
+
+
+def _write_jsonl(rows: list[dict], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _gen_problems(problems, prefix: str):
+    from nemo_topr.evaluation.generate import Problem
+
+    from nemo_topr.miniature.task import TASK
+    return [Problem(f"{prefix}-{i}", p.prompt, str(p.answer), TASK) for i, p in enumerate(problems)]
+
+
+def sample(model_dir: Path, problems, prefix: str, num_samples: int, seed: int, max_new_tokens: int):
+    """(generate.Problem list, graded samples) with the project's sampler and GSM8K grader."""
+    from nemo_topr.evaluation.generate import SamplingSettings, sample_and_grade
+
+    gen_problems = _gen_problems(problems, prefix)
+    settings = SamplingSettings(num_samples=num_samples, temperature=1.0, top_p=1.0, top_k=500,
+                                max_new_tokens=max_new_tokens, seed=seed, stop_strings=("\nQuestion:",))
+    return gen_problems, sample_and_grade(model_dir, gen_problems, settings, backend="transformers")
+
+
+def batched_sample(model_dir: Path, problems, prefix: str, num_samples: int, seed: int, max_new_tokens: int):
+    """Like `sample` (same settings, tokenization, stop string and grader) but one `generate`
+    call per prompt *length* instead of per prompt: prompts of equal token length need no
+    padding, so positions match training exactly. Used for evaluation only (the offline
+    training data comes from `sample`, the project's sampler); about 10x faster on CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, prompt_token_ids
+    from nemo_topr.evaluation.generate import Completion, grade_completions, trim_at_stop
+
+    gen_problems = _gen_problems(problems, prefix)
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval()
+    ids = prompt_token_ids(tokenizer, [p.prompt for p in gen_problems])
+    by_length: dict[int, list[int]] = {}
+    for index, row in enumerate(ids):
+        by_length.setdefault(len(row), []).append(index)
+    texts: dict[int, list[str]] = {}
+    for length, indices in sorted(by_length.items()):
+        torch.manual_seed(seed * 100_003 + length)
+        input_ids = torch.tensor([ids[i] for i in indices])
+        with torch.no_grad():
+            output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
+                                    temperature=1.0, top_p=1.0, top_k=500, max_new_tokens=max_new_tokens,
+                                    num_return_sequences=num_samples, pad_token_id=pad_id_of(tokenizer))
+        decoded = tokenizer.batch_decode(output[:, length:], skip_special_tokens=True)
+        for j, i in enumerate(indices):
+            texts[i] = [trim_at_stop(t, ("\nQuestion:",)) for t in decoded[j * num_samples:(j + 1) * num_samples]]
+    graded = [grade_completions(p, [Completion(t) for t in texts[i]]) for i, p in enumerate(gen_problems)]
+    return gen_problems, graded
+
+
+def evaluate(model_dir: Path, problems, prefix: str, num_samples: int, seed: int, max_new_tokens: int) -> dict:
+    from nemo_topr.evaluation.evaluate import benchmark_results, outcomes_of_completions
+    from nemo_topr.miniature.task import TASK
+
+    _, graded = batched_sample(model_dir, problems, prefix, num_samples, seed, max_new_tokens)
+    results = benchmark_results(outcomes_of_completions(graded), TASK, [1, num_samples])
+    # also: mean completion length in characters (a degenerate policy rambles or goes silent)
+    texts = [s.completion.text for samples in graded for s in samples]
+    results["metrics"]["mean_chars"] = sum(map(len, texts)) / len(texts)
+    results["examples"] = texts[:3]
+    return results
+
+
+def export(run_dir: Path, hf_out: Path) -> Path:
+    from nemo_topr.training.export import export_run
+
+    shutil.rmtree(hf_out, ignore_errors=True)
+    return export_run(run_dir, hf_out)
+
+
+def telemetry(run_dir: Path) -> dict[str, list[float]]:
+    from nemo_topr.demo import _tensorboard_series
+
+    return {tag: _tensorboard_series(run_dir, tag) for tag in TELEMETRY}
+
+
+def train(args, name: str, hf_model: Path, data: Path, overrides: list[str], out: Path) -> Path:
+    import subprocess
+
+    run_dir = out / "runs" / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    command = [sys.executable, "-m", "nemo_topr.cli", "train", "--config-name", "miniature",
+               f"hf_model={hf_model}", f"run_dir={run_dir}", f"dataset.train_path={data}", *overrides]
+    _log("$ " + " ".join(command))
+    with (run_dir / "train.log").open("w") as log:
+        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+            raise SystemExit(f"training {name} failed; full log: {run_dir / 'train.log'}")
+    _log(f"trained {name}")
+    return run_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nemo_topr.miniature", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="results/miniature", help="results directory (recreated)")
+    parser.add_argument("--docs", default="docs/miniature", help="copy the table and plots here ('' to skip)")
+    parser.add_argument("--task-seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1234], help="training seeds of the variant runs")
+    parser.add_argument("--pretrain-problems", type=int, default=2000)
+    parser.add_argument("--train-prompts", type=int, default=64)
+    parser.add_argument("--test-prompts", type=int, default=48)
+    parser.add_argument("--probe-prompts", type=int, default=32, help="train prompts sampled after each pretrain round")
+    parser.add_argument("--k", type=int, default=8, help="samples per train prompt in the offline dataset")
+    parser.add_argument("--eval-samples", type=int, default=8, help="samples per test prompt (maj@N)")
+    parser.add_argument("--max-pretrain-rounds", type=int, default=3)
+    parser.add_argument("--pretrain-epochs", type=int, default=3, help="epochs over the pretrain split per round")
+    parser.add_argument("--pretrain-lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=1e-3, help="lr of every variant run")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs over the offline dataset per variant run")
+    parser.add_argument("--p-tilde", type=float, nargs="*", default=[0.1, 0.5],
+                        help="TOPR positive-share sweep (baseline_for_share)")
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--mu", help="skip pretraining and use this exported model as mu (it must come from a "
+                        "run of this pipeline with the same task seed and sizes; its tokenizer is reused)")
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--vocab-size", type=int, default=384)
+    parser.add_argument("--max-new-tokens", type=int, default=40)
+    parser.add_argument("--jobs", type=int, default=2, help="variant trainings run this many at a time")
+    args = parser.parse_args(argv)
+
+    from nemo_topr.miniature.task import corpus, make_splits
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.objective import baseline_for_share
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    started = time.time()
+    out = Path(args.out).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "data").mkdir(parents=True)
+    results: dict = {"args": vars(args), "pretrain": [], "runs": {}}
+
+    def save() -> None:
+        results["wall_time_s"] = round(time.time() - started, 1)
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+
+    # 1. task, tokenizer, model
+    splits = make_splits({"pretrain": args.pretrain_problems, "train": args.train_prompts,
+                          "test": args.test_prompts}, seed=args.task_seed)
+    tokenizer = build_tiny_tokenizer(vocab_size=args.vocab_size, chat_template=False, corpus=corpus(splits["pretrain"]))
+    model = build_tiny_hf_llama(out / "init_hf", tokenizer, num_layers=2, hidden_size=args.hidden_size,
+                                intermediate_size=int(args.hidden_size * 8 / 3) // 8 * 8, num_heads=4,
+                                num_kv_heads=2, max_position_embeddings=256)
+    lengths = [len(tokenizer(p.prompt + p.solution)["input_ids"]) for p in splits["pretrain"][:200]]
+    _log(f"task: {args.pretrain_problems}/{args.train_prompts}/{args.test_prompts} problems; tokenizer "
+         f"{len(tokenizer)} tokens; problem length {min(lengths)}-{max(lengths)} tokens")
+
+    # 2. pretraining rounds (SFT on gold solutions); stop at the first round with train pass@1 >= 0.30
+    sft_data = _write_jsonl(_records(splits["pretrain"], "pre"), out / "data" / "pretrain.jsonl")
+    start = model
+    if args.mu:
+        start = out / "mu_given_hf"
+        shutil.copytree(args.mu, start)
+        results["pretrain_skipped"] = f"--mu {args.mu}"
+    for round_ in range(1, 0 if args.mu else args.max_pretrain_rounds + 1):
+        run_dir = train(args, f"pretrain{round_}", start, sft_data,
+                        ["objective.variant=sft_positive", f"optimizer.lr={args.pretrain_lr}", f"dataset.epochs={args.pretrain_epochs}",
+                         f"optimizer.min_lr={args.pretrain_lr}"], out)
+        start = export(run_dir, out / f"pretrain{round_}_hf")
+        probe = evaluate(start, splits["train"][:args.probe_prompts], "train", 8, 0, args.max_new_tokens)
+        results["pretrain"].append({"round": round_, "iterations": len(telemetry(run_dir)["topr_loss"]),
+                                    **probe["metrics"]})
+        _log(f"pretrain round {round_}: train pass@1 {probe['metrics']['pass@1']:.3f}, "
+             f"invalid {probe['metrics']['invalid_rate']:.3f}; e.g. {probe['examples'][0]!r}")
+        save()
+        if probe["metrics"]["pass@1"] >= PRETRAIN_TARGET:
+            break
+    mu = start
+    results["mu"] = str(mu)
+
+    # 3. the offline dataset: k samples per train prompt, graded, log mu scored
+    from nemo_topr.evaluation.generate import graded_records
+    from nemo_topr.data.records import write_jsonl
+
+    gen_problems, graded = sample(mu, splits["train"], "train", args.k, 1, args.max_new_tokens)
+    records = graded_records(gen_problems, graded)
+    write_jsonl(records, out / "data" / "graded.jsonl")
+    grades = [s.grade for samples in graded for s in samples]
+    p = sum(r.reward > 0 for r in records) / len(records)
+    results["dataset"] = {"records": len(records), "positive_share": p,
+                          **{g: grades.count(g) for g in ("correct", "wrong", "invalid")},
+                          "prompts_with_both": sum(0 < sum(s.grade == "correct" for s in samples) < len(samples)
+                                                   for samples in graded)}
+    _log(f"offline dataset: {results['dataset']}")
+    from nemo_topr.demo import _run
+
+    scored = out / "data" / "scored.jsonl"
+    _run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(mu), "--data",
+          str(out / "data" / "graded.jsonl"), "--out", str(scored), "--seq-length", "256"], out / "score.log")
+    save()
+
+    # 4-5. variants and the p~ sweep, from mu on the same data; eval at the end of each run
+    results["runs"]["mu"] = {"name": "mu (start)", "seed": None,
+                             "eval": evaluate(mu, splits["test"], "test", args.eval_samples, 0, args.max_new_tokens)["metrics"]}
+    plan = [(v, v, [f"objective.variant={v}"] + (["objective.asymre_delta_v=-0.1"] if v == "asymre" else []))
+            for v in args.variants]
+    if not 0.0 < p < 1.0 and args.p_tilde:  # no c changes the share of a one-sided dataset
+        results["p_tilde_skipped"] = f"positive share p = {p}: the p~ sweep needs both positives and negatives"
+        _log(results["p_tilde_skipped"])
+    for target in args.p_tilde if 0.0 < p < 1.0 else []:
+        c = baseline_for_share(p, target)
+        plan.append((f"topr_ptilde{target:g}", f"topr p~={target:g} (c={c:+.3f})",
+                     ["objective.variant=topr", f"objective.baseline={c}"]))
+    jobs = [(seed, key, label, overrides) for seed in args.seeds for key, label, overrides in plan]
+
+    def train_job(job) -> Path:
+        seed, key, _, overrides = job
+        return train(args, f"{key}_s{seed}", mu, scored,
+                     [*overrides, f"dataset.epochs={args.epochs}", f"optimizer.lr={args.lr}",
+                      f"optimizer.min_lr={args.lr}", f"rng.seed={seed}", f"dataset.shuffle_seed={seed}"], out)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # trainings are subprocesses; export + eval here
+        run_dirs = list(pool.map(train_job, jobs))
+    for (seed, key, label, _), run_dir in zip(jobs, run_dirs):
+        name = f"{key}_s{seed}"
+        hf = export(run_dir, out / "exports" / name)
+        metrics = evaluate(hf, splits["test"], "test", args.eval_samples, 0, args.max_new_tokens)
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # keep results small
+        results["runs"][name] = {"name": label, "key": key, "seed": seed, "eval": metrics["metrics"],
+                                 "examples": metrics["examples"], "telemetry": telemetry(run_dir)}
+        _log(f"{name}: test pass@1 {metrics['metrics']['pass@1']:.3f}, "
+             f"maj@{args.eval_samples} {metrics['metrics'][f'maj@{args.eval_samples}']:.3f}, "
+             f"invalid {metrics['metrics']['invalid_rate']:.3f}")
+        save()
+
+    save()
+    from nemo_topr.miniature import report
+
+    table = report.write_report(out, results, docs=Path(args.docs) if args.docs else None)
+    print(table)
+    _log(f"done in {time.time() - started:.0f} s -> {out / 'results.md'}")
+    return 0
