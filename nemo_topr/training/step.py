@@ -112,7 +112,9 @@ def topr_loss(
     num_sequences = len(batch["rewards"])
     if num_sequences == 0:  # only filler rows: contributes nothing (zero counts), keeps the graph
         zero = per_token_ce.sum() * 0.0
-        return zero, torch.zeros((), dtype=torch.int), {name: torch.zeros(2) for name in _LOGGED_NAMES}
+        device = per_token_ce.device
+        return (zero, torch.zeros((), dtype=torch.int, device=device),
+                {name: torch.zeros(2, device=device) for name in _LOGGED_NAMES})
     if torch.isnan(batch["behavior_logprobs"]).any():
         raise ValueError("behavior_logprob missing for some sequences: score the data first "
                          "(`nemo-topr score-logprobs`)")
@@ -123,7 +125,8 @@ def topr_loss(
                                 config=config, group_ids=batch["prompt_ids"])
     denominator = metrics["num_tokens"] if config.normalization == "batch_token_mean" else metrics["num_sequences"]
     loss_sum = loss * denominator
-    reported = torch.tensor(int(denominator) if report_denominator else 0, dtype=torch.int)
+    # on the loss's device: Megatron adds it to a device counter and Bridge all-reduces the pairs
+    reported = torch.tensor(int(denominator) if report_denominator else 0, dtype=torch.int, device=loss_sum.device)
     return loss_sum, reported, _reduction_pairs(loss_sum.detach(), reported, metrics)
 
 
@@ -132,7 +135,8 @@ def _reduction_pairs(loss_sum: torch.Tensor, denominator: torch.Tensor,
     pairs = {"topr_loss": torch.stack([loss_sum.float(), denominator.float()])}
     for logged, (name, sign, count_name) in _LOGGED_METRICS.items():
         count = metrics[count_name] if count_name else 1.0
-        pairs[logged] = torch.tensor([sign * metrics[name] * count, count], dtype=torch.float32)
+        pairs[logged] = torch.tensor([sign * metrics[name] * count, count], dtype=torch.float32,
+                                     device=loss_sum.device)
     return pairs
 
 
