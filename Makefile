@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo clean
+.PHONY: venv test test-fast demo clean bench miniature
 
 venv:
 	@scripts/setup_venv.sh
@@ -20,3 +20,10 @@ demo: venv
 
 clean:
 	rm -rf runs .pytest_cache
+
+# The CPU miniature of the paper's claims (docs/miniature.md): about 20 minutes on 2 cores.
+miniature: venv
+	$(PYTHON) -m nemo_topr.miniature
+
+bench: venv
+	$(PYTHON) -m bench.run

@@ -1,0 +1,1 @@
+"""Benchmarks of nemo_topr (``make bench``); see bench/README.md."""

@@ -1,0 +1,128 @@
+"""``make bench`` / ``python -m bench.run``: every section, then bench/results/*.json and RESULTS.md.
+
+Sections that build Megatron models or measure peak memory run in fresh subprocesses (TP=2 under
+``torch.distributed.run`` with two gloo processes); the data sections run in this process.
+``--quick`` shrinks every size (the smoke test); ``--sections`` picks a subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import REPO, RESULTS, environment, write_json
+
+SECTIONS = ("step", "logprob", "packing", "pipeline", "gpu")
+
+# Full and quick sizes. Full: about 7 minutes on 2 shared cores.
+FULL = {
+    "step": [{"tp": 1, "models": "tiny,small", "reps": 8}, {"tp": 2, "models": "tiny", "reps": 6}],
+    "logprob": [{"tp": 1, "tokens": 2048, "dtype": "float32", "reps": 3},
+                {"tp": 1, "tokens": 2048, "dtype": "bfloat16", "reps": 3},
+                {"tp": 2, "tokens": 2048, "dtype": "float32", "reps": 3}],
+    "packing_limit": None, "pipeline_limit": None, "pipeline_reps": 3,
+}
+QUICK_MODEL = {"shape": {"num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64, "num_attention_heads": 2,
+                         "num_query_groups": 1, "vocab_size": 512}, "seq_length": 256, "rows": 1, "microbatches": 2}
+QUICK = {
+    "step": [{"tp": 1, "models": "tiny", "reps": 2, "model_spec": QUICK_MODEL}],
+    "logprob": [{"tp": 1, "tokens": 128, "dtype": "float32", "reps": 1}],
+    "packing_limit": 120, "pipeline_limit": 200, "pipeline_reps": 1,
+}
+
+
+def _python_module(module: str, args: list[str], nproc: int, threads: int) -> None:
+    """Run ``python -m module args`` (under torch.distributed.run when nproc > 1), fail loudly."""
+    from nemo_topr.distributed import free_port
+
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+                     f"--master_port={free_port()}"]
+    cmd = [*launcher, "-m", module, *args, "--threads", str(threads)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+
+
+def run_workers(module: str, configs: list[dict], tmp: Path, threads: int) -> list[dict]:
+    """Run `module` once per config (its keys become --options; "tp" also sets the process
+    count) and collect what each run wrote (a result or a list of them)."""
+    results = []
+    for k, config in enumerate(configs):
+        out = tmp / f"{module}_{k}.json"
+        args = [item for key, value in config.items() for item in
+                (f"--{key.replace('_', '-')}", value if isinstance(value, str) else json.dumps(value))]
+        _python_module(module, [*args, "--out", str(out)], config.get("tp", 1), threads)
+        written = json.loads(out.read_text())
+        results += written if isinstance(written, list) else [written]
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    parser.add_argument("--out", default=str(RESULTS), help="results directory")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per process (1: ratios robust to other load on the cores)")
+    parser.add_argument("--llama3-tokenizer", default=os.environ.get("NEMO_TOPR_LLAMA3_TOKENIZER"),
+                        help="a Llama 3 tokenizer.json: packing also with real Llama 3 token counts")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    sizes = QUICK if args.quick else FULL
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    out = Path(args.out)
+    started = time.perf_counter()
+    results: dict = {"environment": environment()}
+    results["environment"].update(quick=args.quick, threads_per_process=args.threads)
+    seconds = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for section in sections:
+            print(f"[bench] {section} ...", flush=True)
+            begin = time.perf_counter()
+            if section == "step":
+                results["step"] = run_workers("bench.step", sizes["step"], Path(tmp), args.threads)
+            elif section == "logprob":
+                results["logprob"] = run_workers("bench.logprob", sizes["logprob"], Path(tmp), args.threads)
+            elif section == "packing":
+                from bench import packing
+
+                results["packing"] = packing.measure(sizes["packing_limit"], args.llama3_tokenizer)
+            elif section == "pipeline":
+                from bench import pipeline
+
+                results["pipeline"] = pipeline.measure(sizes["pipeline_limit"], sizes["pipeline_reps"])
+            elif section == "gpu":
+                from bench import gpu
+
+                results["gpu"] = gpu.measure() if not args.quick else {"skipped": True, "reason": "--quick"}
+            seconds[section] = time.perf_counter() - begin
+            print(f"[bench] {section} done in {seconds[section]:.0f} s", flush=True)
+    results["environment"].update(section_seconds=seconds, total_seconds=time.perf_counter() - started,
+                                  load_average_end=list(os.getloadavg()))
+    from bench.report import headline, write_markdown
+
+    results["headline"] = headline(results)
+    for name, payload in results.items():
+        write_json(name, payload if isinstance(payload, dict) else {"results": payload}, out)
+    markdown = write_markdown(results, out / "RESULTS.md")
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""Smoke tests of the benchmark suite (bench/, `make bench`) at tiny sizes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+if str(REPO) not in sys.path:  # bench/ is not an installed package; `python -m pytest` adds the cwd
+    sys.path.insert(0, str(REPO))
+
+
+def _check_results(out, sections):
+    env = json.loads((out / "environment.json").read_text())
+    for key in ("date_utc", "git_commit", "cpu_model", "cpu_count", "torch", "megatron_core", "total_seconds"):
+        assert key in env, key
+    headline = json.loads((out / "headline.json").read_text())["results"]
+    assert headline and {row["status"] for row in headline} <= {"met", "MISSED", "info"}
+    for section in sections:
+        assert json.loads((out / f"{section}.json").read_text()), section
+    markdown = (out / "RESULTS.md").read_text()
+    assert env["date_utc"] in markdown and env["cpu_model"] in markdown
+    assert "| section | figure | value | spread | target | status | notes |" in markdown
+    return headline
+
+
+def test_peak_rss_sees_a_torch_allocation():
+    torch = pytest.importorskip("torch")
+    from bench.common import PeakRss
+
+    if not PeakRss().resettable:
+        pytest.skip("/proc/self/clear_refs not writable here")
+    with PeakRss() as memory:
+        block = torch.ones(16 * 2**20)  # 64 MiB, touched
+        del block
+    assert 60 * 2**20 < memory.extra < 70 * 2**20
+
+
+def test_interleaved_pairs_and_summarises():
+    from bench.common import interleaved, summary
+
+    calls = []
+    result = interleaved(lambda: calls.append("a"), lambda: calls.append("b"), reps=3, warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
+    assert result["cpu"]["ratio_b_over_a"]["n"] == 3 and result["wall"]["a"]["n"] == 3
+    assert summary([3.0, 1.0, 2.0]) == {"median": 2.0, "q1": 1.5, "q3": 2.5, "min": 1.0, "max": 3.0, "n": 3}
+
+
+def test_data_sections_write_results(tmp_path):
+    from bench.run import main
+
+    assert main(["--quick", "--sections", "packing,pipeline,gpu", "--out", str(tmp_path)]) == 0
+    headline = _check_results(tmp_path, ("packing", "pipeline", "gpu"))
+    assert any(row["section"] == "3 packing" for row in headline)
+    packing = json.loads((tmp_path / "packing.json").read_text())
+    assert set(packing) == {"gsm8k_qa", "gsm8k_8shot", "math500_boxed", "math500_reasoning"}
+
+
+@pytest.mark.slow
+def test_make_bench_quick_writes_every_section(tmp_path):
+    """The whole suite at tiny sizes, as `make bench` runs it (subprocesses, Megatron models)."""
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--out", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    headline = _check_results(tmp_path, ("step", "logprob", "packing", "pipeline", "gpu"))
+    sections = {row["section"] for row in headline}
+    assert {"1 step cost", "2 log-prob path", "3 packing", "4 μ scoring", "5 data pipeline", "GPU"} <= sections
+    logprob = json.loads((tmp_path / "logprob.json").read_text())["results"][0]
+    assert logprob["relative_logprob_difference"] < 1e-5  # both paths compute the same log-probs
