@@ -19,6 +19,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "eval": ("nemo_topr.evaluation.evaluate", "pass@k, maj@k and invalid rate on GSM8K / MATH-500; round plots"),
     "plan": ("nemo_topr.cluster.plan", "pre-flight check of a parallel layout and per-GPU memory"),
     "submit": ("nemo_topr.cluster.submit", "render and submit a Slurm job for a TOPR run"),
+    "verifier": ("nemo_topr.evaluation.verifier", "generative verifier: Yes/No judge data, P(Yes) for weighted votes"),
+    "iterate": ("nemo_topr.iterate", "rounds of generate -> curate -> score mu -> train -> export -> eval"),
 }
 
 

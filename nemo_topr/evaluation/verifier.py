@@ -1,0 +1,193 @@
+"""`nemo-topr verifier`: a generative verifier, trained with TOPR, for verifier-weighted votes.
+
+    nemo-topr verifier build --graded graded.jsonl --out judge.jsonl
+        judge data: per graded sample, a judge prompt (problem + candidate solution + "Is the
+        answer correct? Answer Yes or No.") with BOTH judgments as completions, " Yes" and
+        " No"; the one that matches the grade gets reward +1, the other -1
+    nemo-topr verifier score --model DIR --records samples.jsonl --out scored.jsonl
+        P(Yes) = p(" Yes") / (p(" Yes") + p(" No")) after each sample's judge prompt, written to
+        `meta.verifier_score`; `nemo-topr eval --records scored.jsonl` then adds the weighted vote
+
+The judge data is an ordinary pre-scored dataset whose rewards are known exactly: it holds
+both outputs a judge can give, so the usual recipe trains the verifier unchanged
+(`score-logprobs` with the verifier's starting model for log mu, then `train`, then `export`).
+`score` also reports the verifier's accuracy against the grades (Yes when P(Yes) >= 0.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
+
+YES, NO = " Yes", " No"
+JUDGE_QUESTION = "Is the answer correct? Answer Yes or No."
+THRESHOLD = 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# Judge prompts and judge data
+
+
+def judged_problem(prompt: str | Messages) -> str:
+    """The problem a candidate answered: a chat prompt's last user message, or the prompt text.
+
+    The paper's GSM8K prompt is reduced to its last question (from the last "Question: ", its
+    trailing "Answer:" removed): the judge needs the problem, not the few-shot demonstrations.
+    """
+    text = prompt if isinstance(prompt, str) else [m for m in prompt if m["role"] == "user"][-1]["content"]
+    last_question = text.rfind("Question: ")
+    if last_question >= 0:
+        text = text[last_question:]
+    return text.removesuffix("Answer:").rstrip()
+
+
+def judge_prompt(record: Record) -> str:
+    """What the verifier reads before answering " Yes" or " No"."""
+    return f"{judged_problem(record.prompt)}\n\nProposed solution:\n{record.completion.strip()}\n\n{JUDGE_QUESTION}"
+
+
+def judge_records(graded: Sequence[Record]) -> list[Record]:
+    """Two judge records per graded sample, " Yes" and " No": reward +1 for the judgment that
+    matches the grade (correct: R >= 0), -1 for the other."""
+    judge = []
+    for record in graded:
+        prompt, correct = judge_prompt(record), is_positive(record.reward)
+        meta = {"judged_prompt_id": record.prompt_key, "judged_sample_id": record.sample_id, "judged_correct": correct}
+        for option, says_correct in ((YES, True), (NO, False)):
+            judge.append(Record(prompt=prompt, completion=option, reward=1.0 if says_correct == correct else -1.0,
+                                prompt_id=f"judge-{record.index}", sample_id=option.strip().lower(), meta=meta))
+    return judge
+
+
+# ---------------------------------------------------------------------------------------------
+# P(Yes)
+
+
+def completion_logprobs(model, pairs: Sequence[tuple[list[int], list[int]]], pad_id: int) -> list[float]:
+    """log p(completion | prompt), summed over the completion's tokens, for each (prompt ids,
+    completion ids) pair, in one right-padded forward: under causal attention the padding after
+    a sequence cannot change its logits."""
+    import torch
+
+    lengths = [len(prompt) + len(completion) for prompt, completion in pairs]
+    input_ids = torch.full((len(pairs), max(lengths)), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, ((prompt, completion), length) in enumerate(zip(pairs, lengths)):
+        input_ids[row, :length] = torch.tensor(prompt + completion)
+        attention_mask[row, :length] = 1
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
+    sums = []
+    for row, (prompt, completion) in enumerate(pairs):
+        # logits at position t predict token t + 1: the completion's are at len(prompt) - 1 onwards
+        predicting = logits[row, len(prompt) - 1 : len(prompt) + len(completion) - 1].float().log_softmax(-1)
+        sums.append(predicting.gather(-1, torch.tensor(completion, device=device)[:, None]).sum().item())
+    return sums
+
+
+def yes_probabilities(model_dir: str | Path, records: Sequence[Record], batch_size: int = 8) -> list[float]:
+    """P(Yes) = p(YES) / (p(YES) + p(NO)) after each record's judge prompt, where each option's
+    probability is the product over its tokens (" Yes" may be several tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, prompt_token_ids
+
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval()
+    if torch.cuda.is_available():
+        model = model.cuda()
+    # tokenized exactly as training tokenizes judge records: chat template, completion on its own
+    prompts = prompt_token_ids(tokenizer, [judge_prompt(record) for record in records])
+    options = [tokenizer(option, add_special_tokens=False)["input_ids"] for option in (YES, NO)]
+    pairs = [(prompt, option) for prompt in prompts for option in options]
+    logprobs: list[float] = []
+    for start in range(0, len(pairs), 2 * batch_size):
+        logprobs += completion_logprobs(model, pairs[start : start + 2 * batch_size], pad_id_of(tokenizer))
+    yes, no = torch.tensor(logprobs[0::2], dtype=torch.float64), torch.tensor(logprobs[1::2], dtype=torch.float64)
+    return torch.sigmoid(yes - no).tolist()  # exp(yes) / (exp(yes) + exp(no)), without overflow
+
+
+def judge_accuracy(records: Sequence[Record], scores: Sequence[float], threshold: float = THRESHOLD) -> dict[str, Any]:
+    """Agreement of the verifier's Yes (score >= threshold) with the grades, overall and per side."""
+
+    def mean(values: list[float]) -> float | None:  # None for an empty side
+        return sum(values) / len(values) if values else None
+
+    correct = [is_positive(record.reward) for record in records]
+    hits = [is_correct == (score >= threshold) for is_correct, score in zip(correct, scores)]
+    return {
+        "records": len(records),
+        "correct_samples": sum(correct),
+        "threshold": threshold,
+        "accuracy": mean(hits),
+        "accuracy_on_correct": mean([hit for hit, c in zip(hits, correct) if c]),
+        "accuracy_on_incorrect": mean([hit for hit, c in zip(hits, correct) if not c]),
+        "mean_score_correct": mean([score for score, c in zip(scores, correct) if c]),
+        "mean_score_incorrect": mean([score for score, c in zip(scores, correct) if not c]),
+    }
+
+
+def with_scores(records: Sequence[Record], scores: Sequence[float]) -> list[Record]:
+    return [replace(record, meta={**(record.meta or {}), "verifier_score": score})
+            for record, score in zip(records, scores)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def _build(args: argparse.Namespace) -> int:
+    graded = load_records(args.graded).records
+    judge = judge_records(graded)
+    write_jsonl(judge, args.out)
+    correct = sum(is_positive(record.reward) for record in graded)
+    print(f"{len(graded)} graded samples ({correct} correct) -> {len(judge)} judge records in {args.out}")
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    records = load_records(args.records).records
+    scores = yes_probabilities(args.model, records, args.batch_size)
+    write_jsonl(with_scores(records, scores), args.out)
+    report = {"model": str(args.model), **judge_accuracy(records, scores)}
+    report_path = args.out.with_suffix(".report.json")
+    report_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(report, indent=2))
+    print(f"wrote {args.out} and {report_path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nemo-topr verifier", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    build = verbs.add_parser("build", help="judge data (Yes/No completions, +-1 rewards) from graded samples")
+    build.add_argument("--graded", nargs="+", required=True, help="graded records (files, directories, globs)")
+    build.add_argument("--out", type=Path, required=True, help="judge records (JSONL)")
+    build.set_defaults(run=_build)
+    score = verbs.add_parser("score", help="P(Yes) of each graded sample into meta.verifier_score")
+    score.add_argument("--model", type=Path, required=True, help="verifier: local Hugging Face directory")
+    score.add_argument("--records", nargs="+", required=True, help="graded records (files, directories, globs)")
+    score.add_argument("--out", type=Path, required=True, help="the records with meta.verifier_score (JSONL); "
+                       "the accuracy report goes next to it (.report.json)")
+    score.add_argument("--batch-size", type=int, default=8, help="samples per forward pass")
+    score.set_defaults(run=_score)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (OSError, ValueError) as error:  # DataError is a ValueError
+        print(f"nemo-topr verifier: {error}", file=sys.stderr)
+        return 1

@@ -1,0 +1,438 @@
+"""`nemo-topr iterate CONFIG`: rounds of generate -> curate -> score mu -> train -> export -> eval.
+
+    nemo-topr iterate conf/iterate_tiny_cpu.yaml base_model=DIR out=runs/iterate [rounds=3] [--dry-run]
+
+Round r works in OUT/round_r/ and starts from round r-1's exported model (round 0 from
+`base_model`); the starting model is evaluated too, in OUT/start/. Each stage runs the
+user-facing `nemo-topr` command in a subprocess (`generate` samples and grades in one command).
+A stage that succeeds leaves a done-marker, STAGE.done.json, holding its arguments, outputs and
+duration; a rerun skips marked stages, so an interrupted run resumes where it stopped (a failed
+stage leaves no marker, and `train` itself resumes from its checkpoints). A marked stage whose
+arguments have since changed is an error: its outputs fed the later stages. `--dry-run` lists
+every stage as done or to run, and runs nothing.
+
+Each run ends with OUT/summary.md and OUT/summary.json (per round: samples by grade, training
+records, p and p~, pass@1, maj@k, invalid rate) and OUT/rounds.png (`nemo-topr eval --plot`).
+
+CONFIG is a driver config (`IterateConfig`, plain YAML, a path or a name in conf/), not a
+training config: it names the training config (`train.config_name`) and holds each stage's
+options; `key=value` arguments override it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from nemo_topr.data.records import Record, is_positive
+
+CURATION_MODES = ("anna_karenina", "target_p", "target_p_tilde", "none")
+SUBSAMPLING_MODES = ("target_p", "target_p_tilde")  # they need positives and negatives
+
+
+class IterateError(RuntimeError):
+    """A driver problem: bad config, failed stage, or a finished stage whose arguments changed."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Config
+
+
+@dataclass
+class SamplingOptions:
+    """Options of `generate` and `eval`; `args` holds any other option of the command."""
+
+    limit: int | None = None  # only the first K problems
+    num_samples: int = 16
+    max_new_tokens: int = 512
+    seed: int = 0  # generation uses seed + r in round r, so rounds draw different samples
+    args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GenerateOptions(SamplingOptions):
+    prompts: str = "gsm8k-train"  # a benchmark of `nemo-topr generate`, or a JSONL prompt file
+    task: str | None = None  # grader of a prompt file (gsm8k | math)
+    zero_shot: bool = False  # GSM8K benchmark: "Question: q\nAnswer:" prompts, not the 8-shot prompt
+
+
+@dataclass
+class CurateOptions:
+    mode: str = "anna_karenina"  # anna_karenina | target_p | target_p_tilde | none (dedup only)
+    target: float | None = None  # the share target_p / target_p_tilde aims at
+    baseline: float = 0.0  # c of target_p_tilde: set it to the training objective.baseline
+    per_prompt: bool = False
+    seed: int = 0
+
+
+@dataclass
+class TrainOptions:
+    config_name: str = "topr"  # training config in conf/
+    overrides: list[str] = field(default_factory=list)  # hf_model, run_dir, dataset.train_path: set per round
+
+
+@dataclass
+class EvalOptions(SamplingOptions):
+    benchmark: str = "gsm8k"  # gsm8k (test, 8-shot) | math500
+
+
+@dataclass
+class IterateConfig:
+    base_model: str = MISSING  # local Hugging Face directory round 0 starts from
+    out: str = MISSING
+    rounds: int = 1
+    generate: GenerateOptions = field(default_factory=GenerateOptions)
+    curate: CurateOptions = field(default_factory=CurateOptions)
+    train: TrainOptions = field(default_factory=TrainOptions)
+    eval: EvalOptions = field(default_factory=EvalOptions)
+
+
+def load_config(source: str, overrides: list[str] = ()) -> IterateConfig:
+    """The driver config at path `source` (or conf/SOURCE.yaml), then `key=value` overrides."""
+    from nemo_topr.training.config import CONF_DIR
+
+    path = Path(source)
+    if not path.is_file():
+        path = CONF_DIR / f"{source}.yaml"
+    if not path.is_file():
+        raise IterateError(f"{source}: no such driver config (a YAML path, or a name in {CONF_DIR})")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(IterateConfig), OmegaConf.load(path),
+                                 OmegaConf.from_dotlist(list(overrides)))
+        config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        raise IterateError(f"{path}: {error}") from error
+    check_config(config)
+    return config
+
+
+def check_config(config: IterateConfig) -> None:
+    from nemo_topr.evaluation.evaluate import EVAL_BENCHMARKS
+
+    problems = []
+    if config.rounds < 1:
+        problems.append(f"rounds must be at least 1; got {config.rounds}")
+    if config.curate.mode not in CURATION_MODES:
+        problems.append(f"curate.mode must be one of {CURATION_MODES}; got {config.curate.mode!r}")
+    if (config.curate.mode in SUBSAMPLING_MODES) != (config.curate.target is not None):
+        problems.append("curate.target is needed by, and only by, curate.mode target_p / target_p_tilde")
+    if config.generate.zero_shot and config.generate.prompts not in ("gsm8k-train", "gsm8k-test"):
+        problems.append(f"generate.zero_shot needs GSM8K benchmark prompts; got {config.generate.prompts!r}")
+    if config.eval.benchmark not in EVAL_BENCHMARKS:
+        problems.append(f"eval.benchmark must be one of {sorted(EVAL_BENCHMARKS)}; got {config.eval.benchmark!r}")
+    if not (Path(config.base_model) / "config.json").is_file():
+        problems.append(f"base_model {config.base_model}: not a Hugging Face model directory (no config.json)")
+    if problems:
+        raise IterateError("; ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One `nemo-topr` command, done once its marker exists with the same arguments."""
+
+    name: str
+    directory: Path
+    args: tuple[str, ...]  # `nemo-topr` arguments, verb first
+    outputs: tuple[Path, ...] = ()
+    redo_if_changed: bool = False  # for stages nothing depends on (the plot)
+
+    @property
+    def marker(self) -> Path:
+        return self.directory / f"{self.name}.done.json"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "logs" / f"{self.name}.log"
+
+    def is_done(self) -> bool:
+        if not self.marker.is_file():
+            return False
+        recorded = json.loads(self.marker.read_text(encoding="utf-8"))["args"]
+        if recorded == list(self.args):
+            return True
+        if self.redo_if_changed:
+            return False
+        raise IterateError(f"{self.marker}: this stage finished with other arguments, and later stages used its "
+                           f"outputs; use a new `out`, or delete {self.directory} to redo it\n"
+                           f"  then: {' '.join(recorded)}\n  now:  {' '.join(self.args)}")
+
+
+def run_command(args: tuple[str, ...], log: Path) -> None:
+    """`nemo-topr ARGS` in a subprocess, its output in `log`; raises IterateError when it fails."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w", encoding="utf-8") as out:
+        code = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *args], stdout=out,
+                              stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        tail = "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])
+        raise IterateError(f"`nemo-topr {args[0]}` failed (exit {code}); full log: {log}\n{tail}")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A half-written file never stands as a finished one (a kill between write and rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+def run_stage(stage: Stage, *, dry_run: bool = False) -> None:
+    """Run `stage` unless it is done; mark it done only when its command succeeded."""
+    where = f"[{stage.directory.name}] {stage.name}"
+    if stage.is_done():
+        print(f"{where}: done", flush=True)
+        return
+    print(f"{where}: {'to run' if dry_run else 'running'}: nemo-topr {' '.join(stage.args)}", flush=True)
+    if dry_run:
+        return
+    stage.marker.unlink(missing_ok=True)  # a stale marker of other arguments (redo_if_changed)
+    started = time.monotonic()
+    run_command(stage.args, stage.log)
+    seconds = round(time.monotonic() - started, 1)
+    write_atomically(stage.marker, json.dumps({"stage": stage.name, "args": list(stage.args),
+                                               "outputs": [str(p) for p in stage.outputs],
+                                               "log": str(stage.log), "seconds": seconds}, indent=2) + "\n")
+    print(f"{where}: finished in {seconds} s", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rounds
+
+
+def read_graded(path: Path) -> list[Record]:
+    """The records `generate` wrote: none when every completion was empty (an empty file)."""
+    from nemo_topr.data.records import load_records
+
+    if not path.read_text(encoding="utf-8").strip():
+        return []
+    return load_records(path).records
+
+
+def curation_flags(options: CurateOptions, records: list[Record] | None) -> tuple[list[str], str | None]:
+    """`data curate` options for this round's records (None: not generated yet), and a note when
+    a sub-sampling had to go.
+
+    Sub-sampling to a target share needs both positives and negatives; a round without one
+    side (a weak model's: no correct answer at all) trains on all its records instead.
+    """
+    flags = ["--per-prompt"] if options.per_prompt else []
+    if options.mode == "anna_karenina":
+        return [*flags, "--anna-karenina"], None
+    if options.mode == "none":
+        return flags, None
+    if records is not None:
+        positives = sum(is_positive(record.reward) for record in records)
+        if positives in (0, len(records)):
+            return flags, (f"curate.mode {options.mode} skipped: {positives} positives and "
+                           f"{len(records) - positives} negatives (sub-sampling needs both); trained on every record")
+    target = ["--target-p", str(options.target)] if options.mode == "target_p" else [
+        "--target-p-tilde", str(options.target), "--baseline", str(options.baseline)]
+    return [*flags, *target], None
+
+
+def zero_shot_prompts(benchmark: str, path: Path) -> None:
+    """A GSM8K split as a prompt file of "Question: q\\nAnswer:" prompts (the benchmark's prompt ids)."""
+    from nemo_topr.data.prompts import gsm8k_final_answer, gsm8k_prompt, load_gsm8k
+
+    rows = load_gsm8k(benchmark.removeprefix("gsm8k-"))
+    write_atomically(path, "".join(
+        json.dumps({"prompt": gsm8k_prompt(row["question"], []), "reference_answer": gsm8k_final_answer(row["answer"]),
+                    "prompt_id": f"{benchmark}-{index}"}) + "\n" for index, row in enumerate(rows)))
+
+
+def sampling_flags(options: SamplingOptions, seed: int) -> list[str]:
+    limit = [] if options.limit is None else ["--limit", str(options.limit)]
+    return [*limit, "--num-samples", str(options.num_samples), "--max-new-tokens", str(options.max_new_tokens),
+            "--seed", str(seed), *options.args]
+
+
+@dataclass
+class RoundResult:
+    label: str
+    directory: Path
+    model: Path  # the model this round produced (its starting model when it had nothing to train on)
+    evaluated: bool = True  # False: nothing to train on, nothing new to evaluate
+    note: str | None = None
+
+
+class Driver:
+    """Walks every stage of every round in order, running those not done yet."""
+
+    def __init__(self, config: IterateConfig, *, dry_run: bool = False):
+        from nemo_topr.training.config import compose
+
+        self.config, self.dry_run = config, dry_run
+        self.out = Path(config.out).resolve()
+        train = config.train
+        # score mu at the training sequence length, so that exactly the sequences training accepts are scored
+        self.seq_length = int(compose(train.config_name, list(train.overrides)).model.seq_length)
+
+    def run(self) -> list[RoundResult]:
+        model = Path(self.config.base_model).resolve()
+        start = RoundResult("start", self.out / "start", model)
+        run_stage(self.eval_stage(start.directory, model, start.label), dry_run=self.dry_run)
+        results = [start]
+        for index in range(self.config.rounds):
+            results.append(self.run_round(index, model))
+            model = results[-1].model
+        evaluated = [result.directory / "eval.json" for result in results if result.evaluated]
+        run_stage(Stage("plot", self.out, ("eval", "--plot", *map(str, evaluated), "--out", str(self.out / "rounds.png")),
+                        (self.out / "rounds.png",), redo_if_changed=True), dry_run=self.dry_run)
+        if not self.dry_run:
+            write_summary(self.out, [summary_row(result) for result in results])
+        return results
+
+    def run_round(self, index: int, model: Path) -> RoundResult:
+        directory = self.out / f"round_{index}"
+        graded, curated, scored = (directory / name for name in ("graded.jsonl", "curated.jsonl", "scored.jsonl"))
+        run_dir, exported = directory / "run", directory / "model"
+        generate = self.generate_stage(directory, model, index, graded)
+        run_stage(generate, dry_run=self.dry_run)
+        records = read_graded(graded) if generate.is_done() else None  # None: not generated yet (dry run)
+        if records == []:
+            print(f"[{directory.name}] generation wrote no records (every completion empty): nothing to train on; "
+                  f"the next round starts from {model} again", flush=True)
+            return RoundResult(directory.name, directory, model, evaluated=False,
+                               note="no records generated: training skipped")
+        flags, note = curation_flags(self.config.curate, records)
+        if note:
+            print(f"[{directory.name}] {note}", flush=True)
+        train = self.config.train
+        stages = [
+            Stage("curate", directory, ("data", "curate", str(graded), *flags, "--seed", str(self.config.curate.seed),
+                                        "--out", str(curated)), (curated, curated.with_suffix(".stats.json"))),
+            Stage("score", directory, ("score-logprobs", "--model", str(model), "--data", str(curated),
+                                       "--out", str(scored), "--seq-length", str(self.seq_length)), (scored,)),
+            Stage("train", directory, ("train", "--config-name", train.config_name, *train.overrides,
+                                       f"hf_model={model}", f"run_dir={run_dir}", f"dataset.train_path={scored}"),
+                  (run_dir,)),
+            Stage("export", directory, ("export", "--ckpt", str(run_dir), "--hf-out", str(exported)), (exported,)),
+            self.eval_stage(directory, exported, directory.name),
+        ]
+        for stage in stages:
+            run_stage(stage, dry_run=self.dry_run)
+        return RoundResult(directory.name, directory, exported, note=note)
+
+    def generate_stage(self, directory: Path, model: Path, index: int, graded: Path) -> Stage:
+        options = self.config.generate
+        prompts, task = options.prompts, options.task
+        if options.zero_shot:
+            prompts, task = str(self.out / "prompts" / f"{options.prompts}-zero-shot.jsonl"), "gsm8k"
+            if not self.dry_run and not Path(prompts).is_file():
+                zero_shot_prompts(options.prompts, Path(prompts))
+        task_flag = [] if task is None else ["--task", task]
+        return Stage("generate", directory, ("generate", "--model", str(model), "--prompts", prompts, *task_flag,
+                                             *sampling_flags(options, options.seed + index), "--out", str(graded)),
+                     (graded,))
+
+    def eval_stage(self, directory: Path, model: Path, label: str) -> Stage:
+        options = self.config.eval
+        results, samples = directory / "eval.json", directory / "eval_samples.jsonl"
+        return Stage("eval", directory, ("eval", "--model", str(model), "--benchmark", options.benchmark,
+                                         *sampling_flags(options, options.seed), "--label", label,
+                                         "--samples-out", str(samples), "--out", str(results)),
+                     (results, results.with_suffix(".md"), samples))
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary
+
+
+def summary_row(result: RoundResult) -> dict[str, Any]:
+    """What one round did and scored, read back from its stages' outputs."""
+    row: dict[str, Any] = {"round": result.label, "model": str(result.model), "note": result.note}
+    graded = result.directory / "graded.jsonl"
+    if graded.is_file():
+        grades = Counter((record.meta or {}).get("grade") for record in read_graded(graded))
+        row["samples"] = {"records": sum(grades.values()), **{g: grades[g] for g in ("correct", "wrong", "invalid")}}
+    report = result.directory / "run" / "data_report.json"
+    if report.is_file():
+        row.update(training_composition(result.directory / "run"))
+    evaluation = result.directory / "eval.json"
+    if evaluation.is_file():
+        row["eval"] = headline_metrics(json.loads(evaluation.read_text(encoding="utf-8")))
+    return row
+
+
+def training_composition(run_dir: Path) -> dict[str, Any]:
+    """Records training used, their share of positives p, and p~ at the run's baseline."""
+    from nemo_topr.objective import effective_positive_share
+
+    report = json.loads((run_dir / "data_report.json").read_text(encoding="utf-8"))
+    baseline = float(OmegaConf.load(run_dir / "config.yaml").objective.baseline)
+    p = report["positives"] / report["sequences"]
+    return {"training_records": report["records_used"], "positives": report["positives"], "p": p,
+            "baseline": baseline, "p_tilde": effective_positive_share(p, baseline)}
+
+
+def headline_metrics(results: dict[str, Any]) -> dict[str, float | None]:
+    """pass@1, maj@k at the largest k (None with one sample per problem) and the invalid rate."""
+    metrics, k = results["metrics"], max(results["ks"])
+    return {"pass@1": metrics["pass@1"], "maj_k": k, "maj@k": metrics.get(f"maj@{k}"),
+            "invalid_rate": metrics["invalid_rate"]}
+
+
+def summary_markdown(rows: list[dict[str, Any]]) -> str:
+    def number(value: float | None, percent: bool = False) -> str:
+        if value is None:
+            return "—"
+        return f"{100 * value:.1f}" if percent else f"{value:.3f}"
+
+    ks = {row["eval"]["maj_k"] for row in rows if "eval" in row}
+    lines = ["| round | samples: correct / wrong / invalid | training records | p | p̃ | pass@1 % | "
+             f"maj@{'/'.join(map(str, sorted(ks)))} % | invalid % | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        samples = row.get("samples")
+        evaluation = row.get("eval", {})
+        lines.append(" | ".join([
+            f"| {row['round']}",
+            f"{samples['correct']} / {samples['wrong']} / {samples['invalid']}" if samples else "—",
+            str(row.get("training_records", "—")),
+            number(row.get("p")), number(row.get("p_tilde")),
+            number(evaluation.get("pass@1"), True), number(evaluation.get("maj@k"), True),
+            number(evaluation.get("invalid_rate"), True), row["note"] or "",
+        ]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(out: Path, rows: list[dict[str, Any]]) -> None:
+    markdown = summary_markdown(rows)
+    (out / "summary.json").write_text(json.dumps({"rounds": rows, "plot": str(out / "rounds.png")}, indent=2) + "\n",
+                                      encoding="utf-8")
+    (out / "summary.md").write_text(f"{markdown}\n![rounds](rounds.png)\n", encoding="utf-8")
+    print(f"\n{markdown}\nwrote {out / 'summary.md'}, {out / 'summary.json'} and {out / 'rounds.png'}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nemo-topr iterate", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("config", help="driver config: a YAML path, or a name in conf/ (e.g. iterate_tiny_cpu)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the driver config (dotted keys)")
+    parser.add_argument("--dry-run", action="store_true", help="list the stages, done or to run; run nothing")
+    args = parser.parse_args(argv)
+    try:
+        Driver(load_config(args.config, args.overrides), dry_run=args.dry_run).run()
+    except IterateError as error:
+        print(f"nemo-topr iterate: {error}", file=sys.stderr)
+        return 1
+    return 0

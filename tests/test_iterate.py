@@ -1,0 +1,187 @@
+"""`nemo-topr iterate`: the driver config, resumable stages, rounds without positives or records,
+and two real rounds on CPU with a tiny model."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from nemo_topr import iterate
+from nemo_topr.data.records import Record
+from nemo_topr.iterate import CurateOptions, Driver, IterateError, Stage, curation_flags, load_config, run_stage
+
+
+@pytest.fixture
+def fake_model(tmp_path):
+    """Enough of a Hugging Face directory for the config check; nothing loads it."""
+    model = tmp_path / "base_model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    return model
+
+
+def tiny_config(model, out, *overrides):
+    return load_config("iterate_tiny_cpu", [f"base_model={model}", f"out={out}", *overrides])
+
+
+# ---------------------------------------------------------------------------------------------
+# Config
+
+
+def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_model, tmp_path):
+    config = tiny_config(fake_model, tmp_path / "out", "rounds=3", "generate.num_samples=2")
+    assert (config.rounds, config.generate.num_samples, config.train.config_name) == (3, 2, "tiny_cpu")
+    with pytest.raises(IterateError, match="not in 'IterateConfig'"):  # a training config is not a driver config
+        load_config("tiny_cpu", [f"base_model={fake_model}", "out=x"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("generate.limt=3", "limt"),
+    ("curate.mode=target_p_tilde", "curate.target"),
+    ("curate.mode=best", "curate.mode"),
+    ("eval.benchmark=gsm8k-test", "eval.benchmark"),
+    ("rounds=0", "rounds"),
+])
+def test_config_mistakes_are_errors(fake_model, tmp_path, override, message):
+    with pytest.raises(IterateError, match=message):
+        tiny_config(fake_model, tmp_path, override)
+
+
+def test_the_base_model_must_exist(tmp_path):
+    with pytest.raises(IterateError, match="not a Hugging Face model directory"):
+        tiny_config(tmp_path / "nowhere", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages
+
+
+def graded_line(reward, sample_id, completion=" The answer is 4."):
+    return json.dumps({"prompt": "Question: 2+2?\nAnswer:", "completion": completion, "reward": reward,
+                       "prompt_id": "q", "sample_id": sample_id}) + "\n"
+
+
+def test_a_failed_stage_leaves_no_marker_and_a_done_stage_is_not_rerun(tmp_path, monkeypatch):
+    graded, curated = tmp_path / "graded.jsonl", tmp_path / "curated.jsonl"
+    stage = Stage("curate", tmp_path, ("data", "curate", str(graded), "--out", str(curated)), (curated,))
+    with pytest.raises(IterateError, match="`nemo-topr data` failed"):  # the real command: no such file
+        run_stage(stage)
+    assert not stage.marker.exists() and "graded.jsonl" in stage.log.read_text()
+
+    graded.write_text(graded_line(1.0, 0) + graded_line(-1.0, 1, " 5"))
+    run_stage(stage)
+    marker = json.loads(stage.marker.read_text())
+    assert marker["args"] == list(stage.args) and marker["outputs"] == [str(curated)] and curated.is_file()
+
+    def no_subprocess(args, log):
+        raise AssertionError(f"ran {args}")
+
+    monkeypatch.setattr(iterate, "run_command", no_subprocess)
+    run_stage(stage)  # done: not run again
+    changed = Stage("curate", tmp_path, (*stage.args, "--no-dedup"))
+    with pytest.raises(IterateError, match="finished with other arguments"):
+        run_stage(changed)
+
+
+def test_a_stage_nothing_depends_on_is_redone_when_its_arguments_change(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(iterate, "run_command", lambda args, log: calls.append(args))
+    run_stage(Stage("plot", tmp_path, ("eval", "--plot", "a.json"), redo_if_changed=True))
+    run_stage(Stage("plot", tmp_path, ("eval", "--plot", "a.json", "b.json"), redo_if_changed=True))
+    run_stage(Stage("plot", tmp_path, ("eval", "--plot", "a.json", "b.json"), redo_if_changed=True))
+    assert calls == [("eval", "--plot", "a.json"), ("eval", "--plot", "a.json", "b.json")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Rounds a weak model produces
+
+
+def records(*rewards):
+    return [Record(prompt="p", completion=f" {i}", reward=reward, prompt_id="q", sample_id=i)
+            for i, reward in enumerate(rewards)]
+
+
+def test_a_round_without_positives_trains_on_its_negatives():
+    share = CurateOptions(mode="target_p_tilde", target=0.15, baseline=0.2)
+    assert curation_flags(share, records(1.0, -1.0, -1.0)) == (["--target-p-tilde", "0.15", "--baseline", "0.2"],
+                                                               None)
+    flags, note = curation_flags(share, records(-1.0, -1.0, -1.0))
+    assert flags == [] and note.startswith("curate.mode target_p_tilde skipped: 0 positives and 3 negatives")
+    assert curation_flags(CurateOptions(), records(-1.0, -1.0)) == (["--anna-karenina"], None)  # keeps every negative
+
+
+def fake_stage_outputs(args, log):
+    """Stand-in for the real commands: generation writes no records (every completion empty)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(args[args.index("--out") + 1])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args[0] == "generate":
+        out.write_text("")
+    elif args[:2] == ("eval", "--model"):
+        out.write_text(json.dumps({"ks": [1], "metrics": {"pass@1": 0.0, "invalid_rate": 1.0}}))
+    fake_stage_outputs.calls.append(args)
+
+
+def test_a_round_that_generated_no_records_is_skipped_and_counted(fake_model, tmp_path, monkeypatch):
+    fake_stage_outputs.calls = []
+    monkeypatch.setattr(iterate, "run_command", fake_stage_outputs)
+    results = Driver(tiny_config(fake_model, tmp_path / "out", "rounds=2")).run()
+    verbs = [args[0] if args[0] != "eval" else " ".join(args[:2]) for args in fake_stage_outputs.calls]
+    assert verbs == ["eval --model", "generate", "generate", "eval --plot"]
+    assert [r.model for r in results] == [fake_model] * 3  # nothing trained: round 1 starts from the base model
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [row["note"] for row in summary["rounds"]] == [None] + ["no records generated: training skipped"] * 2
+    assert summary["rounds"][1]["samples"] == {"records": 0, "correct": 0, "wrong": 0, "invalid": 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Two real rounds
+
+
+@pytest.mark.slow
+def test_two_rounds_on_cpu_then_a_rerun_redoes_nothing(tmp_path, monkeypatch, capsys):
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    # 4096 positions: the 8-shot GSM8K eval prompt is about 3,000 tiny-tokenizer tokens
+    model = build_tiny_hf_llama(tmp_path / "tiny_llama", build_tiny_tokenizer(), max_position_embeddings=4096)
+    out = tmp_path / "iterate"
+    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "iterate", "iterate_tiny_cpu",
+                           f"base_model={model}", f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    print(proc.stdout[proc.stdout.index("| round"):])
+
+    summary = json.loads((out / "summary.json").read_text())
+    start, first, second = summary["rounds"]
+    assert [row["round"] for row in summary["rounds"]] == ["start", "round_0", "round_1"]
+    for row in (first, second):
+        assert row["samples"]["records"] > 0 and 0 < row["training_records"] <= row["samples"]["records"]
+        assert 0.0 <= row["p_tilde"] <= 1.0 and row["p"] == row["positives"] / row["training_records"]
+    for row in summary["rounds"]:
+        assert set(row["eval"]) == {"pass@1", "maj_k", "maj@k", "invalid_rate"} and row["eval"]["maj_k"] == 4
+    assert (out / "rounds.png").read_bytes().startswith(b"\x89PNG")
+    assert "| round_1 |" in (out / "summary.md").read_text()
+    # round 1 samples from, scores mu with and trains from round 0's export
+    round_0_model = str(out / "round_0" / "model")
+    for stage in ("generate", "score"):
+        args = json.loads((out / "round_1" / f"{stage}.done.json").read_text())["args"]
+        assert args[args.index("--model") + 1] == round_0_model
+    assert f"hf_model={round_0_model}" in json.loads((out / "round_1" / "train.done.json").read_text())["args"]
+
+    markers = sorted(out.glob("**/*.done.json"))
+    assert len(markers) == 1 + 2 * 6 + 1  # start eval, six stages per round, the plot
+    before = {path: (path.stat().st_mtime_ns, path.read_bytes()) for path in markers}
+
+    def no_subprocess(args, log):
+        raise AssertionError(f"a finished stage ran again: {args}")
+
+    monkeypatch.setattr(iterate, "run_command", no_subprocess)
+    capsys.readouterr()
+    assert iterate.main(["iterate_tiny_cpu", f"base_model={model}", f"out={out}", "--dry-run"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == len(markers) and all(line.endswith(": done") for line in listed)
+    assert iterate.main(["iterate_tiny_cpu", f"base_model={model}", f"out={out}"]) == 0
+    assert {path: (path.stat().st_mtime_ns, path.read_bytes()) for path in out.glob("**/*.done.json")} == before
