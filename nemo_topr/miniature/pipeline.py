@@ -1,10 +1,9 @@
 """`python -m nemo_topr.miniature` (`make miniature`): the CPU miniature of the TOPR paper.
 
-Every stage uses the project's real pipeline: `nemo-topr train` (Megatron-Bridge finetune loop)
-and `nemo-topr score-logprobs` run as subprocesses exactly as a user runs them; export
-(`export_run`, the code behind `nemo-topr export`) and generation + grading
-(`sample_and_grade`, the code behind `nemo-topr generate` / `eval`) run in this process to save
-the ~25 s start-up per command.
+Every stage uses the project's real pipeline: `nemo-topr train` (Megatron-Bridge finetune loop),
+`nemo-topr score-logprobs` and `nemo-topr export` run as subprocesses exactly as a user runs
+them; generation + grading (`sample_and_grade`, the code behind `nemo-topr generate` / `eval`)
+run in this process to save the ~25 s start-up per command.
 
 1. task: synthetic 2-3 step arithmetic word problems (`task.py`), splits pretrain / train / test;
    a byte-level BPE tokenizer trained on the task text and a tiny Llama, both built offline;
@@ -118,10 +117,16 @@ def evaluate(model_dir: Path, problems, prefix: str, num_samples: int, seed: int
 
 
 def export(run_dir: Path, hf_out: Path) -> Path:
-    from nemo_topr.training.export import export_run
+    """`nemo-topr export` in a subprocess: Megatron's process-group and model-parallel state is
+    per process, so exports cannot share this process (or each other's threads)."""
+    import subprocess
 
     shutil.rmtree(hf_out, ignore_errors=True)
-    return export_run(run_dir, hf_out)
+    with (run_dir / "export.log").open("w") as log:
+        command = [sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(run_dir), "--hf-out", str(hf_out)]
+        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+            raise SystemExit(f"export of {run_dir} failed; full log: {run_dir / 'export.log'}")
+    return hf_out
 
 
 def telemetry(run_dir: Path) -> dict[str, list[float]]:
@@ -267,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # trainings are subprocesses; export + eval here
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # trainings and exports are subprocesses; eval here
         run_dirs = list(pool.map(train_job, jobs))
     for (seed, key, label, _), run_dir in zip(jobs, run_dirs):
         name = f"{key}_s{seed}"
