@@ -36,7 +36,9 @@ def test_peak_rss_sees_a_torch_allocation():
     with PeakRss() as memory:
         block = torch.ones(16 * 2**20)  # 64 MiB, touched
         del block
-    assert 60 * 2**20 < memory.extra < 70 * 2**20
+    # the 64 MiB block must show; what else the process touches meanwhile (allocator arenas,
+    # page-table and import noise, seen up to ~8 MiB in CI) may add to it, never take from it
+    assert 60 * 2**20 < memory.extra < 96 * 2**20
 
 
 def test_interleaved_pairs_and_summarises():
