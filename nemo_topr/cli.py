@@ -15,7 +15,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "generate": ("nemo_topr.evaluation.generate", "sample and grade completions into pre-scored records"),
     "score-logprobs": ("nemo_topr.training.scoring", "add behaviour log-probs log mu(y|x) to a dataset"),
     "train": ("nemo_topr.training.recipe", "TOPR training on Megatron-Bridge's finetune() loop"),
-    "export": ("nemo_topr.training.export", "write a run's latest checkpoint as a Hugging Face model"),
+    "export": ("nemo_topr.training.export", "write a run's checkpoints (latest, or chosen iterations) as Hugging Face models"),
     "eval": ("nemo_topr.evaluation.evaluate", "pass@k, maj@k and invalid rate on GSM8K / MATH-500; round plots"),
     "plan": ("nemo_topr.cluster.plan", "pre-flight check of a parallel layout and per-GPU memory"),
     "submit": ("nemo_topr.cluster.submit", "render and submit a Slurm job for a TOPR run"),

@@ -98,9 +98,16 @@ def _ledger(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "samples_dp0.jsonl").read_text().splitlines()]
 
 
-def test_killed_run_resumes_with_exactly_the_remaining_samples(demo, tmp_path):
-    reference_dir, killed_dir = tmp_path / "uninterrupted", tmp_path / "killed"
-    _train(demo, reference_dir)
+@pytest.fixture(scope="module")
+def reference_dir(demo, tmp_path_factory) -> Path:
+    """One uninterrupted epoch with checkpoints every 3 iterations."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    _train(demo, run_dir)
+    return run_dir
+
+
+def test_killed_run_resumes_with_exactly_the_remaining_samples(demo, reference_dir, tmp_path):
+    killed_dir = tmp_path / "killed"
 
     # SIGKILL at a random iteration after the first checkpoint (checkpoints every 3 iterations),
     # possibly in the middle of writing a later one
@@ -145,3 +152,29 @@ def _ids_by_iteration(ledger: list[dict]) -> dict[int, list[int]]:
     for entry in ledger:
         ids.setdefault(entry["iteration"], []).extend(entry["sample_ids"])
     return ids
+
+
+def test_export_of_several_iterations_in_one_process(reference_dir, tmp_path):
+    from nemo_topr.training.export import saved_iterations
+
+    iterations = saved_iterations(reference_dir)
+    last = int((reference_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+    assert iterations[:2] == [3, 6] and iterations[-1] == last
+    every, latest = tmp_path / "every", tmp_path / "latest"
+    cli = [sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(reference_dir)]
+    for extra in (["--hf-out", str(every), "--all-iterations"], ["--hf-out", str(latest)]):
+        proc = subprocess.run(cli + extra, cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in every.iterdir()) == [f"iter_{i:07d}" for i in iterations]
+    weights = {i: _safetensors(every / f"iter_{i:07d}") for i in iterations}
+    # the last iteration exported among many = the single export of the latest checkpoint (another
+    # process, another code path through the CLI), bit for bit; earlier iterations differ from it
+    reference = _safetensors(latest)
+    assert weights[last].keys() == reference.keys()
+    assert all(torch.equal(weights[last][k], reference[k]) for k in reference)
+    assert all(any(not torch.equal(weights[i][k], reference[k]) for k in reference) for i in iterations[:-1])
+    assert (every / f"iter_{last:07d}" / "tokenizer.json").is_file()
+
+    proc = subprocess.run(cli + ["--hf-out", str(tmp_path / "x"), "--iteration", "4"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "iter_0000004" in proc.stderr and f"saved iterations: {iterations}" in proc.stderr

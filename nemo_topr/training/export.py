@@ -1,10 +1,14 @@
-"""`nemo-topr export`: a TOPR run's latest checkpoint -> a Hugging Face directory.
+"""`nemo-topr export`: a TOPR run's checkpoints -> Hugging Face directories.
 
-    nemo-topr export --ckpt runs/my_run --hf-out exports/my_model
+    nemo-topr export --ckpt runs/my_run --hf-out exports/my_model                 # latest checkpoint
+    nemo-topr export --ckpt runs/my_run --hf-out exports/my_run --iteration 100 200
+    nemo-topr export --ckpt runs/my_run --hf-out exports/my_run --all-iterations  # every saved one
 
 Weights go through Bridge's AutoBridge (safetensors, the source model's HF config); the
 tokenizer, chat template and generation config are copied from the run's starting model
-(`hf_model` in RUN/config.yaml), so the result loads with `transformers` as is.
+(`hf_model` in RUN/config.yaml), so the result loads with `transformers` as is. With several
+iterations each goes to HF_OUT/iter_NNNNNNN; one process exports them all, so the ~10 s of
+Megatron start-up is paid once (each further checkpoint of a small model takes well under 1 s).
 """
 
 from __future__ import annotations
@@ -19,42 +23,77 @@ from omegaconf import OmegaConf
 from nemo_topr import cpu_runtime
 
 
+def checkpoint_dir(run_dir: Path, iteration: int) -> Path:
+    return run_dir / "checkpoints" / f"iter_{iteration:07d}"
+
+
 def latest_checkpoint(run_dir: Path) -> Path:
-    checkpoints = run_dir / "checkpoints"
-    tracker = checkpoints / "latest_checkpointed_iteration.txt"
+    tracker = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
     if not tracker.is_file():
         raise FileNotFoundError(f"{run_dir}: no checkpoint yet ({tracker} missing)")
-    iteration = int(tracker.read_text().strip())
-    return checkpoints / f"iter_{iteration:07d}"
+    return checkpoint_dir(run_dir, int(tracker.read_text().strip()))
 
 
-def export_run(run_dir: str | Path, hf_out: str | Path) -> Path:
-    cpu_runtime.enable_cpu_runtime()
-    from megatron.bridge import AutoBridge
-    from transformers import AutoTokenizer, GenerationConfig
+def saved_iterations(run_dir: Path) -> list[int]:
+    """Iterations with a checkpoint directory under RUN/checkpoints, ascending."""
+    return sorted(int(path.name.removeprefix("iter_")) for path in (run_dir / "checkpoints").glob("iter_*")
+                  if path.is_dir() and path.name.removeprefix("iter_").isdigit())
 
+
+def export_run(run_dir: str | Path, hf_out: str | Path, iterations: list[int] | None = None) -> dict[int | None, Path]:
+    """Export the latest checkpoint to HF_OUT (iterations None), or each given iteration to
+    HF_OUT/iter_NNNNNNN. Returns {iteration (None for latest): HF directory}."""
     run_dir, hf_out = Path(run_dir), Path(hf_out)
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
         raise FileNotFoundError(f"{run_dir}: not a nemo-topr run directory ({config_file} missing)")
+    targets: dict[int | None, tuple[Path, Path]] = (
+        {None: (latest_checkpoint(run_dir), hf_out)} if iterations is None
+        else {i: (checkpoint_dir(run_dir, i), hf_out / f"iter_{i:07d}") for i in iterations})
+    missing = [str(ckpt) for ckpt, _ in targets.values() if not ckpt.is_dir()]
+    if missing:
+        raise FileNotFoundError(f"{run_dir}: no such checkpoint(s): {', '.join(missing)}; saved iterations: "
+                                f"{saved_iterations(run_dir)}")
+
+    cpu_runtime.enable_cpu_runtime()
+    from megatron.bridge import AutoBridge
+    from transformers import AutoTokenizer, GenerationConfig
+
     source = Path(OmegaConf.load(config_file).hf_model)
-    checkpoint = latest_checkpoint(run_dir)
     bridge = AutoBridge.from_hf_pretrained(str(source), torch_dtype=torch.float32, local_files_only=True)
-    bridge.export_ckpt(str(checkpoint), str(hf_out), show_progress=False)
-    AutoTokenizer.from_pretrained(str(source), local_files_only=True).save_pretrained(str(hf_out))
-    if (source / "generation_config.json").is_file():
-        GenerationConfig.from_pretrained(str(source), local_files_only=True).save_pretrained(str(hf_out))
-    (hf_out / "nemo_topr_export.json").write_text(json.dumps(
-        {"run_dir": str(run_dir.resolve()), "checkpoint": str(checkpoint.resolve()), "source_model": str(source)},
-        indent=2) + "\n")
-    return hf_out
+    tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    generation = (GenerationConfig.from_pretrained(str(source), local_files_only=True)
+                  if (source / "generation_config.json").is_file() else None)
+    for checkpoint, out in targets.values():
+        bridge.export_ckpt(str(checkpoint), str(out), show_progress=False)
+        tokenizer.save_pretrained(str(out))
+        if generation is not None:
+            generation.save_pretrained(str(out))
+        (out / "nemo_topr_export.json").write_text(json.dumps(
+            {"run_dir": str(run_dir.resolve()), "checkpoint": str(checkpoint.resolve()), "source_model": str(source)},
+            indent=2) + "\n")
+    return {iteration: out for iteration, (_, out) in targets.items()}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nemo-topr export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", required=True, help="run directory of `nemo-topr train`")
-    parser.add_argument("--hf-out", required=True, help="output Hugging Face directory")
+    parser.add_argument("--hf-out", required=True, help="output Hugging Face directory (a parent directory "
+                        "with --iteration / --all-iterations)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--iteration", type=int, nargs="+", help="export these saved iterations")
+    which.add_argument("--all-iterations", action="store_true", help="export every saved iteration")
     args = parser.parse_args(argv)
-    print(f"exported {latest_checkpoint(Path(args.ckpt))} -> {export_run(args.ckpt, args.hf_out)}")
+    run_dir = Path(args.ckpt)
+    iterations = saved_iterations(run_dir) if args.all_iterations else args.iteration
+    if iterations == []:
+        raise SystemExit(f"nemo-topr export: {run_dir}: no saved checkpoints under {run_dir / 'checkpoints'}")
+    try:
+        exported = export_run(run_dir, args.hf_out, iterations)
+    except FileNotFoundError as error:
+        raise SystemExit(f"nemo-topr export: {error}") from None
+    for iteration, out in exported.items():
+        print(f"exported {latest_checkpoint(run_dir) if iteration is None else checkpoint_dir(run_dir, iteration)}"
+              f" -> {out}")
     return 0
