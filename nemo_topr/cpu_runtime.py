@@ -298,6 +298,11 @@ PATCHES: tuple[Patch, ...] = (
     Patch("bridge compile_helpers -> no-op when the prebuilt helpers_cpp imports",
           "bridge/training/initialize.py:147 (runs `make` in megatron/core/datasets)",
           "the PyPI wheel ships the built extension but no Makefile, so `make` fails."),
+    Patch("bridge _warmup_jit_function -> no-op",
+          "bridge/training/initialize.py:311 (called for every model), :886-944 (torch.compile of "
+          "the fused bias-SwiGLU and bias-dropout-add kernels, core/fusions/fused_bias_swiglu.py:29)",
+          "the CPU model turns those fusions off (cpu_model_overrides), so warming them up only builds "
+          "inductor C++ kernels nothing calls: about 12 s of every training process on 2 cores."),
 )
 
 
@@ -367,6 +372,7 @@ def enable_cpu_runtime() -> tuple[Patch, ...]:
                      _with_kwargs(bridge_initialize.initialize_megatron, allow_no_cuda=True))
         if importlib.util.find_spec("megatron.core.datasets.helpers_cpp") is not None:
             runtime.swap(bridge_initialize, "compile_helpers", lambda: None)
+        runtime.swap(bridge_initialize, "_warmup_jit_function", lambda model_config, micro_batch_size: None)
     except BaseException:
         runtime.restore()
         raise

@@ -11,13 +11,15 @@ SWAPPED = [(torch.cuda, name) for name in ("current_device", "synchronize", "Str
 def main() -> None:
     assert not torch.cuda.is_available()
     cpu_runtime.import_bridge()
+    import megatron.bridge.training.initialize as bridge_initialize
     import megatron.bridge.training.setup as bridge_setup
     import megatron.core.optimizer.clip_grads as clip_grads
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
 
     targets = SWAPPED + [(bridge_setup, "initialize_megatron"), (clip_grads, "clip_grad_by_total_norm_fp32"),
-                         (DistributedOptimizer, "__init__"), (CudaRNGStatesTracker, "fork")]
+                         (DistributedOptimizer, "__init__"), (CudaRNGStatesTracker, "fork"),
+                         (bridge_initialize, "_warmup_jit_function")]
     before = {(id(owner), name): getattr(owner, name) for owner, name in targets}
 
     applied = cpu_runtime.enable_cpu_runtime()
