@@ -21,7 +21,7 @@ demo: venv
 clean:
 	rm -rf runs .pytest_cache
 
-# The CPU miniature of the paper's claims (docs/miniature.md): about 20 minutes on 2 cores.
+# The CPU miniature of the paper's claims (docs/miniature.md): about 16 minutes on 2 cores.
 miniature: venv
 	$(PYTHON) -m nemo_topr.miniature
 

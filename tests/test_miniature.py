@@ -59,41 +59,76 @@ def test_splits_are_disjoint_deterministic_and_sized():
     assert task.make_splits({"pretrain": 300}, seed=1)["pretrain"] != splits["pretrain"]
 
 
+def test_well_formed_means_a_final_answer_statement():
+    assert task.is_well_formed(" 7 + 5 = 12. 12 - 3 = 9. The answer is 9.")
+    assert task.is_well_formed(" The answer is -3.")
+    # graded by the GSM8K grader's last-number fallback, but not in the task's format
+    assert task.grade(" 7 + 5 = 12. 12 - 3 = 9.", 9)[1] == "correct"
+    assert not task.is_well_formed(" 7 + 5 = 12. 12 - 3 = 9.")
+    assert not task.is_well_formed(" 7 a answer 7\ufffd 9\ufffd answer 7")
+    assert not task.is_well_formed(" The answer is .")
+
+
+def _run(pass_at_1: float, curve_pass: list[float]) -> dict:
+    return {"eval": {"pass@1": pass_at_1, "maj@4": 0.6, "invalid_rate": 0.1, "malformed_rate": 0.25,
+                     "mean_chars": 40.0},
+            "curve": [{"iteration": i * 5, "pass@1": v, "maj@4": 0.5, "malformed_rate": 0.0}
+                      for i, v in enumerate(curve_pass)],
+            "telemetry": {"positive_nll": [1.0, 0.5], "negative_nll": [1.0, 2.0],
+                          "negative_weight_mean": [1.0, 0.5], "effective_positive_share": [0.4],
+                          "topr_loss": [0.1, 0.0]}}
+
+
 def test_report_from_results(tmp_path):
     from nemo_topr.miniature import report
 
-    run = {"eval": {"pass@1": 0.5, "maj@4": 0.6, "invalid_rate": 0.1, "mean_chars": 40.0},
-           "telemetry": {"positive_nll": [1.0, 0.5], "negative_nll": [1.0, 2.0],
-                         "negative_weight_mean": [1.0, 0.5], "effective_positive_share": [0.4],
-                         "topr_loss": [0.1, 0.0]}}
     results = {"args": {"eval_samples": 4, "test_prompts": 10, "train_prompts": 8, "k": 4, "seeds": [1, 2],
-                        "probe_prompts": 8},
-               "dataset": {"records": 32, "positive_share": 0.4, "correct": 13, "wrong": 15, "invalid": 4},
-               "pretrain": [{"round": 1, "iterations": 10, "pass@1": 0.35, "invalid_rate": 0.2}],
-               "runs": {"topr_s1": {**run, "name": "topr", "key": "topr", "seed": 1},
-                        "topr_s2": {**run, "name": "topr", "key": "topr", "seed": 2},
-                        "topr_ptilde0.1_s1": {**run, "name": "topr p~=0.1", "key": "topr_ptilde0.1", "seed": 1}},
-               "wall_time_s": 12.0}
-    (tmp_path / "results.json").write_text(json.dumps(results))
+                        "probe_prompts": 8, "eval_interval": 5},
+               "dataset": {"records": 32, "positive_share": 0.4, "correct": 13, "wrong": 15, "invalid": 4,
+                           "prompts_with_both": 5},
+               "pretrain": [{"iteration": 30, "pass@1": 0.35, "maj@8": 0.5, "malformed_rate": 0.2}],
+               "runs": {"mu": {"name": "mu (start)", "seed": None, "eval": _run(0.3, [])["eval"]},
+                        "topr_s1": {**_run(0.5, [0.3, 0.6, 0.5]), "name": "topr", "key": "topr", "seed": 1},
+                        "topr_s2": {**_run(0.7, [0.3, 0.4, 0.7]), "name": "topr", "key": "topr", "seed": 2},
+                        "topr_ptilde0.1_s1": {**_run(0.5, [0.3, 0.2, 0.5]), "name": "topr p~=0.1",
+                                              "key": "topr_ptilde0.1", "seed": 1}},
+               "stage_seconds": {"pretrain": 100.0, "variants": 200.0}, "wall_time_s": 300.0}
     text = report.write_report(tmp_path, results, docs=tmp_path / "docs")
-    assert "| topr | 0.500 ± 0.000 | 0.600 ± 0.000 |" in text
-    assert "| topr p~=0.1 | 0.500 | 0.600 |" in text
+    # final pass@1 mean ± sd over seeds (0.5, 0.7 -> 0.600 ± 0.141); best = max over checkpoints after
+    # the start (0.6 and 0.7); the start's own value (0.3) is not a checkpoint of the run
+    assert "| topr | 0.600 ± 0.141 | 0.600 ± 0.000 | 0.650 ± 0.071 | 0.250 ± 0.000 | 40 |" in text
+    assert "| topr p~=0.1 | 0.500 | 0.600 | 0.500 | 0.250 | 40 |" in text
+    assert "| mu (start) | 0.300 | 0.600 | – |" in text
+    assert "| 30 | 0.350 | 0.500 | 0.200 |" in text and "pretrain 100 s, variants 200 s" in text
+    assert report._curve([results["runs"]["topr_s1"], results["runs"]["topr_s2"]], "pass@1") == (
+        [0, 5, 10], [0.3, 0.5, 0.6])
     for name in report.PLOTS:
         assert (tmp_path / name).is_file() and (tmp_path / "docs" / name).is_file()
 
 
 @pytest.mark.slow
 def test_miniature_smoke(tmp_path):
-    """The whole pipeline at minimal sizes: one pretrain round, two variants, one p~ point."""
+    """The whole pipeline at minimal sizes: pretraining with two probed checkpoints, two variants,
+    one p~ point, every checkpoint of every run evaluated."""
     from nemo_topr.miniature.pipeline import main
 
     out = tmp_path / "mini"
     assert main(["--out", str(out), "--docs", "", "--pretrain-problems", "64", "--train-prompts", "8",
                  "--test-prompts", "4", "--probe-prompts", "4", "--k", "2", "--eval-samples", "2",
-                 "--max-pretrain-rounds", "1", "--epochs", "1", "--variants", "topr", "reinforce",
-                 "--p-tilde", "0.2", "--hidden-size", "32", "--max-new-tokens", "16"]) == 0
+                 "--pretrain-epochs", "2", "--pretrain-save-interval", "1", "--epochs", "1", "--eval-interval", "1",
+                 "--variants", "topr", "reinforce", "--p-tilde", "0.2", "--hidden-size", "32",
+                 "--max-new-tokens", "16", "--seeds", "1"]) == 0
     results = json.loads((out / "results.json").read_text())
-    assert {"mu", "topr_s1234", "reinforce_s1234"} <= set(results["runs"])
+    assert {"mu", "topr_s1", "reinforce_s1"} <= set(results["runs"])
     # the p~ point runs when the sampled data has both signs, else it is skipped with a note
-    assert ("topr_ptilde0.2_s1234" in results["runs"]) != ("p_tilde_skipped" in results)
-    assert (out / "results.md").is_file() and (out / "variants.png").is_file()
+    assert ("topr_ptilde0.2_s1" in results["runs"]) != ("p_tilde_skipped" in results)
+    # probing stops at the first checkpoint reaching the target, else every checkpoint is probed
+    probed = [point["iteration"] for point in results["pretrain"]]
+    assert probed == [1, 2] or results["pretrain_target_met"]
+    assert results["mu"].endswith(f"iter_{probed[-1]:07d}")
+    # every saved checkpoint evaluated: the start (iteration 0), then each iteration
+    run = results["runs"]["topr_s1"]
+    iterations = [point["iteration"] for point in run["curve"]]
+    assert iterations[0] == 0 and iterations[1:] == list(range(1, len(iterations)))
+    assert run["curve"][-1]["pass@1"] == run["eval"]["pass@1"]
+    assert (out / "results.md").is_file() and (out / "curves.png").is_file()

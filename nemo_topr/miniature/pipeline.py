@@ -3,21 +3,21 @@
 Every stage uses the project's real pipeline: `nemo-topr train` (Megatron-Bridge finetune loop),
 `nemo-topr score-logprobs` and `nemo-topr export` run as subprocesses exactly as a user runs
 them; generation + grading (`sample_and_grade`, the code behind `nemo-topr generate` / `eval`)
-run in this process to save the ~25 s start-up per command.
+run in this process to save the start-up per command.
 
 1. task: synthetic 2-3 step arithmetic word problems (`task.py`), splits pretrain / train / test;
    a byte-level BPE tokenizer trained on the task text and a tiny Llama, both built offline;
-2. pretraining from scratch: SFT (`objective.variant=sft_positive`) on gold solutions of the
-   pretrain split, --pretrain-epochs epochs per round; after each round the export is sampled on train prompts.
-   Stopping rule, fixed before any result was seen: stop after the first round whose train
-   pass@1 is >= 0.30 (or after --max-pretrain-rounds); that export is the starting model mu;
+2. pretraining from scratch: one SFT run (`objective.variant=sft_positive`) on gold solutions
+   of the pretrain split with a checkpoint every --pretrain-save-interval iterations, each
+   sampled on train prompts. Stopping rule, fixed before any result was seen: the first
+   checkpoint whose train pass@1 is >= 0.30 is the starting model mu (else the last one);
 3. the offline dataset: k samples per train prompt from mu (temperature 1), graded +-1, log mu
    scored with `nemo-topr score-logprobs`;
 4. from mu and that data: sft_positive, reinforce, tis, topr, asymre (dV = -0.1), ppo_clip, and
    TOPR at several effective positive shares p~ (baseline from `baseline_for_share`), each for
-   --epochs epochs at one fixed lr, per seed;
-5. every trained model is exported and evaluated at the end of training (not during) on the
-   test split: pass@1, maj@k, invalid-answer rate; telemetry from each run's TensorBoard;
+   --epochs epochs at one fixed lr, per seed, with a checkpoint every --eval-interval iterations;
+5. every checkpoint of every run is exported and evaluated on the test split (pass@1, maj@k,
+   invalid and malformed rates, length): curves over training; telemetry from TensorBoard;
 6. `report.py` writes results.md and PNG plots.
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -104,29 +105,35 @@ def batched_sample(model_dir: Path, problems, prefix: str, num_samples: int, see
 
 
 def evaluate(model_dir: Path, problems, prefix: str, num_samples: int, seed: int, max_new_tokens: int) -> dict:
+    """pass@1, pass@N, maj@N and the grader's invalid rate (`nemo-topr eval`'s metrics), plus
+    `malformed_rate` (no "The answer is N." statement: no parseable answer or degenerate text)
+    and the mean completion length in characters."""
     from nemo_topr.evaluation.evaluate import benchmark_results, outcomes_of_completions
-    from nemo_topr.miniature.task import TASK
+    from nemo_topr.miniature.task import TASK, is_well_formed
 
     _, graded = batched_sample(model_dir, problems, prefix, num_samples, seed, max_new_tokens)
     results = benchmark_results(outcomes_of_completions(graded), TASK, [1, num_samples])
-    # also: mean completion length in characters (a degenerate policy rambles or goes silent)
     texts = [s.completion.text for samples in graded for s in samples]
+    results["metrics"]["malformed_rate"] = sum(not is_well_formed(t) for t in texts) / len(texts)
     results["metrics"]["mean_chars"] = sum(map(len, texts)) / len(texts)
     results["examples"] = texts[:3]
     return results
 
 
-def export(run_dir: Path, hf_out: Path) -> Path:
-    """`nemo-topr export` in a subprocess: Megatron's process-group and model-parallel state is
-    per process, so exports cannot share this process (or each other's threads)."""
+def export_all(run_dir: Path, hf_root: Path) -> dict[int, Path]:
+    """`nemo-topr export --all-iterations` in a subprocess (Megatron's process-group state is per
+    process): every saved checkpoint of the run -> {iteration: HF directory}."""
     import subprocess
 
-    shutil.rmtree(hf_out, ignore_errors=True)
+    from nemo_topr.training.export import saved_iterations
+
+    shutil.rmtree(hf_root, ignore_errors=True)
     with (run_dir / "export.log").open("w") as log:
-        command = [sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(run_dir), "--hf-out", str(hf_out)]
+        command = [sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(run_dir), "--hf-out",
+                   str(hf_root), "--all-iterations"]
         if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
             raise SystemExit(f"export of {run_dir} failed; full log: {run_dir / 'export.log'}")
-    return hf_out
+    return {i: hf_root / f"iter_{i:07d}" for i in saved_iterations(run_dir)}
 
 
 def telemetry(run_dir: Path) -> dict[str, list[float]]:
@@ -135,7 +142,7 @@ def telemetry(run_dir: Path) -> dict[str, list[float]]:
     return {tag: _tensorboard_series(run_dir, tag) for tag in TELEMETRY}
 
 
-def train(args, name: str, hf_model: Path, data: Path, overrides: list[str], out: Path) -> Path:
+def train(name: str, hf_model: Path, data: Path, overrides: list[str], out: Path, threads: int | None = None) -> Path:
     import subprocess
 
     run_dir = out / "runs" / name
@@ -144,8 +151,9 @@ def train(args, name: str, hf_model: Path, data: Path, overrides: list[str], out
     command = [sys.executable, "-m", "nemo_topr.cli", "train", "--config-name", "miniature",
                f"hf_model={hf_model}", f"run_dir={run_dir}", f"dataset.train_path={data}", *overrides]
     _log("$ " + " ".join(command))
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     with (run_dir / "train.log").open("w") as log:
-        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode != 0:
             raise SystemExit(f"training {name} failed; full log: {run_dir / 'train.log'}")
     _log(f"trained {name}")
     return run_dir
@@ -157,19 +165,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results/miniature", help="results directory (recreated)")
     parser.add_argument("--docs", default="docs/miniature", help="copy the table and plots here ('' to skip)")
     parser.add_argument("--task-seed", type=int, default=0)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1234], help="training seeds of the variant runs")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="training seeds of the variant runs")
     parser.add_argument("--pretrain-problems", type=int, default=2000)
-    parser.add_argument("--train-prompts", type=int, default=64)
-    parser.add_argument("--test-prompts", type=int, default=48)
-    parser.add_argument("--probe-prompts", type=int, default=32, help="train prompts sampled after each pretrain round")
+    parser.add_argument("--train-prompts", type=int, default=128)
+    parser.add_argument("--test-prompts", type=int, default=200)
+    parser.add_argument("--probe-prompts", type=int, default=32, help="train prompts sampled at each pretraining checkpoint")
     parser.add_argument("--k", type=int, default=8, help="samples per train prompt in the offline dataset")
     parser.add_argument("--eval-samples", type=int, default=8, help="samples per test prompt (maj@N)")
-    parser.add_argument("--max-pretrain-rounds", type=int, default=3)
-    parser.add_argument("--pretrain-epochs", type=int, default=3, help="epochs over the pretrain split per round")
+    parser.add_argument("--pretrain-epochs", type=int, default=15, help="most epochs over the pretrain split")
+    parser.add_argument("--pretrain-save-interval", type=int, default=30, help="iterations between pretraining "
+                        "checkpoints (each is probed; the first reaching the target becomes mu)")
     parser.add_argument("--pretrain-lr", type=float, default=3e-3)
     parser.add_argument("--lr", type=float, default=1e-3, help="lr of every variant run")
     parser.add_argument("--epochs", type=int, default=3, help="epochs over the offline dataset per variant run")
-    parser.add_argument("--p-tilde", type=float, nargs="*", default=[0.1, 0.5],
+    parser.add_argument("--eval-interval", type=int, default=16, help="iterations between evaluated checkpoints "
+                        "of the variant runs (the last iteration is always evaluated)")
+    parser.add_argument("--p-tilde", type=float, nargs="*", default=[0.05, 0.1, 0.2, 0.5, 0.8],
                         help="TOPR positive-share sweep (baseline_for_share)")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--mu", help="skip pretraining and use this exported model as mu (it must come from a "
@@ -180,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="variant trainings run this many at a time")
     args = parser.parse_args(argv)
 
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nemo_topr.data.records import write_jsonl
+    from nemo_topr.demo import _run
+    from nemo_topr.evaluation.generate import graded_records
     from nemo_topr.miniature.task import corpus, make_splits
     from nemo_topr.model import build_tiny_hf_llama
     from nemo_topr.objective import baseline_for_share
@@ -189,11 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     shutil.rmtree(out, ignore_errors=True)
     (out / "data").mkdir(parents=True)
-    results: dict = {"args": vars(args), "pretrain": [], "runs": {}}
+    results: dict = {"args": vars(args), "pretrain": [], "runs": {}, "stage_seconds": {}}
 
     def save() -> None:
         results["wall_time_s"] = round(time.time() - started, 1)
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+
+    def stage_done(name: str) -> None:
+        results["stage_seconds"][name] = round(time.time() - started - sum(results["stage_seconds"].values()), 1)
+        save()
 
     # 1. task, tokenizer, model
     splits = make_splits({"pretrain": args.pretrain_problems, "train": args.train_prompts,
@@ -206,33 +226,33 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"task: {args.pretrain_problems}/{args.train_prompts}/{args.test_prompts} problems; tokenizer "
          f"{len(tokenizer)} tokens; problem length {min(lengths)}-{max(lengths)} tokens")
 
-    # 2. pretraining rounds (SFT on gold solutions); stop at the first round with train pass@1 >= 0.30
-    sft_data = _write_jsonl(_records(splits["pretrain"], "pre"), out / "data" / "pretrain.jsonl")
-    start = model
+    # 2. pretraining from scratch: one SFT run on gold solutions, a checkpoint every
+    #    --pretrain-save-interval iterations; mu = the first checkpoint with train pass@1 >= 0.30
     if args.mu:
-        start = out / "mu_given_hf"
-        shutil.copytree(args.mu, start)
+        mu = out / "mu_given_hf"
+        shutil.copytree(args.mu, mu)
         results["pretrain_skipped"] = f"--mu {args.mu}"
-    for round_ in range(1, 0 if args.mu else args.max_pretrain_rounds + 1):
-        run_dir = train(args, f"pretrain{round_}", start, sft_data,
-                        ["objective.variant=sft_positive", f"optimizer.lr={args.pretrain_lr}", f"dataset.epochs={args.pretrain_epochs}",
-                         f"optimizer.min_lr={args.pretrain_lr}"], out)
-        start = export(run_dir, out / f"pretrain{round_}_hf")
-        probe = evaluate(start, splits["train"][:args.probe_prompts], "train", 8, 0, args.max_new_tokens)
-        results["pretrain"].append({"round": round_, "iterations": len(telemetry(run_dir)["topr_loss"]),
-                                    **probe["metrics"]})
-        _log(f"pretrain round {round_}: train pass@1 {probe['metrics']['pass@1']:.3f}, "
-             f"invalid {probe['metrics']['invalid_rate']:.3f}; e.g. {probe['examples'][0]!r}")
-        save()
-        if probe["metrics"]["pass@1"] >= PRETRAIN_TARGET:
-            break
-    mu = start
+    else:
+        sft_data = _write_jsonl(_records(splits["pretrain"], "pre"), out / "data" / "pretrain.jsonl")
+        run_dir = train("pretrain", model, sft_data,
+                        ["objective.variant=sft_positive", f"optimizer.lr={args.pretrain_lr}",
+                         f"optimizer.min_lr={args.pretrain_lr}", f"dataset.epochs={args.pretrain_epochs}",
+                         f"checkpoint.save_interval={args.pretrain_save_interval}"], out)
+        checkpoints = export_all(run_dir, out / "pretrain_hf")
+        for iteration, hf in checkpoints.items():
+            probe = evaluate(hf, splits["train"][:args.probe_prompts], "train", 8, 0, args.max_new_tokens)
+            results["pretrain"].append({"iteration": iteration, **probe["metrics"]})
+            _log(f"pretraining iteration {iteration}: train pass@1 {probe['metrics']['pass@1']:.3f}; "
+                 f"e.g. {probe['examples'][0]!r}")
+            mu = hf
+            if probe["metrics"]["pass@1"] >= PRETRAIN_TARGET:
+                break
+        results["pretrain_target_met"] = results["pretrain"][-1]["pass@1"] >= PRETRAIN_TARGET
+        shutil.rmtree(run_dir / "checkpoints")
     results["mu"] = str(mu)
+    stage_done("pretrain")
 
-    # 3. the offline dataset: k samples per train prompt, graded, log mu scored
-    from nemo_topr.evaluation.generate import graded_records
-    from nemo_topr.data.records import write_jsonl
-
+    # 3. the offline dataset: k samples per train prompt from mu, graded +-1, log mu scored
     gen_problems, graded = sample(mu, splits["train"], "train", args.k, 1, args.max_new_tokens)
     records = graded_records(gen_problems, graded)
     write_jsonl(records, out / "data" / "graded.jsonl")
@@ -243,16 +263,15 @@ def main(argv: list[str] | None = None) -> int:
                           "prompts_with_both": sum(0 < sum(s.grade == "correct" for s in samples) < len(samples)
                                                    for samples in graded)}
     _log(f"offline dataset: {results['dataset']}")
-    from nemo_topr.demo import _run
-
     scored = out / "data" / "scored.jsonl"
     _run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(mu), "--data",
           str(out / "data" / "graded.jsonl"), "--out", str(scored), "--seq-length", "256"], out / "score.log")
-    save()
+    start_eval = evaluate(mu, splits["test"], "test", args.eval_samples, 0, args.max_new_tokens)
+    results["runs"]["mu"] = {"name": "mu (start)", "seed": None, "eval": start_eval["metrics"],
+                             "examples": start_eval["examples"]}
+    stage_done("dataset")
 
-    # 4-5. variants and the p~ sweep, from mu on the same data; eval at the end of each run
-    results["runs"]["mu"] = {"name": "mu (start)", "seed": None,
-                             "eval": evaluate(mu, splits["test"], "test", args.eval_samples, 0, args.max_new_tokens)["metrics"]}
+    # 4. variants and the p~ sweep, from mu on the same data, per seed
     plan = [(v, v, [f"objective.variant={v}"] + (["objective.asymre_delta_v=-0.1"] if v == "asymre" else []))
             for v in args.variants]
     if not 0.0 < p < 1.0 and args.p_tilde:  # no c changes the share of a one-sided dataset
@@ -264,29 +283,41 @@ def main(argv: list[str] | None = None) -> int:
                      ["objective.variant=topr", f"objective.baseline={c}"]))
     jobs = [(seed, key, label, overrides) for seed in args.seeds for key, label, overrides in plan]
 
-    def train_job(job) -> Path:
+    def train_and_export(job) -> tuple[Path, dict[int, Path]]:
         seed, key, _, overrides = job
-        return train(args, f"{key}_s{seed}", mu, scored,
-                     [*overrides, f"dataset.epochs={args.epochs}", f"optimizer.lr={args.lr}",
-                      f"optimizer.min_lr={args.lr}", f"rng.seed={seed}", f"dataset.shuffle_seed={seed}"], out)
-
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # trainings and exports are subprocesses; eval here
-        run_dirs = list(pool.map(train_job, jobs))
-    for (seed, key, label, _), run_dir in zip(jobs, run_dirs):
         name = f"{key}_s{seed}"
-        hf = export(run_dir, out / "exports" / name)
-        metrics = evaluate(hf, splits["test"], "test", args.eval_samples, 0, args.max_new_tokens)
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # keep results small
-        results["runs"][name] = {"name": label, "key": key, "seed": seed, "eval": metrics["metrics"],
-                                 "examples": metrics["examples"], "telemetry": telemetry(run_dir)}
-        _log(f"{name}: test pass@1 {metrics['metrics']['pass@1']:.3f}, "
-             f"maj@{args.eval_samples} {metrics['metrics'][f'maj@{args.eval_samples}']:.3f}, "
-             f"invalid {metrics['metrics']['invalid_rate']:.3f}")
-        save()
+        run_dir = train(name, mu, scored,
+                        [*overrides, f"dataset.epochs={args.epochs}", f"optimizer.lr={args.lr}",
+                         f"optimizer.min_lr={args.lr}", f"checkpoint.save_interval={args.eval_interval}",
+                         f"rng.seed={seed}", f"dataset.shuffle_seed={seed}"], out,
+                        threads=max(1, (os.cpu_count() or 1) // max(1, args.jobs)))
+        return run_dir, export_all(run_dir, out / "exports" / name)
 
-    save()
+    # 5. evaluate every saved checkpoint of every run on the test split (this process) while
+    #    the next runs train (subprocesses). One thread each: oversubscribed OpenMP threads
+    #    slow the evaluation ~8x on 2 cores.
+    import torch
+
+    torch.set_num_threads(1)
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        futures = [pool.submit(train_and_export, job) for job in jobs]
+        for (seed, key, label, _), future in zip(jobs, futures):
+            run_dir, checkpoints = future.result()
+            curve = [{"iteration": 0, **start_eval["metrics"]}]
+            for iteration, hf in checkpoints.items():
+                final = evaluate(hf, splits["test"], "test", args.eval_samples, 0, args.max_new_tokens)
+                curve.append({"iteration": iteration, **final["metrics"]})
+            shutil.rmtree(run_dir / "checkpoints")  # keep results small: the exports stay
+            name = f"{key}_s{seed}"
+            results["runs"][name] = {"name": label, "key": key, "seed": seed, "eval": final["metrics"],
+                                     "curve": curve, "examples": final["examples"], "telemetry": telemetry(run_dir)}
+            _log(f"{name}: test pass@1 {curve[1]['pass@1']:.3f} -> {final['metrics']['pass@1']:.3f} (iterations "
+                 f"{curve[1]['iteration']}, {curve[-1]['iteration']}), maj@{args.eval_samples} "
+                 f"{final['metrics'][f'maj@{args.eval_samples}']:.3f}, malformed "
+                 f"{final['metrics']['malformed_rate']:.3f}")
+            save()
+    stage_done("variants")
+
     from nemo_topr.miniature import report
 
     table = report.write_report(out, results, docs=Path(args.docs) if args.docs else None)

@@ -12,6 +12,7 @@ from one seeded stream and are disjoint by question text.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 from nemo_topr.grading import Grade, graded_answer
@@ -21,6 +22,7 @@ ITEMS = ("apples", "pens", "coins", "books", "cards", "shells", "stamps", "marbl
 GAIN = ("{n} gets {b} more.", "{n} finds {b} more.", "{n} buys {b} more.")
 LOSS = ("{n} gives away {b}.", "{n} loses {b}.", "{n} sells {b}.")
 TASK = "gsm8k"  # the grader family: "The answer is N."
+_FINAL_STATEMENT = re.compile(r"The answer is -?\d+\.")
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,15 @@ def grade(completion: str, answer: int) -> tuple[str | None, Grade]:
         if exact != (grade_ == "correct"):  # never expected; fail loudly rather than mis-grade
             raise AssertionError(f"grader disagreement on {completion!r}: {extracted} vs {answer}")
     return extracted, grade_
+
+
+def is_well_formed(completion: str) -> bool:
+    """Does the completion state its answer in the task's format ("The answer is N.")?
+
+    The GSM8K grader falls back to the last number of a completion without an answer marker, so
+    degenerate text that happens to contain digits still gets graded; the miniature's invalid
+    rate counts such completions too (no parseable answer *or* degenerate text)."""
+    return _FINAL_STATEMENT.search(completion) is not None
 
 
 def corpus(problems: list[Problem]) -> list[str]:
