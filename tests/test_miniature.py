@@ -104,6 +104,10 @@ def test_report_from_results(tmp_path):
         [0, 5, 10], [0.3, 0.5, 0.6])
     for name in report.PLOTS:
         assert (tmp_path / name).is_file() and (tmp_path / "docs" / name).is_file()
+    assert "not reached" not in text
+    results["pretrain_target_met"] = False
+    assert "**The pretraining target was not reached**: mu is the last checkpoint (iteration 30, train pass@1 " \
+        "0.350)." in report.table(results)
 
 
 @pytest.mark.slow

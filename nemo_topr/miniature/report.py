@@ -68,6 +68,9 @@ def table(results: dict) -> str:
                   "| iteration | train pass@1 | maj@8 | malformed |", "|---|---|---|---|"]
         lines += [f"| {r['iteration']} | {r['pass@1']:.3f} | {r['maj@8']:.3f} | {r['malformed_rate']:.3f} |"
                   for r in pre]
+        if not results.get("pretrain_target_met", True):
+            lines += ["", f"**The pretraining target was not reached**: mu is the last checkpoint "
+                      f"(iteration {pre[-1]['iteration']}, train pass@1 {pre[-1]['pass@1']:.3f})."]
     stages = ", ".join(f"{k} {v:.0f} s" for k, v in results.get("stage_seconds", {}).items())
     lines += ["", f"Wall time: {results.get('wall_time_s', 0):.0f} s ({stages})."]
     return "\n".join(lines) + "\n"
