@@ -155,9 +155,9 @@ def _ids_by_iteration(ledger: list[dict]) -> dict[int, list[int]]:
 
 
 def test_export_of_several_iterations_in_one_process(reference_dir, tmp_path):
-    from nemo_topr.training.export import saved_iterations
+    from nemo_topr.training.checkpoints import saved_iterations
 
-    iterations = saved_iterations(reference_dir)
+    iterations = saved_iterations(reference_dir / "checkpoints")
     last = int((reference_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
     assert iterations[:2] == [3, 6] and iterations[-1] == last
     every, latest = tmp_path / "every", tmp_path / "latest"

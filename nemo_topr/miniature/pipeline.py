@@ -120,20 +120,24 @@ def evaluate(model_dir: Path, problems, prefix: str, num_samples: int, seed: int
     return results
 
 
+def _run_logged(command: list[str], log: Path, what: str, env: dict[str, str] | None = None) -> None:
+    """Run a nemo-topr subprocess with its output in `log` only (runs go two at a time)."""
+    import subprocess
+
+    with log.open("w") as log_file:
+        if subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, env=env).returncode != 0:
+            raise SystemExit(f"{what} failed; full log: {log}")
+
+
 def export_all(run_dir: Path, hf_root: Path) -> dict[int, Path]:
     """`nemo-topr export --all-iterations` in a subprocess (Megatron's process-group state is per
     process): every saved checkpoint of the run -> {iteration: HF directory}."""
-    import subprocess
-
-    from nemo_topr.training.export import saved_iterations
+    from nemo_topr.training.checkpoints import iteration_dir_name, saved_iterations
 
     shutil.rmtree(hf_root, ignore_errors=True)
-    with (run_dir / "export.log").open("w") as log:
-        command = [sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(run_dir), "--hf-out",
-                   str(hf_root), "--all-iterations"]
-        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
-            raise SystemExit(f"export of {run_dir} failed; full log: {run_dir / 'export.log'}")
-    return {i: hf_root / f"iter_{i:07d}" for i in saved_iterations(run_dir)}
+    _run_logged([sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(run_dir), "--hf-out", str(hf_root),
+                 "--all-iterations"], run_dir / "export.log", f"export of {run_dir}")
+    return {i: hf_root / iteration_dir_name(i) for i in saved_iterations(run_dir / "checkpoints")}
 
 
 def telemetry(run_dir: Path) -> dict[str, list[float]]:
@@ -143,18 +147,14 @@ def telemetry(run_dir: Path) -> dict[str, list[float]]:
 
 
 def train(name: str, hf_model: Path, data: Path, overrides: list[str], out: Path, threads: int | None = None) -> Path:
-    import subprocess
-
     run_dir = out / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     command = [sys.executable, "-m", "nemo_topr.cli", "train", "--config-name", "miniature",
                f"hf_model={hf_model}", f"run_dir={run_dir}", f"dataset.train_path={data}", *overrides]
     _log("$ " + " ".join(command))
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    with (run_dir / "train.log").open("w") as log:
-        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode != 0:
-            raise SystemExit(f"training {name} failed; full log: {run_dir / 'train.log'}")
+    _run_logged(command, run_dir / "train.log", f"training {name}",
+                env={**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})})
     _log(f"trained {name}")
     return run_dir
 

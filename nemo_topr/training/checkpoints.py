@@ -42,6 +42,17 @@ def is_complete(iteration_dir: Path) -> bool:
         for section, keys in _RUN_CONFIG_KEYS_READ_ON_LOAD.items())
 
 
+def iteration_dir_name(iteration: int) -> str:
+    """Bridge's name for an iteration's checkpoint directory (also used for its HF exports)."""
+    return f"iter_{iteration:07d}"
+
+
+def latest_iteration(checkpoint_dir: Path) -> int | None:
+    """The iteration the "latest" tracker names; None before the first save."""
+    tracker = checkpoint_dir / TRACKER
+    return int(tracker.read_text()) if tracker.is_file() else None
+
+
 def _iteration_dirs(checkpoint_dir: Path) -> list[tuple[int, Path]]:
     found = []
     for path in checkpoint_dir.glob("iter_*"):
@@ -49,6 +60,11 @@ def _iteration_dirs(checkpoint_dir: Path) -> list[tuple[int, Path]]:
         if path.is_dir() and suffix.isdigit():
             found.append((int(suffix), path))
     return sorted(found)
+
+
+def saved_iterations(checkpoint_dir: Path) -> list[int]:
+    """Iterations with a checkpoint directory, ascending."""
+    return [iteration for iteration, _ in _iteration_dirs(checkpoint_dir)]
 
 
 def ensure_latest_complete(checkpoint_dir: str | Path) -> str | None:
@@ -59,7 +75,7 @@ def ensure_latest_complete(checkpoint_dir: str | Path) -> str | None:
     if not tracker.is_file():
         return None
     latest = int(tracker.read_text().strip() or 0)
-    latest_dir = checkpoint_dir / f"iter_{latest:07d}"
+    latest_dir = checkpoint_dir / iteration_dir_name(latest)
     if is_complete(latest_dir):
         return None
     complete = [(it, path) for it, path in _iteration_dirs(checkpoint_dir) if it < latest and is_complete(path)]

@@ -21,39 +21,34 @@ import torch
 from omegaconf import OmegaConf
 
 from nemo_topr import cpu_runtime
+from nemo_topr.training.checkpoints import TRACKER, iteration_dir_name, latest_iteration, saved_iterations
 
 
 def checkpoint_dir(run_dir: Path, iteration: int) -> Path:
-    return run_dir / "checkpoints" / f"iter_{iteration:07d}"
+    return run_dir / "checkpoints" / iteration_dir_name(iteration)
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
-    tracker = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
-    if not tracker.is_file():
-        raise FileNotFoundError(f"{run_dir}: no checkpoint yet ({tracker} missing)")
-    return checkpoint_dir(run_dir, int(tracker.read_text().strip()))
+    iteration = latest_iteration(run_dir / "checkpoints")
+    if iteration is None:
+        raise FileNotFoundError(f"{run_dir}: no checkpoint yet ({run_dir / 'checkpoints' / TRACKER} missing)")
+    return checkpoint_dir(run_dir, iteration)
 
 
-def saved_iterations(run_dir: Path) -> list[int]:
-    """Iterations with a checkpoint directory under RUN/checkpoints, ascending."""
-    return sorted(int(path.name.removeprefix("iter_")) for path in (run_dir / "checkpoints").glob("iter_*")
-                  if path.is_dir() and path.name.removeprefix("iter_").isdigit())
-
-
-def export_run(run_dir: str | Path, hf_out: str | Path, iterations: list[int] | None = None) -> dict[int | None, Path]:
+def export_run(run_dir: str | Path, hf_out: str | Path, iterations: list[int] | None = None) -> dict[Path, Path]:
     """Export the latest checkpoint to HF_OUT (iterations None), or each given iteration to
-    HF_OUT/iter_NNNNNNN. Returns {iteration (None for latest): HF directory}."""
+    HF_OUT/iter_NNNNNNN. Returns {checkpoint directory: HF directory}."""
     run_dir, hf_out = Path(run_dir), Path(hf_out)
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
         raise FileNotFoundError(f"{run_dir}: not a nemo-topr run directory ({config_file} missing)")
-    targets: dict[int | None, tuple[Path, Path]] = (
-        {None: (latest_checkpoint(run_dir), hf_out)} if iterations is None
-        else {i: (checkpoint_dir(run_dir, i), hf_out / f"iter_{i:07d}") for i in iterations})
-    missing = [str(ckpt) for ckpt, _ in targets.values() if not ckpt.is_dir()]
+    targets: dict[Path, Path] = (
+        {latest_checkpoint(run_dir): hf_out} if iterations is None
+        else {checkpoint_dir(run_dir, i): hf_out / iteration_dir_name(i) for i in iterations})
+    missing = [str(checkpoint) for checkpoint in targets if not checkpoint.is_dir()]
     if missing:
         raise FileNotFoundError(f"{run_dir}: no such checkpoint(s): {', '.join(missing)}; saved iterations: "
-                                f"{saved_iterations(run_dir)}")
+                                f"{saved_iterations(run_dir / 'checkpoints')}")
 
     cpu_runtime.enable_cpu_runtime()
     from megatron.bridge import AutoBridge
@@ -64,7 +59,7 @@ def export_run(run_dir: str | Path, hf_out: str | Path, iterations: list[int] | 
     tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
     generation = (GenerationConfig.from_pretrained(str(source), local_files_only=True)
                   if (source / "generation_config.json").is_file() else None)
-    for checkpoint, out in targets.values():
+    for checkpoint, out in targets.items():
         bridge.export_ckpt(str(checkpoint), str(out), show_progress=False)
         tokenizer.save_pretrained(str(out))
         if generation is not None:
@@ -72,7 +67,7 @@ def export_run(run_dir: str | Path, hf_out: str | Path, iterations: list[int] | 
         (out / "nemo_topr_export.json").write_text(json.dumps(
             {"run_dir": str(run_dir.resolve()), "checkpoint": str(checkpoint.resolve()), "source_model": str(source)},
             indent=2) + "\n")
-    return {iteration: out for iteration, (_, out) in targets.items()}
+    return targets
 
 
 def main(argv: list[str]) -> int:
@@ -86,14 +81,13 @@ def main(argv: list[str]) -> int:
     which.add_argument("--all-iterations", action="store_true", help="export every saved iteration")
     args = parser.parse_args(argv)
     run_dir = Path(args.ckpt)
-    iterations = saved_iterations(run_dir) if args.all_iterations else args.iteration
+    iterations = saved_iterations(run_dir / "checkpoints") if args.all_iterations else args.iteration
     if iterations == []:
         raise SystemExit(f"nemo-topr export: {run_dir}: no saved checkpoints under {run_dir / 'checkpoints'}")
     try:
         exported = export_run(run_dir, args.hf_out, iterations)
     except FileNotFoundError as error:
         raise SystemExit(f"nemo-topr export: {error}") from None
-    for iteration, out in exported.items():
-        print(f"exported {latest_checkpoint(run_dir) if iteration is None else checkpoint_dir(run_dir, iteration)}"
-              f" -> {out}")
+    for checkpoint, out in exported.items():
+        print(f"exported {checkpoint} -> {out}")
     return 0

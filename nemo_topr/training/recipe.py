@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from nemo_topr import cpu_runtime
 from nemo_topr.distributed import free_port
-from nemo_topr.training.checkpoints import ensure_latest_complete
+from nemo_topr.training.checkpoints import ensure_latest_complete, latest_iteration
 from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, compose
 
 
@@ -84,8 +84,7 @@ def train(run: TrainingRun) -> int:
 
 
 def _latest_checkpoint_iteration(run: TrainingRun) -> int:
-    tracker = Path(run.container.checkpoint.save) / "latest_checkpointed_iteration.txt"
-    return int(tracker.read_text()) if tracker.is_file() else 0
+    return latest_iteration(Path(run.container.checkpoint.save)) or 0
 
 
 def _is_rank_zero() -> bool:
