@@ -58,7 +58,7 @@ def _logprob_rows(entries: list[dict]) -> list[dict]:
                 f"{time_ratio['median']:.2f}×")
         if e["dtype"] == "bfloat16":
             note += ("; the labels path upcasts bf16 logits to an fp32 copy it keeps as the softmax "
-                     "(Megatron-Core cross_entropy.py:25, upstream) — see README")
+                     "(Megatron-Core cross_entropy.py:25, upstream) — see docs/performance.md")
         rows.append(_row("2 log-prob path", f"labels-path extra peak memory / logits, TP={e['tp']}, {e['dtype']}",
                          f"{ours['median']:.3f}", _spread(ours), f"≤ {LOGPROB_TARGET}",
                          ours["median"] <= LOGPROB_TARGET, note))

@@ -9,7 +9,7 @@ log-probs log pi_it, rewards R_i and baseline c:
     rho_i = exp(s_i - log mu(y_i | x_i))         (sequence-level importance ratio)
     w_i   = 1                   if R_i >= 0      (positives: SFT-like)
           = clamp(rho_i, 0, 1)  if R_i <  0      (negatives: truncated ratio)
-    loss  = -(1/B) sum_i stop_grad(w_i) (R_i - c) s_i / n_i
+    loss  = -(1/B) sum_i stop_grad(w_i) (R_i - c) s_i / n_i   (default normalisation, below)
 
 so that d loss / d log pi_it = -w_i (R_i - c) m_it / (B n_i). Positive vs negative is decided
 on the reward R_i (the paper); `negative_rule="advantage"` decides on R_i - c instead.
@@ -34,9 +34,14 @@ Ratio levels (`sequence` is the paper's; the others are unfaithful ablations see
 
 Normalisations of the per-sequence objective J_i (J_i = w_i (R_i - c) s_i for the family):
 
-    sequence_mean     loss = -(1/B) sum_i J_i / n_i          (paper)
-    token_sum         loss = -(1/B) sum_i J_i                (sum over tokens, mean over sequences)
+    sequence_mean     loss = -(1/B) sum_i J_i / n_i          (default: our choice, see below)
+    token_sum         loss = -(1/B) sum_i J_i                (the paper's equation, on log pi(tau))
     batch_token_mean  loss = -sum_i J_i / sum_i n_i
+
+The paper writes its objective on log pi(tau), the sum over the completion's tokens; how its code
+normalises is not stated. `sequence_mean` is this recipe's default, not the paper's: every
+sequence counts equally whatever its length, and the gradient norm does not grow with the
+completion length (docs/objective.md).
 
 Numerics: everything runs in fp32 (fp64 input stays fp64). log rho is computed in log space and
 the truncation is decided there (log rho >= 0 => min(rho, 1) = 1 exactly); `max_log_ratio`

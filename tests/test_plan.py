@@ -254,7 +254,7 @@ def test_preset_keys_exist_on_bridge_and_pass_megatron_validation(name, tmp_path
 
 @pytest.mark.slow
 def test_delayed_scaling_switch_documented_in_the_presets(tmp_path, cpu_bridge):
-    """The switch docs/cluster_presets.md gives passes Megatron-Core; leaving the BF16 first/last
+    """The switch docs/cluster.md gives passes Megatron-Core; leaving the BF16 first/last
     layers on is rejected by Megatron-Core and by the planner alike."""
     delayed = ["model.fp8_recipe=delayed", "model.fp8_amax_history_len=1024", "model.fp8_amax_compute_algo=max"]
     _build("llama31_8b_fp8", tmp_path / "ok", *delayed, "model.first_last_layers_bf16=false").container.model.finalize()

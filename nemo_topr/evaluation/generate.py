@@ -16,8 +16,8 @@ The output is pre-scored records (reward +1 correct, -1 wrong or invalid) whose 
 the task, the reference answer, the extracted answer and the grade (correct / wrong /
 invalid), and with `--sampler-logprobs` the sampler's own log-probability of the sampled
 tokens. Training's log mu comes from `nemo-topr score-logprobs`, not from the sampler (see
-docs/evaluation.md). Empty completions (EOS first) cannot be records and are counted, not
-written.
+docs/generation_evaluation.md). Empty completions (EOS first) cannot be records and are
+counted, not written.
 """
 
 from __future__ import annotations
