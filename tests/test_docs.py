@@ -1,6 +1,6 @@
-"""The documentation stays true: the README is a short front door; every link, anchor and repository
-path in README.md and docs/ exists; every docs/ page cited by code and configs exists; and the
-performance figures equal the committed benchmark results (bench/results/).
+"""The documentation stays true: the README is a short front door; every link, anchor and
+repository path in README.md, docs/ and bench/README.md exists; every docs/ page cited by code and
+configs exists; and the performance figures equal the committed benchmark results (bench/results/).
 
 Which paths are checked. A path is checked when its first component is a tracked top-level entry
 of the repository (`nemo_topr/`, `conf/`, `docs/`, `tests/`, `Makefile`, ...). Run-time outputs
@@ -12,6 +12,7 @@ of the repository (`nemo_topr/`, `conf/`, `docs/`, `tests/`, `Makefile`, ...). R
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -25,7 +26,7 @@ from conftest import REPO
 README = REPO / "README.md"
 README_LIMIT = 12_000
 RUNTIME_ROOTS = frozenset({"runs", "results", "exports"})
-PAGES = [README, *sorted((REPO / "docs").rglob("*.md"))]
+PAGES = [README, *sorted((REPO / "docs").rglob("*.md")), REPO / "bench" / "README.md"]
 # Code and configs whose comments, docstrings and help strings may cite docs/ pages. This file is
 # left out: its self-tests below cite missing pages on purpose.
 CITING_FILES = sorted({*REPO.glob("nemo_topr/**/*.py"), *REPO.glob("bench/**/*.py"), *REPO.glob("tests/**/*.py"),
@@ -42,13 +43,14 @@ PROSE_PATH = re.compile(r"(?<![\w./-])((?:[\w-]+/)+[\w.-]+\.(?:md|py|yaml|sh|sba
 CITED_DOCS = re.compile(r"(?<![\w/])docs/[\w./-]*[\w/]")
 
 
-def repository_roots(root: Path = REPO) -> frozenset[str]:
+@functools.cache
+def repository_roots() -> frozenset[str]:
     """Top-level names of tracked files (the file system without git: everything but dot-files)."""
     try:
-        listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
+        listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
         names = {line.split("/", 1)[0] for line in listed.splitlines() if line}
     except (OSError, subprocess.CalledProcessError):
-        names = {p.name for p in root.iterdir() if not p.name.startswith(".")}
+        names = {p.name for p in REPO.iterdir() if not p.name.startswith(".")}
     return frozenset(names - RUNTIME_ROOTS)
 
 
@@ -72,17 +74,17 @@ def anchors(text: str) -> list[str]:
     return result
 
 
-def _check_path(token: str, root: Path, roots: frozenset[str]) -> str | None:
+def _check_path(token: str) -> str | None:
     """A problem with one repository path (None when fine or not a repository path)."""
     token = token.strip("\"'(),;").rstrip(".:")
     token = token.rsplit("=", 1)[-1]
     match = PATH_TOKEN.match(token)
-    if not match or match["path"].split("/", 1)[0] not in roots:
+    if not match or match["path"].split("/", 1)[0] not in repository_roots():
         return None
     path, suffix = match["path"], match["suffix"] or ""
     if any(c in path for c in "*?"):
-        return None if any(root.glob(path)) else f"{token}: no file matches"
-    target = root / path
+        return None if any(REPO.glob(path)) else f"{token}: no file matches"
+    target = REPO / path
     if not target.exists():
         return f"{token}: no such file or directory"
     if suffix.startswith("::") or (suffix and not suffix[1].isdigit()):
@@ -95,9 +97,9 @@ def _check_path(token: str, root: Path, roots: frozenset[str]) -> str | None:
     return None
 
 
-def page_problems(page: Path, text: str, root: Path = REPO, roots: frozenset[str] | None = None) -> list[str]:
-    """Every broken link, anchor or repository path of one markdown page."""
-    roots = repository_roots(root) if roots is None else roots
+def page_problems(page: Path, text: str) -> list[str]:
+    """Every broken link, anchor or repository path of one markdown page (`page` places its
+    relative links; `text` is its content)."""
     problems = []
     code = [m.group(0) for m in FENCE.finditer(text)]
     prose = FENCE.sub("", text)
@@ -113,12 +115,11 @@ def page_problems(page: Path, text: str, root: Path = REPO, roots: frozenset[str
             continue
         linked = (page.parent / path_part).resolve()
         if not linked.exists():
-            problems.append(f"link {target}: {linked.relative_to(root) if linked.is_relative_to(root) else linked} "
-                            "does not exist")
+            problems.append(f"link {target}: {linked} does not exist")
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked.read_text()):
             problems.append(f"link {target}: no heading with anchor #{anchor} in {linked.name}")
     tokens = [token for span in code for token in span.split()] + PROSE_PATH.findall(prose)
-    problems += [p for p in (_check_path(token, root, roots) for token in tokens) if p]
+    problems += [p for p in map(_check_path, tokens) if p]
     return problems
 
 
@@ -265,7 +266,8 @@ def test_no_page_states_a_benchmark_status_outside_the_generated_block():
         text = page.read_text()
         if page.name == "performance.md":
             text = text.replace(_generated(text), "")
-        cells = [cell for table in _tables(FENCE.sub("", text)) for row in table for cell in row]
+        cells = [cell.strip() for line in FENCE.sub("", text).splitlines() if line.startswith("|")
+                 for cell in line.split("|")]
         claims = [cell for cell in cells if re.match(r"(?i)(met|missed)\b", cell)]
         assert claims == [] and "MISSED" not in text, (page.name, claims)
 
