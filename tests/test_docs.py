@@ -5,8 +5,9 @@ configs exists; and the performance figures equal the committed benchmark result
 Which paths are checked. A path is checked when its first component is a tracked top-level entry
 of the repository (`nemo_topr/`, `conf/`, `docs/`, `tests/`, `Makefile`, ...). Run-time outputs
 (`runs/`, `results/`, `exports/`, which commands create and .gitignore lists), absolute paths
-(`/models/...`, `/data/...`), placeholders (`RUN_DIR/...`, `OUT/...`) and upstream files cited as
-`megatron/core/...` are not repository paths and are left alone. Globs must match a file; a
+(`/models/...`, `/data/...`), placeholders (`RUN_DIR/...`, `OUT/...`, and a missing path with a
+component in capitals such as `conf/SOURCE.yaml`) and upstream files cited as `megatron/core/...`
+are not repository paths and are left alone. Globs must match a file; a
 `:LINE` or `:LINE-LINE` suffix must be within the file; a `:name` or `::name` suffix must occur in it.
 """
 
@@ -27,8 +28,8 @@ README = REPO / "README.md"
 README_LIMIT = 12_000
 RUNTIME_ROOTS = frozenset({"runs", "results", "exports"})
 PAGES = [README, *sorted((REPO / "docs").rglob("*.md")), REPO / "bench" / "README.md"]
-# Code and configs whose comments, docstrings and help strings may cite docs/ pages. This file is
-# left out: its self-tests below cite missing pages on purpose.
+# Code and configs whose comments, docstrings and help strings cite repository paths. This file is
+# left out: its self-tests below cite missing paths on purpose.
 CITING_FILES = sorted({*REPO.glob("nemo_topr/**/*.py"), *REPO.glob("bench/**/*.py"), *REPO.glob("tests/**/*.py"),
                        *REPO.glob("conf/*.yaml"), *REPO.glob("slurm/*"), *REPO.glob("launchers/*"),
                        *REPO.glob("scripts/*"), REPO / "Makefile", REPO / "pyproject.toml"} - {Path(__file__)})
@@ -86,7 +87,8 @@ def _check_path(token: str) -> str | None:
         return None if any(REPO.glob(path)) else f"{token}: no file matches"
     target = REPO / path
     if not target.exists():
-        return f"{token}: no such file or directory"
+        placeholder = any(re.fullmatch(r"[A-Z][A-Z0-9_]*", part.split(".")[0]) for part in path.split("/"))
+        return None if placeholder else f"{token}: no such file or directory"
     if suffix.startswith("::") or (suffix and not suffix[1].isdigit()):
         name = suffix.lstrip(":")
         return None if name in target.read_text() else f"{token}: {name} does not occur in {path}"
@@ -152,6 +154,7 @@ def test_checker_leaves_run_time_outputs_placeholders_and_upstream_paths_alone()
 
 `runs/gsm8k_r1/checkpoints`, `results/r1.json`, `exports/gsm8k_r1/iter_0000100`, `RUN_DIR/config.yaml`,
 `/models/Llama-3.1-8B-Instruct`, `megatron/core/tensor_parallel/cross_entropy.py:25`, `OUT/round_r/`,
+`conf/SOURCE.yaml`,
 [arXiv](https://arxiv.org/abs/2503.14286), `nemo_topr/objective.py`, [top](#example).
 
 ```
@@ -198,10 +201,17 @@ def test_links_anchors_and_paths_of_a_page_exist(page):
     assert page_problems(page, page.read_text()) == []
 
 
-def test_docs_pages_cited_by_code_and_configs_exist():
-    missing = [f"{path.relative_to(REPO)}: {cited}" for path in CITING_FILES if path.is_file()
-               for cited in CITED_DOCS.findall(path.read_text(errors="replace"))
-               if not (REPO / cited.rstrip("/")).exists()]
+def test_paths_cited_by_code_and_configs_exist():
+    """Every docs/ page or directory, and every repository file named with its extension, that a
+    comment, docstring or help string of the code or configs cites."""
+    missing = []
+    for path in CITING_FILES:
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            missing += [f"{path.relative_to(REPO)}: {cited}" for cited in CITED_DOCS.findall(text)
+                        if not (REPO / cited.rstrip("/")).exists()]
+            missing += [f"{path.relative_to(REPO)}: {problem}" for problem in map(_check_path, PROSE_PATH.findall(text))
+                        if problem]
     assert missing == []
 
 
