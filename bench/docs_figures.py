@@ -22,7 +22,8 @@ END = "<!-- END generated figures -->"
 HEADER = ["section", "figure", "value", "spread", "target", "status"]
 
 
-def _load(results_dir: Path, name: str):
+def load_result(results_dir: Path, name: str):
+    """One committed section JSON (lists are stored as {"results": [...]})."""
     payload = json.loads((results_dir / f"{name}.json").read_text())
     return payload["results"] if set(payload) == {"results"} else payload
 
@@ -49,10 +50,10 @@ def _table(rows: list[list[str]], header: list[str] = HEADER) -> list[str]:
 
 def figures_block(results_dir: Path = RESULTS) -> str:
     """The markdown between BEGIN and END (both included)."""
-    env = _load(results_dir, "environment")
-    headline = _load(results_dir, "headline")
+    env = load_result(results_dir, "environment")
+    headline = load_result(results_dir, "headline")
     step_headline = [r for r in headline if r["section"] == "1 step cost"]
-    rows = _step_rows(step_headline, _load(results_dir, "step"))
+    rows = _step_rows(step_headline, load_result(results_dir, "step") if step_headline else [])
     rows += [[r[k] for k in HEADER] for r in headline if r["section"] != "1 step cost"]
     lines = [BEGIN, "",
              f"`make bench` run of {env['date_utc']} on {env['cpu_model']} ({env['cpu_count']} cores), commit "

@@ -14,7 +14,6 @@ are not repository paths and are left alone. Globs must match a file; a
 from __future__ import annotations
 
 import functools
-import json
 import re
 import subprocess
 import unicodedata
@@ -283,13 +282,12 @@ def test_no_page_states_a_benchmark_status_outside_the_generated_block():
 
 
 def test_results_md_is_the_rendering_of_the_committed_jsons(tmp_path):
+    from bench.docs_figures import load_result
     from bench.report import headline, write_markdown
 
     directory = REPO / "bench" / "results"
-    loaded = {}
-    for name in ("environment", "step", "logprob", "packing", "pipeline", "gpu", "headline"):
-        payload = json.loads((directory / f"{name}.json").read_text())
-        loaded[name] = payload["results"] if set(payload) == {"results"} else payload
+    loaded = {name: load_result(directory, name)
+              for name in ("environment", "step", "logprob", "packing", "pipeline", "gpu", "headline")}
     sections = {k: v for k, v in loaded.items() if k not in ("environment", "headline")}
     assert headline(sections) == loaded["headline"]
     rendered = write_markdown(loaded, tmp_path / "RESULTS.md")
