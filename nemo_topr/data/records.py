@@ -3,7 +3,7 @@
 A record is one sampled completion with its reward (see docs/data.md):
 
     prompt            str, or a list of chat messages {"role": str, "content": str}
-    completion        str, non-empty
+    completion        str, non-empty (or TRL's conversational form: [one assistant message])
     reward            finite number
     behavior_logprob  optional finite number <= 0: log mu(completion | prompt), summed over tokens
     prompt_id         optional str or int
@@ -156,6 +156,16 @@ def _check_messages(path: str, line: int, messages: list) -> None:
                 raise RejectedRow("wrong_type", DataError(path, line, f"prompt[{i}].{key}", problem))
 
 
+def _assistant_content(completion: list, reject) -> str:
+    """The text of TRL's conversational completion, a list of one assistant message."""
+    message = completion[0] if len(completion) == 1 else None
+    if not (isinstance(message, dict) and message.get("role") == "assistant"
+            and isinstance(message.get("content"), str)):
+        raise reject("wrong_type", "completion", "expected a string or one assistant message "
+                     "{role: assistant, content: string}")
+    return message["content"]
+
+
 def _record_from_row(path: str, line: int, row: Any, index: int, mapping: ColumnMapping) -> Record:
     """The Record a parsed row describes, or RejectedRow naming the first problem found; a
     field renamed by `mapping` is named with its column."""
@@ -176,6 +186,8 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
     values = {name: row.get(name) for name in FIELDS}
 
     prompt, completion = values["prompt"], values["completion"]
+    if isinstance(completion, list):
+        completion = _assistant_content(completion, reject)
     if isinstance(prompt, list):
         _check_messages(path, line, prompt)
     elif not isinstance(prompt, str):
