@@ -243,3 +243,48 @@ def test_training_dataset_config_takes_a_mapping(tmp_path, megatron_world):
                               columns={**TRL_COLUMNS, "reward": "reward"})
     with pytest.raises(DataError, match=rf"^{trl}:1: reward: mapped to column 'reward', which is not there"):
         wrong.prepare(global_batch_size=4)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: `nemo-topr train` from a save_to_disk dataset and from a TRL-style JSONL
+
+
+def _train(model_dir: Path, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "nemo_topr.cli", "train", "--config-name", "tiny_cpu", f"hf_model={model_dir}",
+               f"run_dir={run_dir}", "dataset.epochs=1", "dataset.packed=false", *overrides]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_training_from_a_saved_dataset_and_from_a_mapped_trl_jsonl(tmp_path):
+    import datasets
+
+    from nemo_topr.demo import _tensorboard_series, build_graded_records
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    model_dir = build_tiny_hf_llama(tmp_path / "tiny_llama_hf", build_tiny_tokenizer())
+    records = [{**r, "behavior_logprob": -50.0 - i} for i, r in enumerate(build_graded_records(4))]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(records)}).save_to_disk(tmp_path / "saved")
+    trl = _renamed(records, TRL_COLUMNS)
+    for row in trl:
+        row["completion"] = [{"role": "assistant", "content": row["completion"]}]
+    _write_jsonl(tmp_path / "trl.jsonl", trl)
+    mapping = "{" + ", ".join(f"{f}: {c}" for f, c in TRL_COLUMNS.items()) + "}"
+
+    runs = {"saved": ("dataset.split=train",), "trl.jsonl": (f"dataset.columns={mapping}",)}
+    for name, overrides in runs.items():
+        proc = _train(model_dir, tmp_path / "runs" / name, f"dataset.train_path={tmp_path / name}", *overrides)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        report = json.loads((tmp_path / "runs" / name / "data_report.json").read_text())
+        assert report["records_in"] == report["records_used"] == 12 and report["sequences"] == 12
+        ledger = (tmp_path / "runs" / name / "samples_dp0.jsonl").read_text().splitlines()
+        assert sorted(s for line in ledger for s in json.loads(line)["sample_ids"]) == list(range(12))
+    # two routes to the same records: the same three steps, bit for bit
+    losses = {name: _tensorboard_series(tmp_path / "runs" / name, "topr_loss") for name in runs}
+    assert len(losses["saved"]) == 3 and losses["saved"] == losses["trl.jsonl"]
+
+    proc = _train(model_dir, tmp_path / "wrong" / "run", f"dataset.train_path={tmp_path / 'trl.jsonl'}",
+                  "dataset.columns={reward: scores}")
+    assert proc.returncode != 0
+    assert f"{tmp_path / 'trl.jsonl'}:1: reward: mapped to column 'scores', which is not there" in proc.stderr
