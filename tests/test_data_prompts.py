@@ -49,7 +49,8 @@ def test_the_default_is_the_repository_copy_from_any_working_directory(tmp_path,
     monkeypatch.delenv(prompts.DATA_DIR_ENV, raising=False)
     assert default_data_dir() == BENCHMARKS
     env = {key: value for key, value in os.environ.items() if key != prompts.DATA_DIR_ENV}
-    code = "from nemo_topr.data.prompts import load_gsm8k, load_math500; print(len(load_gsm8k('test')), len(load_math500()))"
+    code = ("from nemo_topr.data.prompts import load_gsm8k, load_math500; "
+            "print(len(load_gsm8k('test')), len(load_math500()))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env={**env, "PYTHONPATH": str(REPO)}, timeout=120)
     assert proc.stdout.split() == ["1319", "500"], proc.stderr

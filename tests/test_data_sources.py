@@ -70,6 +70,17 @@ def test_arrow_ipc_file_and_stream(tmp_path, kind):
     assert _json(records) == EXPECTED and [r.line for r in records.records] == list(range(1, 25))
 
 
+def test_unreadable_arrow_and_mixed_formats_are_file_errors(tmp_path):
+    (tmp_path / "broken.arrow").write_bytes(b"not arrow")
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'broken.arrow'}:0: file: cannot read Arrow"):
+        load_records(tmp_path / "broken.arrow")
+    pq.write_table(pa.Table.from_pylist(_rows(SCORED)), tmp_path / "part.parquet")
+    (tmp_path / "broken.arrow").unlink()
+    (tmp_path / "part.jsonl").write_bytes(SCORED.read_bytes())
+    with pytest.raises(DataError, match=rf"^{tmp_path}:0: format: mixes JSONL .* and Parquet"):
+        load_records(tmp_path)
+
+
 def test_save_to_disk_dataset(tmp_path):
     import datasets
 
@@ -132,8 +143,10 @@ def test_verl_style_parquet(tmp_path):
 
 
 @pytest.mark.parametrize("columns, problem", [
-    ({"reward": "scor"}, r"0: reward: mapped to column 'scor', which is not there \(columns: prompt, completion, score"),
-    ({"prompt": "text", "completion": "text"}, r"0: columns: fields 'prompt' and 'completion' both map to column 'text'"),
+    ({"reward": "scor"},
+     r"0: reward: mapped to column 'scor', which is not there \(columns: prompt, completion, score"),
+    ({"prompt": "text", "completion": "text"},
+     r"0: columns: fields 'prompt' and 'completion' both map to column 'text'"),
     ({"promt": "prompt"}, r"0: columns: unknown field 'promt' in the column mapping; fields: prompt, completion"),
     ("prompt", r"0: columns: expected field=column, got 'prompt'"),
     ({"reward": "score", "completion": "prompt_id"}, r"0: completion: column 'completion' would stand for field "

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_topr.data.schema import FIELDS, OPTIONAL_FIELDS, REQUIRED_FIELDS, DataError, RejectedRow  # noqa: F401
+from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
 from nemo_topr.data.sources import ColumnMapping, open_sources, spec_name
 
 Messages = list[dict[str, str]]

@@ -142,10 +142,11 @@ def _parquet_source(path: Path) -> Source:
         raise unreadable(error) from error
 
     def read() -> Iterator[tuple[int, Any]]:
+        import pyarrow as pa
+
         try:
-            batches = pq.ParquetFile(path).iter_batches(batch_size=_BATCH_ROWS)
-            yield from _numbered(batches)
-        except OSError as error:  # pyarrow.ArrowInvalid and friends derive from it
+            yield from _numbered(pq.ParquetFile(path).iter_batches(batch_size=_BATCH_ROWS))
+        except (OSError, pa.ArrowException) as error:
             raise unreadable(error) from error
 
     return Source(str(path), "Parquet", columns, read)
@@ -177,7 +178,7 @@ def _arrow_source(path: Path) -> Source:
 
 
 def saved_dataset_kind(path: str | Path) -> str | None:
-    """"Dataset" or "DatasetDict" for a directory written by save_to_disk, else None."""
+    """`Dataset` or `DatasetDict` for a directory written by save_to_disk, else None."""
     path = Path(path)
     if all((path / name).is_file() for name in SAVED_DATASET_FILES):
         return "Dataset"
@@ -329,6 +330,9 @@ class ColumnMapping:
                 if name not in present:
                     listed = ", ".join(source.columns)
                     raise DataError(source.name, 0, self.label(name), f"missing column (columns: {listed})")
+        if not self.columns and self.extra_columns == "error":
+            yield from source.read()  # nothing to rename: the rows as read
+            return
         checked = source.columns is not None
         for line, row in source.read():
             if isinstance(row, dict):
