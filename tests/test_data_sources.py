@@ -297,6 +297,17 @@ def test_training_from_a_saved_dataset_and_from_a_mapped_trl_jsonl(tmp_path):
     losses = {name: _tensorboard_series(tmp_path / "runs" / name, "topr_loss") for name in runs}
     assert len(losses["saved"]) == 3 and losses["saved"] == losses["trl.jsonl"]
 
+    # TRL data without mu: score-logprobs with the same mapping writes our schema with mu set
+    no_mu = _write_jsonl(tmp_path / "trl_no_mu.jsonl", [{k: v for k, v in r.items() if k != "ref_logp"} for r in trl])
+    scored = tmp_path / "scored.jsonl"
+    columns = ",".join(f"{f}={c}" for f, c in TRL_COLUMNS.items() if f != "behavior_logprob")
+    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(model_dir),
+                           "--data", str(no_mu), "--out", str(scored), "--seq-length", "512", "--columns", columns],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    without_mu = [{k: v for k, v in r.items() if k != "behavior_logprob"} for r in records]
+    assert [{k: v for k, v in r.items() if k != "behavior_logprob"} for r in _json(load_records(scored))] == without_mu
+
     proc = _train(model_dir, tmp_path / "wrong" / "run", f"dataset.train_path={tmp_path / 'trl.jsonl'}",
                   "dataset.columns={reward: scores}")
     assert proc.returncode != 0
