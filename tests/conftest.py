@@ -12,7 +12,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).parent / "workers"
-SHARED_DATA = Path(os.environ.get("NEMO_TOPR_DATA_DIR", REPO.parent / "shared" / "data"))
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,14 @@
-"""Prompt builders on the real GSM8K and MATH-500 files."""
+"""Prompt builders on the real GSM8K and MATH-500 files (the repository's data/benchmarks)."""
 
 import hashlib
+import json
+import os
+import subprocess
+import sys
 
 import pytest
+
+from conftest import REPO
 
 from nemo_topr.data import prompts
 from nemo_topr.data.prompts import (
@@ -22,11 +28,32 @@ def train_rows():
     return load_gsm8k("train")
 
 
-def test_the_shared_data_files_are_the_published_ones():
-    data_dir = default_data_dir()
-    for line in (data_dir / "SHA256SUMS").read_text().splitlines():
-        digest, name = line.split()
-        assert hashlib.sha256((data_dir / name.lstrip("*")).read_bytes()).hexdigest() == digest, name
+# the digests of the files as published with the project's reference data
+PUBLISHED_SHA256 = {
+    "gsm8k_test.jsonl": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",
+    "gsm8k_train.jsonl": "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",
+    "math500_test.jsonl": "a864513f783687921021750dc1d54cf3149d87760727f65ad50ebd8a41964a7d",
+}
+BENCHMARKS = REPO / "data" / "benchmarks"
+
+
+def test_the_benchmark_files_in_the_repository_are_the_published_ones():
+    listed = dict(reversed(line.split()) for line in (BENCHMARKS / "SHA256SUMS").read_text().splitlines())
+    assert {name.lstrip("*"): digest for name, digest in listed.items()} == PUBLISHED_SHA256
+    for name, digest in PUBLISHED_SHA256.items():
+        assert hashlib.sha256((BENCHMARKS / name).read_bytes()).hexdigest() == digest, name
+    assert {"README.md", "LICENSE"} <= {path.name for path in BENCHMARKS.iterdir()}
+
+
+def test_the_default_is_the_repository_copy_from_any_working_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv(prompts.DATA_DIR_ENV, raising=False)
+    assert default_data_dir() == BENCHMARKS
+    env = {key: value for key, value in os.environ.items() if key != prompts.DATA_DIR_ENV}
+    code = ("from nemo_topr.data.prompts import load_gsm8k, load_math500; "
+            "print(len(load_gsm8k('test')), len(load_math500()))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.stdout.split() == ["1319", "500"], proc.stderr
 
 
 def test_split_sizes(train_rows):
@@ -71,3 +98,43 @@ def test_data_dir_is_configurable_and_never_downloaded(tmp_path, monkeypatch):
     assert load_gsm8k("test") == [{"question": "1 + 1?", "answer": "#### 2"}]
     with pytest.raises(ValueError, match="split"):
         load_gsm8k("validation")
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_save_to_disk_dataset_dict_stands_in_for_the_gsm8k_files(tmp_path):
+    import datasets
+
+    splits = {split: _jsonl(BENCHMARKS / f"gsm8k_{split}.jsonl")[:20] for split in ("train", "test")}
+    datasets.DatasetDict({split: datasets.Dataset.from_list(rows) for split, rows in splits.items()}).save_to_disk(
+        tmp_path / "gsm8k")
+    assert load_gsm8k("test", tmp_path / "gsm8k") == splits["test"]
+    assert load_gsm8k("train", tmp_path / "gsm8k") == splits["train"]
+
+    datasets.Dataset.from_list(splits["test"]).save_to_disk(tmp_path / "one_split")
+    with pytest.raises(prompts.DataError, match=r"one_split:0: split: a saved Dataset holds one split; GSM8K needs"):
+        load_gsm8k("test", tmp_path / "one_split")
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(splits["test"])}).save_to_disk(tmp_path / "no_train")
+    with pytest.raises(prompts.DataError, match=r"no_train:0: split: no split 'train'; splits: \['test'\]"):
+        load_gsm8k("train", tmp_path / "no_train")
+
+
+def test_a_save_to_disk_dataset_in_the_hub_math500_layout(tmp_path):
+    import datasets
+
+    rows = _jsonl(BENCHMARKS / "math500_test.jsonl")[:5]
+    # HuggingFaceH4/MATH-500's columns: problem, solution, answer, subject, level, unique_id
+    hub_rows = [{"problem": r["question"], "solution": "...", "answer": r["answer"],
+                 "subject": r["metadata"]["subject"], "level": r["metadata"]["level"],
+                 "unique_id": r["metadata"]["unique_id"]} for r in rows]
+    datasets.Dataset.from_list(hub_rows).save_to_disk(tmp_path / "math500")
+    loaded = load_math500(tmp_path / "math500")
+    assert [(r["question"], r["answer"], r["unique_id"]) for r in loaded] == [
+        (r["question"], r["answer"], r["id"]) for r in rows]
+    assert "problem" not in loaded[0]
+
+    datasets.Dataset.from_list([{"problem": "1+1?", "solution": "2"}]).save_to_disk(tmp_path / "no_answer")
+    with pytest.raises(prompts.DataError, match=r"no_answer:0: answer: missing column \(columns: problem, solution\)"):
+        load_math500(tmp_path / "no_answer")

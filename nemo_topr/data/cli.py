@@ -14,10 +14,29 @@ from pathlib import Path
 from nemo_topr.data.records import RecordSet, load_records
 
 
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options saying how to read a source in another shape (see `nemo_topr.data.sources`)."""
+    parser.add_argument("--columns", action="append", default=[], metavar="FIELD=COLUMN,...",
+                        help="map our fields to the data's columns, e.g. prompt=question,completion=response,"
+                             "reward=score")
+    parser.add_argument("--column", action="append", dest="columns", metavar="FIELD=COLUMN",
+                        help="one field=column pair (repeatable); adds to --columns")
+    parser.add_argument("--split", help="split of a saved DatasetDict or a hub dataset")
+    parser.add_argument("--extra-columns", choices=("error", "meta"), default="error",
+                        help="columns that are no field: an error (default) or carried under meta")
+
+
+def source_options(args: argparse.Namespace) -> dict:
+    """`load_records` keyword arguments from `add_source_arguments`' options."""
+    return {"columns": args.columns, "split": args.split, "extra_columns": args.extra_columns}
+
+
 def _add_input_arguments(
     parser: argparse.ArgumentParser, *, tokenizer: bool = False, length_limit: bool = False
 ) -> None:
-    parser.add_argument("paths", nargs="+", help="JSONL/Parquet files, directories or glob patterns")
+    parser.add_argument("paths", nargs="+", help="JSONL/Parquet/Arrow files, directories, glob patterns, a "
+                        "save_to_disk directory, or a hub dataset name (used only when no such local path exists)")
+    add_source_arguments(parser)
     parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
                         help="stop at the first bad record (default) or drop and count bad records")
     if tokenizer:
@@ -26,6 +45,10 @@ def _add_input_arguments(
         parser.add_argument("--max-seq-length", type=int, help="limit on prompt + completion + EOS tokens")
         parser.add_argument("--too-long", choices=("error", "drop"),
                             help="what to do with sequences over the limit (default: error if strict, else drop)")
+
+
+def _load(args: argparse.Namespace) -> RecordSet:
+    return load_records(args.paths, strict=args.strict, **source_options(args))
 
 
 def _tokenize(args: argparse.Namespace, records: RecordSet, **limits):
@@ -37,7 +60,7 @@ def _tokenize(args: argparse.Namespace, records: RecordSet, **limits):
 
 
 def _validate(args: argparse.Namespace) -> int:
-    records = load_records(args.paths, strict=args.strict)
+    records = _load(args)
     if args.tokenizer is not None:
         tokenizer, tokenized = _tokenize(args, records, max_seq_length=args.max_seq_length, too_long=args.too_long)
         if args.max_seq_length is not None:
@@ -56,7 +79,7 @@ def _validate(args: argparse.Namespace) -> int:
 def _stats(args: argparse.Namespace) -> int:
     from nemo_topr.data.stats import plot_summary, summarize, write_summary
 
-    records = load_records(args.paths, strict=args.strict)
+    records = _load(args)
     sequences = _tokenize(args, records)[1].sequences if args.tokenizer is not None else None
     summary = summarize(records.records, baseline=args.baseline, sequences=sequences)
     summary["validation"] = records.report.to_dict()
@@ -82,7 +105,7 @@ def _curate(args: argparse.Namespace) -> int:
         per_prompt=args.per_prompt,
         seed=args.seed,
     )
-    records = load_records(args.paths, strict=args.strict)
+    records = _load(args)
     result = curate(records.records, curation)
     result.stats["validation"] = records.report.to_dict()
     stats_path = args.stats or args.out.with_suffix(".stats.json")

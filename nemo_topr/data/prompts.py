@@ -1,5 +1,9 @@
 """Prompt builders for the paper's two benchmarks, read from local files (never downloaded).
 
+The files ship with the repository in `data/benchmarks/` (data/benchmarks/README.md: origin,
+licences, checksums); $NEMO_TOPR_DATA_DIR or `data_dir` points elsewhere: a directory of the same
+JSONL files, or a directory written by `datasets`' save_to_disk.
+
 GSM8K: the paper's 8-shot chain-of-thought prompt, exemplars drawn from the train split.
 MATH-500: zero-shot, final answer in \\boxed{}.
 """
@@ -12,6 +16,12 @@ import random
 import re
 from pathlib import Path
 
+from nemo_topr.data.schema import DataError
+from nemo_topr.data.sources import load_saved_dataset, saved_dataset_kind
+
+# Found from the package's location: the recipe runs from its clone (an editable install), so the
+# repository's files sit beside the package; a wheel installed elsewhere sets NEMO_TOPR_DATA_DIR.
+BENCHMARK_DIR = Path(__file__).resolve().parents[2] / "data" / "benchmarks"
 DATA_DIR_ENV = "NEMO_TOPR_DATA_DIR"
 GSM8K_SPLITS = ("train", "test")
 GSM8K_SHOTS = 8
@@ -23,36 +33,59 @@ MATH_INSTRUCTION = (
 )
 
 _CALCULATOR_ANNOTATION = re.compile(r"<<[^>]*>>")
+# the question column: ours and openai/gsm8k's, then HuggingFaceH4/MATH-500's
+QUESTION_COLUMNS = ("question", "problem")
 
 
 def default_data_dir() -> Path:
-    """$NEMO_TOPR_DATA_DIR, else `../shared/data` next to the repository."""
+    """$NEMO_TOPR_DATA_DIR, else the repository's `data/benchmarks`."""
     if os.environ.get(DATA_DIR_ENV):
         return Path(os.environ[DATA_DIR_ENV])
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
+    return BENCHMARK_DIR
 
 
-def _read_benchmark(name: str, data_dir: str | Path | None) -> list[dict]:
-    path = Path(data_dir or default_data_dir()) / name
+def _read_benchmark(benchmark: str, split: str, data_dir: str | Path | None) -> list[dict]:
+    directory = Path(data_dir or default_data_dir())
+    if saved_dataset_kind(directory):
+        return _saved_benchmark_rows(directory, benchmark, split)
+    path = directory / f"{benchmark}_{split}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path}: benchmark file not found; set {DATA_DIR_ENV} or pass data_dir "
-            "(the data is never downloaded)"
+            f"{path}: benchmark file not found; set {DATA_DIR_ENV} or pass data_dir: a directory of the "
+            f"benchmark JSONL files or a save_to_disk dataset (the data is never downloaded)"
         )
     with path.open(encoding="utf-8") as lines:
         return [json.loads(line) for line in lines if line.strip()]
+
+
+def _saved_benchmark_rows(directory: Path, benchmark: str, split: str) -> list[dict]:
+    """Rows of a save_to_disk directory: a DatasetDict with the split, or (MATH-500, one split) a
+    Dataset; a `problem` column (HuggingFaceH4/MATH-500) becomes `question`."""
+    single = saved_dataset_kind(directory) == "Dataset"
+    if single and benchmark == "gsm8k":
+        raise DataError(directory, 0, "split", "a saved Dataset holds one split; GSM8K needs a DatasetDict "
+                        "with 'train' (few-shot exemplars) and 'test' splits")
+    dataset, name = load_saved_dataset(directory, None if single else split)
+    question = next((column for column in QUESTION_COLUMNS if column in dataset.column_names), None)
+    for field, column in (("question", question), ("answer", "answer")):
+        if column not in dataset.column_names:
+            raise DataError(name, 0, field, f"missing column (columns: {', '.join(dataset.column_names)})")
+    rows = dataset.to_list()
+    if question != "question":
+        rows = [{"question": row.pop(question), **row} for row in rows]
+    return rows
 
 
 def load_gsm8k(split: str = "train", data_dir: str | Path | None = None) -> list[dict]:
     """GSM8K rows {question, answer}; `answer` is the chain of thought ending in `#### N`."""
     if split not in GSM8K_SPLITS:
         raise ValueError(f"GSM8K split must be one of {GSM8K_SPLITS}; got {split!r}")
-    return _read_benchmark(f"gsm8k_{split}.jsonl", data_dir)
+    return _read_benchmark("gsm8k", split, data_dir)
 
 
 def load_math500(data_dir: str | Path | None = None) -> list[dict]:
     """MATH-500 rows {id, question, answer, metadata}; `answer` is the final answer in LaTeX."""
-    return _read_benchmark("math500_test.jsonl", data_dir)
+    return _read_benchmark("math500", "test", data_dir)
 
 
 def gsm8k_final_answer(answer: str) -> str:

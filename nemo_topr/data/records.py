@@ -1,47 +1,36 @@
-"""Pre-scored records: schema, reading (JSONL, Parquet), validation and the drop report.
+"""Pre-scored records: schema, validation and the drop report.
 
 A record is one sampled completion with its reward (see docs/data.md):
 
     prompt            str, or a list of chat messages {"role": str, "content": str}
-    completion        str, non-empty
+    completion        str, non-empty (or TRL's conversational form: [one assistant message])
     reward            finite number
     behavior_logprob  optional finite number <= 0: log mu(completion | prompt), summed over tokens
     prompt_id         optional str or int
     sample_id         optional str or int; unique per prompt (prompt_id, else the prompt text)
     meta              optional JSON object, carried along untouched
 
-JSONL is read line by line (not through `datasets`, which loses line numbers and coerces types)
-so that every error names `file:line: field: problem`; Parquet rows are numbered from 1 the same
-way, and line 0 stands for the file (or dataset) as a whole. Record-level problems raise in
-strict mode and are counted as drops otherwise; problems with a whole file or with the schema
-always raise.
+Rows come from `nemo_topr.data.sources` (JSONL, Parquet, Arrow, save_to_disk directories, hub
+datasets), renamed by an optional column mapping, each with its location, so that every error
+names `source:row: field: problem` (line 0: the file or dataset as a whole). Record-level problems
+raise in strict mode and are counted as drops otherwise; problems with a whole file, with the
+schema or with the column mapping always raise.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REQUIRED_FIELDS = ("prompt", "completion", "reward")
-OPTIONAL_FIELDS = ("behavior_logprob", "prompt_id", "sample_id", "meta")
-FIELDS = REQUIRED_FIELDS + OPTIONAL_FIELDS
-FORMATS = {".jsonl": "JSONL", ".parquet": "Parquet"}
+from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
+from nemo_topr.data.sources import ColumnMapping, open_sources, spec_name
 
 Messages = list[dict[str, str]]
-
-
-class DataError(ValueError):
-    """A data problem located as `path:line: field: problem` (line 0: the file as a whole)."""
-
-    def __init__(self, path: str | Path, line: int, field: str, problem: str):
-        self.path, self.line, self.field, self.problem = str(path), line, field, problem
-        super().__init__(f"{self.path}:{line}: {field}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -140,92 +129,6 @@ class RecordSet:
 
 
 # ---------------------------------------------------------------------------------------------
-# Finding files
-
-
-def resolve_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
-    """Data files named by files, directories (their *.jsonl / *.parquet) or glob patterns."""
-    files: list[Path] = []
-    for spec in [paths] if isinstance(paths, (str, Path)) else paths:
-        files += _files_of(str(spec))
-    formats = {FORMATS[file.suffix]: file for file in files}
-    if len(formats) > 1:
-        named = " and ".join(f"{fmt} ({file})" for fmt, file in sorted(formats.items()))
-        raise DataError(_spec_name(paths), 0, "format", f"mixes {named}; use one format per dataset")
-    return files
-
-
-def _spec_name(paths: str | Path | Sequence[str | Path]) -> str:
-    return str(paths) if isinstance(paths, (str, Path)) else ",".join(map(str, paths))
-
-
-def _files_of(spec: str) -> list[Path]:
-    path = Path(spec)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in FORMATS and p.is_file())
-        if not files:
-            raise DataError(spec, 0, "path", "directory holds no .jsonl or .parquet files")
-        return files
-    if path.is_file():
-        if path.suffix not in FORMATS:
-            raise DataError(spec, 0, "path", f"unknown format {path.suffix!r}; expected .jsonl or .parquet")
-        return [path]
-    if glob.has_magic(spec):
-        files = sorted(Path(p) for p in glob.glob(spec) if Path(p).suffix in FORMATS and Path(p).is_file())
-        if not files:
-            raise DataError(spec, 0, "path", "pattern matches no .jsonl or .parquet files")
-        return files
-    raise DataError(spec, 0, "path", "does not exist")
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading raw rows: (line, parsed row), or (line, _Rejected) when the line cannot be parsed
-
-
-class _Rejected(Exception):
-    """A record-level problem: dropped under `reason` in non-strict mode."""
-
-    def __init__(self, reason: str, error: DataError):
-        super().__init__(str(error))
-        self.reason, self.error = reason, error
-
-
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    with path.open("rb") as lines:
-        for number, raw in enumerate(lines, start=1):
-            if not raw.strip():
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                problem = f"invalid UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1})"
-                yield number, _Rejected("invalid_utf8", DataError(path, number, "record", problem))
-                continue
-            try:
-                yield number, json.loads(text.rstrip("\r\n"))
-            except json.JSONDecodeError as error:
-                problem = f"invalid JSON: {error.msg} (column {error.colno})"
-                yield number, _Rejected("invalid_json", DataError(path, number, "record", problem))
-
-
-def _parquet_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except Exception as error:  # pyarrow raises several types for unreadable files
-        raise DataError(path, 0, "file", f"cannot read Parquet ({error})") from error
-    for name in REQUIRED_FIELDS:
-        if name not in table.column_names:
-            raise DataError(path, 0, name, f"missing column (columns: {', '.join(table.column_names)})")
-    yield from enumerate(table.to_pylist(), start=1)
-
-
-def _raw_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    return _parquet_rows(path) if path.suffix == ".parquet" else _jsonl_rows(path)
-
-
-# ---------------------------------------------------------------------------------------------
 # Validating one row
 
 
@@ -242,35 +145,49 @@ def _type_name(value: Any) -> str:
     return names.get(type(value), "number")
 
 
-def _check_messages(path: Path, line: int, messages: list) -> None:
+def _check_messages(path: str, line: int, messages: list) -> None:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             problem = f"expected a message object, got {_type_name(message)}"
-            raise _Rejected("wrong_type", DataError(path, line, f"prompt[{i}]", problem))
+            raise RejectedRow("wrong_type", DataError(path, line, f"prompt[{i}]", problem))
         for key in ("role", "content"):
             if not isinstance(message.get(key), str):
                 problem = f"expected a string, got {_type_name(message.get(key))}"
-                raise _Rejected("wrong_type", DataError(path, line, f"prompt[{i}].{key}", problem))
+                raise RejectedRow("wrong_type", DataError(path, line, f"prompt[{i}].{key}", problem))
 
 
-def _record_from_row(path: Path, line: int, row: Any, index: int) -> Record:
-    """The Record a parsed row describes, or _Rejected naming the first problem found."""
+def _assistant_content(completion: list, reject) -> str:
+    """The text of TRL's conversational completion, a list of one assistant message."""
+    message = completion[0] if len(completion) == 1 else None
+    if not (isinstance(message, dict) and message.get("role") == "assistant"
+            and isinstance(message.get("content"), str)):
+        raise reject("wrong_type", "completion", "expected a string or one assistant message "
+                     "{role: assistant, content: string}")
+    return message["content"]
 
-    def reject(reason: str, field_name: str, problem: str) -> _Rejected:
-        return _Rejected(reason, DataError(path, line, field_name, problem))
+
+def _record_from_row(path: str, line: int, row: Any, index: int, mapping: ColumnMapping) -> Record:
+    """The Record a parsed row describes, or RejectedRow naming the first problem found; a
+    field renamed by `mapping` is named with its column."""
+
+    def reject(reason: str, field_name: str, problem: str) -> RejectedRow:
+        return RejectedRow(reason, DataError(path, line, mapping.label(field_name), problem))
 
     if not isinstance(row, dict):
         raise reject("wrong_type", "record", f"expected a JSON object, got {_type_name(row)}")
     unknown = sorted(set(row) - set(FIELDS))
     if unknown:  # a schema problem (often a misspelt field), never a per-record drop
         known = ", ".join(FIELDS)
-        raise DataError(path, line, unknown[0], f"unknown field; known fields: {known} (put extra data under 'meta')")
+        raise DataError(path, line, unknown[0], f"unknown field; known fields: {known} (put extra data under "
+                        "'meta', map columns to fields with a column mapping, or set extra_columns=meta)")
     for name in REQUIRED_FIELDS:
         if row.get(name) is None:
             raise reject("missing_field", name, "missing" if name not in row else "is null")
     values = {name: row.get(name) for name in FIELDS}
 
     prompt, completion = values["prompt"], values["completion"]
+    if isinstance(completion, list):
+        completion = _assistant_content(completion, reject)
     if isinstance(prompt, list):
         _check_messages(path, line, prompt)
     elif not isinstance(prompt, str):
@@ -358,59 +275,72 @@ class _ConsistencyCheck:
         if schema != self.file_schema:
             name, here, there = _schema_difference(schema, self.file_schema)
             problem = f"schema differs within the file: {here} here, {there} in earlier records"
-            raise _Rejected("schema_mismatch", record.error(name, problem))
+            raise RejectedRow("schema_mismatch", record.error(name, problem))
         if record.prompt_id is not None:
             first = self.first_of_prompt_id.setdefault(record.prompt_id, record)
             if first.prompt != record.prompt:
                 problem = f"differs from the prompt of prompt_id {record.prompt_id!r} at {first.path}:{first.line}"
-                raise _Rejected("conflicting_prompt", record.error("prompt", problem))
+                raise RejectedRow("conflicting_prompt", record.error("prompt", problem))
         if record.sample_id is not None:  # the prompt stands in for a missing prompt_id
             first = self.first_of_id.setdefault((record.prompt_key, record.sample_id), record)
             if first is not record:
                 prompt = record.prompt_id if record.prompt_id is not None else "(prompt text)"
                 problem = f"duplicate sample_id {record.sample_id!r} of prompt {prompt!r}"
                 problem += f"; first at {first.path}:{first.line}"
-                raise _Rejected("duplicate_id", record.error("sample_id", problem))
+                raise RejectedRow("duplicate_id", record.error("sample_id", problem))
 
 
 # ---------------------------------------------------------------------------------------------
 # Loading a dataset
 
 
-def load_records(paths: str | Path | Sequence[str | Path], *, strict: bool = True) -> RecordSet:
-    """Read and validate every record under `paths` (files, directories or globs).
+def load_records(
+    paths: str | Path | Sequence[str | Path],
+    *,
+    strict: bool = True,
+    columns: Mapping[str, str] | str | Sequence[str] | None = None,
+    split: str | None = None,
+    extra_columns: str = "error",
+) -> RecordSet:
+    """Read and validate every record under `paths` (see `nemo_topr.data.sources`: files,
+    directories, globs, save_to_disk directories, hub names).
+
+    `columns` maps our fields to the source's columns (`{"prompt": "question"}`, or
+    "prompt=question,reward=score"); `split` picks a DatasetDict's or hub dataset's split;
+    `extra_columns="meta"` carries columns that are no field under `meta`.
 
     Strict: the first problem raises DataError. Non-strict: records with a problem are
     dropped and counted by reason in the report. Missing, empty or unreadable files, mixed
-    formats, unknown fields, a schema that differs between files and a dataset left with no
-    records raise in both modes.
+    formats, a bad column mapping, unknown fields, a schema that differs between files and a
+    dataset left with no records raise in both modes.
     """
-    files = resolve_files(paths)
-    report = ValidationReport(files=[str(f) for f in files])
+    mapping = ColumnMapping.parse(columns, extra_columns=extra_columns, source=spec_name(paths))
+    sources = open_sources(paths, split=split)
+    report = ValidationReport(files=[source.name for source in sources])
     records: list[Record] = []
     consistency = _ConsistencyCheck()
-    for path in files:
+    for source in sources:
         consistency.start_file()
         records_before = report.records_in
-        for line, row in _raw_rows(path):
+        for line, row in mapping.rows(source):
             index = report.records_in
             report.records_in += 1
             try:
-                if isinstance(row, _Rejected):
+                if isinstance(row, RejectedRow):
                     raise row
-                record = _record_from_row(path, line, row, index)
+                record = _record_from_row(source.name, line, row, index, mapping)
                 consistency.check(record)
-            except _Rejected as rejected:
+            except RejectedRow as rejected:
                 report.reject(rejected.reason, rejected.error, strict)
                 continue
             records.append(record)
         if report.records_in == records_before:
-            raise DataError(path, 0, "file", "empty (no records)")
+            raise DataError(source.name, 0, "file", "empty (no records)")
 
     report.records_used = len(records)
     if not records:
         problem = f"no usable records ({report.records_in} read, all dropped: {dict(report.dropped)})"
-        raise DataError(_spec_name(paths), 0, "dataset", problem)
+        raise DataError(spec_name(paths), 0, "dataset", problem)
     return RecordSet(records, report)
 
 

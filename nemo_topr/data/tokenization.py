@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from nemo_topr.data.packing import TokenizedSequence
 from nemo_topr.data.records import DataError, Messages, RecordSet, ValidationReport, load_records
@@ -137,8 +137,10 @@ def load_tokenized(
     max_seq_length: int | None = None,
     strict: bool = True,
     too_long: TooLong | None = None,
+    **source: Any,
 ) -> TokenizedDataset:
-    """Read, validate and tokenize a dataset in one call (see `tokenize_records`)."""
-    records = load_records(paths, strict=strict)
+    """Read, validate and tokenize a dataset in one call (see `tokenize_records`); `source`:
+    `load_records`' columns, split and extra_columns."""
+    records = load_records(paths, strict=strict, **source)
     tokenizer = load_tokenizer(tokenizer_dir)
     return tokenize_records(records, tokenizer, max_seq_length=max_seq_length, strict=strict, too_long=too_long)

@@ -280,7 +280,8 @@ def sample_and_grade(model_dir: str | Path, problems: Sequence[Problem], setting
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, num_samples: int) -> None:
     defaults = SamplingSettings()
     parser.add_argument("--task", choices=TASKS, help="grader for a prompt file (benchmarks set it)")
-    parser.add_argument("--data-dir", type=Path, help="benchmark files (default: $NEMO_TOPR_DATA_DIR or ../shared/data)")
+    parser.add_argument("--data-dir", type=Path, help="benchmark JSONL files or a save_to_disk dataset "
+                        "(default: $NEMO_TOPR_DATA_DIR, else the repository's data/benchmarks)")
     parser.add_argument("--limit", type=int, help="only the first K problems")
     parser.add_argument("--num-samples", type=int, default=num_samples, help="samples per prompt")
     parser.add_argument("--temperature", type=float, default=defaults.temperature)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,10 @@ class PreparedData:
 class ToprDatasetConfig(DatasetProvider):
     """``dataset:`` section of a TOPR run (Bridge's ConfigContainer.dataset)."""
 
-    train_path: str = ""
+    train_path: str = ""  # files, directory, glob, save_to_disk directory or hub name (nemo_topr.data.sources)
+    columns: dict[str, str] = field(default_factory=dict)  # our field -> the data's column
+    split: str | None = None  # of a saved DatasetDict or a hub dataset
+    extra_columns: str = "error"  # "meta": columns that are no field are carried under meta
     tokenizer_dir: str = ""
     seq_length: int = 2048
     packed: bool = True  # False: one sequence per row (padded batches)
@@ -89,7 +92,8 @@ class ToprDatasetConfig(DatasetProvider):
         if self.epochs < 1:
             raise ValueError(f"dataset.epochs must be >= 1; got {self.epochs}")
         dataset = load_tokenized(self.train_path, self.tokenizer_dir, max_seq_length=self.seq_length,
-                                 strict=self.strict, too_long=self.too_long)
+                                 strict=self.strict, too_long=self.too_long, columns=self.columns,
+                                 split=self.split, extra_columns=self.extra_columns)
         pad_id = pad_id_of(load_tokenizer(self.tokenizer_dir))
         sequences = dataset.sequences
         epoch_rows = (pack_sequences(sequences, self.seq_length, pad_id) if self.packed

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from nemo_topr import cpu_runtime
+from nemo_topr.data.cli import add_source_arguments, source_options
 from nemo_topr.data.packing import collate_packed, pack_sequences
 from nemo_topr.data.records import load_records, write_jsonl
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
@@ -47,12 +48,13 @@ def scoring_forward_step(scores: dict[int, float], config):
 
 def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, seq_length: int = 2048,
                    tensor_parallel: int = 1, pipeline_parallel: int = 1, rows_per_batch: int = 4,
-                   strict: bool = True, precision: str = "fp32") -> dict:
+                   strict: bool = True, precision: str = "fp32", source: dict | None = None) -> dict:
     """Score every record; rank 0 writes `out` and returns a summary (other ranks return {}).
 
     `precision` ("fp32" or "bf16") should match training's, so that rho = 1 at step 0 when the
     starting checkpoint scores its own data (bf16 rounding summed over hundreds of tokens
-    otherwise shows up as |log rho| > 0 before the first update)."""
+    otherwise shows up as |log rho| > 0 before the first update). `source`: `load_records`'
+    columns, split and extra_columns, for data in another shape; `out` is in our schema."""
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -72,7 +74,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     for chunk in model:
         chunk.eval()
 
-    records = load_records(data, strict=strict)
+    records = load_records(data, strict=strict, **(source or {}))
     tokenizer = load_tokenizer(model_dir)
     tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict)
     sequences, pad_id = tokenized.sequences, pad_id_of(tokenizer)
@@ -114,7 +116,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nemo-topr score-logprobs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="local Hugging Face model directory (weights + tokenizer)")
-    parser.add_argument("--data", required=True, help="records: JSONL/Parquet file, directory or glob")
+    parser.add_argument("--data", required=True, help="records: JSONL/Parquet/Arrow files, directory, glob, "
+                        "save_to_disk directory or hub name (see --columns)")
     parser.add_argument("--out", required=True, help="output JSONL with behavior_logprob set")
     parser.add_argument("--seq-length", type=int, default=2048)
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
@@ -124,10 +127,12 @@ def main(argv: list[str]) -> int:
                         help="model precision; match training's (default: bf16 with CUDA, fp32 without)")
     parser.add_argument("--no-strict", dest="strict", action="store_false",
                         help="drop malformed or over-long records (counted in OUT.report.json)")
+    add_source_arguments(parser)
     args = parser.parse_args(argv)
     summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
                              tensor_parallel=args.tp, pipeline_parallel=args.pp,
-                             rows_per_batch=args.rows_per_batch, strict=args.strict, precision=args.precision)
+                             rows_per_batch=args.rows_per_batch, strict=args.strict, precision=args.precision,
+                             source=source_options(args))
     if summary:
         print(json.dumps(summary, indent=2))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

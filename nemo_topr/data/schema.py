@@ -1,0 +1,25 @@
+"""The record schema's field names and the located data error, shared by reading and validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REQUIRED_FIELDS = ("prompt", "completion", "reward")
+OPTIONAL_FIELDS = ("behavior_logprob", "prompt_id", "sample_id", "meta")
+FIELDS = REQUIRED_FIELDS + OPTIONAL_FIELDS
+
+
+class DataError(ValueError):
+    """A data problem located as `path:line: field: problem` (line 0: the file as a whole)."""
+
+    def __init__(self, path: str | Path, line: int, field: str, problem: str):
+        self.path, self.line, self.field, self.problem = str(path), line, field, problem
+        super().__init__(f"{self.path}:{line}: {field}: {problem}")
+
+
+class RejectedRow(Exception):
+    """A record-level problem: raised when strict, dropped and counted under `reason` otherwise."""
+
+    def __init__(self, reason: str, error: DataError):
+        super().__init__(str(error))
+        self.reason, self.error = reason, error

@@ -1,0 +1,343 @@
+"""Where records come from: raw rows with their location, renamed by an explicit column mapping.
+
+A source is one file (JSONL, Parquet, Arrow), one directory written by `datasets`'
+`save_to_disk` (a DatasetDict needs a split), or a Hugging Face hub dataset name, read through
+`datasets.load_dataset` only when the argument is no local path. Rows are numbered from 1 in every
+source (JSONL: the line number) so that errors read `source:row: field: problem`; row 0 stands for
+the source as a whole.
+
+A column mapping (our field -> their column) renames columns before validation. It is checked
+before the rows are read: against the Parquet/Arrow schema, the dataset's features, or a JSONL
+file's first record. Columns it does not name keep their name; those that are no field of the
+schema are an error, or, with `extra_columns="meta"`, are carried under `meta`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
+
+FILE_FORMATS = {".jsonl": "JSONL", ".parquet": "Parquet", ".arrow": "Arrow"}
+EXTRA_COLUMNS = ("error", "meta")
+# what datasets.load_from_disk looks for (datasets/load.py:1740-1747)
+SAVED_DATASET_FILES = ("dataset_info.json", "state.json")
+SAVED_DATASET_DICT_FILE = "dataset_dict.json"
+# `name` or `owner/name`; anything with a file suffix or more slashes is taken for a local path
+HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_BATCH_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source of rows; `read()` yields (row number, parsed row or RejectedRow)."""
+
+    name: str  # what errors name: the file, the dataset directory, or the hub name
+    format: str
+    columns: tuple[str, ...] | None  # known before reading (columnar sources); None for JSONL
+    read: Callable[[], Iterator[tuple[int, Any]]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding sources
+
+
+def open_sources(paths: str | Path | Sequence[str | Path], *, split: str | None = None) -> list[Source]:
+    """The sources named by files, directories, glob patterns, saved datasets or hub names."""
+    specs = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    sources = [source for spec in specs for source in _sources_of(str(spec), split)]
+    formats = {source.format: source.name for source in sources}
+    if len(formats) > 1:
+        named = " and ".join(f"{fmt} ({name})" for fmt, name in sorted(formats.items()))
+        raise DataError(spec_name(paths), 0, "format", f"mixes {named}; use one format per dataset")
+    if split is not None and not formats.keys() & {"datasets", "hub"}:
+        raise DataError(spec_name(paths), 0, "split", f"split {split!r} applies only to a saved DatasetDict "
+                        "or a hub dataset")
+    return sources
+
+
+def spec_name(paths: str | Path | Sequence[str | Path]) -> str:
+    return str(paths) if isinstance(paths, (str, Path)) else ",".join(map(str, paths))
+
+
+def _sources_of(spec: str, split: str | None) -> list[Source]:
+    path = Path(spec)
+    if path.is_dir():
+        if saved_dataset_kind(path):
+            return [_dataset_source(*load_saved_dataset(path, split))]
+        files = sorted(p for p in path.iterdir() if p.suffix in FILE_FORMATS and p.is_file())
+        if not files:
+            raise DataError(spec, 0, "path", "directory holds no .jsonl, .parquet or .arrow files "
+                            "and no dataset written by save_to_disk")
+        return [_file_source(file) for file in files]
+    if path.is_file():
+        if path.suffix not in FILE_FORMATS:
+            raise DataError(spec, 0, "path", f"unknown format {path.suffix!r}; expected .jsonl, .parquet or .arrow")
+        return [_file_source(path)]
+    if glob.has_magic(spec):
+        files = sorted(Path(p) for p in glob.glob(spec) if Path(p).suffix in FILE_FORMATS and Path(p).is_file())
+        if not files:
+            raise DataError(spec, 0, "path", "pattern matches no .jsonl, .parquet or .arrow files")
+        return [_file_source(file) for file in files]
+    if HUB_NAME.match(spec) and path.suffix not in FILE_FORMATS:
+        return [_hub_source(spec, split)]
+    raise DataError(spec, 0, "path", "does not exist")
+
+
+def _file_source(path: Path) -> Source:
+    if path.suffix == ".parquet":
+        return _parquet_source(path)
+    if path.suffix == ".arrow":
+        return _arrow_source(path)
+    return Source(str(path), "JSONL", None, lambda: _jsonl_rows(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    """Line by line (not through `datasets`, which loses line numbers and coerces types)."""
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                problem = f"invalid UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1})"
+                yield number, RejectedRow("invalid_utf8", DataError(path, number, "record", problem))
+                continue
+            try:
+                yield number, json.loads(text.rstrip("\r\n"))
+            except json.JSONDecodeError as error:
+                problem = f"invalid JSON: {error.msg} (column {error.colno})"
+                yield number, RejectedRow("invalid_json", DataError(path, number, "record", problem))
+
+
+def _numbered(batches: Iterator[Any]) -> Iterator[tuple[int, Any]]:
+    """Rows of pyarrow record batches (or tables), numbered from 1."""
+    number = 0
+    for batch in batches:
+        for row in batch.to_pylist():
+            number += 1
+            yield number, row
+
+
+def _parquet_source(path: Path) -> Source:
+    import pyarrow.parquet as pq
+
+    def unreadable(error: Exception) -> DataError:
+        return DataError(path, 0, "file", f"cannot read Parquet ({error})")
+
+    try:
+        columns = tuple(pq.read_schema(path).names)
+    except Exception as error:  # pyarrow raises several types for unreadable files
+        raise unreadable(error) from error
+
+    def read() -> Iterator[tuple[int, Any]]:
+        import pyarrow as pa
+
+        try:
+            yield from _numbered(pq.ParquetFile(path).iter_batches(batch_size=_BATCH_ROWS))
+        except (OSError, pa.ArrowException) as error:
+            raise unreadable(error) from error
+
+    return Source(str(path), "Parquet", columns, read)
+
+
+def _arrow_batches(path: Path) -> tuple[Any, Callable[[], Iterator[Any]]]:
+    """(schema, batch iterator) of an Arrow IPC file, or of the IPC stream `datasets` writes."""
+    import pyarrow as pa
+
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(str(path)))
+        return reader.schema, lambda: (reader.get_batch(i) for i in range(reader.num_record_batches))
+    except pa.ArrowInvalid:
+        pass
+    try:
+        schema = pa.ipc.open_stream(pa.memory_map(str(path))).schema
+    except (pa.ArrowInvalid, OSError) as error:
+        raise DataError(path, 0, "file", f"cannot read Arrow (neither an IPC file nor a stream: {error})") from error
+    return schema, lambda: iter(pa.ipc.open_stream(pa.memory_map(str(path))))
+
+
+def _arrow_source(path: Path) -> Source:
+    schema, batches = _arrow_batches(path)
+    return Source(str(path), "Arrow", tuple(schema.names), lambda: _numbered(batches()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face datasets
+
+
+def saved_dataset_kind(path: str | Path) -> str | None:
+    """`Dataset` or `DatasetDict` for a directory written by save_to_disk, else None."""
+    path = Path(path)
+    if all((path / name).is_file() for name in SAVED_DATASET_FILES):
+        return "Dataset"
+    if (path / SAVED_DATASET_DICT_FILE).is_file():
+        return "DatasetDict"
+    return None
+
+
+def load_saved_dataset(path: str | Path, split: str | None):
+    """(datasets.Dataset, its directory) for a save_to_disk directory; a DatasetDict needs `split`."""
+    import datasets
+
+    path = Path(path)
+    if saved_dataset_kind(path) == "DatasetDict":
+        splits = json.loads((path / SAVED_DATASET_DICT_FILE).read_text())["splits"]
+        if split is None:
+            raise DataError(path, 0, "split", f"a saved DatasetDict with splits {splits}; choose one "
+                            "(dataset.split, --split)")
+        if split not in splits:
+            raise DataError(path, 0, "split", f"no split {split!r}; splits: {splits}")
+        path = path / split
+    elif split is not None:
+        raise DataError(path, 0, "split", f"a saved Dataset has no splits; drop split {split!r}")
+    try:
+        return datasets.load_from_disk(str(path)), str(path)
+    except Exception as error:  # datasets raises several types for broken directories
+        raise DataError(path, 0, "file", f"cannot load the saved dataset ({error})") from error
+
+
+def _dataset_source(dataset, name: str) -> Source:
+    arrow = dataset.with_format("arrow")  # the same Python values as Parquet and Arrow files
+    return Source(name, "datasets", tuple(dataset.column_names),
+                  lambda: _numbered(arrow.iter(batch_size=_BATCH_ROWS)))
+
+
+def _hub_source(name: str, split: str | None) -> Source:
+    """A hub dataset, streamed: its features are known before any row is read."""
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(name, split=split, streaming=True)
+    except Exception as error:  # offline, unknown name, no access: datasets raises many types
+        raise DataError(name, 0, "path", "no such local file or directory, and as a Hugging Face hub dataset "
+                        f"it cannot be loaded ({type(error).__name__}: {error}); on a machine without hub "
+                        "access, save_to_disk the dataset elsewhere and pass that directory") from error
+    if isinstance(dataset, datasets.IterableDatasetDict):
+        raise DataError(name, 0, "split", f"a hub dataset with splits {list(dataset)}; choose one "
+                        "(dataset.split, --split)")
+    columns = tuple(dataset.column_names) if dataset.column_names is not None else None
+    return Source(f"hub:{name}" + (f"[{split}]" if split else ""), "hub", columns,
+                  lambda: enumerate(dataset, start=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Column mapping
+
+
+@dataclass(frozen=True)
+class ColumnMapping:
+    """Our field -> the source's column; columns not named keep their name."""
+
+    columns: dict[str, str] = field(default_factory=dict)
+    extra_columns: str = "error"  # "meta": columns that are no schema field go under meta
+
+    @classmethod
+    def parse(cls, spec: Mapping[str, str] | str | Sequence[str] | None, *, extra_columns: str = "error",
+              source: str = "") -> ColumnMapping:
+        """From {field: column}, "field=column,field=column" or ["field=column", ...] (repeated
+        --column); a problem is a DataError naming `source`."""
+
+        def fail(problem: str) -> DataError:
+            return DataError(source, 0, "columns", problem)
+
+        if extra_columns not in EXTRA_COLUMNS:
+            raise fail(f"extra_columns must be one of {EXTRA_COLUMNS}; got {extra_columns!r}")
+        pairs: list[tuple[str, Any]] = []
+        if isinstance(spec, Mapping):
+            pairs = list(spec.items())
+        elif spec:
+            for item in [spec] if isinstance(spec, str) else spec:
+                for pair in filter(None, (part.strip() for part in item.split(","))):
+                    name, equals, column = pair.partition("=")
+                    if not equals:
+                        raise fail(f"expected field=column, got {pair!r}")
+                    pairs.append((name.strip(), column.strip()))
+        columns: dict[str, str] = {}
+        for name, column in pairs:
+            if name not in FIELDS:
+                raise fail(f"unknown field {name!r} in the column mapping; fields: {', '.join(FIELDS)}")
+            if not isinstance(column, str) or not column:
+                raise fail(f"field {name!r} maps to {column!r}; expected a column name")
+            if name in columns:
+                raise fail(f"field {name!r} is mapped twice ({columns[name]!r} and {column!r})")
+            other = next((f for f, c in columns.items() if c == column), None)
+            if other is not None:
+                raise fail(f"fields {other!r} and {name!r} both map to column {column!r}")
+            columns[name] = column
+        return cls(columns, extra_columns)
+
+    def label(self, name: str) -> str:
+        """How errors name a field: with the column it came from when that has another name."""
+        column = self.columns.get(name, name)
+        return name if column == name else f"{name} (column {column!r})"
+
+    def check(self, source: str, columns: Sequence[str], line: int) -> None:
+        """Every mapped column exists, and no column left unmapped takes a mapped field's name."""
+        listed = ", ".join(map(str, columns))
+        for name, column in self.columns.items():
+            if column not in columns:
+                raise DataError(source, line, name, f"mapped to column {column!r}, which is not there "
+                                f"(columns: {listed})")
+        for column in columns:
+            if column in self.columns and column not in self.columns.values():
+                raise DataError(source, line, column, f"column {column!r} would stand for field {column!r}, "
+                                f"which is mapped to column {self.columns[column]!r}; map or remove one of them")
+
+    def rename(self, source: str, line: int, row: dict[str, Any]) -> dict[str, Any]:
+        """The row under our field names (a JSONL row can hold keys the first one did not)."""
+        mapped = set(self.columns.values())
+        out = {name: row[column] for name, column in self.columns.items() if column in row}
+        extra: dict[str, Any] = {}
+        for key, value in row.items():
+            if key in mapped:
+                continue
+            if key in out:
+                raise DataError(source, line, key, f"column {key!r} would stand for field {key!r}, which is "
+                                f"mapped to column {self.columns[key]!r}; map or remove one of them")
+            if self.extra_columns == "meta" and key not in FIELDS:
+                extra[key] = value
+            else:
+                out[key] = value
+        if extra:
+            meta = out.get("meta")
+            if meta is None:
+                out["meta"] = extra
+            elif isinstance(meta, dict):  # anything else is left to validation (meta: wrong type)
+                clash = sorted(meta.keys() & extra.keys())
+                if clash:
+                    raise DataError(source, line, "meta", f"extra column {clash[0]!r} is also a key of meta")
+                out["meta"] = {**meta, **extra}
+        return out
+
+    def rows(self, source: Source) -> Iterator[tuple[int, Any]]:
+        """The source's rows under our field names, the mapping checked before the first row."""
+        if source.columns is not None:
+            self.check(source.name, source.columns, 0)
+            present = set(self.columns) | (set(source.columns) - set(self.columns.values()))
+            for name in REQUIRED_FIELDS:
+                if name not in present:
+                    listed = ", ".join(source.columns)
+                    raise DataError(source.name, 0, self.label(name), f"missing column (columns: {listed})")
+        if not self.columns and self.extra_columns == "error":
+            yield from source.read()  # nothing to rename: the rows as read
+            return
+        checked = source.columns is not None
+        for line, row in source.read():
+            if isinstance(row, dict):
+                if not checked:
+                    self.check(source.name, list(row), line)
+                    checked = True
+                row = self.rename(source.name, line, row)
+            yield line, row
