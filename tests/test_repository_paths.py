@@ -65,7 +65,7 @@ def test_nothing_refers_to_a_path_outside_the_repository():
     ('DATA = REPO.parent / "shared" / "data"', "tests/conftest.py", True),
     ("--data ../shared/data/gsm8k_train.jsonl", "slurm/node.sh", True),
     ("cd /work/main && make", "Makefile", True),
-    ("see tests/workers/hf_roundtrip.py", "tests/test_x.py", False),
+    ("see tests/workers/hf_roundtrip.py", "tests/test_docs.py", False),
 ])
 def test_the_scan_finds_references_outside(line, relative, escapes):
     assert bool(outside_references(line, Path(relative))) == escapes
