@@ -41,6 +41,7 @@ nodes=${SLURM_JOB_NUM_NODES:-1}
 gpus_per_node=${NEMO_TOPR_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
 log_dir=$run_dir/logs/job-$job_id-start-${SLURM_RESTART_COUNT:-0}
 mkdir -p "$log_dir"
+cd "$repo"  # relative paths in the run config are relative to the checkout (as in container mode)
 
 # Rendezvous for torch.distributed, read by every rank through srun's environment.
 MASTER_ADDR=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" | head -n 1)

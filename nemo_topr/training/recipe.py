@@ -115,6 +115,8 @@ def train(run: TrainingRun) -> int:
     except SystemExit as stop:  # Bridge exits this way after a signal-triggered checkpoint
         if stop.code not in (0, None):
             raise
+    finally:  # already released when training started; not left blocked by a failure before that
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})
     reached = _latest_checkpoint_iteration(run)
     if reached < run.container.train.train_iters:
         message = (f"stopped at iteration {reached} of {run.container.train.train_iters} with a checkpoint "
