@@ -213,6 +213,26 @@ def test_submit_without_image_needs_an_existing_venv_and_the_inputs(tmp_path, ca
     ]
 
 
+@pytest.mark.parametrize("limit, seconds", [("30", 1800), ("30:15", 1815), ("04:00:00", 14400),
+                                            ("2-00", 172800), ("1-02:03", 93780), ("1-02:03:04", 93784)])
+def test_time_limit_formats_of_sbatch(limit, seconds):
+    from nemo_topr.cluster.submit import time_limit_seconds
+
+    assert time_limit_seconds(limit) == seconds  # sbatch(1), --time
+
+
+def test_submit_rejects_a_warning_at_or_after_the_time_limit(tmp_path, capsys):
+    model = _hf_model_dir(tmp_path)
+    (tmp_path / "scored.jsonl").write_text("{}\n")
+    status, _, err = _submit(
+        capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--run-dir", str(tmp_path / "run"), "--dry-run",
+        "--container-image", "img", "--time", "10:00", "--preemption-warning", "600",
+        f"hf_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}")
+    assert status == 1
+    assert err.splitlines()[1:] == ["  - --preemption-warning 600 s is not shorter than --time 10:00 (600 s): "
+                                    "the ranks would be told to stop as soon as they start"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Real TOPR jobs through the fakes: two ranks (one task per "GPU") over gloo
 

@@ -6,12 +6,12 @@
 
 Pre-flight (always, and all of --dry-run's work besides printing): the run config composes; the
 model directory holds config.json and a tokenizer; the training data exists; the run directory
-can be created; the parallel layout fits the GPU count (the checks of `nemo-topr plan`); the
-environment is named and exists -- a container image, or a venv with bin/python. In container
-mode every path the run reads must lie under a mount: --container-mounts SRC:DST[,...] is checked
-against them, and without it the mounts are derived from the run config (checkout, run
-directory, hf_model, the data's directory). Relative paths in the run config are relative to the
-checkout, where the job runs.
+can be created; the pre-emption warning comes before the time limit; the parallel layout fits
+the GPU count (the checks of `nemo-topr plan`); the environment is named and exists -- a
+container image, or a venv with bin/python. In container mode every path the run reads must lie
+under a mount: --container-mounts SRC:DST[,...] is checked against them, and without it the
+mounts are derived from the run config (checkout, run directory, hf_model, the data's
+directory). Relative paths in the run config are relative to the checkout, where the job runs.
 
 The script is the same shape as slurm/*.sbatch: an #SBATCH header, the job's environment and
 `exec slurm/topr_job.sh CONFIG overrides...`, which runs srun -> slurm/task.sh -> one rank per
@@ -164,6 +164,28 @@ def check_inputs(on_host: dict[str, Path]) -> list[str]:
     return problems
 
 
+def time_limit_seconds(limit: str) -> int:
+    """sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch(1))."""
+    days, _, clock = limit.rpartition("-")
+    parts = [int(part) for part in clock.split(":")]
+    if days:  # after "D-" the clock starts with hours
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    else:
+        hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def check_time(job: ClusterJob) -> list[str]:
+    try:
+        limit = time_limit_seconds(job.time)
+    except (ValueError, KeyError):
+        return [f"--time {job.time!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM:SS, ...)"]
+    if job.preemption_warning_s >= limit:
+        return [f"--preemption-warning {job.preemption_warning_s} s is not shorter than --time {job.time} "
+                f"({limit} s): the ranks would be told to stop as soon as they start"]
+    return []
+
+
 def check_layout(cfg: dict[str, Any], title: str, job: ClusterJob) -> tuple[list[str], list[str]]:
     """`nemo-topr plan`'s layout rules for this node count: (problems, warnings)."""
     from nemo_topr.cluster import plan
@@ -187,6 +209,7 @@ def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
         return [f"run config: {error}"], [], None
     paths = paths_read(cfg)
     problems = [f"{key} is not set" for key in ("hf_model", "dataset.train_path") if key not in paths]
+    problems += check_time(job)
     mounts = (job.container_mounts or derived_mounts(paths)) if job.container_image else None
     environment_problems, on_host = check_environment(job, paths, parse_mounts(mounts or ""))
     problems += environment_problems + check_inputs(on_host)
