@@ -45,3 +45,15 @@ def destroy_model_parallel() -> None:
     parallel_state.destroy_model_parallel()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def launcher_rank() -> int:
+    """This process's global rank, also before torch.distributed is initialised: the process
+    group's when it exists, else the launcher's (torchrun: RANK; srun: SLURM_PROCID), else 0
+    (a plain single process)."""
+    if torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    for name in ("RANK", "SLURM_PROCID"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0

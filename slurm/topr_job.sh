@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Body of every nemo_topr Slurm job (the sbatch scripts in this directory and the ones
 # `nemo-topr submit` renders exec this). Runs one TOPR training run across the allocation:
-# `srun` starts slurm/node.sh once per node, which starts torchrun (one rank per GPU).
+# `srun` starts slurm/task.sh once per GPU, and each task execs one training rank.
 #
 #   slurm/topr_job.sh CONFIG_NAME [key=value ...]      (inside an allocation)
 #
@@ -10,13 +10,20 @@
 #   NEMO_TOPR_RUN_DIR          run directory; the same directory resumes (default: runs/$SLURM_JOB_NAME)
 #   NEMO_TOPR_GPUS_PER_NODE    ranks per node (default: $SLURM_GPUS_ON_NODE, else 8)
 #   NEMO_TOPR_CONTAINER_IMAGE  run inside this enroot/pyxis image (e.g. nvcr.io/nvidia/pytorch:25.09-py3);
-#                              unset: use the checkout's .venv (bare venv mode)
-#   NEMO_TOPR_CONTAINER_MOUNTS pyxis --container-mounts (default: the checkout and the run dir)
+#                              unset: bare venv mode
+#   NEMO_TOPR_CONTAINER_MOUNTS pyxis --container-mounts SRC:DST[,...]; must cover the checkout, the run
+#                              dir, hf_model and the data (`nemo-topr submit` derives and checks them)
+#   NEMO_TOPR_VENV             bare venv mode: the virtual environment (default: $NEMO_TOPR_ROOT/.venv)
+#   NEMO_TOPR_MASTER_PORT      rendezvous port (default: 29500 + job id mod 10000)
 #
-# Pre-emption: submit with `--signal=B:USR1@600 --requeue`. On USR1 (or TERM) the training ranks
-# get SIGTERM, save a checkpoint at the next iteration boundary and stop; the job then requeues
-# itself and the next start resumes from that checkpoint. A run that finished leaves
-# RUN_DIR/COMPLETED and is not requeued; any other failure is not requeued either.
+# Pre-emption (docs/cluster.md): submit with `--signal=USR1@SECONDS --requeue` (no `B:`). Slurm
+# then sends SIGUSR1 to every task of the job step -- the training ranks themselves -- SECONDS
+# before the time limit; Bridge (train.exit_signal=SIGUSR1, set below) saves a checkpoint at the
+# next iteration boundary on every rank and stops, and rank 0 leaves RUN_DIR/STOPPED. This script
+# then requeues the job, whose next start resumes from that checkpoint. Nothing here signals srun:
+# SIGTERM to srun makes it SIGKILL every task (Slurm, src/srun/libsrun/srun_job.c,
+# _srun_signal_mgr), which is exactly what must not happen before the save.
+# A run that finished leaves RUN_DIR/COMPLETED; any other failure is not requeued.
 set -euo pipefail
 
 if (($# < 1)); then
@@ -32,20 +39,43 @@ job_id=${SLURM_JOB_ID:-0}
 run_dir=${NEMO_TOPR_RUN_DIR:-$repo/runs/$job_name}
 nodes=${SLURM_JOB_NUM_NODES:-1}
 gpus_per_node=${NEMO_TOPR_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
-log_dir=$run_dir/logs/job-$job_id
+log_dir=$run_dir/logs/job-$job_id-start-${SLURM_RESTART_COUNT:-0}
 mkdir -p "$log_dir"
+cd "$repo"  # relative paths in the run config are relative to the checkout (as in container mode)
 
-master_addr=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" | head -n 1)
-master_port=$((29500 + job_id % 10000))
+# Rendezvous for torch.distributed, read by every rank through srun's environment.
+MASTER_ADDR=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" | head -n 1)
+MASTER_PORT=${NEMO_TOPR_MASTER_PORT:-$((29500 + job_id % 10000))}
+LOCAL_WORLD_SIZE=$gpus_per_node
+export MASTER_ADDR MASTER_PORT LOCAL_WORLD_SIZE
 
-# NCCL / InfiniBand defaults; anything already set in the environment wins.
-export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-0}
-export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# Process environment of Megatron-Bridge's Llama 3 H100 recipes
+# (megatron/bridge/recipes/utils/environment_utils.py, COMMON_RECIPE_ENV_VARS); anything already
+# set in the environment wins.
+# One hardware work queue per GPU, so kernels start in the order they are issued: Megatron issues
+# the overlapped grad reduce-scatter / param all-gather (ddp.overlap_*) and TP collectives ahead
+# of the compute they must overlap (megatron/core/distributed/distributed_data_parallel.py).
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
+# NVLink SHARP (NVLS) buffers cost GPU memory and need NCCL user buffers, which these runs do not use.
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+# No NCCL CUDA-graph buffer registration (it pairs with user buffers, unused here).
+export NCCL_GRAPH_REGISTER=${NCCL_GRAPH_REGISTER:-0}
+# Let the caching allocator grow segments instead of fragmenting on varying packed-row shapes.
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+# Free NCCL input tensors when the collective ends rather than via recordStream (less memory held).
+export TORCH_NCCL_AVOID_RECORD_STREAMS=${TORCH_NCCL_AVOID_RECORD_STREAMS:-1}
+# Put NCCL's streams at high priority so communication is not starved by compute kernels.
+export TORCH_NCCL_HIGH_PRIORITY=${TORCH_NCCL_HIGH_PRIORITY:-1}
+# A failed collective aborts the rank (and --kill-on-bad-exit the step) instead of hanging.
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
-export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}  # TP comm/compute overlap ordering
+# NCCL prints warnings and errors only; set INFO to debug the network.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# CPU threads per rank for tokenisation and host-side ops (8 ranks share a node's cores).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 
-srun_args=(--ntasks-per-node=1 --kill-on-bad-exit=1 "--output=$log_dir/node-%n.log")
+# One task per GPU; every task sees all the node's GPUs and picks LOCAL_RANK (as under torchrun).
+srun_args=("--nodes=$nodes" "--ntasks-per-node=$gpus_per_node" --kill-on-bad-exit=1
+           "--output=$log_dir/rank-%t.log")
 if [[ -n ${NEMO_TOPR_CONTAINER_IMAGE:-} ]]; then
     srun_args+=("--container-image=$NEMO_TOPR_CONTAINER_IMAGE"
                 "--container-mounts=${NEMO_TOPR_CONTAINER_MOUNTS:-$repo:$repo,$run_dir:$run_dir}"
@@ -53,39 +83,26 @@ if [[ -n ${NEMO_TOPR_CONTAINER_IMAGE:-} ]]; then
     python=python
     export PYTHONPATH=$repo${PYTHONPATH:+:$PYTHONPATH}
 else
-    python=$repo/.venv/bin/python
+    python=${NEMO_TOPR_VENV:-$repo/.venv}/bin/python
 fi
 
 echo "[topr_job] job $job_id: $nodes node(s) x $gpus_per_node rank(s), config $config_name, run dir $run_dir"
-echo "[topr_job] logs: $log_dir"
+echo "[topr_job] rendezvous $MASTER_ADDR:$MASTER_PORT; logs: $log_dir"
 
-stop_requested=0
-# shellcheck disable=SC2329  # invoked through trap
-request_stop() {
-    stop_requested=1
-    echo "[topr_job] pre-emption signal: asking the training ranks to checkpoint and stop"
-    kill -TERM "$srun_pid" 2>/dev/null || true
-}
-trap request_stop USR1 TERM
-
-srun "${srun_args[@]}" "$repo/slurm/node.sh" "$python" "$nodes" "$gpus_per_node" "$master_addr:$master_port" \
-    "$job_id" --config-name "$config_name" "run_dir=$run_dir" "$@" &
-srun_pid=$!
-status=0
-while true; do
-    wait "$srun_pid" && status=0 || status=$?
-    # a trapped signal interrupts `wait` with status > 128 while srun is still running
-    kill -0 "$srun_pid" 2>/dev/null || break
-done
+rm -f "$run_dir/STOPPED"  # written by rank 0 only when this start stops early with a checkpoint
+# The warning signal must match `#SBATCH --signal=USR1@...`; the dataloader workers (also tasks'
+# processes, which slurmstepd signals) install Bridge's handler instead of dying of it.
+srun "${srun_args[@]}" "$repo/slurm/task.sh" "$python" --config-name "$config_name" "run_dir=$run_dir" \
+    train.exit_signal=SIGUSR1 train.exit_signal_handler_for_dataloader=true "$@" && status=0 || status=$?
 
 if [[ -f $run_dir/COMPLETED ]]; then
     echo "[topr_job] training completed"
     exit 0
 fi
-if ((stop_requested)); then
-    echo "[topr_job] stopped early with a checkpoint; requeueing job $job_id"
+if [[ -f $run_dir/STOPPED ]]; then
+    echo "[topr_job] $(cat "$run_dir/STOPPED"); requeueing job $job_id"
     scontrol requeue "$job_id"
     exit 0
 fi
-echo "[topr_job] training failed (status $status); not requeued, see $log_dir" >&2
+echo "[topr_job] training failed (srun status $status); not requeued, see $log_dir" >&2
 exit "$status"

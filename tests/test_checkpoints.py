@@ -1,9 +1,17 @@
-"""Resume safety: a checkpoint interrupted mid-commit is set aside, "latest" points back."""
+"""Resume safety: a checkpoint interrupted mid-commit is set aside, "latest" points back --
+by exactly one of the job's ranks."""
 
+import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
 import torch
 
+from conftest import REPO, WORKERS
 from nemo_topr.training.checkpoints import ensure_latest_complete, is_complete
 
 
@@ -58,3 +66,49 @@ def test_run_config_cut_short_counts_as_incomplete(tmp_path):
     cut = FULL_CONFIG[: FULL_CONFIG.index("checkpoint:")]  # still valid YAML, missing what load reads
     assert not is_complete(_checkpoint(tmp_path, 7, config=cut))
     assert is_complete(_checkpoint(tmp_path, 8))
+
+
+@pytest.mark.slow
+def test_ranks_preparing_one_run_directory_repair_once_and_write_once(tmp_path):
+    """Three launcher ranks (RANK=0..2, as torchrun or slurm/task.sh set it) enter prepare() at
+    the same moment on one run directory whose latest checkpoint was cut short. prepare() runs
+    before torch.distributed exists, so nothing but the launcher's rank can keep the others out:
+    rank 0 alone sets iter 10 aside, points the trackers at iter 5 and writes config.yaml and the
+    data report; ranks 1 and 2 change nothing (an audit hook lists every write, rename, removal)."""
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    model = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer())
+    run_dir, ready, start = tmp_path / "run", tmp_path / "ready", tmp_path / "start"
+    checkpoints = run_dir / "checkpoints"
+    _checkpoint(checkpoints, 5)
+    _checkpoint(checkpoints, 10, config="")  # killed before run_config.yaml
+    _point_latest(checkpoints, 10)
+    ready.mkdir()
+    data = REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl"
+    ranks = [subprocess.Popen([sys.executable, str(WORKERS / "prepare_rank.py"), str(run_dir), str(ready), str(start),
+                               f"hf_model={model}", f"dataset.train_path={data}", "train.global_batch_size=2",
+                               "train.micro_batch_size=1"],
+                              env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "3", "OMP_NUM_THREADS": "1"},
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(3)]
+    deadline = time.time() + 300
+    while len(list(ready.iterdir())) < 3:
+        assert time.time() < deadline and all(rank.poll() is None for rank in ranks), [r.poll() for r in ranks]
+        time.sleep(0.05)
+    start.touch()
+    outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0, 0], "\n".join(out[-2000:] for out in outputs)
+    changes = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+
+    assert changes[1] == changes[2] == []
+    assert ["rename", "checkpoints/iter_0000010"] in changes[0]
+    written = {name for kind, name in changes[0] if kind == "write"}
+    assert {"config.yaml", "data_report.json", "checkpoints/latest_checkpointed_iteration.txt.partial",
+            "checkpoints/latest_train_state.pt.partial"} <= written
+    warnings = [line for out in outputs for line in out.splitlines() if "WARNING" in line and "iter 10" in line]
+    assert len(warnings) == 1 and warnings[0] in outputs[0]
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "5"
+    assert torch.load(checkpoints / "latest_train_state.pt") == {"step": 5}
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "iter_0000005", "iter_0000010.incomplete", "latest_checkpointed_iteration.txt", "latest_train_state.pt"]

@@ -63,7 +63,7 @@ def test_nothing_refers_to_a_path_outside_the_repository():
     ("Path(__file__).parent.parent.parent", "tests/conftest.py", True),
     ("Path(__file__).parent.parent", "tests/conftest.py", False),
     ('DATA = REPO.parent / "shared" / "data"', "tests/conftest.py", True),
-    ("--data ../shared/data/gsm8k_train.jsonl", "slurm/node.sh", True),
+    ("--data ../shared/data/gsm8k_train.jsonl", "slurm/task.sh", True),
     ("cd /work/main && make", "Makefile", True),
     ("see tests/workers/hf_roundtrip.py", "tests/test_docs.py", False),
 ])

@@ -1,11 +1,25 @@
-"""Cluster scripts without a cluster: shellcheck, the rendered sbatch script, and a real TOPR
-run through fake `sbatch`/`srun`/`scontrol` — including a pre-emption warning that must leave
-a checkpoint, requeue the job, and resume from it."""
+"""Cluster scripts without a cluster: shellcheck, `nemo-topr submit`'s pre-flight checks and
+rendered script, and real TOPR runs through fakes of `sbatch`/`srun`/`scontrol` that behave like
+Slurm's -- including a pre-emption warning that must leave a checkpoint, requeue the job and
+resume from it.
+
+What the fakes model (tests/fake_slurm/srun.py cites SchedMD Slurm's source for srun):
+- srun answers SIGTERM/SIGHUP with SIGKILL to every task (src/srun/libsrun/srun_job.c,
+  `_srun_signal_mgr`: "forcing job termination" -> launch_g_fwd_signal(SIGKILL)) and forwards
+  SIGUSR1/SIGUSR2 to the tasks unchanged.
+- `sbatch --signal=[{R|B}:]SIG@TIME` (sbatch(1)): without `B:` slurmctld has slurmstepd send SIG
+  to the processes of every job step -- the training ranks -- but not to the batch shell; with
+  `B:` only the batch shell gets it. `_deliver_warning` below plays slurmctld and reads the
+  script's own #SBATCH --signal line.
+- `scontrol requeue JOB` puts the job back in the queue with the same id; its next start sees
+  SLURM_RESTART_COUNT incremented (the test starts the batch script again, as slurmd would).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,38 +31,27 @@ import pytest
 from conftest import REPO
 
 SCRIPTS = sorted([*REPO.glob("slurm/*.sh"), *REPO.glob("slurm/*.sbatch"), *REPO.glob("launchers/*.sh")])
+FAKE_SRUN = REPO / "tests" / "fake_slurm" / "srun.py"
 
+# sbatch(1) runs the script as the batch step with the allocation's environment (including
+# SLURM_PROCID=0 for the batch shell) and prints "Submitted batch job ID". This one runs it at
+# once, to the end, as job 4242 on one node.
 FAKE_SBATCH = """#!/usr/bin/env bash
-# fake sbatch: runs the batch script at once on this machine, as job 4242 on one node
 script=${@: -1}
 export SLURM_JOB_ID=4242 SLURM_JOB_NUM_NODES=1 SLURM_JOB_NODELIST=localhost SLURM_SUBMIT_DIR=$PWD
+export SLURM_PROCID=0 SLURM_LOCALID=0
 export SLURM_JOB_NAME=$(sed -n 's/^#SBATCH --job-name=//p' "$script")
 bash "$script" > "$FAKE_SLURM_DIR/batch.out" 2>&1
 echo "Submitted batch job $SLURM_JOB_ID"
 """
 
-FAKE_SRUN = """#!/usr/bin/env bash
-# fake srun: one task (one node); honours --output with %n -> 0, ignores the other options
-output=/dev/stdout
-while [[ $1 == --* ]]; do
-    case $1 in --output=*) output=${1#--output=}; output=${output//%n/0} ;; esac
-    shift
-done
-echo "$*" >> "$FAKE_SLURM_DIR/srun_commands"
-"$@" > "$output" 2>&1 &
-task=$!
-trap 'kill -TERM $task' TERM
-while true; do
-    wait "$task" && status=0 || status=$?
-    kill -0 "$task" 2>/dev/null || break
-done
-exit "$status"
-"""
-
+# scontrol(1): `show hostnames LIST` prints one host per line (comma lists only here);
+# `requeue ID` is recorded for the test.
 FAKE_SCONTROL = """#!/usr/bin/env bash
 case $1 in
-    show) echo localhost ;;
+    show) tr ',' '\\n' <<< "$3" ;;
     requeue) echo "$2" >> "$FAKE_SLURM_DIR/requeued" ;;
+    *) echo "fake scontrol: $1 is not modelled" >&2; exit 1 ;;
 esac
 """
 
@@ -57,7 +60,9 @@ esac
 def fake_slurm(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("sbatch", FAKE_SBATCH), ("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+    fakes = {"sbatch": FAKE_SBATCH, "scontrol": FAKE_SCONTROL,
+             "srun": f'#!/usr/bin/env bash\nexec "{sys.executable}" "{FAKE_SRUN}" "$@"\n'}
+    for name, body in fakes.items():
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
@@ -74,23 +79,162 @@ def test_scripts_pass_bash_n_and_shellcheck():
     assert result.returncode == 0, result.stdout
 
 
-def test_submit_dry_run_renders_the_job(tmp_path):
+# ---------------------------------------------------------------------------------------------
+# The fake srun keeps srun's signal semantics (the ones the old job script got wrong)
+
+
+def _start_fake_srun(fake_slurm, tasks: int, body: str) -> subprocess.Popen:
+    """srun -n TASKS bash -c BODY; returns once every task has installed its traps."""
+    proc = subprocess.Popen(["srun", f"--ntasks-per-node={tasks}", "bash", "-c", body], cwd=fake_slurm)
+    deadline = time.time() + 20
+    while len(list(fake_slurm.glob("ready-*"))) < tasks:
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    return proc
+
+
+TRAPPING_TASK = ('trap "echo TERM > got-\\$SLURM_PROCID; exit 0" TERM; '
+                 'trap "echo USR1 > got-\\$SLURM_PROCID; exit 0" USR1; '
+                 'touch ready-$SLURM_PROCID; sleep 30 & wait')
+
+
+def test_fake_srun_answers_sigterm_with_sigkill_to_every_task(fake_slurm):
+    """srun_job.c `_srun_signal_mgr`: SIGTERM -> launch_g_fwd_signal(SIGKILL). The tasks' TERM
+    traps (where a rank would save) never run, and srun reports 128 + 9."""
+    srun = _start_fake_srun(fake_slurm, 2, TRAPPING_TASK)
+    srun.send_signal(signal.SIGTERM)
+    assert srun.wait(timeout=20) == 128 + signal.SIGKILL
+    assert not list(fake_slurm.glob("got-*"))
+
+
+def test_fake_srun_forwards_sigusr1_to_every_task(fake_slurm):
+    srun = _start_fake_srun(fake_slurm, 2, TRAPPING_TASK)
+    srun.send_signal(signal.SIGUSR1)
+    assert srun.wait(timeout=20) == 0
+    assert [(fake_slurm / f"got-{rank}").read_text() for rank in (0, 1)] == ["USR1\n", "USR1\n"]
+
+
+# ---------------------------------------------------------------------------------------------
+# nemo-topr submit: pre-flight and the rendered script
+
+
+def _hf_model_dir(root: Path, *, tokenizer: bool = True) -> Path:
+    """A directory shaped like meta-llama/Llama-3.1-70B: its published config.json (the plan
+    reads the architecture from it) and, unless told otherwise, a tokenizer file."""
+    model = root / "Llama-3.1-70B"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 80, "hidden_size": 8192,
+        "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "vocab_size": 128256, "tie_word_embeddings": False}))
+    if tokenizer:
+        (model / "tokenizer.json").write_text("{}")
+    return model
+
+
+def _submit(capsys, *args: str) -> tuple[int, str, str]:
     from nemo_topr.cluster.submit import main
 
-    out = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "llama31_70b_bf16",
-                          "--nodes", "4", "--account", "acct", "--partition", "batch",
-                          "--container-image", "nvcr.io/nvidia/pytorch:25.09-py3", "--run-dir", str(tmp_path),
-                          "--dry-run", "hf_model=/models/L70", "objective.baseline=0.2", "dataset.train_path=a b"],
-                         capture_output=True, text=True, cwd=REPO, check=True).stdout
-    assert callable(main)
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_submit_dry_run_renders_a_container_job_with_mounts_from_the_config(tmp_path, capsys):
+    models, data = tmp_path / "models", tmp_path / "data dir"
+    model = _hf_model_dir(models)
+    data.mkdir()
+    (data / "scored.jsonl").write_text("{}\n")
+    run_dir = tmp_path / "run"
+    status, out, err = _submit(
+        capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--account", "acct", "--partition", "batch",
+        "--container-image", "nvcr.io/nvidia/pytorch:25.09-py3", "--run-dir", str(run_dir), "--dry-run",
+        f"hf_model={model}", "objective.baseline=0.2", f"dataset.train_path={data / 'scored.jsonl'}")
+    assert status == 0, err
+    lines = out.splitlines()
     for line in ("#SBATCH --nodes=4", "#SBATCH --account=acct", "#SBATCH --partition=batch",
-                 "#SBATCH --signal=B:USR1@600", "#SBATCH --requeue", "#SBATCH --gpus-per-node=8",
-                 f"export NEMO_TOPR_RUN_DIR={tmp_path}",
+                 "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --signal=USR1@600", "#SBATCH --requeue",  # no B: -- the ranks get it
+                 f"export NEMO_TOPR_RUN_DIR={run_dir}",
                  "export NEMO_TOPR_CONTAINER_IMAGE=nvcr.io/nvidia/pytorch:25.09-py3"):
-        assert line in out.splitlines(), line
-    assert out.splitlines()[-1].endswith("llama31_70b_bf16 hf_model=/models/L70 objective.baseline=0.2 "
-                                         "'dataset.train_path=a b'")
-    assert not (tmp_path / "submit").exists()  # dry run writes nothing
+        assert line in lines, line
+    # the checkout, the run dir, the model and the data's directory, each at its own path
+    mounts = next(line for line in lines if line.startswith("export NEMO_TOPR_CONTAINER_MOUNTS="))
+    expected = sorted([REPO, run_dir, model, data])
+    assert mounts == "export NEMO_TOPR_CONTAINER_MOUNTS=" + repr(",".join(f"{p}:{p}" for p in expected))
+    assert lines[-1].endswith(f"llama31_70b_bf16 hf_model={model} objective.baseline=0.2 "
+                              f"'dataset.train_path={data / 'scored.jsonl'}'")
+    assert not run_dir.exists()  # a dry run writes nothing
+
+
+def test_submit_names_every_unmounted_path_and_missing_input(tmp_path, capsys):
+    host_models = tmp_path / "lustre" / "models"
+    _hf_model_dir(host_models, tokenizer=False)
+    run_dir = tmp_path / "run"
+    mounts = f"{REPO}:{REPO},{run_dir.parent}:{run_dir.parent},{host_models}:/models,{tmp_path}/absent:/scratch"
+    status, out, err = _submit(
+        capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--run-dir", str(run_dir), "--dry-run",
+        "--container-image", "nvcr.io/nvidia/pytorch:25.09-py3", "--container-mounts", mounts,
+        "hf_model=/models/Llama-3.1-70B", "dataset.train_path=/data/scored.jsonl")
+    assert status == 1 and out == ""
+    problems = [line.removeprefix("  - ") for line in err.splitlines()[1:]]
+    assert problems == [
+        f"--container-mounts source {tmp_path}/absent does not exist",
+        f"dataset.train_path=/data/scored.jsonl is not under any container mount ({REPO}, {run_dir.parent}, "
+        "/models, /scratch)",
+        # the model is found through its mount: /models/X is host_models/X on the submit host
+        f"hf_model={host_models}/Llama-3.1-70B: no tokenizer (tokenizer.json or tokenizer.model)",
+    ]
+
+
+def test_submit_rejects_a_layout_that_does_not_divide_the_gpus(tmp_path, capsys):
+    model = _hf_model_dir(tmp_path)
+    (tmp_path / "scored.jsonl").write_text("{}\n")
+    status, _, err = _submit(
+        capsys, "--config", "llama31_70b_bf16", "--nodes", "3", "--run-dir", str(tmp_path / "run"), "--dry-run",
+        "--container-image", "img", f"hf_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}")
+    assert status == 1
+    # 3 x 8 = 24 GPUs; TP.PP.CP = 8.4.1 = 32 (conf/llama31_70b_bf16.yaml)
+    assert "world size = TP·PP·CP·DP: 3 node(s) x 8 GPUs = 24; TP·PP·CP = 8·4·1 = 32" in err
+
+
+def test_submit_without_image_needs_an_existing_venv_and_the_inputs(tmp_path, capsys):
+    status, _, err = _submit(
+        capsys, "--config", "llama31_8b_bf16", "--run-dir", str(tmp_path / "run"), "--dry-run",
+        "--venv", str(tmp_path / "no-venv"), f"hf_model={tmp_path / 'nowhere'}")
+    assert status == 1
+    problems = [line.removeprefix("  - ") for line in err.splitlines()[1:]]
+    assert problems == [
+        "dataset.train_path is not set",
+        f"no container image and no venv: {tmp_path}/no-venv/bin/python does not exist "
+        "(pass --container-image IMAGE or --venv DIR)",
+        f"hf_model={tmp_path}/nowhere: no config.json (not a Hugging Face model directory)",
+        f"hf_model={tmp_path}/nowhere: no tokenizer (tokenizer.json or tokenizer.model)",
+    ]
+
+
+@pytest.mark.parametrize("limit, seconds", [("30", 1800), ("30:15", 1815), ("04:00:00", 14400),
+                                            ("2-00", 172800), ("1-02:03", 93780), ("1-02:03:04", 93784)])
+def test_time_limit_formats_of_sbatch(limit, seconds):
+    from nemo_topr.cluster.submit import time_limit_seconds
+
+    assert time_limit_seconds(limit) == seconds  # sbatch(1), --time
+
+
+def test_submit_rejects_a_warning_at_or_after_the_time_limit(tmp_path, capsys):
+    model = _hf_model_dir(tmp_path)
+    (tmp_path / "scored.jsonl").write_text("{}\n")
+    status, _, err = _submit(
+        capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--run-dir", str(tmp_path / "run"), "--dry-run",
+        "--container-image", "img", "--time", "10:00", "--preemption-warning", "600",
+        f"hf_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}")
+    assert status == 1
+    assert err.splitlines()[1:] == ["  - --preemption-warning 600 s is not shorter than --time 10:00 (600 s): "
+                                    "the ranks would be told to stop as soon as they start"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Real TOPR jobs through the fakes: two ranks (one task per "GPU") over gloo
 
 
 def _tiny_run_overrides(demo_inputs: tuple[Path, Path]) -> list[str]:
@@ -101,7 +245,7 @@ def _tiny_run_overrides(demo_inputs: tuple[Path, Path]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def demo_inputs(tmp_path_factory):
-    """A tiny HF Llama and a scored dataset (the demo's first three stages)."""
+    """A tiny HF Llama and a scored dataset (the demo's first three stages): 48 samples."""
     from nemo_topr.demo import build_graded_records
     from nemo_topr.model import build_tiny_hf_llama
     from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
@@ -116,56 +260,144 @@ def demo_inputs(tmp_path_factory):
     return model_dir, root / "scored.jsonl"
 
 
+def _ledger(run_dir: Path, skip: dict[str, int] | None = None) -> list[dict]:
+    """Every data-parallel rank's (iteration, sample ids) entries (nemo_topr/training/step.py),
+    after the first skip[file name] entries of each rank's file."""
+    return [json.loads(line) for path in sorted(run_dir.glob("samples_dp*.jsonl"))
+            for line in path.read_text().splitlines()[(skip or {}).get(path.name, 0):]]
+
+
+def _train_iters(run_dir: Path) -> int:
+    """Iterations of one epoch: packed rows (the data report) / global batch 4 (conf/tiny_cpu.yaml)."""
+    return json.loads((run_dir / "data_report.json").read_text())["rows"] // 4
+
+
+def _ledger_lengths(run_dir: Path) -> dict[str, int]:
+    return {path.name: len(path.read_text().splitlines()) for path in run_dir.glob("samples_dp*.jsonl")}
+
+
+def _job_env(**extra: str) -> dict[str, str]:
+    from nemo_topr.distributed import free_port
+
+    return {**os.environ, "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NAME": "topr", "SLURM_JOB_NODELIST": "localhost",
+            "SLURM_SUBMIT_DIR": str(REPO), "SLURM_PROCID": "0", "NEMO_TOPR_MASTER_PORT": str(free_port()),
+            "OMP_NUM_THREADS": "1", **extra}
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_submit_runs_a_tiny_topr_job_through_fake_slurm(fake_slurm, demo_inputs):
+def test_submit_runs_a_two_rank_topr_job_through_fake_slurm(fake_slurm, demo_inputs, monkeypatch):
+    monkeypatch.setenv("NEMO_TOPR_MASTER_PORT", _job_env()["NEMO_TOPR_MASTER_PORT"])
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     run_dir = fake_slurm / "run"
     answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
-                             "--gpus-per-node", "1", "--run-dir", str(run_dir), *_tiny_run_overrides(demo_inputs)],
+                             "--gpus-per-node", "2", "--run-dir", str(run_dir), *_tiny_run_overrides(demo_inputs)],
                             cwd=REPO, capture_output=True, text=True)
     batch_log = (fake_slurm / "batch.out").read_text() if (fake_slurm / "batch.out").exists() else ""
     assert answer.returncode == 0 and "Submitted batch job 4242" in answer.stdout, answer.stderr + batch_log
     assert (run_dir / "COMPLETED").exists(), batch_log
-    # srun ran the real per-node command: torchrun -> nemo_topr.cli train, one rank
-    srun_command = (fake_slurm / "srun_commands").read_text()
-    assert "slurm/node.sh" in srun_command and "--config-name tiny_cpu" in srun_command
-    node_log = (run_dir / "logs" / "job-4242" / "node-0.log").read_text()
-    assert "iteration" in node_log and not (fake_slurm / "requeued").exists()
+    # srun started the ranks themselves: task.sh execs `nemo_topr.cli train`, one per "GPU"
+    assert "slurm/task.sh" in (fake_slurm / "srun_commands").read_text()
+    logs = run_dir / "logs" / "job-4242-start-0"
+    rank_logs = [(logs / f"rank-{rank}.log").read_text() for rank in (0, 1)]
+    assert "[nemo-topr] data:" in rank_logs[0] and "[nemo-topr] data:" not in rank_logs[1]  # rank 0 reports
+    assert not (fake_slurm / "requeued").exists()
+    trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
+    assert sorted(trained) == list(range(48))  # 2 DP ranks split the data once
+
+
+def _step_processes(fake_slurm: Path) -> list[int]:
+    """The job step's processes: the tasks srun started and all their descendants (what
+    slurmstepd's process tracking (cgroup) holds and signals)."""
+    found, queue = [], [int(pid) for pid in (fake_slurm / "step.pids").read_text().split()]
+    while queue:
+        pid = queue.pop()
+        found.append(pid)
+        for thread in Path(f"/proc/{pid}/task").glob("*"):
+            children = thread / "children"
+            queue += [int(child) for child in children.read_text().split()] if children.exists() else []
+    return found
+
+
+def _deliver_warning(script: str, batch_shell: subprocess.Popen, fake_slurm: Path) -> None:
+    """slurmctld at TIME before the limit, for `#SBATCH --signal=[{R|B}:]SIG@TIME` (sbatch(1)):
+    with B: the batch shell only; without it every job step's processes, not the batch shell."""
+    spec = re.search(r"^#SBATCH --signal=(?:(R|B|RB|BR):)?(\w+)@\d+$", script, re.MULTILINE)
+    flags, name = spec.group(1) or "", spec.group(2)
+    signum = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+    targets = [batch_shell.pid] if "B" in flags else _step_processes(fake_slurm)
+    for pid in targets:
+        os.kill(pid, signum)
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_preemption_warning_checkpoints_requeues_and_resumes(fake_slurm, demo_inputs):
+def test_preemption_warning_checkpoints_at_that_iteration_requeues_and_resumes(fake_slurm, demo_inputs):
+    """Two ranks, 48 samples packed into rows, 4 rows per step; periodic saves every 100 (never)."""
     run_dir = fake_slurm / "run"
     script = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
-                             "--gpus-per-node", "1", "--run-dir", str(run_dir), "--dry-run",
+                             "--gpus-per-node", "2", "--run-dir", str(run_dir), "--dry-run",
                              *_tiny_run_overrides(demo_inputs)],
                             cwd=REPO, capture_output=True, text=True, check=True).stdout
     (fake_slurm / "job.sbatch").write_text(script)
-    job_env = {**os.environ, "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NAME": "topr",
-               "SLURM_JOB_NODELIST": "localhost", "SLURM_SUBMIT_DIR": str(REPO)}
-    ledger = run_dir / "samples_dp0.jsonl"
 
-    job = subprocess.Popen(["bash", str(fake_slurm / "job.sbatch")], env=job_env, cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while (not ledger.exists() or len(ledger.read_text().splitlines()) < 4) and job.poll() is None:
-        assert time.time() < deadline
-        time.sleep(0.05)
-    job.send_signal(signal.SIGUSR1)  # what `#SBATCH --signal=B:USR1@600` delivers
-    output, _ = job.communicate(timeout=300)
-    assert job.returncode == 0, output
+    job = subprocess.Popen(["bash", str(fake_slurm / "job.sbatch")], env=_job_env(SLURM_JOB_ID="77"), cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while len(_ledger(run_dir)) < 2 * 3 and job.poll() is None:  # both ranks are in iteration 2
+            assert time.time() < deadline
+            time.sleep(0.05)
+        iterations_begun = max(entry["iteration"] for entry in _ledger(run_dir)) + 1
+        _deliver_warning(script, job, fake_slurm)
+        output, _ = job.communicate(timeout=300)
+    finally:  # no rank outlives a failed test
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    rank_logs = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("*/rank-*.log")))
+    assert job.returncode == 0, output + rank_logs
     assert (fake_slurm / "requeued").read_text().split() == ["77"], output
-    assert not (run_dir / "COMPLETED").exists()
+    assert not (run_dir / "COMPLETED").exists() and (run_dir / "STOPPED").exists()
     stopped_at = int((run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
-    assert stopped_at >= 2  # save_interval=100: this checkpoint exists only because of the signal
+    # saved at the first iteration boundary Bridge checks after the warning (bridge/training/
+    # train.py:1397, after every step), not at the end nor periodically
+    assert iterations_begun <= stopped_at <= iterations_begun + 1 < _train_iters(run_dir), (iterations_begun, stopped_at)
 
-    first_job = [json.loads(line) for line in ledger.read_text().splitlines()]
-    requeued = subprocess.run(["bash", str(fake_slurm / "job.sbatch")], env=job_env, cwd=REPO,
-                              capture_output=True, text=True, timeout=600)
+    first_job, first_lengths = _ledger(run_dir), _ledger_lengths(run_dir)
+    requeued = subprocess.run(["bash", str(fake_slurm / "job.sbatch")], capture_output=True, text=True,
+                              env=_job_env(SLURM_JOB_ID="77", SLURM_RESTART_COUNT="1"), cwd=REPO, timeout=600)
     assert requeued.returncode == 0 and (run_dir / "COMPLETED").exists(), requeued.stdout[-3000:]
-    second_job = [json.loads(line) for line in ledger.read_text().splitlines()][len(first_job):]
-    assert max(e["iteration"] for e in first_job) == stopped_at - 1  # stopped right after the signal
-    assert second_job[0]["iteration"] == stopped_at  # the requeued job resumed from that checkpoint
+    assert not (run_dir / "STOPPED").exists()
+    second_job = _ledger(run_dir, skip=first_lengths)
+    assert max(e["iteration"] for e in first_job) == stopped_at - 1  # nothing trained after the save
+    assert min(e["iteration"] for e in second_job) == stopped_at  # resumed from it
     trained = [sample for entry in first_job + second_job for sample in entry["sample_ids"]]
-    assert sorted(trained) == list(range(48))  # every sample exactly once across the two jobs
+    assert sorted(trained) == list(range(48))  # every sample exactly once across the two starts
+
+
+@pytest.mark.slow
+def test_warning_during_start_up_is_held_until_training_and_then_saves(tmp_path, demo_inputs):
+    """SIGUSR1's default action terminates a process, and Bridge installs its handler only once
+    training is set up. A warning that lands while the rank still loads (config.yaml is written
+    in prepare(), before Bridge starts) must not kill it: the rank trains one iteration, saves,
+    and stops for a requeue."""
+    run_dir = tmp_path / "run"
+    rank = subprocess.Popen([sys.executable, "-m", "nemo_topr.cli", "train", "--config-name", "tiny_cpu",
+                             f"run_dir={run_dir}", "train.exit_signal=SIGUSR1", *_tiny_run_overrides(demo_inputs)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not (run_dir / "config.yaml").exists():
+            assert time.time() < deadline and rank.poll() is None
+            time.sleep(0.01)
+        assert not (run_dir / "checkpoints").exists()  # nothing trained or loaded yet
+        rank.send_signal(signal.SIGUSR1)
+        output, _ = rank.communicate(timeout=300)
+    finally:
+        if rank.poll() is None:
+            os.killpg(rank.pid, signal.SIGKILL)
+    assert rank.returncode == 75, output[-3000:]
+    assert (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "1"
+    assert f"stopped at iteration 1 of {_train_iters(run_dir)} " in (run_dir / "STOPPED").read_text()
+    assert [entry["iteration"] for entry in _ledger(run_dir)] == [0, 0]  # 4 rows, micro-batch 2

@@ -1,24 +1,36 @@
-"""`nemo-topr submit`: render an sbatch script for a TOPR run and submit it (or print it).
+"""`nemo-topr submit`: check a TOPR job before it queues, render its sbatch script, submit it.
 
     nemo-topr submit --config llama31_70b_bf16 --account ACC --partition batch --nodes 4 \\
         --time 12:00:00 --container-image nvcr.io/nvidia/pytorch:25.09-py3 --dry-run \\
         hf_model=/models/Llama-3.1-70B-Instruct dataset.train_path=/data/scored.jsonl
 
+Pre-flight (always, and all of --dry-run's work besides printing): the run config composes; the
+model directory holds config.json and a tokenizer; the training data exists; the run directory
+can be created; the pre-emption warning comes before the time limit; the parallel layout fits
+the GPU count (the checks of `nemo-topr plan`); the environment is named and exists -- a
+container image, or a venv with bin/python. In container mode every path the run reads must lie
+under a mount: --container-mounts SRC:DST[,...] is checked against them, and without it the
+mounts are derived from the run config (checkout, run directory, hf_model, the data's
+directory). Relative paths in the run config are relative to the checkout, where the job runs.
+
 The script is the same shape as slurm/*.sbatch: an #SBATCH header, the job's environment and
-`exec slurm/topr_job.sh CONFIG overrides...`, which runs srun -> slurm/node.sh -> torchrun.
-Without --dry-run it is written to RUN_DIR/submit/JOB_NAME.sbatch and passed to `sbatch`.
+`exec slurm/topr_job.sh CONFIG overrides...`, which runs srun -> slurm/task.sh -> one rank per
+GPU. Without --dry-run it is written to RUN_DIR/submit/JOB_NAME.sbatch and passed to `sbatch`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # fast (Llama 3) or SentencePiece (Llama 2)
 
 
 @dataclass
@@ -33,20 +45,22 @@ class ClusterJob:
     account: str | None = None
     partition: str | None = None
     container_image: str | None = None
-    container_mounts: str | None = None
+    container_mounts: str | None = None  # SRC:DST[,...]; None: derived from the run config
+    venv: Path = REPO / ".venv"  # bare venv mode (no container image)
     preemption_warning_s: int = 600
 
-    def sbatch_script(self) -> str:
+    def sbatch_script(self, mounts: str | None = None) -> str:
         header = {
             "job-name": self.job_name,
             "account": self.account,
             "partition": self.partition,
             "nodes": self.nodes,
-            "ntasks-per-node": 1,
+            "ntasks-per-node": self.gpus_per_node,  # one task (training rank) per GPU
             "gpus-per-node": self.gpus_per_node,
             "exclusive": "",
             "time": self.time,
-            "signal": f"B:USR1@{self.preemption_warning_s}",
+            # no `B:`: the signal goes to the ranks, which checkpoint (slurm/topr_job.sh)
+            "signal": f"USR1@{self.preemption_warning_s}",
             "requeue": "",
             "output": f"{self.run_dir}/%x-%j.out",
         }
@@ -58,7 +72,8 @@ class ClusterJob:
             "NEMO_TOPR_RUN_DIR": str(self.run_dir),
             "NEMO_TOPR_GPUS_PER_NODE": str(self.gpus_per_node),
             "NEMO_TOPR_CONTAINER_IMAGE": self.container_image,
-            "NEMO_TOPR_CONTAINER_MOUNTS": self.container_mounts,
+            "NEMO_TOPR_CONTAINER_MOUNTS": (mounts or self.container_mounts) if self.container_image else None,
+            "NEMO_TOPR_VENV": None if self.container_image else str(self.venv),
         }
         lines += ["set -euo pipefail"]
         lines += [f"export {name}={shlex.quote(value)}" for name, value in environment.items() if value]
@@ -67,11 +82,149 @@ class ClusterJob:
         return "\n".join(lines) + "\n"
 
 
-def submit(job: ClusterJob) -> str:
+# ---------------------------------------------------------------------------------------------
+# Pre-flight
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: Path  # on the host
+    target: Path  # inside the container
+
+    def host_path(self, path: Path) -> Path | None:
+        """Where `path` (as the container sees it) is on the host, None if this mount misses it."""
+        return self.source / path.relative_to(self.target) if path.is_relative_to(self.target) else None
+
+
+def parse_mounts(spec: str) -> list[Mount]:
+    """pyxis --container-mounts: SRC[:DST[:FLAGS]], comma-separated."""
+    mounts = []
+    for item in filter(None, spec.split(",")):
+        source, _, rest = item.partition(":")
+        target = rest.partition(":")[0] or source
+        mounts.append(Mount(Path(source), Path(target)))
+    return mounts
+
+
+def paths_read(cfg: dict[str, Any]) -> dict[str, Path]:
+    """Every path the run opens, by the config key that names it (relative: to the checkout)."""
+    named = {"checkout": REPO}
+    for key, value in (("run_dir", cfg.get("run_dir")), ("hf_model", cfg.get("hf_model")),
+                       ("dataset.train_path", (cfg.get("dataset") or {}).get("train_path"))):
+        if value not in (None, "", "???"):
+            named[key] = REPO / Path(value)  # an absolute value replaces REPO
+    return named
+
+
+def derived_mounts(paths: dict[str, Path]) -> str:
+    """One same-path mount per directory the run needs (a data file's directory), nested ones dropped."""
+    directories = sorted({path if key != "dataset.train_path" else path.parent for key, path in paths.items()})
+    kept = [d for d in directories if not any(d != other and d.is_relative_to(other) for other in directories)]
+    return ",".join(f"{d}:{d}" for d in kept)
+
+
+def check_environment(job: ClusterJob, paths: dict[str, Path], mounts: list[Mount]) -> tuple[list[str], dict[str, Path]]:
+    """(problems, each read path as the submit host sees it)."""
+    problems = []
+    if not job.container_image:
+        if not (job.venv / "bin" / "python").is_file():
+            problems.append(f"no container image and no venv: {job.venv}/bin/python does not exist "
+                            "(pass --container-image IMAGE or --venv DIR)")
+        return problems, paths
+    for mount in mounts:  # slurm/topr_job.sh creates the run directory before srun mounts it
+        if not mount.source.exists() and not mount.source.is_relative_to(job.run_dir):
+            problems.append(f"--container-mounts source {mount.source} does not exist")
+    on_host = {}
+    for key, path in paths.items():
+        found = next((host for mount in mounts if (host := mount.host_path(path)) is not None), None)
+        if found is None:
+            problems.append(f"{key}={path} is not under any container mount "
+                            f"({', '.join(str(m.target) for m in mounts) or 'none'})")
+        else:
+            on_host[key] = found
+    return problems, on_host
+
+
+def check_inputs(on_host: dict[str, Path]) -> list[str]:
+    problems = []
+    model = on_host.get("hf_model")
+    if model is not None:
+        if not (model / "config.json").is_file():
+            problems.append(f"hf_model={model}: no config.json (not a Hugging Face model directory)")
+        if not any((model / name).is_file() for name in TOKENIZER_FILES):
+            problems.append(f"hf_model={model}: no tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    data = on_host.get("dataset.train_path")
+    if data is not None and not data.is_file():
+        problems.append(f"dataset.train_path={data} does not exist")
+    run_dir = on_host.get("run_dir")
+    if run_dir is not None:
+        existing = next(parent for parent in (run_dir, *run_dir.parents) if parent.exists())
+        if not (existing.is_dir() and os.access(existing, os.W_OK)):
+            problems.append(f"run_dir={run_dir} cannot be created: {existing} is not a writable directory")
+    return problems
+
+
+def time_limit_seconds(limit: str) -> int:
+    """sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch(1))."""
+    days, _, clock = limit.rpartition("-")
+    parts = [int(part) for part in clock.split(":")]
+    if days:  # after "D-" the clock starts with hours
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    else:
+        hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def check_time(job: ClusterJob) -> list[str]:
+    try:
+        limit = time_limit_seconds(job.time)
+    except (ValueError, KeyError):
+        return [f"--time {job.time!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM:SS, ...)"]
+    if job.preemption_warning_s >= limit:
+        return [f"--preemption-warning {job.preemption_warning_s} s is not shorter than --time {job.time} "
+                f"({limit} s): the ranks would be told to stop as soon as they start"]
+    return []
+
+
+def check_layout(cfg: dict[str, Any], title: str, job: ClusterJob) -> tuple[list[str], list[str]]:
+    """`nemo-topr plan`'s layout rules for this node count: (problems, warnings)."""
+    from nemo_topr.cluster import plan
+
+    arch, _ = plan.resolve_architecture(cfg, title, None)
+    findings = plan.check_layout(arch, plan.layout_from_config(cfg, job.nodes, job.gpus_per_node))
+    problems = [f"layout: {f.rule}: {f.detail}" for f in findings if f.blocking]
+    warnings = [f"layout: {f.rule}: {f.detail}" for f in findings if not f.passed and not f.blocking]
+    return problems, warnings
+
+
+def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
+    """(problems, warnings, container mounts) for `job`; the job may be queued when problems is empty."""
+    from nemo_topr.cluster.plan import compose_config
+    from nemo_topr.training.config import ConfigError
+
+    try:
+        # as slurm/topr_job.sh passes them to every rank
+        cfg, title = compose_config(job.config_name, [f"run_dir={job.run_dir}", *job.overrides], None)
+    except ConfigError as error:
+        return [f"run config: {error}"], [], None
+    paths = paths_read(cfg)
+    problems = [f"{key} is not set" for key in ("hf_model", "dataset.train_path") if key not in paths]
+    problems += check_time(job)
+    mounts = (job.container_mounts or derived_mounts(paths)) if job.container_image else None
+    environment_problems, on_host = check_environment(job, paths, parse_mounts(mounts or ""))
+    problems += environment_problems + check_inputs(on_host)
+    warnings: list[str] = []
+    if "hf_model" in on_host and (on_host["hf_model"] / "config.json").is_file():
+        layout_problems, warnings = check_layout({**cfg, "hf_model": str(on_host["hf_model"])}, title, job)
+        problems += layout_problems
+    return problems, warnings, mounts
+
+
+def submit(job: ClusterJob, script_text: str) -> str:
     """Write the script under the run directory, run `sbatch` on it, return sbatch's answer."""
     script = job.run_dir / "submit" / f"{job.job_name}.sbatch"
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(job.sbatch_script())
+    script.write_text(script_text)
     script.chmod(0o755)
     answer = subprocess.run(["sbatch", str(script)], check=True, capture_output=True, text=True)
     return answer.stdout.strip()
@@ -88,11 +241,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--time", default="04:00:00")
     parser.add_argument("--account")
     parser.add_argument("--partition")
-    parser.add_argument("--container-image", help="pyxis/enroot image; omit for the checkout's .venv")
-    parser.add_argument("--container-mounts")
+    parser.add_argument("--container-image", help="pyxis/enroot image; omit for a bare venv (--venv)")
+    parser.add_argument("--container-mounts", help="pyxis SRC:DST[,...] (default: derived from the run config)")
+    parser.add_argument("--venv", type=Path, default=REPO / ".venv",
+                        help="bare venv mode: the virtual environment on the nodes (default: %(default)s)")
     parser.add_argument("--preemption-warning", type=int, default=600, dest="preemption_warning_s",
-                        help="seconds before the time limit at which the job checkpoints and requeues")
-    parser.add_argument("--dry-run", action="store_true", help="print the sbatch script instead of submitting")
+                        help="seconds before the time limit at which the ranks checkpoint and the job requeues")
+    parser.add_argument("--dry-run", action="store_true", help="check and print the sbatch script; queue nothing")
     parser.add_argument("overrides", nargs="*", help="key=value overrides passed to nemo-topr train")
     args = parser.parse_args(argv)
     job_name = args.job_name or f"topr-{args.config}"
@@ -100,9 +255,18 @@ def main(argv: list[str]) -> int:
                      run_dir=(args.run_dir or REPO / "runs" / job_name).resolve(), nodes=args.nodes,
                      gpus_per_node=args.gpus_per_node, time=args.time, account=args.account,
                      partition=args.partition, container_image=args.container_image,
-                     container_mounts=args.container_mounts, preemption_warning_s=args.preemption_warning_s)
+                     container_mounts=args.container_mounts, venv=args.venv.resolve(),
+                     preemption_warning_s=args.preemption_warning_s)
+    problems, warnings, mounts = preflight(job)
+    for warning in warnings:
+        print(f"nemo-topr submit: warning: {warning}", file=sys.stderr)
+    if problems:
+        print("nemo-topr submit: not queued, the job would fail:", file=sys.stderr)
+        print("\n".join(f"  - {problem}" for problem in problems), file=sys.stderr)
+        return 1
+    script = job.sbatch_script(mounts)
     if args.dry_run:
-        sys.stdout.write(job.sbatch_script())
+        sys.stdout.write(script)
     else:
-        print(submit(job))
+        print(submit(job, script))
     return 0

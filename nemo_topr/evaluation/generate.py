@@ -62,6 +62,8 @@ class SamplingSettings:
     seed: int = 0
     stop_strings: tuple[str, ...] = ()
     sampler_logprobs: bool = False
+    device: str = "auto"  # transformers backend: auto (a GPU when present) | cpu | cuda
+    tensor_parallel_size: int = 1  # vLLM: GPUs one model is split over (Llama 3.1 70B: 4 or 8)
 
 
 @dataclass(frozen=True)
@@ -177,19 +179,25 @@ def _generated_lengths(new_tokens, eos_ids: set[int], pad_id: int) -> list[int]:
 
 def _sample_with_transformers(model_dir: Path, prompt_ids: list[list[int]], settings: SamplingSettings,
                               tokenizer) -> list[list[Completion]]:
-    """One `generate` call per prompt (its N samples batched), on CPU or one GPU."""
+    """One `generate` call per prompt (its N samples batched), on CPU or one GPU. The sampler
+    log-prob comes from the processed scores (after temperature and top-k/top-p)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from nemo_topr.data.tokenization import pad_id_of
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval()
+    if settings.tensor_parallel_size != 1:
+        raise ValueError("the transformers backend runs on one device; --tensor-parallel-size needs --backend vllm")
+    device = settings.device if settings.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA GPU is visible to this process")
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval().to(device)
     eos = model.generation_config.eos_token_id
     eos_ids, pad_id = set(eos if isinstance(eos, list) else [eos]), pad_id_of(tokenizer)
     completions = []
     for index, ids in enumerate(prompt_ids):
         torch.manual_seed(prompt_seed(settings.seed, index))
-        input_ids = torch.tensor([ids])
+        input_ids = torch.tensor([ids], device=device)
         with torch.no_grad():
             output = model.generate(
                 input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
@@ -211,11 +219,16 @@ def _sample_with_transformers(model_dir: Path, prompt_ids: list[list[int]], sett
 
 
 def _sample_with_vllm(model_dir: Path, prompt_ids: list[list[int]], settings: SamplingSettings) -> list[list[Completion]]:
-    """All prompts in one vLLM call; vLLM cuts the stop strings itself."""
+    """All prompts in one vLLM call; vLLM cuts the stop strings itself. Never run on GPU in CI.
+
+    vLLM V1 returns raw log-probs (the model's, before temperature and top-k/top-p) unless
+    `logprobs_mode` says otherwise; "processed_logprobs" makes it record what the transformers
+    backend records: the log-prob under the distribution actually sampled from."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=str(model_dir), seed=settings.seed)
+    llm = LLM(model=str(model_dir), seed=settings.seed, tensor_parallel_size=settings.tensor_parallel_size,
+              logprobs_mode="processed_logprobs")
     params = [
         SamplingParams(n=settings.num_samples, temperature=settings.temperature, top_p=settings.top_p,
                        top_k=settings.top_k, max_tokens=settings.max_new_tokens, stop=list(settings.stop_strings),
@@ -294,13 +307,18 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, num_samples: int)
     parser.add_argument("--sampler-logprobs", action="store_true",
                         help="record the sampler's log-prob of each completion in meta.sampler_logprob")
     parser.add_argument("--backend", choices=BACKENDS, default="auto")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=defaults.device,
+                        help="transformers backend: where the model runs (auto: a GPU when present)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=defaults.tensor_parallel_size,
+                        help="vLLM backend: GPUs to split the model over (70B in bf16 needs >= 2 x 80 GB)")
 
 
 def settings_from_args(args: argparse.Namespace, task: str) -> SamplingSettings:
     stops = STOP_STRINGS[task] if args.stop is None else args.stop
     return SamplingSettings(num_samples=args.num_samples, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                            stop_strings=tuple(stops), sampler_logprobs=args.sampler_logprobs)
+                            stop_strings=tuple(stops), sampler_logprobs=args.sampler_logprobs,
+                            device=args.device, tensor_parallel_size=args.tensor_parallel_size)
 
 
 def build_parser() -> argparse.ArgumentParser:

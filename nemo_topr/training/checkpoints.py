@@ -6,11 +6,14 @@ trackers (``latest_train_state.pt``, ``latest_checkpointed_iteration.txt``) and 
 the trackers and the config leaves "latest" pointing at a checkpoint that cannot be loaded.
 Before every run we check the latest checkpoint and, if it is incomplete, point the trackers
 back at the newest complete one and set the broken directory aside — reported, never silent.
+The repair renames and rewrites shared files, so exactly one process of a job runs it (launcher
+rank 0, nemo_topr/training/recipe.py:prepare); the trackers are replaced atomically, so a job
+killed during the repair itself leaves either the old or the new tracker, never a truncated one.
 """
 
 from __future__ import annotations
 
-import shutil
+import os
 from pathlib import Path
 
 import yaml
@@ -86,6 +89,12 @@ def ensure_latest_complete(checkpoint_dir: str | Path) -> str | None:
         (checkpoint_dir / TRAIN_STATE_TRACKER).unlink(missing_ok=True)
         return f"checkpoint iter {latest} was incomplete and no earlier one exists: starting from the pretrained model"
     iteration, path = complete[-1]
-    shutil.copy(path / "train_state.pt", checkpoint_dir / TRAIN_STATE_TRACKER)
-    tracker.write_text(str(iteration))
+    _replace_atomically(checkpoint_dir / TRAIN_STATE_TRACKER, (path / "train_state.pt").read_bytes())
+    _replace_atomically(tracker, str(iteration).encode())
     return f"checkpoint iter {latest} was incomplete (set aside as {latest_dir.name}.incomplete); resuming from iter {iteration}"
+
+
+def _replace_atomically(path: Path, content: bytes) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(content)
+    os.replace(partial, path)

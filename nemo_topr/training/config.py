@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,15 @@ def objective_from(values: dict[str, Any]) -> ObjectiveConfig:
     return ObjectiveConfig(**values)
 
 
+def gradient_accumulation_fusion_available() -> bool:
+    """Whether Apex's fused_weight_gradient_mlp_cuda is importable. Megatron-Core's
+    ColumnParallelLinear (the output layer, with or without Transformer Engine) raises without it
+    when gradient_accumulation_fusion is on (megatron/core/tensor_parallel/layers.py:1070), but
+    Bridge turns the fusion on whenever TE imports (megatron/bridge/utils/fusions.py:34-53): a
+    bare venv with TE and no Apex would fail while building the model."""
+    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
+
+
 def default_container(provider: Any, dataset: Any):
     """Bridge ConfigContainer with TOPR's fixed choices; YAML overrides go on top."""
     from megatron.bridge.training.config import (
@@ -97,6 +107,7 @@ def default_container(provider: Any, dataset: Any):
     on_gpu = torch.cuda.is_available()
     # The step returns (sum, denominator): Megatron divides by the global denominator.
     provider.calculate_per_token_loss = True
+    provider.gradient_accumulation_fusion = gradient_accumulation_fusion_available()
     if on_gpu:  # AutoBridge builds fp32 providers; train in bf16 unless the YAML says otherwise
         provider.bf16, provider.params_dtype, provider.pipeline_dtype = True, torch.bfloat16, torch.bfloat16
     return ConfigContainer(

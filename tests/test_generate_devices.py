@@ -1,0 +1,53 @@
+"""Where `nemo-topr generate` runs: --device for the transformers backend, --tensor-parallel-size
+for vLLM. This machine has no GPU: the GPU paths are checked for their refusals here, and the
+vLLM call (tensor_parallel_size, logprobs_mode) has never run on a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nemo_topr.evaluation import generate
+
+
+@pytest.fixture(scope="module")
+def prompt_run(tmp_path_factory):
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("generate_devices")
+    model = build_tiny_hf_llama(root / "tiny", build_tiny_tokenizer())
+    prompts = root / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "What is 2+3?", "reference_answer": "5", "prompt_id": "p0"}) + "\n")
+    return ["--model", str(model), "--prompts", str(prompts), "--task", "math", "--num-samples", "2",
+            "--max-new-tokens", "4"]
+
+
+def test_device_cuda_without_a_gpu_is_refused_by_name(prompt_run, tmp_path, capsys):
+    assert generate.main([*prompt_run, "--device", "cuda", "--out", str(tmp_path / "o.jsonl")]) == 1
+    assert "--device cuda: no CUDA GPU is visible to this process" in capsys.readouterr().err
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_tensor_parallel_needs_vllm(prompt_run, tmp_path, capsys):
+    args = [*prompt_run, "--backend", "transformers", "--tensor-parallel-size", "4", "--out", str(tmp_path / "o.jsonl")]
+    assert generate.main(args) == 1
+    assert "--tensor-parallel-size needs --backend vllm" in capsys.readouterr().err
+
+
+def test_cpu_device_samples_what_auto_samples_here(prompt_run, tmp_path):
+    """Without a GPU, auto means the CPU: the same seeded samples either way."""
+    outputs = {}
+    for device in ("auto", "cpu"):
+        out = tmp_path / f"{device}.jsonl"
+        assert generate.main([*prompt_run, "--device", device, "--out", str(out)]) == 0
+        outputs[device] = out.read_text()
+    assert outputs["auto"] == outputs["cpu"]
+
+
+def test_flags_reach_the_sampling_settings(prompt_run):
+    args = generate.build_parser().parse_args([*prompt_run, "--tensor-parallel-size", "8", "--device", "cpu",
+                                               "--out", "x.jsonl"])
+    settings = generate.settings_from_args(args, "math")
+    assert (settings.tensor_parallel_size, settings.device) == (8, "cpu")
