@@ -19,7 +19,7 @@ from nemo_topr.evaluation.generate import (
 )
 from nemo_topr.grading import grade
 
-TINY_SAMPLING = ["--num-samples", "2", "--max-new-tokens", "16"]
+TINY_SAMPLING = ["--num-samples", "2", "--max-new-tokens", "16", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_eval_writes_results_and_plots_rounds(model_dir, tmp_path):
     assert evaluate.main(args) == 0
     results = json.loads(result.read_text())
     assert (results["num_problems"], results["samples_per_problem"], results["ks"]) == (3, 2, [1, 2])
-    assert set(results["metrics"]) == {"pass@1", "pass@2", "maj@2", "invalid_rate"}
+    assert set(results["metrics"]) == {"pass@1", "pass@2", "maj@2", "invalid_rate", "grader_error_rate"}
     assert "| pass@1 |" in result.with_suffix(".md").read_text()
 
     # The same samples re-graded from records, with verifier scores added to their meta.

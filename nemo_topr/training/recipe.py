@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from nemo_topr import cpu_runtime
+from nemo_topr.device import DEVICES, DeviceError, use_device
 from nemo_topr.distributed import free_port
 from nemo_topr.training.checkpoints import ensure_latest_complete, latest_iteration
 from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, compose
@@ -105,6 +105,9 @@ def main(argv: list[str]) -> int:
     if "WORLD_SIZE" not in os.environ:  # a plain single process: Bridge would default to port 29500
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-    cpu_runtime.enable_cpu_runtime()  # no-op on GPU machines
-    run = build_training_run(compose(args.config_name, args.overrides, args.config_path))
-    return train(run)
+    raw = compose(args.config_name, args.overrides, args.config_path)
+    try:  # the config's `device` (cuda in the GPU presets): CPU only when chosen
+        use_device(raw.get("device"), where="device", choices=DEVICES)
+    except DeviceError as error:
+        raise SystemExit(f"nemo-topr train: {error}") from None
+    return train(build_training_run(raw))
