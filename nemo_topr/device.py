@@ -71,8 +71,8 @@ def use_device(requested: str, *, where: str, choices: tuple[str, ...] = CHOICES
     return device
 
 
-def add_device_argument(parser, *, help_: str = "") -> None:  # noqa: ANN001 - argparse parser or group
+def add_device_argument(parser) -> None:  # noqa: ANN001 - an argparse parser
     """`--device {cuda,cpu,auto}`, default cuda: the flag every model-running verb shares."""
     parser.add_argument("--device", choices=CHOICES, default="cuda",
-                        help=f"where to run (default: cuda; cuda without CUDA is an error, cpu must be chosen; "
-                             f"auto: cuda when available, else cpu){help_}")
+                        help="where to run (default: cuda; cuda without CUDA is an error, cpu must be chosen; "
+                             "auto: cuda when available, else cpu)")

@@ -202,7 +202,7 @@ def test_export_of_several_iterations_in_one_process(reference_dir, tmp_path):
     last = int((reference_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
     assert iterations[:2] == [3, 6] and iterations[-1] == last
     every, latest = tmp_path / "every", tmp_path / "latest"
-    cli = [sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(reference_dir)]
+    cli = [sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(reference_dir), "--device", "cpu"]
     for extra in (["--hf-out", str(every), "--all-iterations"], ["--hf-out", str(latest)]):
         proc = subprocess.run(cli + extra, cwd=REPO, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

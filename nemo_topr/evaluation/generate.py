@@ -5,8 +5,8 @@ zero-shot; see `nemo_topr.data.prompts`) or from a JSONL file of {prompt, refere
 prompt_id}. Each prompt gets N samples with the paper's sampling settings (temperature 1,
 top-p 1, top-k 500, 512 new tokens), on `--device` (default cuda; `nemo_topr.device`): from
 vLLM when it is installed and the device is cuda, from `transformers` otherwise (the
-`transformers` path on cuda has never run on a GPU). Prompts are tokenized exactly as training tokenizes them
-(`prompt_token_ids`: the chat template when the tokenizer has one).
+`transformers` path on cuda has never run on a GPU). Prompts are tokenized exactly as
+training tokenizes them (`prompt_token_ids`: the chat template when the tokenizer has one).
 
 Generation stops at EOS, and at the task's stop strings (GSM8K: "\\n\\nQuestion:", where a
 few-shot model starts the next question); the completion is cut before the stop string.
@@ -16,11 +16,11 @@ and `--limit K` reproduces the first K prompts of the full run.
 The output is pre-scored records (reward +1 correct, -1 wrong or invalid) whose `meta` holds
 the task, the reference answer, the extracted answer and the grade (correct / wrong /
 invalid), and with `--sampler-logprobs` the sampler's own log-probability of the sampled
-tokens. A completion the grader failed on (grade "error", see `nemo_topr.grading`) is no
-record: it is counted and dropped, and above `--max-grader-error-rate` (default 0.01) the
-command fails and writes nothing. Training's log mu comes from `nemo-topr score-logprobs`, not from the sampler (see
+tokens. Training's log mu comes from `nemo-topr score-logprobs`, not from the sampler (see
 docs/evaluation.md). Empty completions (EOS first) cannot be records and are counted, not
-written.
+written. Nor are completions the grader failed on (grade "error", `nemo_topr.grading`): they
+are counted, and above `--max-grader-error-rate` (default 0.01) the command fails and writes
+nothing.
 """
 
 from __future__ import annotations

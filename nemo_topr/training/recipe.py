@@ -2,11 +2,13 @@
 
     nemo-topr train --config-name tiny_cpu optimizer.lr=3e-4 objective.variant=tis
 
-Reads the config (conf/ + overrides), validates, tokenizes and packs the data, sets the number
-of iterations to cover the data once per epoch, saves the resolved config in the run
-directory, and hands Bridge the TOPR forward step. Re-running the same command resumes from
-the run directory's latest checkpoint. SIGTERM (pre-emption) makes Bridge save a checkpoint at
-the next iteration boundary; the command then exits with 75 so that a job script requeues it.
+Reads the config (conf/ + overrides), sets up its `device` (cuda, or cpu when the config says
+so; a cuda config on a machine without CUDA stops here: `nemo_topr.device`), validates,
+tokenizes and packs the data, sets the number of iterations to cover the data once per epoch,
+saves the resolved config in the run directory, and hands Bridge the TOPR forward step.
+Re-running the same command resumes from the run directory's latest checkpoint. SIGTERM
+(pre-emption) makes Bridge save a checkpoint at the next iteration boundary; the command then
+exits with 75 so that a job script requeues it.
 """
 
 from __future__ import annotations
