@@ -129,14 +129,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from nemo_topr import cpu_runtime
+    from nemo_topr.device import use_device
     from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != args.tp:
         parser.error(f"--tp {args.tp} needs {args.tp} processes (torch.distributed.run); got {world}")
     if world > 1:  # the naive path's TP all-gather asks for torch.cuda.current_device()
-        cpu_runtime.enable_cpu_runtime()
+        use_device("cpu", where="bench.logprob")
     initialize_model_parallel(world, 1)
     result = measure(args.tokens, args.vocab, getattr(torch, args.dtype), args.reps)
     ranks = [None] * world

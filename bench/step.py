@@ -175,10 +175,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from nemo_topr import cpu_runtime
+    from nemo_topr.device import use_device
     from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
 
-    cpu_runtime.enable_cpu_runtime()
+    use_device("cpu", where="bench.step")  # a CPU benchmark, by choice
     initialize_model_parallel(args.tp, 1)
     spec = json.loads(args.model_spec) if args.model_spec else None
     results = [measure(name, args.reps, args.tp, spec) for name in args.models.split(",")]

@@ -12,7 +12,8 @@
 6. reloads it with `transformers` and measures, independently of Megatron, how the mean
    per-token log-likelihood of positives and negatives moved; prints a summary.
 
-Each stage runs the user-facing command in a subprocess, exactly as a user would.
+Each stage runs the user-facing command in a subprocess, exactly as a user would, each on the
+CPU by explicit choice (`--device cpu`; the tiny_cpu training config has `device: cpu`).
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     _stage(3, "scoring behaviour log-probs log mu(y|x) with the starting model")
     scored = out / "data" / "scored.jsonl"
     _run([*nemo_topr, "score-logprobs", "--model", str(model_dir), "--data", str(out / "data/graded.jsonl"),
-          "--out", str(scored), "--seq-length", "512"], out / "score.log")
+          "--out", str(scored), "--seq-length", "512", "--device", "cpu"], out / "score.log")
 
     _stage(4, "training with TOPR on Megatron-Bridge's finetune() loop (CPU, gloo)")
     run_dir = out / "run"
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _stage(5, "exporting the last checkpoint to Hugging Face format")
     hf_out = out / "hf_export"
-    _run([*nemo_topr, "export", "--ckpt", str(run_dir), "--hf-out", str(hf_out)], out / "export.log")
+    _run([*nemo_topr, "export", "--ckpt", str(run_dir), "--hf-out", str(hf_out), "--device", "cpu"], out / "export.log")
 
     _stage(6, "reloading the export with transformers and measuring log-likelihood movement")
     before = completion_logprob_means(model_dir, records)

@@ -1,13 +1,16 @@
 """Graders for the paper's two benchmarks: a completion's final answer against the reference.
 
-Every grader returns one of three labels:
+Every grader returns one of four labels:
 
     correct   an answer was found and it equals the reference
     wrong     an answer was found and it differs
     invalid   no parseable answer (no number for GSM8K, no non-empty \\boxed{} for MATH)
+    error     the grader itself failed (math-verify raised or timed out): no verdict at all
 
 `is_correct_*` is `grade_* == "correct"`; graders never raise on a completion, only on a
-reference that has no answer (a data bug).
+reference that has no answer (a data bug). An "error" is not a wrong answer: it has no reward
+(`reward_of` refuses it), and the commands that grade count these, drop them, and fail above
+`--max-grader-error-rate` (:func:`check_grader_errors`).
 
 GSM8K: the final answer is the number after the last answer marker (`#### N`, "the answer is
 N", `\\boxed{N}`), else the last number of the completion. Numbers are read with their sign,
@@ -22,15 +25,25 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
-Grade = Literal["correct", "wrong", "invalid"]
-GRADES: tuple[Grade, ...] = ("correct", "wrong", "invalid")
+Grade = Literal["correct", "wrong", "invalid", "error"]
+GRADES: tuple[Grade, ...] = ("correct", "wrong", "invalid", "error")
 TASKS = ("gsm8k", "math")
+# Share of graded answers whose grader may fail before a command stops (--max-grader-error-rate).
+MAX_GRADER_ERROR_RATE = 0.01
+
+
+class GraderError(RuntimeError):
+    """The grader could not decide (math-verify raised or timed out); never a wrong answer."""
+
+
+class GraderErrorRateExceeded(ValueError):
+    """More grader errors than a command accepts."""
 
 # math-verify bounds its sympy work with signal.alarm, which exists only in the main thread.
 MATH_VERIFY_TIMEOUT_S = 5
@@ -142,22 +155,30 @@ def _parse_latex(answer: str) -> tuple:
     from math_verify import LatexExtractionConfig, parse
 
     boxed = f"\\boxed{{{answer}}}"
-    return tuple(parse(boxed, extraction_config=[LatexExtractionConfig()], parsing_timeout=_math_verify_timeout()))
+    return tuple(parse(boxed, extraction_config=[LatexExtractionConfig()], parsing_timeout=_math_verify_timeout(),
+                       raise_on_error=True))
 
 
 def math_answers_equal(reference: str, answer: str) -> bool:
     """Whether math-verify finds two LaTeX answers equivalent (both parsed as `\\boxed{...}`).
 
     `reference` is math-verify's gold side (the comparison is not symmetric for equations).
-    Any failure inside math-verify (parse error, timeout) counts as not equal.
+    LaTeX that math-verify cannot read is handled inside it, candidate by candidate (an
+    unparseable answer is not equal). What still escapes it (a timeout, a broken install, a bug)
+    raises GraderError: with the default raise_on_error=False math-verify would return False
+    for those too (math_verify/parser.py:719, grader.py:867), silently grading the answer wrong.
     """
-    from math_verify import verify
+    from math_verify.errors import TimeoutException  # a BaseException (math_verify/errors.py:1)
 
     try:
+        from math_verify import verify
+
         gold, predicted = _parse_latex(reference), _parse_latex(answer)
-        return bool(gold and predicted) and verify(list(gold), list(predicted), timeout_seconds=_math_verify_timeout())
-    except Exception:  # math-verify raises sympy's and its own errors on odd LaTeX
-        return False
+        return bool(gold and predicted) and verify(list(gold), list(predicted),
+                                                   timeout_seconds=_math_verify_timeout(), raise_on_error=True)
+    except (Exception, TimeoutException) as error:
+        raise GraderError(f"math-verify failed comparing {answer[:80]!r} with {reference[:80]!r}: "
+                          f"{type(error).__name__}: {error}") from error
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,18 +216,33 @@ def same_answer(task: str, reference: str, answer: str) -> bool:
     return grader_of(task).same(reference, answer)
 
 
-def graded_answer(task: str, completion: str, reference_answer: str) -> tuple[str | None, Grade]:
-    """(the completion's extracted answer or None, its grade)."""
+@dataclass(frozen=True)
+class GradeResult:
+    """One graded completion: its extracted answer (None: invalid), its grade, and for grade
+    "error" what the grader raised."""
+
+    answer: str | None
+    grade: Grade
+    error: str | None = None
+
+
+def graded_answer(task: str, completion: str, reference_answer: str) -> GradeResult:
+    """The completion's extracted answer and grade ("error" when the grader failed)."""
     grader = grader_of(task)
     answer = grader.extract(completion)
     if answer is None:
-        return None, "invalid"
-    return answer, "correct" if grader.same(grader.reference(reference_answer), answer) else "wrong"
+        return GradeResult(None, "invalid")
+    reference = grader.reference(reference_answer)  # outside the try: a bad reference is a data bug
+    try:
+        same = grader.same(reference, answer)
+    except GraderError as error:
+        return GradeResult(answer, "error", str(error))
+    return GradeResult(answer, "correct" if same else "wrong")
 
 
 def grade(task: str, completion: str, reference_answer: str) -> Grade:
-    """"correct", "wrong" or "invalid" (the completion has no parseable answer)."""
-    return graded_answer(task, completion, reference_answer)[1]
+    """"correct", "wrong", "invalid" (the completion has no parseable answer) or "error"."""
+    return graded_answer(task, completion, reference_answer).grade
 
 
 def grade_gsm8k(completion: str, reference_answer: str) -> Grade:
@@ -226,5 +262,24 @@ def is_correct_math(completion: str, reference_answer: str) -> bool:
 
 
 def reward_of(grade_label: Grade) -> float:
-    """The paper's reward: +1 for a correct answer, -1 for a wrong or invalid one."""
+    """The paper's reward: +1 for a correct answer, -1 for a wrong or invalid one. A grader
+    error has no reward: turning it into -1 would train on a verdict nobody made."""
+    if grade_label == "error":
+        raise GraderError("a grader error has no reward; drop the sample (check_grader_errors counts it)")
     return 1.0 if grade_label == "correct" else -1.0
+
+
+def check_grader_errors(results: Sequence[GradeResult], max_rate: float, flag: str = "--max-grader-error-rate"
+                        ) -> dict[str, Any]:
+    """Count the grader errors among `results`; returns {graded, grader_errors, grader_error_rate,
+    max_grader_error_rate, first_grader_error} and raises GraderErrorRateExceeded above `max_rate`."""
+    errors = [result.error for result in results if result.grade == "error"]
+    rate = len(errors) / len(results) if results else 0.0
+    report = {"graded": len(results), "grader_errors": len(errors), "grader_error_rate": rate,
+              "max_grader_error_rate": max_rate, "first_grader_error": errors[0] if errors else None}
+    if rate > max_rate:
+        raise GraderErrorRateExceeded(
+            f"the grader failed on {len(errors)} of {len(results)} answers ({100 * rate:.2f}%), above {flag} "
+            f"{max_rate}; these are grader failures, not wrong answers (check the math-verify install). "
+            f"First: {errors[0]}")
+    return report

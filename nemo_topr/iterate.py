@@ -16,7 +16,8 @@ records, p and p~, pass@1, maj@k, invalid rate) and OUT/rounds.png (`nemo-topr e
 
 CONFIG is a driver config (`IterateConfig`, plain YAML, a path or a name in conf/), not a
 training config: it names the training config (`train.config_name`) and holds each stage's
-options; `key=value` arguments override it.
+options; `key=value` arguments override it. Its `device` (cuda, or cpu as in iterate_tiny_cpu)
+goes to every stage: `--device` of generate, score-logprobs, export and eval, `device=` of train.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nemo_topr.data.records import Record, is_positive
+from nemo_topr.device import DEVICES
 
 CURATION_MODES = ("anna_karenina", "target_p", "target_p_tilde", "none")
 SUBSAMPLING_MODES = ("target_p", "target_p_tilde")  # they need positives and negatives
@@ -92,6 +94,7 @@ class IterateConfig:
     base_model: str = MISSING  # local Hugging Face directory round 0 starts from
     out: str = MISSING
     rounds: int = 1
+    device: str = "cuda"  # cuda | cpu, passed to every stage (`nemo_topr.device`): no silent fallback
     generate: GenerateOptions = field(default_factory=GenerateOptions)
     curate: CurateOptions = field(default_factory=CurateOptions)
     train: TrainOptions = field(default_factory=TrainOptions)
@@ -123,6 +126,8 @@ def check_config(config: IterateConfig) -> None:
     problems = []
     if config.rounds < 1:
         problems.append(f"rounds must be at least 1; got {config.rounds}")
+    if config.device not in DEVICES:
+        problems.append(f"device must be one of {', '.join(DEVICES)}; got {config.device!r}")
     if config.curate.mode not in CURATION_MODES:
         problems.append(f"curate.mode must be one of {CURATION_MODES}; got {config.curate.mode!r}")
     if (config.curate.mode in SUBSAMPLING_MODES) != (config.curate.target is not None):
@@ -281,6 +286,7 @@ class Driver:
         train = config.train
         # score mu at the training sequence length, so that exactly the sequences training accepts are scored
         self.seq_length = int(compose(train.config_name, list(train.overrides)).model.seq_length)
+        self.device_flag = ("--device", config.device)
 
     def run(self) -> list[RoundResult]:
         model = Path(self.config.base_model).resolve()
@@ -317,11 +323,13 @@ class Driver:
             Stage("curate", directory, ("data", "curate", str(graded), *flags, "--seed", str(self.config.curate.seed),
                                         "--out", str(curated)), (curated, curated.with_suffix(".stats.json"))),
             Stage("score", directory, ("score-logprobs", "--model", str(model), "--data", str(curated),
-                                       "--out", str(scored), "--seq-length", str(self.seq_length)), (scored,)),
+                                       "--out", str(scored), "--seq-length", str(self.seq_length), *self.device_flag),
+                  (scored,)),
             Stage("train", directory, ("train", "--config-name", train.config_name, *train.overrides,
-                                       f"hf_model={model}", f"run_dir={run_dir}", f"dataset.train_path={scored}"),
-                  (run_dir,)),
-            Stage("export", directory, ("export", "--ckpt", str(run_dir), "--hf-out", str(exported)), (exported,)),
+                                       f"hf_model={model}", f"run_dir={run_dir}", f"dataset.train_path={scored}",
+                                       f"device={self.config.device}"), (run_dir,)),
+            Stage("export", directory, ("export", "--ckpt", str(run_dir), "--hf-out", str(exported), *self.device_flag),
+                  (exported,)),
             self.eval_stage(directory, exported, directory.name),
         ]
         for stage in stages:
@@ -337,14 +345,15 @@ class Driver:
                 zero_shot_prompts(options.prompts, Path(prompts))
         task_flag = [] if task is None else ["--task", task]
         return Stage("generate", directory, ("generate", "--model", str(model), "--prompts", prompts, *task_flag,
-                                             *sampling_flags(options, options.seed + index), "--out", str(graded)),
+                                             *sampling_flags(options, options.seed + index), *self.device_flag,
+                                             "--out", str(graded)),
                      (graded,))
 
     def eval_stage(self, directory: Path, model: Path, label: str) -> Stage:
         options = self.config.eval
         results, samples = directory / "eval.json", directory / "eval_samples.jsonl"
         return Stage("eval", directory, ("eval", "--model", str(model), "--benchmark", options.benchmark,
-                                         *sampling_flags(options, options.seed), "--label", label,
+                                         *sampling_flags(options, options.seed), *self.device_flag, "--label", label,
                                          "--samples-out", str(samples), "--out", str(results)),
                      (results, results.with_suffix(".md"), samples))
 

@@ -19,7 +19,7 @@ from nemo_topr.evaluation.generate import (
 )
 from nemo_topr.grading import grade
 
-TINY_SAMPLING = ["--num-samples", "2", "--max-new-tokens", "16"]
+TINY_SAMPLING = ["--num-samples", "2", "--max-new-tokens", "16", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_eval_writes_results_and_plots_rounds(model_dir, tmp_path):
     assert evaluate.main(args) == 0
     results = json.loads(result.read_text())
     assert (results["num_problems"], results["samples_per_problem"], results["ks"]) == (3, 2, [1, 2])
-    assert set(results["metrics"]) == {"pass@1", "pass@2", "maj@2", "invalid_rate"}
+    assert set(results["metrics"]) == {"pass@1", "pass@2", "maj@2", "invalid_rate", "grader_error_rate"}
     assert "| pass@1 |" in result.with_suffix(".md").read_text()
 
     # The same samples re-graded from records, with verifier scores added to their meta.
@@ -115,3 +115,77 @@ def test_eval_writes_results_and_plots_rounds(model_dir, tmp_path):
     plot = tmp_path / "rounds.png"
     assert evaluate.main(["--plot", str(result), str(tmp_path / "r2.json"), "--out", str(plot)]) == 0
     assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+# ---------------------------------------------------------------------------------------------
+# Grader errors (math-verify failing): dropped and counted, never -1 rewards or wrong answers
+
+# Per problem: correct, the answer whose grading fails, wrong, correct.
+BOXED = ["so \\boxed{5}", "so \\boxed{7}", "so \\boxed{6}", "so \\boxed{5}"]
+
+
+def _verify_fails_on_seven(monkeypatch):
+    """math-verify raising while comparing the answer 7 (as a broken sympy would)."""
+    import math_verify
+
+    real = math_verify.verify
+
+    def verify(gold, target, **kwargs):
+        if "7" in map(str, target):
+            raise RuntimeError("sympy exploded")
+        return real(gold, target, **kwargs)
+
+    monkeypatch.setattr(math_verify, "verify", verify)
+
+
+def test_grader_errors_are_not_written_as_negatives(monkeypatch):
+    _verify_fails_on_seven(monkeypatch)
+    problem = Problem("p0", "What is 2+3?", "5", "math")
+    graded = grade_completions(problem, [Completion(text) for text in BOXED])
+    assert [g.grade for g in graded] == ["correct", "error", "wrong", "correct"]
+    assert "RuntimeError: sympy exploded" in graded[1].grader_error
+    records = graded_records([problem], [graded])
+    assert [(r.sample_id, r.reward) for r in records] == [(0, 1.0), (2, -1.0), (3, 1.0)]
+    assert generate.grader_error_report([graded], max_rate=0.25)["grader_errors"] == 1
+
+
+def _math_prompts(tmp_path, n: int):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"What is {i}+5-{i}?", "reference_answer": "5",
+                                           "prompt_id": f"q{i}"}) + "\n" for i in range(n)))
+    return prompts
+
+
+def test_generate_fails_above_the_grader_error_rate(monkeypatch, tmp_path, capsys):
+    _verify_fails_on_seven(monkeypatch)
+    # The sampler is replaced by fixed completions: what is tested is what happens after sampling.
+    monkeypatch.setattr(generate, "sample_completions",
+                        lambda model_dir, problems, settings, backend, device: [[Completion(t) for t in BOXED]
+                                                                              for _ in problems])
+    out = tmp_path / "graded.jsonl"
+    args = ["--model", str(tmp_path), "--prompts", str(_math_prompts(tmp_path, 2)), "--task", "math",
+            "--num-samples", "4", "--device", "cpu", "--out", str(out)]
+    assert generate.main(args) == 1  # 2 grader errors in 8 samples = 25 % > 1 % (the default)
+    assert not out.exists()
+    assert ("the grader failed on 2 of 8 answers (25.00%), above --max-grader-error-rate 0.01"
+            in capsys.readouterr().err)
+    assert generate.main([*args, "--max-grader-error-rate", "0.25"]) == 0
+    records = load_records(out).records
+    assert len(records) == 6 and {r.meta["grade"] for r in records} == {"correct", "wrong"}
+    assert sum(r.reward == -1.0 for r in records) == 2  # the two wrong answers only
+
+
+def test_eval_leaves_grader_errors_out_of_the_metrics(monkeypatch, tmp_path):
+    _verify_fails_on_seven(monkeypatch)
+    rows = [{"prompt": "What is 2+3?", "completion": text, "reward": 0.0, "prompt_id": "p", "sample_id": i,
+             "meta": {"task": "math", "reference_answer": "5"}} for i, text in enumerate(BOXED)]
+    records = tmp_path / "graded.jsonl"
+    records.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = tmp_path / "r.json"
+    assert evaluate.main(["--records", str(records), "--out", str(result)]) == 1  # 25 % > 1 %
+    assert evaluate.main(["--records", str(records), "--k", "1", "--max-grader-error-rate", "0.25",
+                          "--out", str(result)]) == 0
+    results = json.loads(result.read_text())
+    # 3 samples graded (2 correct, 1 wrong); the failed one is not a wrong answer: 2/3, not 2/4
+    assert results["metrics"] == {"pass@1": pytest.approx(2 / 3), "invalid_rate": 0.0, "grader_error_rate": 0.25}
+    assert results["grader_errors"]["grader_errors"] == 1 and results["samples_per_problem"] == 3

@@ -6,11 +6,16 @@ import pytest
 
 from nemo_topr.data.prompts import gsm8k_final_answer, gsm8k_gold_completion, load_gsm8k, load_math500
 from nemo_topr.grading import (
+    GradeResult,
+    GraderError,
+    GraderErrorRateExceeded,
     boxed_contents,
+    check_grader_errors,
     extract_gsm8k_answer,
     extract_math_answer,
     grade_gsm8k,
     grade_math,
+    graded_answer,
     gsm8k_reference_answer,
     is_correct_gsm8k,
     is_correct_math,
@@ -176,3 +181,59 @@ def test_math_grading_works_outside_the_main_thread():
     worker.start()
     worker.join()
     assert results == ["correct"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Grader errors: math-verify failing is no verdict, never a wrong answer (-1 reward)
+
+
+def _failing_verify(monkeypatch, error: BaseException):
+    import math_verify
+
+    def verify(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(math_verify, "verify", verify)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("sympy exploded"), ImportError("No module named 'latex2sympy2'")])
+def test_math_verify_raising_is_a_grader_error(monkeypatch, error):
+    _failing_verify(monkeypatch, error)
+    result = graded_answer("math", "so \\boxed{5}", "5")
+    assert (result.answer, result.grade) == ("5", "error")
+    assert f"{type(error).__name__}: {error}" in result.error
+    assert grade_math("\\boxed{5}", "5") == "error" and not is_correct_math("\\boxed{5}", "5")
+    with pytest.raises(GraderError, match="no reward"):
+        reward_of("error")
+
+
+def test_math_verify_timeout_is_a_grader_error(monkeypatch):
+    from math_verify.errors import TimeoutException  # a BaseException: `except Exception` misses it
+
+    _failing_verify(monkeypatch, TimeoutException("Timeout during comparison"))
+    assert graded_answer("math", "\\boxed{5}", "5").grade == "error"
+
+
+def test_math_verify_parse_raising_is_a_grader_error(monkeypatch):
+    import math_verify
+
+    from nemo_topr.grading import _parse_latex
+
+    def parse(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    _parse_latex.cache_clear()  # parsed answers are cached; this one must reach the broken parse
+    monkeypatch.setattr(math_verify, "parse", parse)
+    assert grade_math("\\boxed{\\frac{1}{2}}", "0.5") == "error"
+    _parse_latex.cache_clear()
+
+
+def test_grader_errors_are_counted_and_fail_above_the_rate():
+    ok, error = GradeResult("5", "correct"), GradeResult("5", "error", "math-verify failed: boom")
+    report = check_grader_errors([ok] * 99 + [error], max_rate=0.01)  # 1 %: at the limit, accepted
+    assert report == {"graded": 100, "grader_errors": 1, "grader_error_rate": 0.01, "max_grader_error_rate": 0.01,
+                      "first_grader_error": "math-verify failed: boom"}
+    assert check_grader_errors([ok] * 3, max_rate=0.0)["grader_errors"] == 0
+    with pytest.raises(GraderErrorRateExceeded, match=r"failed on 2 of 100 answers \(2.00%\), above "
+                                                      r"--max-grader-error-rate 0.01.*First: math-verify failed: boom"):
+        check_grader_errors([ok] * 98 + [error] * 2, max_rate=0.01)

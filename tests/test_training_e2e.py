@@ -1,5 +1,8 @@
 """The main job end to end on CPU: the demo (score mu -> TOPR on Bridge -> export -> transformers),
-the HF round trip, and kill-and-resume with the data order intact."""
+the HF round trip, and kill-and-resume with the data order, losses and final weights intact.
+
+The kill-and-resume test kills at an iteration drawn from a new seed each run, printed and in
+every assertion message; NEMO_TOPR_TEST_SEED=SEED replays a run."""
 
 from __future__ import annotations
 
@@ -106,18 +109,39 @@ def reference_dir(demo, tmp_path_factory) -> Path:
     return run_dir
 
 
-def test_killed_run_resumes_with_exactly_the_remaining_samples(demo, reference_dir, tmp_path):
+def kill_seed() -> str:
+    """NEMO_TOPR_TEST_SEED when set (a replay), else a new seed each run."""
+    return os.environ.get("NEMO_TOPR_TEST_SEED") or str(time.time_ns())
+
+
+def kill_iteration(seed: str) -> int:
+    """An iteration after the first checkpoint (every 3 iterations), well before the end of the
+    one-epoch run (17 iterations)."""
+    return random.Random(seed).randint(4, 10)
+
+
+def test_kill_iteration_varies_with_the_seed_and_replays_from_it():
+    draws = {kill_iteration(str(seed)) for seed in range(200)}
+    assert draws == set(range(4, 11))  # every allowed iteration gets drawn, not always one
+    assert kill_iteration("1234") == kill_iteration("1234")  # a printed seed replays its run
+
+
+def test_killed_run_resumes_with_exactly_the_remaining_samples_and_weights(demo, reference_dir, tmp_path,
+                                                                           megatron_world):
     killed_dir = tmp_path / "killed"
 
     # SIGKILL at a random iteration after the first checkpoint (checkpoints every 3 iterations),
     # possibly in the middle of writing a later one
-    kill_after = random.Random(os.environ.get("PYTEST_SEED", "0")).randint(4, 10)
+    seed = kill_seed()
+    kill_after = kill_iteration(seed)
+    replay = f"killed after iteration {kill_after} (seed {seed}; replay: NEMO_TOPR_TEST_SEED={seed})"
+    print(replay)
     proc = subprocess.Popen(_train_command(demo, killed_dir), cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     ledger = killed_dir / "samples_dp0.jsonl"
     deadline = time.time() + 600
     while _last_iteration(ledger) < kill_after:
-        assert proc.poll() is None and time.time() < deadline
+        assert proc.poll() is None and time.time() < deadline, replay
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -127,16 +151,33 @@ def test_killed_run_resumes_with_exactly_the_remaining_samples(demo, reference_d
     resumed_ledger = _ledger(killed_dir)
 
     checkpoint_iteration = resumed_ledger[0]["iteration"]  # where the resumed run started
-    assert checkpoint_iteration % 3 == 0 and 3 <= checkpoint_iteration <= kill_after
+    assert checkpoint_iteration % 3 == 0 and 3 <= checkpoint_iteration <= kill_after, replay
     # Iterations the killed run reached after its checkpoint are redone (the model state was
     # lost with them); everything before the checkpoint is kept.
     stitched = [e for e in killed_ledger if e["iteration"] < checkpoint_iteration] + resumed_ledger
-    assert _ids_by_iteration(stitched) == _ids_by_iteration(_ledger(reference_dir))
+    assert _ids_by_iteration(stitched) == _ids_by_iteration(_ledger(reference_dir)), replay
     trained = [sample for entry in stitched for sample in entry["sample_ids"]]
-    assert sorted(trained) == list(range(144))  # one epoch: every sample exactly once
+    assert sorted(trained) == list(range(144)), replay  # one epoch: every sample exactly once
     # Same per-step losses as the uninterrupted run, bit for bit (CPU, no dropout; TensorBoard
     # drops the killed run's orphaned steps when the resumed run logs them again).
-    assert _scalars(killed_dir, "topr_loss") == _scalars(reference_dir, "topr_loss")
+    assert _scalars(killed_dir, "topr_loss") == _scalars(reference_dir, "topr_loss"), replay
+    # And the same final model: every tensor of the last checkpoint (weights and Adam moments),
+    # bit for bit.
+    (resumed_iteration, resumed), (reference_iteration, reference) = map(_final_checkpoint, (killed_dir, reference_dir))
+    assert resumed_iteration == reference_iteration and resumed.keys() == reference.keys(), replay
+    assert {"output_layer.weight", "optimizer.state.exp_avg.output_layer.weight"} <= reference.keys()
+    differing = [key for key in reference if not torch.equal(resumed[key], reference[key])]
+    assert differing == [], replay
+
+
+def _final_checkpoint(run_dir: Path) -> tuple[int, dict[str, torch.Tensor]]:
+    """(iteration, every tensor) of a run's latest checkpoint, read by Megatron's own loader."""
+    from megatron.core import dist_checkpointing
+
+    from nemo_topr.training.export import latest_checkpoint
+
+    state = dist_checkpointing.load_plain_tensors(str(latest_checkpoint(run_dir)))
+    return state["iteration"], {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
 
 
 def _last_iteration(ledger: Path) -> int:
@@ -161,7 +202,7 @@ def test_export_of_several_iterations_in_one_process(reference_dir, tmp_path):
     last = int((reference_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
     assert iterations[:2] == [3, 6] and iterations[-1] == last
     every, latest = tmp_path / "every", tmp_path / "latest"
-    cli = [sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(reference_dir)]
+    cli = [sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(reference_dir), "--device", "cpu"]
     for extra in (["--hf-out", str(every), "--all-iterations"], ["--hf-out", str(latest)]):
         proc = subprocess.run(cli + extra, cwd=REPO, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -121,7 +121,8 @@ def test_score_writes_verifier_scores_that_eval_votes_with(model_dir, tmp_path):
                       sample_id=i) for i, n in enumerate((5, 6, 5, 7))]
     scored = tmp_path / "scored.jsonl"
     assert verifier.main(["score", "--model", str(model_dir), "--records",
-                          str(write_records(records, tmp_path / "graded.jsonl")), "--out", str(scored)]) == 0
+                          str(write_records(records, tmp_path / "graded.jsonl")), "--out", str(scored),
+                          "--device", "cpu"]) == 0
     scores = [record.meta["verifier_score"] for record in load_records(scored).records]
     assert scores == pytest.approx(verifier.yes_probabilities(model_dir, records))
     report = json.loads(scored.with_suffix(".report.json").read_text())

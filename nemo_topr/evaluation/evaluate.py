@@ -12,6 +12,11 @@ Three modes:
 
 Results are a JSON file and a Markdown table next to it (same name, `.md`). Metrics and vote
 rules are documented in `nemo_topr.evaluation.metrics`.
+
+A sample the grader failed on (grade "error": math-verify raised or timed out) is neither right
+nor wrong: it is left out of every metric, counted in `grader_errors` and reported as
+`grader_error_rate` (`invalid_rate` stays the model's share of answers without a parseable
+answer); above `--max-grader-error-rate` (default 0.01) the command fails.
 """
 
 from __future__ import annotations
@@ -26,17 +31,19 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr.data.records import DataError, Record, load_records, write_jsonl
+from nemo_topr.device import select_device
 from nemo_topr.evaluation.generate import (
     GradedCompletion,
     Problem,
     add_sampling_arguments,
+    grader_error_report,
     graded_records,
     load_problems,
     sample_and_grade,
     settings_from_args,
 )
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics
-from nemo_topr.grading import TASKS, graded_answer, same_answer
+from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, same_answer
 
 EVAL_BENCHMARKS = {"gsm8k": "gsm8k-test", "math500": "math500"}
 
@@ -50,8 +57,9 @@ def default_ks(num_samples: int) -> list[int]:
 
 
 def benchmark_results(problems: Sequence[Sequence[SampleOutcome]], task: str, ks: Sequence[int] | None,
-                      **details: Any) -> dict[str, Any]:
-    """The results document: counts, metrics (see `benchmark_metrics`) and `details`."""
+                      grader_errors: dict[str, Any] | None = None, **details: Any) -> dict[str, Any]:
+    """The results document: counts, metrics (see `benchmark_metrics`; plus `grader_error_rate`
+    from `grader_errors`, a `check_grader_errors` report, when given) and `details`."""
     if not problems:
         raise ValueError("no problems to evaluate")
     fewest = min(len(samples) for samples in problems)
@@ -59,33 +67,45 @@ def benchmark_results(problems: Sequence[Sequence[SampleOutcome]], task: str, ks
     if max(ks) > fewest:
         raise ValueError(f"k = {max(ks)} exceeds the {fewest} samples of some problem")
     metrics = benchmark_metrics(problems, ks, same=partial(same_answer, task))
+    if grader_errors is not None:
+        metrics["grader_error_rate"] = grader_errors["grader_error_rate"]
+        details["grader_errors"] = grader_errors
     return {**details, "task": task, "num_problems": len(problems),
             "num_samples": sum(map(len, problems)), "samples_per_problem": fewest, "ks": ks, "metrics": metrics}
 
 
 def outcomes_of_completions(graded: Sequence[Sequence[GradedCompletion]]) -> list[list[SampleOutcome]]:
-    return [[SampleOutcome(s.answer, s.grade == "correct") for s in samples] for samples in graded]
+    """The samples' outcomes, without grader errors (`grader_error_report` counts those; a
+    problem left with no sample is left out)."""
+    outcomes = [[SampleOutcome(s.answer, s.grade == "correct") for s in samples if s.grade != "error"]
+                for samples in graded]
+    return [samples for samples in outcomes if samples]
 
 
-def outcomes_of_records(records: Sequence[Record], task: str | None) -> tuple[str, list[list[SampleOutcome]]]:
-    """(task, samples per prompt in file order), re-graded from `meta.reference_answer`.
+def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_error_rate: float
+                        ) -> tuple[str, list[list[SampleOutcome]], dict[str, Any]]:
+    """(task, samples per prompt in file order, grader-error report), re-graded from
+    `meta.reference_answer`; samples the grader failed on are left out and counted.
 
     The task is `task` when given, else the records' `meta.task`.
     """
     by_prompt: dict[str, list[SampleOutcome]] = {}
-    tasks = set()
+    tasks, results = set(), []
     for record in records:
         meta = record.meta or {}
         record_task = task or meta.get("task")
         if record_task not in TASKS or "reference_answer" not in meta:
             raise record.error("meta", f"needs reference_answer and a task ({'|'.join(TASKS)}; or pass --task)")
-        answer, grade = graded_answer(record_task, record.completion, str(meta["reference_answer"]))
-        outcome = SampleOutcome(answer, grade == "correct", meta.get("verifier_score"))
-        by_prompt.setdefault(record.prompt_key, []).append(outcome)
+        result = graded_answer(record_task, record.completion, str(meta["reference_answer"]))
+        results.append(result)
+        samples = by_prompt.setdefault(record.prompt_key, [])
+        if result.grade != "error":
+            samples.append(SampleOutcome(result.answer, result.grade == "correct", meta.get("verifier_score")))
         tasks.add(record_task)
     if len(tasks) > 1:
         raise DataError(records[0].path, 0, "meta.task", f"mixes tasks {sorted(tasks)}; evaluate them separately")
-    return tasks.pop(), list(by_prompt.values())
+    report = check_grader_errors(results, max_grader_error_rate)
+    return tasks.pop(), [samples for samples in by_prompt.values() if samples], report
 
 
 def results_markdown(results: dict[str, Any]) -> str:
@@ -134,21 +154,23 @@ def plot_rounds(result_paths: Sequence[Path], out: Path) -> None:
 
 
 def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
+    device = select_device(args.device, where="--device")
     problems: list[Problem] = load_problems(EVAL_BENCHMARKS[args.benchmark], data_dir=args.data_dir, limit=args.limit)
     settings = settings_from_args(args, problems[0].task)
-    graded = sample_and_grade(args.model, problems, settings, args.backend)
+    graded = sample_and_grade(args.model, problems, settings, args.backend, device)
+    grader_errors = grader_error_report(graded, args.max_grader_error_rate)
     if args.samples_out:
         write_jsonl(graded_records(problems, graded), args.samples_out)
-    return benchmark_results(outcomes_of_completions(graded), problems[0].task, args.k,
+    return benchmark_results(outcomes_of_completions(graded), problems[0].task, args.k, grader_errors,
                              label=args.label or args.model.name, source=args.benchmark,
                              model=str(args.model), sampling=asdict(settings))
 
 
 def _evaluate_records(args: argparse.Namespace) -> dict[str, Any]:
     records = load_records(args.records).records
-    task, problems = outcomes_of_records(records, args.task)
+    task, problems, grader_errors = outcomes_of_records(records, args.task, args.max_grader_error_rate)
     problems = problems[: args.limit]
-    return benchmark_results(problems, task, args.k, label=args.label or Path(args.records[0]).stem,
+    return benchmark_results(problems, task, args.k, grader_errors, label=args.label or Path(args.records[0]).stem,
                              source=[str(path) for path in args.records])
 
 

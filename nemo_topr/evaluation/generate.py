@@ -3,9 +3,10 @@
 Prompts come from a benchmark (GSM8K train/test with the paper's 8-shot prompt, MATH-500
 zero-shot; see `nemo_topr.data.prompts`) or from a JSONL file of {prompt, reference_answer,
 prompt_id}. Each prompt gets N samples with the paper's sampling settings (temperature 1,
-top-p 1, top-k 500, 512 new tokens), from vLLM when it is installed and a GPU is present,
-from `transformers` otherwise. Prompts are tokenized exactly as training tokenizes them
-(`prompt_token_ids`: the chat template when the tokenizer has one).
+top-p 1, top-k 500, 512 new tokens), on `--device` (default cuda; `nemo_topr.device`): from
+vLLM when it is installed and the device is cuda, from `transformers` otherwise (the
+`transformers` path on cuda has never run on a GPU). Prompts are tokenized exactly as
+training tokenizes them (`prompt_token_ids`: the chat template when the tokenizer has one).
 
 Generation stops at EOS, and at the task's stop strings (GSM8K: "\\n\\nQuestion:", where a
 few-shot model starts the next question); the completion is cut before the stop string.
@@ -16,8 +17,10 @@ The output is pre-scored records (reward +1 correct, -1 wrong or invalid) whose 
 the task, the reference answer, the extracted answer and the grade (correct / wrong /
 invalid), and with `--sampler-logprobs` the sampler's own log-probability of the sampled
 tokens. Training's log mu comes from `nemo-topr score-logprobs`, not from the sampler (see
-docs/generation_evaluation.md). Empty completions (EOS first) cannot be records and are
-counted, not written.
+docs/generation_evaluation.md). Empty completions (EOS first) cannot be records and are counted, not
+written. Nor are completions the grader failed on (grade "error", `nemo_topr.grading`): they
+are counted, and above `--max-grader-error-rate` (default 0.01) the command fails and writes
+nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nemo_topr.data.records import DataError, Messages, Record, write_jsonl
-from nemo_topr.grading import GRADES, TASKS, Grade, graded_answer, reward_of
+from nemo_topr.device import add_device_argument, select_device
+from nemo_topr.grading import (
+    GRADES, MAX_GRADER_ERROR_RATE, TASKS, Grade, GradeResult, check_grader_errors, graded_answer, reward_of,
+)
 
 BENCHMARKS = ("gsm8k-train", "gsm8k-test", "math500")
 STOP_STRINGS = {"gsm8k": ("\n\nQuestion:",), "math": ()}
@@ -62,7 +68,6 @@ class SamplingSettings:
     seed: int = 0
     stop_strings: tuple[str, ...] = ()
     sampler_logprobs: bool = False
-    device: str = "auto"  # transformers backend: auto (a GPU when present) | cpu | cuda
     tensor_parallel_size: int = 1  # vLLM: GPUs one model is split over (Llama 3.1 70B: 4 or 8)
 
 
@@ -79,6 +84,11 @@ class GradedCompletion:
     completion: Completion
     answer: str | None
     grade: Grade
+    grader_error: str | None = None  # what the grader raised, for grade "error"
+
+    @property
+    def result(self) -> GradeResult:
+        return GradeResult(self.answer, self.grade, self.grader_error)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,13 +161,11 @@ def trim_at_stop(text: str, stop_strings: Sequence[str]) -> str:
     return text[: min(cuts)] if cuts else text
 
 
-def choose_backend(backend: str) -> str:
-    """`auto`: vLLM when it is importable and a GPU is present, else `transformers`."""
+def choose_backend(backend: str, device: str) -> str:
+    """`auto`: vLLM when it is importable and the device is cuda, else `transformers`."""
     if backend != "auto":
         return backend
-    import torch
-
-    return "vllm" if importlib.util.find_spec("vllm") and torch.cuda.is_available() else "transformers"
+    return "vllm" if importlib.util.find_spec("vllm") and device == "cuda" else "transformers"
 
 
 def _generated_lengths(new_tokens, eos_ids: set[int], pad_id: int) -> list[int]:
@@ -178,7 +186,7 @@ def _generated_lengths(new_tokens, eos_ids: set[int], pad_id: int) -> list[int]:
 
 
 def _sample_with_transformers(model_dir: Path, prompt_ids: list[list[int]], settings: SamplingSettings,
-                              tokenizer) -> list[list[Completion]]:
+                              tokenizer, device: str) -> list[list[Completion]]:
     """One `generate` call per prompt (its N samples batched), on CPU or one GPU. The sampler
     log-prob comes from the processed scores (after temperature and top-k/top-p)."""
     import torch
@@ -188,9 +196,6 @@ def _sample_with_transformers(model_dir: Path, prompt_ids: list[list[int]], sett
 
     if settings.tensor_parallel_size != 1:
         raise ValueError("the transformers backend runs on one device; --tensor-parallel-size needs --backend vllm")
-    device = settings.device if settings.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA GPU is visible to this process")
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval().to(device)
     eos = model.generation_config.eos_token_id
     eos_ids, pad_id = set(eos if isinstance(eos, list) else [eos]), pad_id_of(tokenizer)
@@ -244,15 +249,16 @@ def _sample_with_vllm(model_dir: Path, prompt_ids: list[list[int]], settings: Sa
 
 
 def sample_completions(model_dir: str | Path, problems: Sequence[Problem], settings: SamplingSettings,
-                       backend: str = "auto") -> list[list[Completion]]:
-    """`settings.num_samples` completions for each problem, in problem order."""
+                       backend: str = "auto", device: str = "cpu") -> list[list[Completion]]:
+    """`settings.num_samples` completions for each problem, in problem order, on `device`
+    ("cpu" or "cuda", resolved by the caller: `nemo_topr.device.select_device`)."""
     from nemo_topr.data.tokenization import load_tokenizer, prompt_token_ids
 
     tokenizer = load_tokenizer(model_dir)
     prompt_ids = prompt_token_ids(tokenizer, [problem.prompt for problem in problems])
-    if choose_backend(backend) == "vllm":
+    if choose_backend(backend, device) == "vllm":
         return _sample_with_vllm(Path(model_dir), prompt_ids, settings)
-    return _sample_with_transformers(Path(model_dir), prompt_ids, settings, tokenizer)
+    return _sample_with_transformers(Path(model_dir), prompt_ids, settings, tokenizer, device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,15 +266,20 @@ def sample_completions(model_dir: str | Path, problems: Sequence[Problem], setti
 
 
 def grade_completions(problem: Problem, completions: Sequence[Completion]) -> list[GradedCompletion]:
-    return [GradedCompletion(c, *graded_answer(problem.task, c.text, problem.reference_answer)) for c in completions]
+    graded = []
+    for completion in completions:
+        result = graded_answer(problem.task, completion.text, problem.reference_answer)
+        graded.append(GradedCompletion(completion, result.answer, result.grade, result.error))
+    return graded
 
 
 def graded_records(problems: Sequence[Problem], graded: Sequence[Sequence[GradedCompletion]]) -> list[Record]:
-    """Pre-scored records, sample_id = the sample's index for its prompt; empty completions skipped."""
+    """Pre-scored records, sample_id = the sample's index for its prompt; empty completions and
+    grader errors (no verdict, so no reward) are not records."""
     records = []
     for problem, samples in zip(problems, graded):
         for sample_id, sample in enumerate(samples):
-            if not sample.completion.text:
+            if not sample.completion.text or sample.grade == "error":
                 continue
             meta = {"task": problem.task, "reference_answer": problem.reference_answer,
                     "answer": sample.answer, "grade": sample.grade}
@@ -281,9 +292,14 @@ def graded_records(problems: Sequence[Problem], graded: Sequence[Sequence[Graded
 
 
 def sample_and_grade(model_dir: str | Path, problems: Sequence[Problem], settings: SamplingSettings,
-                     backend: str = "auto") -> list[list[GradedCompletion]]:
-    completions = sample_completions(model_dir, problems, settings, backend)
+                     backend: str = "auto", device: str = "cpu") -> list[list[GradedCompletion]]:
+    completions = sample_completions(model_dir, problems, settings, backend, device)
     return [grade_completions(problem, samples) for problem, samples in zip(problems, completions)]
+
+
+def grader_error_report(graded: Sequence[Sequence[GradedCompletion]], max_rate: float) -> dict:
+    """`check_grader_errors` over every graded sample (raises above `max_rate`)."""
+    return check_grader_errors([sample.result for samples in graded for sample in samples], max_rate)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,9 +322,13 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, num_samples: int)
                         help="stop string, repeatable (default: the task's, GSM8K: '\\n\\nQuestion:')")
     parser.add_argument("--sampler-logprobs", action="store_true",
                         help="record the sampler's log-prob of each completion in meta.sampler_logprob")
-    parser.add_argument("--backend", choices=BACKENDS, default="auto")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=defaults.device,
-                        help="transformers backend: where the model runs (auto: a GPU when present)")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto",
+                        help="auto: vLLM when installed and the device is cuda, else transformers")
+    add_device_argument(parser)
+    parser.add_argument("--max-grader-error-rate", type=float, default=MAX_GRADER_ERROR_RATE,
+                        help="fail when the grader itself fails (math-verify raised or timed out) on more than this "
+                             "share of the samples (default: %(default)s); failed samples are dropped and counted, "
+                             "never graded wrong")
     parser.add_argument("--tensor-parallel-size", type=int, default=defaults.tensor_parallel_size,
                         help="vLLM backend: GPUs to split the model over (70B in bf16 needs >= 2 x 80 GB)")
 
@@ -318,7 +338,7 @@ def settings_from_args(args: argparse.Namespace, task: str) -> SamplingSettings:
     return SamplingSettings(num_samples=args.num_samples, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
                             stop_strings=tuple(stops), sampler_logprobs=args.sampler_logprobs,
-                            device=args.device, tensor_parallel_size=args.tensor_parallel_size)
+                            tensor_parallel_size=args.tensor_parallel_size)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -334,18 +354,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        device = select_device(args.device, where="--device")
         problems = load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit)
         settings = settings_from_args(args, problems[0].task)
-        graded = sample_and_grade(args.model, problems, settings, args.backend)
-    except (OSError, ValueError) as error:  # DataError is a ValueError
+        graded = sample_and_grade(args.model, problems, settings, args.backend, device)
+        grades = Counter(sample.grade for samples in graded for sample in samples)
+        print(f"{len(problems)} prompts x {settings.num_samples} samples: "
+              + ", ".join(f"{grades[g]} {g}" for g in GRADES))
+        errors = grader_error_report(graded, args.max_grader_error_rate)
+    except (OSError, ValueError) as error:  # DataError, DeviceError and GraderErrorRateExceeded are ValueErrors
         print(f"nemo-topr generate: {error}", file=sys.stderr)
         return 1
     records = graded_records(problems, graded)
     write_jsonl(records, args.out)
-    grades = Counter(sample.grade for samples in graded for sample in samples)
     empty = sum(not sample.completion.text for samples in graded for sample in samples)
-    print(f"{len(problems)} prompts x {settings.num_samples} samples: "
-          + ", ".join(f"{grades[g]} {g}" for g in GRADES))
-    print(f"wrote {len(records)} records to {args.out} ({empty} empty completions not written)")
+    print(f"wrote {len(records)} records to {args.out} ({empty} empty completions and "
+          f"{errors['grader_errors']} grader errors not written)")
+    if errors["grader_errors"]:
+        print(f"grader errors: {json.dumps(errors)}")
     print(f"settings: {json.dumps(asdict(settings))}")
     return 0

@@ -5,9 +5,11 @@ For a problem with n samples of which c are correct:
     pass@k  = 1 - C(n - c, k) / C(n, k)     unbiased estimator (Chen et al., 2021), all n samples
     maj@k   = 1 if the majority answer of the first k samples is correct, else 0
     weighted_maj@k: the same vote, each sample weighted by its verifier score
-    invalid_rate = share of samples with no parseable answer
+    invalid_rate = share of samples with no parseable answer (the model's failure)
 
-and the benchmark's value of each is the mean over problems.
+and the benchmark's value of each is the mean over problems. Samples the grader itself failed
+on (grade "error") never reach these metrics: `nemo-topr eval` leaves them out and reports them
+as `grader_error_rate`.
 
 Votes: answers are grouped into clusters of equal answers (`same`, plain equality by default;
 math-verify equivalence for MATH), in order of first appearance. A cluster's weight is its

@@ -4,7 +4,7 @@
         judge data: per graded sample, a judge prompt (problem + candidate solution + "Is the
         answer correct? Answer Yes or No.") with BOTH judgments as completions, " Yes" and
         " No"; the one that matches the grade gets reward +1, the other -1
-    nemo-topr verifier score --model DIR --records samples.jsonl --out scored.jsonl
+    nemo-topr verifier score --model DIR --records samples.jsonl --out scored.jsonl [--device cpu]
         P(Yes) = p(" Yes") / (p(" Yes") + p(" No")) after each sample's judge prompt, written to
         `meta.verifier_score`; `nemo-topr eval --records scored.jsonl` then adds the weighted vote
 
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
+from nemo_topr.device import add_device_argument, select_device
 
 YES, NO = " Yes", " No"
 JUDGE_QUESTION = "Is the answer correct? Answer Yes or No."
@@ -93,18 +94,19 @@ def completion_logprobs(model, pairs: Sequence[tuple[list[int], list[int]]], pad
     return sums
 
 
-def yes_probabilities(model_dir: str | Path, records: Sequence[Record], batch_size: int = 8) -> list[float]:
+def yes_probabilities(model_dir: str | Path, records: Sequence[Record], batch_size: int = 8,
+                      device: str = "cpu") -> list[float]:
     """P(Yes) = p(YES) / (p(YES) + p(NO)) after each record's judge prompt, where each option's
-    probability is the product over its tokens (" Yes" may be several tokens)."""
+    probability is the product over its tokens (" Yes" may be several tokens), with the model on
+    `device` ("cpu" or "cuda", resolved by `nemo_topr.device.select_device`; cuda has never run
+    on a GPU)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, prompt_token_ids
 
     tokenizer = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval()
-    if torch.cuda.is_available():
-        model = model.cuda()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval().to(device)
     # tokenized exactly as training tokenizes judge records: chat template, completion on its own
     prompts = prompt_token_ids(tokenizer, [judge_prompt(record) for record in records])
     options = [tokenizer(option, add_special_tokens=False)["input_ids"] for option in (YES, NO)]
@@ -156,7 +158,7 @@ def _build(args: argparse.Namespace) -> int:
 
 def _score(args: argparse.Namespace) -> int:
     records = load_records(args.records).records
-    scores = yes_probabilities(args.model, records, args.batch_size)
+    scores = yes_probabilities(args.model, records, args.batch_size, select_device(args.device, where="--device"))
     write_jsonl(with_scores(records, scores), args.out)
     report = {"model": str(args.model), **judge_accuracy(records, scores)}
     report_path = args.out.with_suffix(".report.json")
@@ -180,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--out", type=Path, required=True, help="the records with meta.verifier_score (JSONL); "
                        "the accuracy report goes next to it (.report.json)")
     score.add_argument("--batch-size", type=int, default=8, help="samples per forward pass")
+    add_device_argument(score)
     score.set_defaults(run=_score)
     return parser
 

@@ -136,7 +136,7 @@ def export_all(run_dir: Path, hf_root: Path) -> dict[int, Path]:
 
     shutil.rmtree(hf_root, ignore_errors=True)
     _run_logged([sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(run_dir), "--hf-out", str(hf_root),
-                 "--all-iterations"], run_dir / "export.log", f"export of {run_dir}")
+                 "--all-iterations", "--device", "cpu"], run_dir / "export.log", f"export of {run_dir}")
     return {i: hf_root / iteration_dir_name(i) for i in saved_iterations(run_dir / "checkpoints")}
 
 
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"offline dataset: {results['dataset']}")
     scored = out / "data" / "scored.jsonl"
     _run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(mu), "--data",
-          str(out / "data" / "graded.jsonl"), "--out", str(scored), "--seq-length", "256"], out / "score.log")
+          str(out / "data" / "graded.jsonl"), "--out", str(scored), "--seq-length", "256", "--device", "cpu"], out / "score.log")
     start_eval = evaluate(mu, splits["test"], "test", args.eval_samples, 0, args.max_new_tokens)
     results["runs"]["mu"] = {"name": "mu (start)", "seed": None, "eval": start_eval["metrics"],
                              "examples": start_eval["examples"]}

@@ -78,7 +78,8 @@ def make_splits(sizes: dict[str, int], seed: int = 0) -> dict[str, list[Problem]
 
 def grade(completion: str, answer: int) -> tuple[str | None, Grade]:
     """(extracted answer, grade) with the project's GSM8K grader, then an exact integer check."""
-    extracted, grade_ = graded_answer(TASK, completion, str(answer))
+    result = graded_answer(TASK, completion, str(answer))
+    extracted, grade_ = result.answer, result.grade
     if extracted is not None:
         try:
             exact = float(extracted) == answer

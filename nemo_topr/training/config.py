@@ -6,6 +6,7 @@ A run config has Bridge's sections (``model``, ``train``, ``optimizer``, ``sched
     hf_model:   local Hugging Face Llama directory; the model comes from it through AutoBridge
     run_dir:    where checkpoints, TensorBoard logs, the resolved config and reports go
     objective:  `nemo_topr.objective.ObjectiveConfig` fields
+    device:     cuda | cpu, never a silent fallback (`nemo_topr.device`)
 
 Overrides come last, as in Bridge recipes: defaults in code (:func:`default_container`), then the
 YAML files (Hydra defaults lists), then ``key=value`` from the command line. Every key is
@@ -26,10 +27,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from nemo_topr.device import DEVICES, resolve_device
 from nemo_topr.objective import ObjectiveConfig
 
 CONF_DIR = Path(os.environ.get("NEMO_TOPR_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
-OUR_KEYS = ("hf_model", "run_dir", "objective")
+OUR_KEYS = ("hf_model", "run_dir", "objective", "device")
 
 
 class ConfigError(ValueError):
@@ -162,6 +164,7 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     run_dir = Path(values["run_dir"]).resolve()
     hf_model = Path(values["hf_model"]).resolve()
     objective = objective_from(values["objective"])
+    resolve_device(values["device"], cuda_available=torch.cuda.is_available(), where="device", choices=DEVICES)
 
     _, provider = hf_llama_provider(hf_model, load_weights=False)
     dataset = ToprDatasetConfig(tokenizer_dir=str(hf_model), report_path=str(run_dir / "data_report.json"))

@@ -3,6 +3,7 @@
     nemo-topr export --ckpt runs/my_run --hf-out exports/my_model                 # latest checkpoint
     nemo-topr export --ckpt runs/my_run --hf-out exports/my_run --iteration 100 200
     nemo-topr export --ckpt runs/my_run --hf-out exports/my_run --all-iterations  # every saved one
+    nemo-topr export --ckpt runs/tiny_cpu --hf-out exports/tiny --device cpu      # on a machine without CUDA
 
 Weights go through Bridge's AutoBridge (safetensors, the source model's HF config); the
 tokenizer, chat template and generation config are copied from the run's starting model
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from nemo_topr import cpu_runtime
+from nemo_topr.device import DeviceError, add_device_argument, use_device
 from nemo_topr.training.checkpoints import TRACKER, iteration_dir_name, latest_iteration, saved_iterations
 
 
@@ -35,9 +36,10 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return checkpoint_dir(run_dir, iteration)
 
 
-def export_run(run_dir: str | Path, hf_out: str | Path, iterations: list[int] | None = None) -> dict[Path, Path]:
+def export_run(run_dir: str | Path, hf_out: str | Path, iterations: list[int] | None = None,
+               device: str = "cuda") -> dict[Path, Path]:
     """Export the latest checkpoint to HF_OUT (iterations None), or each given iteration to
-    HF_OUT/iter_NNNNNNN. Returns {checkpoint directory: HF directory}."""
+    HF_OUT/iter_NNNNNNN, on `device` (`nemo_topr.device`). Returns {checkpoint directory: HF directory}."""
     run_dir, hf_out = Path(run_dir), Path(hf_out)
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
@@ -50,7 +52,7 @@ def export_run(run_dir: str | Path, hf_out: str | Path, iterations: list[int] | 
         raise FileNotFoundError(f"{run_dir}: no such checkpoint(s): {', '.join(missing)}; saved iterations: "
                                 f"{saved_iterations(run_dir / 'checkpoints')}")
 
-    cpu_runtime.enable_cpu_runtime()
+    use_device(device, where="--device")
     from megatron.bridge import AutoBridge
     from transformers import AutoTokenizer, GenerationConfig
 
@@ -79,14 +81,15 @@ def main(argv: list[str]) -> int:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--iteration", type=int, nargs="+", help="export these saved iterations")
     which.add_argument("--all-iterations", action="store_true", help="export every saved iteration")
+    add_device_argument(parser)
     args = parser.parse_args(argv)
     run_dir = Path(args.ckpt)
     iterations = saved_iterations(run_dir / "checkpoints") if args.all_iterations else args.iteration
     if iterations == []:
         raise SystemExit(f"nemo-topr export: {run_dir}: no saved checkpoints under {run_dir / 'checkpoints'}")
     try:
-        exported = export_run(run_dir, args.hf_out, iterations)
-    except FileNotFoundError as error:
+        exported = export_run(run_dir, args.hf_out, iterations, args.device)
+    except (FileNotFoundError, DeviceError) as error:
         raise SystemExit(f"nemo-topr export: {error}") from None
     for checkpoint, out in exported.items():
         print(f"exported {checkpoint} -> {out}")

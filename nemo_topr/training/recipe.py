@@ -2,12 +2,14 @@
 
     nemo-topr train --config-name tiny_cpu optimizer.lr=3e-4 objective.variant=tis
 
-Reads the config (conf/ + overrides), validates, tokenizes and packs the data, sets the number
-of iterations to cover the data once per epoch, saves the resolved config in the run
-directory, and hands Bridge the TOPR forward step. Re-running the same command resumes from
-the run directory's latest checkpoint. The exit signal (`train.exit_signal`: SIGTERM by default,
-SIGUSR1 under slurm/topr_job.sh) makes Bridge save a checkpoint at the next iteration boundary;
-the command then leaves RUN_DIR/STOPPED and exits with 75 so that a job script requeues it.
+Reads the config (conf/ + overrides), sets up its `device` (cuda, or cpu when the config says
+so; a cuda config on a machine without CUDA stops here: `nemo_topr.device`), validates,
+tokenizes and packs the data, sets the number of iterations to cover the data once per epoch,
+saves the resolved config in the run directory, and hands Bridge the TOPR forward step.
+Re-running the same command resumes from the run directory's latest checkpoint. The exit signal
+(`train.exit_signal`: SIGTERM by default, SIGUSR1 under slurm/topr_job.sh) makes Bridge save a
+checkpoint at the next iteration boundary; the command then leaves RUN_DIR/STOPPED and exits
+with 75 so that a job script requeues it.
 
 Every rank runs this module, and the first part (`prepare`) runs before torch.distributed
 exists, so "rank 0" is the launcher's rank (RANK from torchrun, SLURM_PROCID from srun).
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from nemo_topr import cpu_runtime
+from nemo_topr.device import DEVICES, DeviceError, use_device
 from nemo_topr.distributed import free_port, launcher_rank
 from nemo_topr.training.checkpoints import ensure_latest_complete, latest_iteration
 from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, compose
@@ -152,6 +154,9 @@ def main(argv: list[str]) -> int:
     if "WORLD_SIZE" not in os.environ:  # a plain single process: Bridge would default to port 29500
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-    cpu_runtime.enable_cpu_runtime()  # no-op on GPU machines
-    run = build_training_run(compose(args.config_name, args.overrides, args.config_path))
-    return train(run)
+    raw = compose(args.config_name, args.overrides, args.config_path)
+    try:  # the config's `device` (cuda in the GPU presets): CPU only when chosen
+        use_device(raw.get("device"), where="device", choices=DEVICES)
+    except DeviceError as error:
+        raise SystemExit(f"nemo-topr train: {error}") from None
+    return train(build_training_run(raw))

@@ -1,6 +1,6 @@
 """`nemo-topr score-logprobs`: behaviour log-probs log mu(y|x) for a pre-scored dataset.
 
-    nemo-topr score-logprobs --model HF_DIR --data graded.jsonl --out scored.jsonl [--tp 2 --pp 1]
+    nemo-topr score-logprobs --model HF_DIR --data graded.jsonl --out scored.jsonl [--tp 2 --pp 1] [--device cpu]
 
 A forward-only pass of a Hugging Face checkpoint (the data's generator, or the starting
 checkpoint of training when the data carries no mu) through the same tokenization, packing and
@@ -8,6 +8,10 @@ Megatron forward as training, with the same TP/PP machinery. Writes the input re
 ``behavior_logprob`` set (summed over completion tokens incl. EOS). Scoring with the starting
 checkpoint makes rho = 1 at step 0 by construction: TOPR then begins as SFT on positives plus a
 full-weight push-down on negatives, and tapers as pi moves away.
+
+`--device` (default cuda) chooses where the model runs: on cuda the weights are built on the
+GPU and each batch is moved to the model's device; cpu runs the CPU runtime. The cuda path has
+never run on a GPU (this project's checks run on CPU only).
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from nemo_topr import cpu_runtime
 from nemo_topr.data.cli import add_source_arguments, source_options
 from nemo_topr.data.packing import collate_packed, pack_sequences
 from nemo_topr.data.records import load_records, write_jsonl
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
+from nemo_topr.device import DeviceError, add_device_argument, use_device
 
 
 def scoring_forward_step(scores: dict[int, float], config):
@@ -33,7 +37,7 @@ def scoring_forward_step(scores: dict[int, float], config):
     from nemo_topr.training.step import completion_logprob_table, forward_packed
 
     def forward_step(data_iterator, chunk):
-        batch = next(data_iterator)
+        batch = to_model_device(next(data_iterator), chunk)
         output = forward_packed(chunk, batch, config)
 
         def collect(per_token_ce: torch.Tensor):
@@ -46,22 +50,32 @@ def scoring_forward_step(scores: dict[int, float], config):
     return forward_step
 
 
+def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The batch's tensors on the device of the model's parameters (a no-op on CPU)."""
+    device = next(model.parameters()).device
+    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+
+
 def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, seq_length: int = 2048,
                    tensor_parallel: int = 1, pipeline_parallel: int = 1, rows_per_batch: int = 4,
-                   strict: bool = True, precision: str = "fp32", source: dict | None = None) -> dict:
+                   strict: bool = True, precision: str | None = None, device: str = "cuda",
+                   source: dict | None = None) -> dict:
     """Score every record; rank 0 writes `out` and returns a summary (other ranks return {}).
 
-    `precision` ("fp32" or "bf16") should match training's, so that rho = 1 at step 0 when the
-    starting checkpoint scores its own data (bf16 rounding summed over hundreds of tokens
-    otherwise shows up as |log rho| > 0 before the first update). `source`: `load_records`'
-    columns, split and extra_columns, for data in another shape; `out` is in our schema."""
+    `device` is cuda, cpu or auto (`nemo_topr.device`); cuda without CUDA raises DeviceError.
+    `precision` ("fp32" or "bf16"; default bf16 on cuda, fp32 on cpu) should match training's, so
+    that rho = 1 at step 0 when the starting checkpoint scores its own data (bf16 rounding summed
+    over hundreds of tokens otherwise shows up as |log rho| > 0 before the first update).
+    `source`: `load_records`' columns, split and extra_columns, for data in another shape; `out`
+    is in our schema."""
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from nemo_topr.distributed import initialize_model_parallel
     from nemo_topr.model import hf_llama_provider
 
-    cpu_runtime.enable_cpu_runtime()
+    device = use_device(device, where="--device")
+    precision = precision or ("bf16" if device == "cuda" else "fp32")
     initialize_model_parallel(tensor_parallel, pipeline_parallel)
     _, provider = hf_llama_provider(model_dir, load_weights=True, seq_length=seq_length)
     provider.tensor_model_parallel_size = tensor_parallel
@@ -70,7 +84,9 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
         provider.bf16, provider.params_dtype = True, torch.bfloat16
     provider.pipeline_dtype = provider.params_dtype
     provider.finalize()
-    model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+    # without CPU initialisation Bridge builds the weights on torch.cuda.current_device()
+    # (bridge/models/model_provider.py:689)
+    model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=device == "cpu")
     for chunk in model:
         chunk.eval()
 
@@ -123,16 +139,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
     parser.add_argument("--rows-per-batch", type=int, default=4)
-    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16" if torch.cuda.is_available() else "fp32",
-                        help="model precision; match training's (default: bf16 with CUDA, fp32 without)")
+    parser.add_argument("--precision", choices=("bf16", "fp32"),
+                        help="model precision; match training's (default: bf16 on cuda, fp32 on cpu)")
+    add_device_argument(parser)
     parser.add_argument("--no-strict", dest="strict", action="store_false",
                         help="drop malformed or over-long records (counted in OUT.report.json)")
     add_source_arguments(parser)
     args = parser.parse_args(argv)
-    summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
-                             tensor_parallel=args.tp, pipeline_parallel=args.pp,
-                             rows_per_batch=args.rows_per_batch, strict=args.strict, precision=args.precision,
-                             source=source_options(args))
+    try:
+        summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
+                                 tensor_parallel=args.tp, pipeline_parallel=args.pp, rows_per_batch=args.rows_per_batch,
+                                 strict=args.strict, precision=args.precision, device=args.device,
+                                 source=source_options(args))
+    except DeviceError as error:
+        raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:
         print(json.dumps(summary, indent=2))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
