@@ -140,11 +140,12 @@ def _scored_sequences(model, lengths, seed):
 
 def _loss_and_grads(model, batch):
     from nemo_topr.objective import ObjectiveConfig
-    from nemo_topr.training.step import forward_packed, topr_loss
+    from nemo_topr.training.step import check_batch, forward_packed, topr_loss
 
     model.zero_grad(set_to_none=True)
     ce = forward_packed(model, batch, model.config)
-    loss_sum, denominator, _ = topr_loss(ce.reshape(batch["loss_mask"].shape), batch, ObjectiveConfig())
+    loss_sum, denominator, _ = topr_loss(ce.reshape(batch["loss_mask"].shape), batch, ObjectiveConfig(),
+                                         check_batch(batch, ObjectiveConfig()))
     loss_sum.backward()
     loss = (loss_sum / denominator).item()
     grads = {name: (param.grad / denominator).clone() for name, param in model.named_parameters()}
