@@ -1,7 +1,9 @@
 """The TOPR training step is invariant to the parallel layout and to packing.
 
-* TP=2 and PP=2 (gloo, torchrun, Megatron's own schedules) give the TP=1/PP=1 loss and
-  gradients on the same weights and micro-batches, to 1e-5 relative.
+* TP=2, PP=2, DP=2, TP=2 with sequence parallelism, and DP=2 x TP=2 with SP (gloo, torchrun,
+  Megatron's own schedules, DDP and finalize_model_grads as in Bridge's training step) give the
+  TP=PP=DP=1 loss, logged metrics, log-probs and gradients on the same weights and global batch,
+  to 1e-5 relative.
 * A packed batch gives the loss and gradients of the same sequences padded one per row.
 * At step 0, with behaviour log-probs scored by the model itself, rho = 1.
 
@@ -33,10 +35,14 @@ from workers.topr_step_parallel import (
 if str(REPO) not in sys.path:  # bench/ is not an installed package
     sys.path.insert(0, str(REPO))
 
-RTOL = 1e-5  # the acceptance bound: 1e-5 relative, fp32 on CPU
+# The acceptance bound for every layout: 1e-5 relative. The objective runs in fp64 (the step's
+# per-sequence tables), the model in fp32 on CPU, so what differs between layouts is the order
+# of fp32 reductions (TP splits matmuls, DP sums gradients over ranks before dividing, SP
+# reduce-scatters): measured differences are 1e-7 to 1e-6 (printed by the test).
+RTOL = 1e-5
 # Element-wise slack for gradient entries near zero: they are sums of many terms that cancel,
 # so their own relative error is unbounded, while each term's rounding (fp32 eps ~6e-8, times
-# reductions over up to 344 features / 128 positions / 17 sequences in a different order under
+# reductions over up to 344 features / 128 positions / 22 sequences in a different order under
 # TP or packing) stays ~1e-7 of the largest entry of the tensor; 1e-6 of it leaves a 5x margin
 # over the worst case measured (2e-7 beyond RTOL |e|, TP=2 and packed) and is 10x tighter than RTOL.
 ATOL_OF_MAX = 1e-6
@@ -59,16 +65,17 @@ def _assert_tensors_close(actual: dict, expected: dict, what: str) -> dict[str, 
 
 
 # --------------------------------------------------------------------------------------------
-# TP=2 / PP=2 vs TP=1, PP=1 (torchrun, gloo)
+# TP=2 / PP=2 / DP=2 / SP vs TP=PP=DP=1 (torchrun, gloo)
 # --------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """One TP=1/PP=1 run, shared by the TP=2 and PP=2 comparisons: saves the weights and the
+    """One TP=PP=DP=1 run, shared by every layout comparison: saves the weights and the
     behaviour log-probs, then takes the step."""
     root = tmp_path_factory.mktemp("topr_step")
-    run_distributed("topr_step_parallel.py", 1, "save", "1", "1", str(root / "ckpt"), str(root / "tp1_pp1"))
+    run_distributed("topr_step_parallel.py", 1, "save", "1", "1", "1", "0", str(root / "ckpt"),
+                    str(root / "reference"))
     return root
 
 
@@ -78,42 +85,60 @@ def _load_run(out_dir):
     return torch.load(out_dir / "result.pt"), dist_checkpointing.load_plain_tensors(str(out_dir / "grads"))
 
 
+LAYOUTS = {  # name -> (TP, PP, DP, sequence parallel)
+    "tp2": (2, 1, 1, False),
+    "pp2": (1, 2, 1, False),
+    "dp2": (1, 1, 2, False),
+    "tp2_sp": (2, 1, 1, True),
+    "dp2_tp2_sp": (2, 1, 2, True),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2", "pp2"])
-def test_parallel_layout_gives_tp1_pp1_loss_and_gradients(reference, megatron_world, tp, pp):
-    out = reference / f"tp{tp}_pp{pp}"
-    run_distributed("topr_step_parallel.py", tp * pp, "load", str(tp), str(pp), str(reference / "ckpt"), str(out))
-    ref, ref_grads = _load_run(reference / "tp1_pp1")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_parallel_layout_gives_the_reference_loss_metrics_and_gradients(reference, megatron_world, layout):
+    tp, pp, dp, sp = LAYOUTS[layout]
+    out = reference / layout
+    run_distributed("topr_step_parallel.py", tp * pp * dp, "load", str(tp), str(pp), str(dp), str(int(sp)),
+                    str(reference / "ckpt"), str(out))
+    ref, ref_grads = _load_run(reference / "reference")
     got, grads = _load_run(out)
 
     # The reference batch is what the acceptance needs: packed, several micro-batches, and
     # negatives on both sides of the truncation (log rho > 0 -> weight 1, log rho < 0 -> rho).
-    assert ref["num_rows"] < ref["num_sequences"] and len(ref["loss_pairs"]) == len(MICROBATCH_LENGTHS) >= 2
+    assert ref["num_rows"] < ref["num_sequences"] and len(ref["loss_pairs"]) == len(MICROBATCH_LENGTHS) == 4
     truncated, negatives = ref["metrics"]["negative_truncated_share"].tolist()
     assert 0 < truncated < negatives
     # ... and the layout really is split.
+    assert (got["tp"], got["pp"], got["dp"], got["sp"]) == (tp, pp, dp, sp)
     if tp == 2:
         assert got["output_rows"] == ref["output_rows"] // 2  # vocab-parallel output layer
         assert got["replica_grad_max_abs_diff"] == 0.0  # TP-replicated norm weights agree across ranks
     if pp == 2:
         assert got["local_layers"] == ref["local_layers"] // 2  # the last stage holds half the layers
+    assert got["microbatches_per_dp_rank"] == len(MICROBATCH_LENGTHS) // dp  # each DP rank its half
 
+    # Same log-probs before the step (the sequence-parallel forward against TP=1's).
+    if pp == 1:
+        torch.testing.assert_close(got["logprobs"], ref["logprobs"], rtol=RTOL, atol=0)
     # Same loss: per micro-batch (sum, denominator) and the total sum / sum.
     assert torch.equal(got["loss_pairs"][:, 1], ref["loss_pairs"][:, 1])
     torch.testing.assert_close(got["loss_pairs"], ref["loss_pairs"], rtol=RTOL, atol=0)
     assert math.isclose(got["total_loss"], ref["total_loss"], rel_tol=RTOL)
+    # Same logged metrics: [numerator, count] pairs summed over micro-batches and DP ranks.
     assert sorted(got["metrics"]) == sorted(ref["metrics"])
-    for name, pair in ref["metrics"].items():  # [numerator, count] pairs summed over micro-batches
+    for name, pair in ref["metrics"].items():
         torch.testing.assert_close(got["metrics"][name], pair, rtol=RTOL, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
-    # Same gradients, tensor by tensor in the global layout (layers stacked on axis 0).
+    # Same gradients of the global-batch loss, tensor by tensor in the global layout (layers
+    # stacked on axis 0).
     assert len(ref_grads) == 9  # embedding, 2 x (norm, QKV, proj, norm, fc1, fc2), final norm, output
     for name, grad in ref_grads.items():  # every layer of every stacked tensor gets a gradient
         parts = grad.unbind(0) if name.startswith("decoder.layers.") else [grad]
         assert len(parts) in (1, 2) and all(part.abs().sum() > 0 for part in parts), name
-    measured = _assert_tensors_close(grads, ref_grads, f"TP={tp} PP={pp} gradients")
-    print(f"TP={tp} PP={pp}: loss rel diff {abs(got['total_loss'] / ref['total_loss'] - 1):.2e}, "
+    measured = _assert_tensors_close(grads, ref_grads, f"{layout} gradients")
+    print(f"{layout}: loss rel diff {abs(got['total_loss'] / ref['total_loss'] - 1):.2e}, "
           f"max grad rel diff {max(measured.values()):.2e}")
 
 
