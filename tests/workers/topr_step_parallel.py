@@ -144,6 +144,9 @@ def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir:
     provider.pipeline_model_parallel_size = pp
     provider.sequence_parallel = sp
     provider.pipeline_dtype = torch.float32
+    # before wrapping, as the recipe sets it (nemo_topr/training/config.py): DDP reads it to
+    # decide whether to divide gradients by the DP size (distributed_data_parallel.py)
+    provider.calculate_per_token_loss = True
     provider.finalize()
     # as nemo_topr/training/config.py configures DDP on CPU (per-token loss: no averaging in the collective)
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
@@ -153,7 +156,6 @@ def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir:
     assert len(chunks) == 1, "no virtual pipeline stages here"
     model = chunks[0].module
     config = model.config
-    config.calculate_per_token_loss = True  # as the recipe sets it (nemo_topr/training/config.py)
     config.finalize_model_grads_func = finalize_model_grads  # as Bridge's setup does
     assert config.sequence_parallel == sp
 
