@@ -364,6 +364,10 @@ def test_host_check_names_the_samples_of_a_bad_batch():
     batch["baselines"] = torch.tensor([0.5, math.nan, 0.1], dtype=torch.float64)
     with pytest.raises(ValueError, match=r"sample_ids \[1\] \(1 of 3\): no baseline while other records"):
         check_batch(batch, ObjectiveConfig())
+    batch["baselines"] = torch.tensor([0.5, 0.2, 0.1], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"replaces objective.baseline; leave objective.baseline at 0.0 \(got 0.3\)"):
+        check_batch(batch, ObjectiveConfig(baseline=0.3))
+    assert check_batch(batch, ObjectiveConfig()).record_baselines
 
 
 # --------------------------------------------------------------------------------------------

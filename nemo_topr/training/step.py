@@ -66,7 +66,8 @@ def check_batch(batch: dict[str, torch.Tensor], objective: ObjectiveConfig) -> B
     """Validate a collated batch on the host, before it moves to the device, once per batch.
 
     Raises ValueError naming the sample ids for missing behaviour log-probs, a baseline field
-    present on some records but not others, and asymre without whole-group mean rewards.
+    present on some records but not others, and asymre without whole-group mean rewards; and
+    for record baselines together with a nonzero `objective.baseline`.
     Runs on CPU tensors only (a device batch would make every check a synchronisation).
     """
     if batch["rewards"].device.type != "cpu":
@@ -88,6 +89,9 @@ def check_batch(batch: dict[str, torch.Tensor], objective: ObjectiveConfig) -> B
         raise ValueError(f"{named(~has_baseline)}: no baseline while other records have one: "
                          "give every record a baseline or none")
     record_baselines = bool(has_baseline.all())
+    if record_baselines and objective.baseline != 0.0:
+        raise ValueError(f"the records carry their own baseline field, which replaces objective.baseline; "
+                         f"leave objective.baseline at 0.0 (got {objective.baseline})")
     if objective.variant == "asymre" and not record_baselines:
         missing = torch.isnan(batch["group_mean_rewards"])
         if missing.any():
