@@ -136,7 +136,7 @@ def _gpu_rows(g: dict) -> list[dict]:
 
 def _syncs_rows(s: dict) -> list[dict]:
     topr, asymre, sft = (s[name]["per_microbatch"] for name in ("topr", "asymre", "sft"))
-    where = "; ".join(f"{call} ×{count}" for call, count in s["sft"]["where"].items())
+    where = "; ".join(f"{call} ×{count} in {s['microbatches']} micro-batches" for call, count in s["sft"]["where"].items())
     return [_row("6 host syncs", "host-device syncs per micro-batch in the loss, TOPR / AsymRE / SFT (Bridge)",
                  f"{topr:g} / {asymre:g} / {sft:g}", "deterministic", "TOPR ≤ SFT + 1", s["met"],
                  f"counted on CPU by bench.syncs.SyncCounter, forward + backward of the loss alone, "
