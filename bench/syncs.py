@@ -159,7 +159,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    result = measure(args.seq_length, args.rows, args.microbatches)
+    from bench.common import environment
+
+    env = environment()
+    result = {**measure(args.seq_length, args.rows, args.microbatches),
+              "environment": {key: env[key] for key in ("date_utc", "git_commit", "git_dirty_tracked_files", "torch",
+                                                        "megatron_core", "megatron_bridge", "cuda_available")}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("topr", "asymre", "sft", "met")}, indent=2))
