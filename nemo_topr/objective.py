@@ -23,7 +23,8 @@ The whole family is one loss: w_i = clamp(rho_i, a, b) with per-side bounds [a, 
     importance_sampling   [0, inf]             [0, inf]   (w = rho)
     tis                   [0, 1]               [0, 1]     (truncated IS)
     topr                  [1, 1]               [0, 1]
-    asymre                [1, 1]               [1, 1]     with c_i = b_i + deltaV
+    asymre                [1, 1]               [1, 1]     with c_i = mean_{j: prompt(j) = prompt(i)} R_j + deltaV
+                                                              (the whole group's mean, passed as b_i)
     ppo_clip              surrogate -min(rho A, clip(rho, 1-eps, 1+eps) A), A = R - c; rho carries grad
 
 Baselines. `baseline=b` ([B], per sequence) makes c_i = b_i for every variant, and
