@@ -138,11 +138,12 @@ def loss_only(batches, reps: int) -> dict:
 
     from bench.common import interleaved
     from nemo_topr.objective import ObjectiveConfig
-    from nemo_topr.training.step import topr_loss
+    from nemo_topr.training.step import check_batch, topr_loss
 
+    objective = ObjectiveConfig()
+    summaries = [check_batch(b, objective) for b in batches]  # on the host, as ToprForwardStep does
     device_batches = [{k: v.cuda() for k, v in b.items()} for b in batches]
     ces = [torch.rand(b["loss_mask"].shape, device="cuda") * 6 for b in device_batches]
-    objective = ObjectiveConfig()
 
     def sft():
         for batch, ce in zip(device_batches, ces):
@@ -150,9 +151,9 @@ def loss_only(batches, reps: int) -> dict:
             _create_loss_function(batch["loss_mask"], True, False)(ce)[0].backward()
 
     def topr():
-        for batch, ce in zip(device_batches, ces):
+        for batch, summary, ce in zip(device_batches, summaries, ces):
             ce = ce.clone().requires_grad_()
-            topr_loss(ce, batch, objective)[0].backward()
+            topr_loss(ce, batch, objective, summary)[0].backward()
 
     syncs = {}
     for name, fn in (("sft", sft), ("topr", topr)):

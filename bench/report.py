@@ -134,13 +134,22 @@ def _gpu_rows(g: dict) -> list[dict]:
     return rows
 
 
+def _syncs_rows(s: dict) -> list[dict]:
+    topr, asymre, sft = (s[name]["per_microbatch"] for name in ("topr", "asymre", "sft"))
+    where = "; ".join(f"{call} ×{count} in {s['microbatches']} micro-batches" for call, count in s["sft"]["where"].items())
+    return [_row("6 host syncs", "host-device syncs per micro-batch in the loss, TOPR / AsymRE / SFT (Bridge)",
+                 f"{topr:g} / {asymre:g} / {sft:g}", "deterministic", "TOPR ≤ SFT + 1", s["met"],
+                 f"counted on CPU by bench.syncs.SyncCounter, forward + backward of the loss alone, "
+                 f"{s['microbatches']} micro-batches; SFT: {where or 'none'}")]
+
+
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f} %"
 
 
 def headline(results: dict) -> list[dict]:
     builders = {"step": _step_rows, "logprob": _logprob_rows, "packing": _packing_rows, "pipeline": _pipeline_rows,
-                "gpu": _gpu_rows}
+                "syncs": _syncs_rows, "gpu": _gpu_rows}
     rows = []
     for section, build in builders.items():
         if section in results:

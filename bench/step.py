@@ -109,9 +109,10 @@ def loss_only(batches, chunks, reps: int) -> dict:
     from megatron.bridge.training.gpt_step import _create_loss_function
 
     from nemo_topr.objective import ObjectiveConfig
-    from nemo_topr.training.step import forward_packed, topr_loss
+    from nemo_topr.training.step import check_batch, forward_packed, topr_loss
 
     config, objective = chunks[0].config, ObjectiveConfig()
+    summaries = [check_batch(batch, objective) for batch in batches]
     with torch.no_grad():
         ces = [forward_packed(chunks[0], batch, config).detach() for batch in batches]
 
@@ -122,9 +123,9 @@ def loss_only(batches, chunks, reps: int) -> dict:
             loss.backward()
 
     def topr():
-        for batch, ce in zip(batches, ces):
+        for batch, summary, ce in zip(batches, summaries, ces):
             ce = ce.clone().requires_grad_()
-            loss, _, _ = topr_loss(ce.reshape(batch["loss_mask"].shape), batch, objective)
+            loss, _, _ = topr_loss(ce.reshape(batch["loss_mask"].shape), batch, objective, summary)
             loss.backward()
 
     return interleaved(sft, topr, reps, warmup=3)

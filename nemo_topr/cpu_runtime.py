@@ -261,6 +261,55 @@ def _spoof_cuda_tensor_type(init: Callable) -> Callable:
     return wrapped
 
 
+class _CompletedWork:
+    """The handle of a collective that already ran (what ``async_op=True`` callers ``wait()`` on)."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def _all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):  # noqa: ANN001
+    """torch.distributed.all_gather_into_tensor over gloo (which lacks it): rank k's input lands in
+    the k-th block of `output_tensor` along dim 0, exactly as NCCL's all-gather-into-tensor."""
+    blocks = list(output_tensor.chunk(torch.distributed.get_world_size(group)))
+    torch.distributed.all_gather(blocks, input_tensor.contiguous(), group=group)
+    return _CompletedWork() if async_op else None
+
+
+def _reduce_scatter_tensor(output, input, op=torch.distributed.ReduceOp.SUM, group=None,  # noqa: A002, ANN001
+                           async_op=False):
+    """torch.distributed.reduce_scatter_tensor over gloo (which lacks it): the rank-k block along
+    dim 0 of the element-wise reduction of every rank's `input` (all-reduce, then this rank's chunk)."""
+    reduced = input.clone()
+    torch.distributed.all_reduce(reduced, op=op, group=group)
+    output.copy_(reduced.chunk(torch.distributed.get_world_size(group))[torch.distributed.get_rank(group)])
+    return _CompletedWork() if async_op else None
+
+
+def _sequence_parallel_torch_norm(original_new: Callable) -> Callable:
+    """WrappedTorchNorm.__new__ that accepts sequence_parallel: the norm is per token, so it runs
+    on a sequence shard unchanged; its weights are tagged ``sequence_parallel`` as Megatron's own
+    norms tag them (core/fusions/fused_layer_norm.py:119), so that finalize_model_grads sums
+    their gradients over the tensor-parallel group (core/distributed/finalize_model_grads.py:452)."""
+
+    def new(cls, config, hidden_size, *args, **kwargs):  # noqa: ANN001
+        if not config.sequence_parallel:
+            return original_new(cls, config, hidden_size, *args, **kwargs)
+        config.sequence_parallel = False  # only to pass the constructor's assertion
+        try:
+            norm = original_new(cls, config, hidden_size, *args, **kwargs)
+        finally:
+            config.sequence_parallel = True
+        for param in norm.parameters():
+            param.sequence_parallel = True
+        return norm
+
+    return new
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch("torch.cuda.current_device -> torch.device('cpu')",
           "core/tensor_parallel/layers.py:305, core/models/common/embeddings/rotary_pos_embedding.py:78, "
@@ -295,6 +344,18 @@ PATCHES: tuple[Patch, ...] = (
           "bridge/training/initialize.py:91 (assert torch.cuda.is_available()), called at "
           "bridge/training/setup.py:253",
           "Bridge refuses to initialise without CUDA unless told otherwise."),
+    Patch("all_gather_into_tensor / reduce_scatter_tensor -> gloo emulations (all_gather + cat along "
+          "dim 0; all_reduce + this rank's chunk)",
+          "core/tensor_parallel/mappings.py:12-13 (dist_all_gather_func, dist_reduce_scatter_func: used "
+          "by _gather_along_first_dim :96/:146 and _reduce_scatter_along_first_dim :186), "
+          "core/tensor_parallel/layers.py:85-86 (used at :571, :617, :650 by the sequence-parallel "
+          "linear layers)",
+          "sequence parallelism gathers and reduce-scatters activations along the sequence dimension; "
+          "gloo implements neither collective."),
+    Patch("WrappedTorchNorm accepts sequence_parallel, tagging its weights",
+          "core/transformer/torch_norm.py:50 (asserts not sequence_parallel)",
+          "the local layer spec's torch norms refuse sequence parallelism, which only needs their "
+          "gradients summed over TP (the tag finalize_model_grads looks for)."),
     Patch("bridge compile_helpers -> no-op when the prebuilt helpers_cpp imports",
           "bridge/training/initialize.py:147 (runs `make` in megatron/core/datasets)",
           "the PyPI wheel ships the built extension but no Makefile, so `make` fails."),
@@ -349,8 +410,11 @@ def enable_cpu_runtime() -> tuple[Patch, ...]:
     import megatron.bridge.training.setup as bridge_setup
     import megatron.core.optimizer.clip_grads as clip_grads
     import megatron.core.optimizer.optimizer as optimizer
+    import megatron.core.tensor_parallel.layers as tp_layers
+    import megatron.core.tensor_parallel.mappings as tp_mappings
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     runtime = _Runtime()
     try:
@@ -368,6 +432,10 @@ def enable_cpu_runtime() -> tuple[Patch, ...]:
         runtime.swap(optimizer, "clip_grad_by_total_norm_fp32", _clip_grad_by_total_norm_fp32)
         runtime.swap(DistributedOptimizer, "__init__",
                      _spoof_cuda_tensor_type(DistributedOptimizer.__init__))
+        for module in (tp_mappings, tp_layers):
+            runtime.swap(module, "dist_all_gather_func", _all_gather_into_tensor)
+            runtime.swap(module, "dist_reduce_scatter_func", _reduce_scatter_tensor)
+        runtime.swap(WrappedTorchNorm, "__new__", _sequence_parallel_torch_norm(WrappedTorchNorm.__new__))
         runtime.swap(bridge_setup, "initialize_megatron",
                      _with_kwargs(bridge_initialize.initialize_megatron, allow_no_cuda=True))
         if importlib.util.find_spec("megatron.core.datasets.helpers_cpp") is not None:

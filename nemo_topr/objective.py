@@ -2,7 +2,7 @@
 
 TOPR (Le Roux et al., 2025, arXiv 2503.14286) trains a policy pi on completions sampled from
 a frozen behaviour policy mu. For a batch of B sequences with completion mask m_it, token
-log-probs log pi_it, rewards R_i and baseline c:
+log-probs log pi_it, rewards R_i and baseline c (a scalar, or c_i per sequence, below):
 
     s_i   = sum_t m_it log pi_it                 (completion log-likelihood; carries the gradient)
     n_i   = sum_t m_it                           (completion length)
@@ -23,8 +23,16 @@ The whole family is one loss: w_i = clamp(rho_i, a, b) with per-side bounds [a, 
     importance_sampling   [0, inf]             [0, inf]   (w = rho)
     tis                   [0, 1]               [0, 1]     (truncated IS)
     topr                  [1, 1]               [0, 1]
-    asymre                [1, 1]               [1, 1]     with c_i = mean_{j: g_j = g_i} R_j + deltaV
+    asymre                [1, 1]               [1, 1]     with c_i = mean_{j: prompt(j) = prompt(i)} R_j + deltaV
+                                                              (the whole group's mean, passed as b_i)
     ppo_clip              surrogate -min(rho A, clip(rho, 1-eps, 1+eps) A), A = R - c; rho carries grad
+
+Baselines. `baseline=b` ([B], per sequence) makes c_i = b_i for every variant, and
+c_i = b_i + deltaV for asymre, where b_i is the mean reward of sequence i's whole prompt group
+(all samples of that prompt in the dataset, computed before batching: `nemo_topr.data.packing.
+set_group_mean_rewards`) or a baseline the data supplies per record (e.g. leave-one-out). A
+batch rarely holds a whole group, so b_i is never computed from the batch. Without `baseline`,
+c = `ObjectiveConfig.baseline` (a scalar); asymre needs `baseline`.
 
 Ratio levels (`sequence` is the paper's; the others are unfaithful ablations seen elsewhere):
 
@@ -83,12 +91,14 @@ class ObjectiveConfig:
     pos_lower, pos_upper, neg_lower, neg_upper: explicit bounds [a, b] that override the
         variant's, side by side: the weight becomes clamp(rho, a, b) ([rho]_a^b in the paper);
         a = b = 1 gives weight 1. Need 0 <= a <= b (b may be inf). Not used by ppo_clip.
-    baseline: c, the advantage is R - c. asymre replaces it by its group mean (leave it 0).
+    baseline: scalar c, the advantage is R - c. Must stay 0 when per-sequence baselines are
+        passed to `policy_loss` (asymre always gets them: its c_i = b_i + asymre_delta_v).
     negative_rule: "reward" (the paper) marks R_i < 0 as negative; "advantage" marks R_i - c < 0.
     ratio_level: one of RATIO_LEVELS.
     normalization: one of NORMALIZATIONS.
     ppo_epsilon: clip window [1 - eps, 1 + eps] of ppo_clip.
-    asymre_delta_v: deltaV of AsymRE, added to the group-mean reward (paper: -0.1 for +-1 rewards).
+    asymre_delta_v: deltaV of AsymRE, added to the per-sequence baseline b_i, the whole group's
+        mean reward (paper: -0.1 for +-1 rewards).
     max_log_ratio: log rho is clamped to at most this only inside exp(), after the truncation
         has been decided in log space, so that exp() stays finite; it caps untruncated weights
         (importance_sampling, ppo_clip) at exp(max_log_ratio) = 4.9e8 by default. Gradients
@@ -126,7 +136,7 @@ class ObjectiveConfig:
         if not math.isfinite(self.baseline):
             raise ValueError(f"baseline must be finite; got {self.baseline}")
         if self.variant == "asymre" and self.baseline != 0.0:
-            raise ValueError("asymre uses the group-mean reward + asymre_delta_v as its baseline; "
+            raise ValueError("asymre uses the whole group's mean reward + asymre_delta_v as its baseline; "
                              f"leave baseline at 0.0 (got {self.baseline})")
         if not math.isfinite(self.asymre_delta_v):
             raise ValueError(f"asymre_delta_v must be finite; got {self.asymre_delta_v}")
@@ -148,8 +158,9 @@ def policy_loss(
     behavior_logprobs: torch.Tensor,
     rewards: torch.Tensor,
     config: ObjectiveConfig | None = None,
-    group_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    baseline: torch.Tensor | None = None,
+    check_values: bool = True,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss to minimise and metrics for one batch; formulas in the module docstring.
 
     token_logprobs: [B, T] float, log pi(y_t | x, y_<t) of the trained policy (carries grad).
@@ -159,10 +170,15 @@ def policy_loss(
         `token` needs [B, T]. Treated as data: no gradient flows into it.
     rewards: [B].
     config: ObjectiveConfig; default TOPR, sequence ratio, sequence-mean normalisation.
-    group_ids: [B] int prompt ids; asymre's baseline is the mean reward of each id's group.
+    baseline: [B] per-sequence baselines b_i (c_i = b_i, asymre: b_i + deltaV), or None for the
+        scalar `config.baseline`. Treated as data. Needed by asymre.
+    check_values: raise on rows without completion tokens. That check reads a value back to the
+        host (a device synchronisation); a caller that validated its batch on the host before
+        moving it to the device (`nemo_topr.training.step.check_batch`) passes False.
 
-    Returns the scalar loss (fp32, fp64 for fp64 input) and `metrics`, plain Python floats
-    (a group's mean is 0.0 when the group is empty; its count says so):
+    Returns the scalar loss (fp32, fp64 for fp64 input) and `metrics`, 0-dim tensors on the
+    input's device, so that nothing waits for the device (`float()` reads one; a side's mean is
+    0.0 when the side is empty, its count says so):
         num_sequences, num_positive, num_negative, num_tokens: counts, the denominators of the
             means below, so that micro-batches can be aggregated exactly.
         positive_share: p, share of positives.
@@ -181,22 +197,23 @@ def policy_loss(
     """
     if config is None:
         config = ObjectiveConfig()
-    _check_inputs(token_logprobs, loss_mask, behavior_logprobs, rewards, group_ids, config)
+    _check_inputs(token_logprobs, loss_mask, behavior_logprobs, rewards, baseline, config)
     dtype = torch.promote_types(token_logprobs.dtype, torch.float32)  # upcast half/bf16, keep fp64
     device = token_logprobs.device
 
     mask = loss_mask.to(device=device, dtype=torch.bool)
     lengths = mask.sum(-1)
-    empty = torch.nonzero(lengths == 0).flatten().tolist()
-    if empty:
-        raise ValueError(f"sequences at batch indices {empty} have no completion tokens (loss_mask row all zero)")
+    if check_values:
+        empty = torch.nonzero(lengths == 0).flatten().tolist()
+        if empty:
+            raise ValueError(f"sequences at batch indices {empty} have no completion tokens (loss_mask row all zero)")
     lengths = lengths.to(dtype)
     # where(), not a product: padding positions may hold -inf or NaN.
     logprobs = torch.where(mask, token_logprobs.to(dtype), 0.0)
     seq_logprobs = logprobs.sum(-1)
 
     rewards = rewards.detach().to(device=device, dtype=dtype)
-    advantages = rewards - _baseline(rewards, config, group_ids)
+    advantages = rewards - _baseline(config, baseline, dtype, device)
     negative = (advantages if config.negative_rule == "advantage" else rewards) < 0
     behavior_logprobs = behavior_logprobs.detach().to(device=device, dtype=dtype)
     log_ratio = _log_ratio(logprobs, seq_logprobs, lengths, mask, behavior_logprobs, config.ratio_level)
@@ -252,7 +269,7 @@ def _check_inputs(
     loss_mask: torch.Tensor,
     behavior_logprobs: torch.Tensor,
     rewards: torch.Tensor,
-    group_ids: torch.Tensor | None,
+    baseline: torch.Tensor | None,
     config: ObjectiveConfig,
 ) -> None:
     if token_logprobs.dim() != 2 or not token_logprobs.is_floating_point():
@@ -271,20 +288,23 @@ def _check_inputs(
                          f"got sequence sums of shape {tuple(behavior_logprobs.shape)}")
     if rewards.shape != (batch,):
         raise ValueError(f"rewards must be [B] = ({batch},); got {tuple(rewards.shape)}")
-    if group_ids is not None and group_ids.shape != (batch,):
-        raise ValueError(f"group_ids must be [B] = ({batch},); got {tuple(group_ids.shape)}")
-    if config.variant == "asymre" and group_ids is None:
-        raise ValueError("variant='asymre' needs group_ids (prompt ids) for its group-mean baseline")
+    if baseline is not None and baseline.shape != (batch,):
+        raise ValueError(f"baseline must be [B] = ({batch},) per-sequence values; got {tuple(baseline.shape)}")
+    if baseline is not None and config.baseline != 0.0:
+        raise ValueError(f"per-sequence baselines replace the scalar objective baseline; leave it at 0.0 "
+                         f"(got {config.baseline})")
+    if config.variant == "asymre" and baseline is None:
+        raise ValueError("variant='asymre' needs per-sequence baselines: the mean reward of each "
+                         "sequence's whole prompt group (nemo_topr.data.packing.set_group_mean_rewards)")
 
 
-def _baseline(rewards: torch.Tensor, config: ObjectiveConfig, group_ids: torch.Tensor | None) -> torch.Tensor | float:
-    """c, or for asymre V_i = mean reward of sample i's group (itself included) + deltaV."""
-    if config.variant != "asymre":
+def _baseline(config: ObjectiveConfig, baseline: torch.Tensor | None, dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor | float:
+    """c: the scalar config.baseline, or per sequence b_i (asymre: b_i + deltaV)."""
+    if baseline is None:
         return config.baseline
-    groups, group_index = torch.unique(group_ids.to(rewards.device), return_inverse=True)
-    group_sum = rewards.new_zeros(len(groups)).index_add_(0, group_index, rewards)
-    group_size = rewards.new_zeros(len(groups)).index_add_(0, group_index, torch.ones_like(rewards))
-    return (group_sum / group_size)[group_index] + config.asymre_delta_v
+    baseline = baseline.detach().to(device=device, dtype=dtype)
+    return baseline + config.asymre_delta_v if config.variant == "asymre" else baseline
 
 
 def _log_ratio(
@@ -355,7 +375,7 @@ def _metrics(
     seq_logprobs: torch.Tensor,
     lengths: torch.Tensor,
     mask: torch.Tensor,
-) -> dict[str, float]:
+) -> dict[str, torch.Tensor]:
     positive = ~negative
 
     def per_sequence(values: torch.Tensor) -> torch.Tensor:
@@ -367,6 +387,7 @@ def _metrics(
     positive_mass = torch.where(positive, abs_advantages, 0.0).sum()
     mean_logprobs = seq_logprobs / lengths
     values = {
+        "num_sequences": torch.full((), len(lengths), dtype=lengths.dtype, device=lengths.device),
         "num_positive": positive.sum(),
         "num_negative": negative.sum(),
         "num_tokens": lengths.sum(),
@@ -381,6 +402,4 @@ def _metrics(
         "positive_logprob_mean": _masked_mean(mean_logprobs, positive),
         "negative_logprob_mean": _masked_mean(mean_logprobs, negative),
     }
-    # One device-to-host transfer for all metrics.
-    floats = torch.stack([value.to(torch.float64) for value in values.values()]).tolist()
-    return {"num_sequences": float(len(lengths)), **dict(zip(values, floats, strict=True))}
+    return {name: value.to(lengths.dtype) for name, value in values.items()}

@@ -118,3 +118,13 @@ def test_missing_tokenizer_directory_is_a_clear_error(tmp_path):
 
     with pytest.raises(DataError, match=r"no_such_dir:0: tokenizer: directory does not exist"):
         load_tokenizer(tmp_path / "no_such_dir")
+
+
+def test_micro_batch_above_one_with_pipeline_parallel_is_rejected_for_packed_streams(tiny_hf, tmp_path):
+    """tiny_cpu has micro_batch_size 2. With Transformer Engine the step sends a micro-batch as one
+    packed THD stream, which PP stages would receive in [seq, MBS, hidden] order."""
+    with pytest.raises(ConfigError, match=r"train.micro_batch_size=2 with model.pipeline_model_parallel_size=2.*"
+                                          r"Use train.micro_batch_size=1"):
+        _run(tiny_hf, tmp_path, "model.pipeline_model_parallel_size=2", "model.transformer_impl=transformer_engine")
+    # the local layers (CPU) take [MBS, seq] batches as they are: allowed
+    assert _run(tiny_hf, tmp_path, "model.pipeline_model_parallel_size=2").container.model.transformer_impl == "local"

@@ -231,3 +231,19 @@ def test_records_convert_to_a_hugging_face_dataset():
 def test_prompt_key_groups_by_prompt_id_else_prompt_text():
     assert Record(prompt="q", completion="c", reward=1.0, prompt_id=7).prompt_key == "7"
     assert Record(prompt="q", completion="c", reward=1.0).prompt_key == "q"
+
+
+def test_baseline_field_is_validated_and_all_or_none(tmp_path):
+    """The optional per-record baseline (docs/objective.md): a finite number on every record or none."""
+    rows = [{"prompt": "q", "completion": "a", "reward": 1, "sample_id": 0, "baseline": 0.25},
+            {"prompt": "q", "completion": "b", "reward": -1, "sample_id": 1, "baseline": "high"},
+            {"prompt": "q", "completion": "c", "reward": -1, "sample_id": 2, "baseline": math.inf},
+            {"prompt": "q", "completion": "d", "reward": 1, "sample_id": 3}]
+    path = tmp_path / "baselines.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=rf"^{path}:2: baseline: expected a number, got string 'high'"):
+        load_records(path)
+    loaded = load_records(path, strict=False)
+    assert [r.baseline for r in loaded.records] == [0.25]
+    assert loaded.report.dropped == {"wrong_type": 1, "nonfinite_baseline": 1, "schema_mismatch": 1}
+    assert loaded.records[0].to_json()["baseline"] == 0.25  # written back by write_jsonl

@@ -36,12 +36,12 @@ def _score_with_model(model, seqs, seq_length) -> None:
 
 def _loss_and_grads(model, seqs, seq_length):
     from nemo_topr.objective import ObjectiveConfig
-    from nemo_topr.training.step import forward_packed, topr_loss
+    from nemo_topr.training.step import check_batch, forward_packed, topr_loss
 
     batch = _collate(seqs, seq_length)
     model.zero_grad(set_to_none=True)
     ce = forward_packed(model, batch, model.config).reshape(batch["loss_mask"].shape)
-    loss_sum, denominator, metrics = topr_loss(ce, batch, ObjectiveConfig())
+    loss_sum, denominator, metrics = topr_loss(ce, batch, ObjectiveConfig(), check_batch(batch, ObjectiveConfig()))
     loss_sum.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     return loss_sum, denominator, metrics, grads

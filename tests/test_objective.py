@@ -32,9 +32,10 @@ PAPER_BOUNDS = {
 CUSTOM_BOUNDS = {"pos_lower": 0.5, "pos_upper": 2.0, "neg_lower": 0.1, "neg_upper": 1.5}
 
 
-def reference(logp, mask, behavior, rewards, config, group_ids=None, bounds=None):
+def reference(logp, mask, behavior, rewards, config, baselines=None, bounds=None):
     """(loss, d loss / d logp) from the closed-form per-token gradient, in Python floats.
 
+    baselines: per-sequence b_i (c_i = b_i, asymre: b_i + deltaV), else the scalar config.baseline.
     bounds: ((a+, b+), (a-, b-)), by default the paper's for config.variant.
     """
     B, T = len(logp), len(logp[0])
@@ -43,9 +44,8 @@ def reference(logp, mask, behavior, rewards, config, group_ids=None, bounds=None
     s = [sum(logp[i][t] for t in range(T) if mask[i][t]) for i in range(B)]
     per_token_behavior = isinstance(behavior[0], list)
     b = [sum(behavior[i][t] for t in range(T) if mask[i][t]) if per_token_behavior else behavior[i] for i in range(B)]
-    if config.variant == "asymre":
-        c = [sum(r for r, g in zip(rewards, group_ids, strict=True) if g == group_ids[i])
-             / sum(1 for g in group_ids if g == group_ids[i]) + config.asymre_delta_v for i in range(B)]
+    if baselines is not None:
+        c = [b_i + (config.asymre_delta_v if config.variant == "asymre" else 0.0) for b_i in baselines]
     else:
         c = [config.baseline] * B
     eps = config.ppo_epsilon
@@ -86,15 +86,15 @@ def random_batch(seed: int, per_token_behavior: bool, B: int = 6, T: int = 5):
     behavior = behavior_tokens if per_token_behavior else behavior_tokens.sum(-1)
     choices = torch.tensor([-1.0, 1.0, 0.5, -0.25, 0.0], dtype=torch.float64)
     rewards = choices[torch.randint(len(choices), (B,), generator=g)]
-    group_ids = torch.randint(3, (B,), generator=g)
-    return logp, mask, behavior, rewards, group_ids
+    baselines = 2 * torch.rand(B, generator=g, dtype=torch.float64) - 1  # per-sequence b_i, e.g. group means
+    return logp, mask, behavior, rewards, baselines
 
 
-def loss_and_grad(logp, mask, behavior, rewards, config, group_ids=None):
+def loss_and_grad(logp, mask, behavior, rewards, config, baselines=None):
     logp = logp.detach().clone().requires_grad_(True)
-    loss, metrics = policy_loss(logp, mask, behavior, rewards, config, group_ids)
+    loss, metrics = policy_loss(logp, mask, behavior, rewards, config, baselines)
     loss.backward()
-    return loss.detach(), logp.grad, metrics
+    return loss.detach(), logp.grad, {name: float(value) for name, value in metrics.items()}
 
 
 @pytest.mark.parametrize("normalization", NORMALIZATIONS)
@@ -105,16 +105,18 @@ def test_gradient_matches_closed_form(variant, ratio_level, normalization):
     bounds = ((CUSTOM_BOUNDS["pos_lower"], CUSTOM_BOUNDS["pos_upper"]),
               (CUSTOM_BOUNDS["neg_lower"], CUSTOM_BOUNDS["neg_upper"])) if custom else None
     for seed in range(4):
+        per_sequence = variant == "asymre" or seed == 3  # per-sequence baselines b_i, else a scalar c
         config = ObjectiveConfig(
             **(dict(CUSTOM_BOUNDS, variant="topr") if custom else {"variant": variant}),
             ratio_level=ratio_level, normalization=normalization,
-            baseline=0.0 if variant == "asymre" else (0.0, 0.3, -0.4, 0.6)[seed],
+            baseline=0.0 if per_sequence else (0.0, 0.3, -0.4)[seed],
             negative_rule=("reward", "advantage")[seed % 2],
         )
-        logp, mask, behavior, rewards, group_ids = random_batch(seed, ratio_level == "token" or seed % 2 == 0)
-        loss, grad, _ = loss_and_grad(logp, mask, behavior, rewards, config, group_ids)
+        logp, mask, behavior, rewards, baselines = random_batch(seed, ratio_level == "token" or seed % 2 == 0)
+        baselines = baselines if per_sequence else None
+        loss, grad, _ = loss_and_grad(logp, mask, behavior, rewards, config, baselines)
         expected_loss, expected_grad = reference(logp.tolist(), mask.tolist(), behavior.tolist(), rewards.tolist(),
-                                                 config, group_ids.tolist(), bounds)
+                                                 config, None if baselines is None else baselines.tolist(), bounds)
         torch.testing.assert_close(grad, torch.tensor(expected_grad, dtype=torch.float64), rtol=1e-6, atol=1e-12)
         assert loss.item() == pytest.approx(expected_loss, rel=1e-6, abs=1e-12)
 
@@ -178,11 +180,12 @@ def test_negative_rule_reward_vs_advantage():
         assert metrics["num_negative"] == (rule == "advantage")
 
 
-def test_asymre_uses_group_mean_plus_delta_v():
+def test_asymre_baseline_is_the_given_group_mean_plus_delta_v():
     logp = torch.full((4, 1), -1.0, dtype=torch.float64)
     rewards = torch.tensor([1.0, -1.0, 1.0, 1.0])
+    group_means = torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64)  # groups {0, 1} and {2, 3}
     config = ObjectiveConfig(variant="asymre", normalization="token_sum")
-    _, grad, _ = loss_and_grad(logp, torch.ones(4, 1), torch.zeros(4), rewards, config, torch.tensor([7, 7, 3, 3]))
+    _, grad, _ = loss_and_grad(logp, torch.ones(4, 1), torch.zeros(4), rewards, config, group_means)
     advantages = torch.tensor([1.1, -0.9, 0.1, 0.1], dtype=torch.float64)  # V = 0 - 0.1 and 1 - 0.1
     torch.testing.assert_close(grad[:, 0], -advantages / 4)
 
@@ -204,26 +207,26 @@ def test_ppo_clip_ratio_carries_gradient_and_clipping_stops_it():
 @pytest.mark.parametrize("ratio_level", RATIO_LEVELS)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_extreme_log_ratios_and_all_negative_batches_are_finite(variant, ratio_level):
-    logp, mask, _, rewards, group_ids = random_batch(4, per_token_behavior=True)
+    logp, mask, _, rewards, baselines = random_batch(4, per_token_behavior=True)
     offsets = torch.tensor([1e4, -1e4], dtype=torch.float64).repeat(logp.numel() // 2 + 1)[: logp.numel()]
     behavior = logp + offsets.view_as(logp)
     for batch_rewards in (rewards, -rewards.abs() - 1):
         loss, grad, metrics = loss_and_grad(logp, mask, behavior, batch_rewards,
-                                            ObjectiveConfig(variant=variant, ratio_level=ratio_level), group_ids)
+                                            ObjectiveConfig(variant=variant, ratio_level=ratio_level), baselines)
         assert torch.isfinite(loss) and torch.isfinite(grad).all()
         assert all(math.isfinite(value) for value in metrics.values())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_inputs_are_upcast(dtype):
-    logp, mask, behavior, rewards, group_ids = random_batch(5, per_token_behavior=False)
+    logp, mask, behavior, rewards, baselines = random_batch(5, per_token_behavior=False)
     logp = logp.to(dtype).requires_grad_(True)
     for variant in VARIANTS:
         loss, _ = policy_loss(logp, mask, behavior.to(dtype), rewards.to(dtype), ObjectiveConfig(variant=variant),
-                              group_ids)
+                              baselines)
         # Upcasting is exact, so fp32 input of the same values gives the same fp32 loss.
         fp32_loss, _ = policy_loss(logp.detach().float(), mask, behavior.to(dtype).float(), rewards.to(dtype).float(),
-                                   ObjectiveConfig(variant=variant), group_ids)
+                                   ObjectiveConfig(variant=variant), baselines)
         assert loss.dtype == torch.float32 and loss.item() == fp32_loss.item()
         (grad,) = torch.autograd.grad(loss, logp)
         assert grad.dtype == dtype and torch.isfinite(grad).all()
@@ -232,7 +235,7 @@ def test_half_precision_inputs_are_upcast(dtype):
         fp16_safe = {"max_log_ratio": 10.0} if dtype == torch.float16 and variant == "importance_sampling" else {}
         extreme_behavior = (logp.detach().float() * mask).sum(-1) + torch.tensor([1e4, -1e4] * 3)
         loss, _ = policy_loss(logp, mask, extreme_behavior.to(dtype), rewards.to(dtype),
-                              ObjectiveConfig(variant=variant, **fp16_safe), group_ids)
+                              ObjectiveConfig(variant=variant, **fp16_safe), baselines)
         (grad,) = torch.autograd.grad(loss, logp)
         assert torch.isfinite(loss) and torch.isfinite(grad).all()
 
@@ -254,10 +257,10 @@ def test_padding_values_do_not_leak():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_no_gradient_reaches_behavior_logprobs(variant):
-    logp, mask, behavior, rewards, group_ids = random_batch(7, per_token_behavior=False)
+    logp, mask, behavior, rewards, baselines = random_batch(7, per_token_behavior=False)
     behavior = behavior.clone().requires_grad_(True)
     logp = logp.clone().requires_grad_(True)
-    policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(variant=variant), group_ids)[0].backward()
+    policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(variant=variant), baselines)[0].backward()
     assert behavior.grad is None and logp.grad is not None
 
 
@@ -328,7 +331,9 @@ def test_metrics_values():
     rewards = torch.tensor([1.0, -1.0, -1.0, 1.0])
     behavior = torch.tensor([-4.0, -1.0, -1.0, -1.0], dtype=torch.float64)  # log rho = 0, -1, 0, -1
     _, metrics = policy_loss(logp, mask, behavior, rewards)
-    assert all(type(value) is float for value in metrics.values())
+    # 0-dim tensors on the input's device: reading them is the caller's choice (a device sync)
+    assert all(value.dim() == 0 and value.device == logp.device for value in metrics.values())
+    metrics = {name: float(value) for name, value in metrics.items()}
     weights = [1.0, math.exp(-1.0), 1.0, 1.0]
     expected = {
         "num_sequences": 4, "num_positive": 2, "num_negative": 2, "num_tokens": 7,
@@ -401,7 +406,9 @@ def test_shape_errors():
         policy_loss(logp[0], mask[0], behavior[:1], rewards[:1])
     with pytest.raises(ValueError, match=r"ratio_level='token' needs per-token behavior_logprobs"):
         policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(ratio_level="token"))
-    with pytest.raises(ValueError, match="group_ids must be"):
+    with pytest.raises(ValueError, match="baseline must be"):
         policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(variant="asymre"), torch.zeros(2))
-    with pytest.raises(ValueError, match="needs group_ids"):
+    with pytest.raises(ValueError, match="needs per-sequence baselines"):
         policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(variant="asymre"))
+    with pytest.raises(ValueError, match="replace the scalar objective baseline"):
+        policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(baseline=0.2), torch.zeros(len(rewards)))

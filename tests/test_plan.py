@@ -164,6 +164,20 @@ def test_cli_rejects_a_bad_override_and_says_why(capsys):
     assert "LAYOUT REJECTED (CP = 1 (TOPR step))" in out
 
 
+def test_micro_batch_above_one_with_pipeline_parallel_is_rejected(capsys):
+    """Packed THD streams [1, MBS·seq] against pipeline buffers [seq, MBS, hidden]: only MBS = 1
+    keeps the token order; local attention (no THD stream) is unaffected."""
+    seventy_b = Layout(nodes=4, gpus_per_node=8, tp=8, pp=4, vp=5, sequence_parallel=True, global_batch=64)
+    assert not [f for f in check_layout(LLAMA_70B, seventy_b) if f.blocking]
+    failed = {f.rule: f.detail for f in check_layout(LLAMA_70B, dataclasses.replace(seventy_b, micro_batch=2))
+              if f.blocking}
+    assert "set train.micro_batch_size=1" in failed["micro batch = 1 with PP > 1 (TOPR step)"]
+    local = dataclasses.replace(seventy_b, micro_batch=2, fused_attention=False)
+    assert not [f for f in check_layout(LLAMA_70B, local) if f.blocking]
+    assert main(["llama31_70b_bf16", "--nodes", "4", "train.micro_batch_size=2"]) == 1
+    assert "FAIL  micro batch = 1 with PP > 1 (TOPR step): micro batch 2, PP = 4" in capsys.readouterr().out
+
+
 def test_cli_reports_does_not_fit(capsys):
     """8B at TP=1 without the distributed optimizer: bf16 weights, fp32 grads and Adam states are
     2 + 4 + 12 = 18 B/param x 8.03e9 = 135 GiB per GPU before any activation."""

@@ -413,11 +413,22 @@ def check_topr_context_parallel(arch: Architecture, lay: Layout) -> Finding:
                                        "THD streams across CP ranks yet: use TP/PP/DP"))
 
 
+def check_topr_pipeline_micro_batch(arch: Architecture, lay: Layout) -> Finding | None:
+    """The TOPR step hands Transformer Engine each micro-batch as one packed THD stream of MBS·seq
+    tokens, while pipeline stages exchange [seq, MBS, hidden] buffers: with PP > 1 only MBS = 1
+    keeps the token order (nemo_topr/training/config.py rejects the same at start-up)."""
+    if lay.pp == 1 or not lay.fused_attention:  # local attention takes [MBS, seq] batches as they are
+        return None
+    return Finding("micro batch = 1 with PP > 1 (TOPR step)", lay.micro_batch == 1,
+                   f"micro batch {lay.micro_batch}, PP = {lay.pp}" + ("" if lay.micro_batch == 1 else
+                   "; packed THD streams would arrive in [seq, MBS, hidden] order: set train.micro_batch_size=1"))
+
+
 CHECKS: tuple[Callable[[Architecture, Layout], Finding | None], ...] = (
     check_world_size, check_layers_per_stage, check_attention_heads, check_query_groups, check_vocab,
     check_global_batch, check_interleaved_micro_batches, check_context_parallel_sequence,
     check_sequence_parallel_sequence, check_sequence_parallel_needs_tp, check_fp8_shapes,
-    check_fp8_recipe, check_topr_context_parallel,
+    check_fp8_recipe, check_topr_context_parallel, check_topr_pipeline_micro_batch,
 )
 
 

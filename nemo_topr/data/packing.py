@@ -12,12 +12,19 @@ sequence per row). R rows of L tokens, N sequences numbered in row-major order o
     seq_start     long  [N]     flat offset r * L + start of each sequence
     seq_len       long  [N]     its length in tokens
     rewards float32, behavior_logprobs float64 (NaN when absent)   [N]
+    group_mean_rewards float64 [N]  mean reward of the sequence's whole prompt group in the dataset
+                                    (`set_group_mean_rewards`; NaN when not computed)
+    baselines          float64 [N]  the record's own `baseline` field (NaN when the data has none)
     prompt_ids, sample_ids, num_completion_tokens  long    [N]
+
+Per-prompt statistics come from the whole dataset, never from the batch: packing and shuffling
+scatter a prompt's samples over rows, micro-batches and data-parallel ranks.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -35,6 +42,22 @@ class TokenizedSequence:
     behavior_logprob: float  # NaN when the record has none
     prompt_id: int  # dense id, see TokenizedDataset.prompt_keys
     sample_id: int  # dense id, unique within the dataset: the record's index
+    baseline: float = math.nan  # the record's own `baseline` field; NaN when it has none
+    group_mean_reward: float = math.nan  # set by `set_group_mean_rewards`
+
+
+def set_group_mean_rewards(seqs: Sequence[TokenizedSequence]) -> None:
+    """Set each sequence's `group_mean_reward`: the mean reward of all of `seqs` with its prompt_id.
+
+    `seqs` must be the whole training set (what is trained on: records dropped by validation or
+    for length are not in it and do not count). Exact sums (math.fsum), stored as float64.
+    """
+    groups: dict[int, list[float]] = {}
+    for seq in seqs:
+        groups.setdefault(seq.prompt_id, []).append(seq.reward)
+    means = {prompt_id: math.fsum(rewards) / len(rewards) for prompt_id, rewards in groups.items()}
+    for seq in seqs:
+        seq.group_mean_reward = means[seq.prompt_id]
 
 
 def _check_lengths(seqs: Sequence[TokenizedSequence], seq_length: int) -> None:
@@ -118,6 +141,8 @@ def collate_packed(
         # float64: log mu of a long completion is in the hundreds, where a float32 ulp (6e-5)
         # would already move rho = exp(log pi - log mu) by that much
         behavior_logprobs=torch.tensor([seq.behavior_logprob for seq in members], dtype=torch.float64),
+        group_mean_rewards=torch.tensor([seq.group_mean_reward for seq in members], dtype=torch.float64),
+        baselines=torch.tensor([seq.baseline for seq in members], dtype=torch.float64),
         prompt_ids=torch.tensor([seq.prompt_id for seq in members], dtype=torch.long),
         sample_ids=torch.tensor([seq.sample_id for seq in members], dtype=torch.long),
         num_completion_tokens=torch.tensor(num_completion_tokens, dtype=torch.long),
@@ -146,6 +171,8 @@ def unpack(batch: dict[str, torch.Tensor]) -> list[TokenizedSequence]:
                 behavior_logprob=batch["behavior_logprobs"][k].item(),
                 prompt_id=int(batch["prompt_ids"][k]),
                 sample_id=int(batch["sample_ids"][k]),
+                baseline=batch["baselines"][k].item(),
+                group_mean_reward=batch["group_mean_rewards"][k].item(),
             )
         )
     return sequences
@@ -156,7 +183,8 @@ class PackedBatches:
 
     packed=True: rows from `pack_sequences`; packed=False: one sequence per row (padded).
     Rows are shuffled once with `seed` (when `shuffle`); the last batch may hold fewer rows.
-    Indexable, so a resumed run can start at any batch.
+    Indexable, so a resumed run can start at any batch. Sets every sequence's group mean reward
+    over `seqs` (`set_group_mean_rewards`).
     """
 
     def __init__(
@@ -173,6 +201,7 @@ class PackedBatches:
         if rows_per_batch < 1:
             raise ValueError(f"rows_per_batch must be >= 1; got {rows_per_batch}")
         _check_lengths(seqs, seq_length)
+        set_group_mean_rewards(seqs)
         self.seqs, self.seq_length, self.pad_id = seqs, seq_length, pad_id
         rows = pack_sequences(seqs, seq_length, pad_id) if packed else [[i] for i in range(len(seqs))]
         if shuffle:

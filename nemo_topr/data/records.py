@@ -8,6 +8,8 @@ A record is one sampled completion with its reward (see docs/data.md):
     behavior_logprob  optional finite number <= 0: log mu(completion | prompt), summed over tokens
     prompt_id         optional str or int
     sample_id         optional str or int; unique per prompt (prompt_id, else the prompt text)
+    baseline          optional finite number: this record's own baseline b in the advantage
+                      R - b (e.g. leave-one-out); all records or none (docs/objective.md)
     meta              optional JSON object, carried along untouched
 
 Rows come from `nemo_topr.data.sources` (JSONL, Parquet, Arrow, save_to_disk directories, hub
@@ -43,6 +45,7 @@ class Record:
     behavior_logprob: float | None = None
     prompt_id: str | int | None = None
     sample_id: str | int | None = None
+    baseline: float | None = None
     meta: dict[str, Any] | None = None
     path: str = ""
     line: int = 0
@@ -194,7 +197,7 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
         raise reject("wrong_type", "prompt", f"expected a string or a list of messages, got {_type_name(prompt)}")
     if not isinstance(completion, str):
         raise reject("wrong_type", "completion", f"expected a string, got {_type_name(completion)}")
-    for name in ("reward", "behavior_logprob"):
+    for name in ("reward", "behavior_logprob", "baseline"):
         if values[name] is not None and not _is_number(values[name]):
             raise reject("wrong_type", name, f"expected a number, got {_type_name(values[name])} {values[name]!r}")
     for name in ("prompt_id", "sample_id"):
@@ -209,6 +212,8 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
     if logprob is not None and not (math.isfinite(logprob) and logprob <= 0):
         problem = f"must be a finite log-probability <= 0, got {logprob}"
         raise reject("invalid_behavior_logprob", "behavior_logprob", problem)
+    if values["baseline"] is not None and not math.isfinite(values["baseline"]):
+        raise reject("nonfinite_baseline", "baseline", f"must be finite, got {values['baseline']}")
     if not prompt:
         raise reject("empty_prompt", "prompt", "is empty")
     if not completion:
@@ -221,6 +226,7 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
         behavior_logprob=None if logprob is None else float(logprob),
         prompt_id=values["prompt_id"],
         sample_id=values["sample_id"],
+        baseline=None if values["baseline"] is None else float(values["baseline"]),
         meta=values["meta"],
         path=str(path),
         line=line,
@@ -235,8 +241,9 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
 def schema_of(record: Record) -> dict[str, str]:
     """Field -> kind; all records of a dataset share it (meta is free-form and left out)."""
     schema = {"prompt": "string" if isinstance(record.prompt, str) else "messages"}
-    if record.behavior_logprob is not None:
-        schema["behavior_logprob"] = "number"
+    for name in ("behavior_logprob", "baseline"):
+        if getattr(record, name) is not None:
+            schema[name] = "number"
     for name in ("prompt_id", "sample_id"):
         value = getattr(record, name)
         if value is not None:

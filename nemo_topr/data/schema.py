@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 REQUIRED_FIELDS = ("prompt", "completion", "reward")
-OPTIONAL_FIELDS = ("behavior_logprob", "prompt_id", "sample_id", "meta")
+OPTIONAL_FIELDS = ("behavior_logprob", "prompt_id", "sample_id", "baseline", "meta")
 FIELDS = REQUIRED_FIELDS + OPTIONAL_FIELDS
 
 

@@ -119,6 +119,7 @@ def tokenize_records(
                 loss_mask=[0] * len(prompt_ids) + [1] * (len(completion_ids) + 1),
                 reward=record.reward,
                 behavior_logprob=math.nan if record.behavior_logprob is None else record.behavior_logprob,
+                baseline=math.nan if record.baseline is None else record.baseline,
                 prompt_id=dense_prompt_id.setdefault(key, len(dense_prompt_id)),
                 sample_id=record.index,
             )

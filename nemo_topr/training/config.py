@@ -141,6 +141,20 @@ def default_container(provider: Any, dataset: Any):
     )
 
 
+def _check_packed_stream_pipeline(container: Any) -> None:
+    """Transformer Engine gets each micro-batch as one packed THD stream [1, MBS*seq]
+    (nemo_topr/training/step.py, forward_packed), while the pipeline schedule sizes its p2p
+    buffers [seq, MBS, hidden] (megatron/core/pipeline_parallel/schedules.py:1157 and :2116):
+    same element count, different token order, so MBS > 1 with PP > 1 would mix tokens up."""
+    model, train = container.model, container.train
+    if model.pipeline_model_parallel_size > 1 and train.micro_batch_size > 1 and model.transformer_impl != "local":
+        raise ConfigError(f"train.micro_batch_size={train.micro_batch_size} with model.pipeline_model_parallel_size="
+                          f"{model.pipeline_model_parallel_size}: the TOPR step sends each micro-batch through "
+                          "Transformer Engine as one packed stream, which pipeline stages would receive in "
+                          "[seq_length, micro_batch_size, hidden] order. Use train.micro_batch_size=1 (a packed "
+                          "row already holds many sequences; raise train.global_batch_size for more per step)")
+
+
 @dataclass
 class TrainingRun:
     """Everything `nemo-topr train` needs, resolved."""
@@ -186,4 +200,5 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     if container.dataset.seq_length != container.model.seq_length:
         raise ConfigError(f"dataset.seq_length ({container.dataset.seq_length}) must equal model.seq_length "
                           f"({container.model.seq_length})")
+    _check_packed_stream_pipeline(container)
     return TrainingRun(container, objective, run_dir, hf_model, raw)

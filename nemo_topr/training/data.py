@@ -5,6 +5,10 @@ and ``micro_batch_size`` therefore count rows. The row order is fixed before tra
 then a seeded shuffle per epoch), so a run resumed from a checkpoint's
 ``consumed_train_samples`` continues with exactly the rows it had not seen. The last global
 batch is completed with empty rows (no sequences, no loss) rather than dropping real data.
+
+Per-prompt statistics are computed here, over the whole dataset and before packing, and travel
+with every sequence into the batch (`group_mean_rewards`, `baselines`; see
+`nemo_topr.data.packing`): a micro-batch never holds a prompt's whole group.
 """
 
 from __future__ import annotations
@@ -19,7 +23,14 @@ from typing import Any
 import torch
 from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
 
-from nemo_topr.data.packing import TokenizedSequence, collate_packed, pack_sequences, padding_share
+from nemo_topr.data.packing import (
+    TokenizedSequence,
+    collate_packed,
+    pack_sequences,
+    padding_share,
+    set_group_mean_rewards,
+)
+from nemo_topr.data.records import DataError
 from nemo_topr.data.tokenization import TokenizedDataset, load_tokenized, load_tokenizer, pad_id_of
 
 
@@ -57,6 +68,9 @@ class PreparedData:
             **self.dataset.report.to_dict(),
             "sequences": len(sequences),
             "positives": sum(seq.reward >= 0 for seq in sequences),
+            "prompts": len(self.dataset.prompt_keys),
+            "baselines": ("the records' own baseline field" if not math.isnan(sequences[0].baseline)
+                          else "whole-group mean reward of the records used"),
             "rows": self.num_rows,
             "filler_rows": self.filler_rows,
             "padding_share": round(self.padding_share, 4),
@@ -96,6 +110,10 @@ class ToprDatasetConfig(DatasetProvider):
                                  split=self.split, extra_columns=self.extra_columns)
         pad_id = pad_id_of(load_tokenizer(self.tokenizer_dir))
         sequences = dataset.sequences
+        if math.isnan(sequences[0].behavior_logprob):  # one schema per dataset: all or none have it
+            raise DataError(",".join(dataset.report.files), 0, "behavior_logprob",
+                            "absent: score the data first (`nemo-topr score-logprobs`)")
+        set_group_mean_rewards(sequences)
         epoch_rows = (pack_sequences(sequences, self.seq_length, pad_id) if self.packed
                       else [[i] for i in range(len(sequences))])
         rows: list[list[int]] = []

@@ -37,11 +37,13 @@ def scoring_forward_step(scores: dict[int, float], config):
     from nemo_topr.training.step import completion_logprob_table, forward_packed
 
     def forward_step(data_iterator, chunk):
-        batch = to_model_device(next(data_iterator), chunk)
+        batch = next(data_iterator)
+        max_length = int(batch["seq_len"].max())  # read on the host, before the move
+        batch = to_model_device(batch, chunk)
         output = forward_packed(chunk, batch, config)
 
         def collect(per_token_ce: torch.Tensor):
-            logprobs, _ = completion_logprob_table(per_token_ce, batch)
+            logprobs, _ = completion_logprob_table(per_token_ce, batch, max_length)
             scores.update(zip(batch["sample_ids"].tolist(), logprobs.sum(-1).tolist()))
             return per_token_ce.sum() * 0.0, {}
 

@@ -5,6 +5,10 @@ the pipeline schedule, the optimizer, checkpointing and logging.
 
 Per micro-batch (layout in `nemo_topr.data.packing`):
 
+0. `check_batch` validates the collated batch on the host, while its tensors are still on the
+   CPU (missing behaviour log-probs, baselines), and reads the few sizes the loss needs; the
+   loss itself then never waits for the device (no ``.item()``/``.tolist()``/boolean-mask
+   indexing): metrics stay on the device until Bridge reduces them.
 1. The model's labels path returns per-token cross-entropy from the vocab-parallel logits
    (no full-vocabulary gather); log pi = -CE.
 2. Packed rows are unpacked into a per-sequence table [N, T_max] (position t of sequence i at
@@ -21,6 +25,7 @@ Per micro-batch (layout in `nemo_topr.data.packing`):
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -48,27 +53,76 @@ _LOGGED_METRICS = {
 _LOGGED_NAMES = ("topr_loss", *_LOGGED_METRICS)
 
 
+@dataclass(frozen=True)
+class BatchSummary:
+    """What the loss needs to know about a batch as Python values (read on the host)."""
+
+    num_sequences: int
+    max_length: int  # longest sequence, in tokens: the width of the per-sequence tables
+    record_baselines: bool  # the data supplies per-record baselines (`baselines` column)
+
+
+def check_batch(batch: dict[str, torch.Tensor], objective: ObjectiveConfig) -> BatchSummary:
+    """Validate a collated batch on the host, before it moves to the device, once per batch.
+
+    Raises ValueError naming the sample ids for missing behaviour log-probs, a baseline field
+    present on some records but not others, and asymre without whole-group mean rewards; and
+    for record baselines together with a nonzero `objective.baseline`.
+    Runs on CPU tensors only (a device batch would make every check a synchronisation).
+    """
+    if batch["rewards"].device.type != "cpu":
+        raise ValueError("check_batch runs on the collated CPU batch, before it moves to the device")
+    num_sequences = len(batch["rewards"])
+    if num_sequences == 0:
+        return BatchSummary(0, 0, False)
+    sample_ids = batch["sample_ids"]
+
+    def named(missing: torch.Tensor) -> str:
+        return f"sample_ids {sample_ids[missing][:5].tolist()} ({int(missing.sum())} of {num_sequences})"
+
+    missing = torch.isnan(batch["behavior_logprobs"])
+    if missing.any():
+        raise ValueError(f"{named(missing)}: behavior_logprob missing: score the data first "
+                         "(`nemo-topr score-logprobs`)")
+    has_baseline = ~torch.isnan(batch["baselines"])
+    if has_baseline.any() and not has_baseline.all():
+        raise ValueError(f"{named(~has_baseline)}: no baseline while other records have one: "
+                         "give every record a baseline or none")
+    record_baselines = bool(has_baseline.all())
+    if record_baselines and objective.baseline != 0.0:
+        raise ValueError(f"the records carry their own baseline field, which replaces objective.baseline; "
+                         f"leave objective.baseline at 0.0 (got {objective.baseline})")
+    if objective.variant == "asymre" and not record_baselines:
+        missing = torch.isnan(batch["group_mean_rewards"])
+        if missing.any():
+            raise ValueError(f"{named(missing)}: no whole-group mean reward for asymre's baseline: build "
+                             "batches from the whole dataset (nemo_topr.data.packing.set_group_mean_rewards)")
+    return BatchSummary(num_sequences, int(batch["seq_len"].max()), record_baselines)
+
+
 def sequence_table(values: torch.Tensor, batch: dict[str, torch.Tensor], max_length: int) -> torch.Tensor:
     """Scatter per-position values [R, L] of packed rows into a per-sequence table [N, max_length].
 
     Entry (i, t) holds the value at position t of sequence i; positions outside a sequence are 0.
-    Differentiable: gradients flow back to exactly the packed positions they came from.
+    Differentiable: gradients flow back to exactly the packed positions they came from. Padding
+    is written to a spare row N that is cut off, so that no boolean mask (whose indexing would
+    wait for the device to count its True entries) is needed.
     """
+    num_sequences = len(batch["rewards"])
     owner = batch["seq_index"]
-    inside = owner >= 0
-    table = values.new_zeros(len(batch["rewards"]), max_length)
-    return table.index_put((owner[inside], batch["position_ids"][inside]), values[inside])
+    rows = torch.where(owner >= 0, owner, num_sequences)
+    table = values.new_zeros(num_sequences + 1, max_length)
+    return table.index_put((rows, batch["position_ids"]), values)[:num_sequences]
 
 
-def completion_logprob_table(per_token_ce: torch.Tensor, batch: dict[str, torch.Tensor]):
-    """(log pi per completion token [N, T_max], its mask [N, T_max]) from a packed batch's
-    per-token cross-entropy [R, L].
+def completion_logprob_table(per_token_ce: torch.Tensor, batch: dict[str, torch.Tensor], max_length: int):
+    """(log pi per completion token [N, max_length], its mask) from a packed batch's per-token
+    cross-entropy [R, L]; `max_length` is `BatchSummary.max_length`.
 
     float64: s_i sums hundreds of terms and rho = exp(s_i - log mu_i) turns any rounding of that
     sum into a relative error of rho (the table is small: N x T). Scoring uses the same table, so
     log mu and log pi are summed the same way.
     """
-    max_length = int(batch["seq_len"].max())
     completion = batch["loss_mask"].to(torch.float64)
     logprobs = sequence_table(-per_token_ce.reshape(completion.shape).to(torch.float64) * completion, batch,
                               max_length)
@@ -100,43 +154,50 @@ def topr_loss(
     per_token_ce: torch.Tensor,
     batch: dict[str, torch.Tensor],
     config: ObjectiveConfig,
+    summary: BatchSummary,
     cp_group=None,  # noqa: ANN001
     report_denominator: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """``(loss_sum, denominator, metrics)`` for one micro-batch, in Bridge's loss convention.
 
+    `summary` is `check_batch(batch)`, taken on the host before the batch moved to the device.
+    Every returned tensor stays on the loss's device (no host-device synchronisation).
     `metrics` values are ``[numerator, count]`` tensors that Bridge sums over micro-batches and
     data-parallel ranks before dividing. `report_denominator=False` (context-parallel ranks other
     than the first) reports a zero denominator so the global one counts each sequence once.
+
+    Baselines (docs/objective.md): the records' own `baselines` when the data has them, else for
+    asymre the whole-group `group_mean_rewards`, else the scalar `config.baseline`.
     """
-    num_sequences = len(batch["rewards"])
-    if num_sequences == 0:  # only filler rows: contributes nothing (zero counts), keeps the graph
+    device = per_token_ce.device
+    if summary.num_sequences == 0:  # only filler rows: contributes nothing (zero counts), keeps the graph
         zero = per_token_ce.sum() * 0.0
-        device = per_token_ce.device
         return (zero, torch.zeros((), dtype=torch.int, device=device),
                 {name: torch.zeros(2, device=device) for name in _LOGGED_NAMES})
-    if torch.isnan(batch["behavior_logprobs"]).any():
-        raise ValueError("behavior_logprob missing for some sequences: score the data first "
-                         "(`nemo-topr score-logprobs`)")
-    token_logprobs, loss_mask = completion_logprob_table(per_token_ce, batch)
+    token_logprobs, loss_mask = completion_logprob_table(per_token_ce, batch, summary.max_length)
     token_logprobs = reduce_over_context_parallel(token_logprobs, cp_group)
     loss_mask = reduce_over_context_parallel(loss_mask.to(torch.float64), cp_group) > 0
+    if summary.record_baselines:
+        baseline = batch["baselines"]
+    else:
+        baseline = batch["group_mean_rewards"] if config.variant == "asymre" else None
     loss, metrics = policy_loss(token_logprobs, loss_mask, batch["behavior_logprobs"], batch["rewards"],
-                                config=config, group_ids=batch["prompt_ids"])
+                                config=config, baseline=baseline, check_values=False)
     denominator = metrics["num_tokens"] if config.normalization == "batch_token_mean" else metrics["num_sequences"]
     loss_sum = loss * denominator
     # on the loss's device: Megatron adds it to a device counter and Bridge all-reduces the pairs
-    reported = torch.tensor(int(denominator) if report_denominator else 0, dtype=torch.int, device=loss_sum.device)
+    reported = denominator.round().to(torch.int) if report_denominator else torch.zeros((), dtype=torch.int,
+                                                                                          device=device)
     return loss_sum, reported, _reduction_pairs(loss_sum.detach(), reported, metrics)
 
 
 def _reduction_pairs(loss_sum: torch.Tensor, denominator: torch.Tensor,
-                     metrics: dict[str, float]) -> dict[str, torch.Tensor]:
+                     metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     pairs = {"topr_loss": torch.stack([loss_sum.float(), denominator.float()])}
+    one = metrics["num_sequences"].new_ones(())
     for logged, (name, sign, count_name) in _LOGGED_METRICS.items():
-        count = metrics[count_name] if count_name else 1.0
-        pairs[logged] = torch.tensor([sign * metrics[name] * count, count], dtype=torch.float32,
-                                     device=loss_sum.device)
+        count = metrics[count_name] if count_name else one
+        pairs[logged] = torch.stack([sign * metrics[name] * count, count]).float()
     return pairs
 
 
@@ -190,7 +251,8 @@ class ToprForwardStep:
 
     `sample_log_dir`: optional directory; per micro-batch the step appends the iteration and the
     sample ids it trained on to ``samples_dp{data-parallel rank}.jsonl`` there (a ledger that
-    shows resumed runs neither repeat nor skip data).
+    shows resumed runs neither repeat nor skip data): one line per micro-batch and data-parallel
+    rank, written by tensor-parallel rank 0 of the first pipeline stage's first model chunk.
     """
 
     def __init__(self, objective: ObjectiveConfig, sample_log_dir: str | Path | None = None) -> None:
@@ -207,21 +269,29 @@ class ToprForwardStep:
             # splitting packed THD streams across CP ranks (segments padded to 2*CP).
             raise NotImplementedError("context_parallel_size > 1 is not supported by the TOPR step yet; "
                                       "use tensor/pipeline/data parallelism")
-        batch = _to_device(next(data_iterator))
-        self._log_samples(state, batch)
+        host_batch = next(data_iterator)
+        summary = check_batch(host_batch, self.objective)
+        self._log_samples(state, host_batch, model)
+        batch = _to_device(host_batch)
         output = forward_packed(model, batch, config)
 
         def loss_func(per_token_ce: torch.Tensor):
-            return topr_loss(per_token_ce.reshape(batch["loss_mask"].shape), batch, self.objective)
+            return topr_loss(per_token_ce.reshape(batch["loss_mask"].shape), batch, self.objective, summary)
 
         return output, loss_func
 
-    def _log_samples(self, state: Any, batch: dict[str, torch.Tensor]) -> None:
+    def _log_samples(self, state: Any, batch: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
         if self.sample_log_dir is None:
             return
+        from megatron.bridge.training.utils.flop_utils import get_model_chunk_vp_stage
         from megatron.core import parallel_state
 
-        if parallel_state.get_tensor_model_parallel_rank() or parallel_state.get_pipeline_model_parallel_rank():
+        # With virtual pipelining Megatron's interleaved schedule calls this step once per model
+        # chunk for the same micro-batch (core/pipeline_parallel/schedules.py:1366-1369,
+        # forward_step(forward_step_func, data_iterator[model_chunk_id], model[model_chunk_id]));
+        # only the first chunk logs it.
+        if (parallel_state.get_tensor_model_parallel_rank() or parallel_state.get_pipeline_model_parallel_rank()
+                or get_model_chunk_vp_stage(model) not in (None, 0)):
             return
         ledger = self.sample_log_dir / f"samples_dp{parallel_state.get_data_parallel_rank()}.jsonl"
         with ledger.open("a") as log:

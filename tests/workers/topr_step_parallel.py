@@ -1,8 +1,10 @@
 """One TOPR training step (forward + backward, no optimizer) of a tiny Llama at a given layout.
 
-    torchrun --nproc_per_node=TP*PP topr_step_parallel.py MODE TP PP CKPT_DIR OUT_DIR
+    torchrun --nproc_per_node=TP*PP*DP topr_step_parallel.py MODE TP PP DP SP CKPT_DIR OUT_DIR
 
-MODE=save (TP=PP=1 only) initialises the model, saves it as a Megatron distributed checkpoint in
+SP: 1 turns on sequence parallelism (needs TP > 1; the CPU runtime emulates its collectives).
+
+MODE=save (TP=PP=DP=1 only) initialises the model, saves it as a Megatron distributed checkpoint in
 CKPT_DIR/weights and fixes the behaviour log-probs of the batch in CKPT_DIR/behavior.pt: the
 sequence log-prob under this very model plus per-sequence offsets, so that log rho = -offset at
 these weights (some negatives above 0, i.e. truncated to weight 1; some below, weight rho < 1).
@@ -10,15 +12,23 @@ MODE=load loads both, resharded by Megatron to the TP/PP layout (fused QKV and S
 handled by Megatron's sharded state dict, which naive chunking would not).
 
 Both modes then run Megatron's own schedule (`get_forward_backward_func`: no pipelining for
-PP=1, 1F1B over gloo p2p for PP=2) over several packed micro-batches with the project's
-`ToprForwardStep`, exactly as Bridge's ``finetune()`` calls it (``calculate_per_token_loss=True``,
-no DDP, so each parameter's ``.grad`` is d(sum of micro-batch loss sums)/d theta).
+PP=1, 1F1B over gloo p2p for PP=2) over the global batch of packed micro-batches with the
+project's `ToprForwardStep`, as Bridge's ``finetune()`` runs a step: the model wrapped in
+Megatron's DistributedDataParallel (no overlap, average_in_collective=False, as
+nemo_topr/training/config.py sets it), ``calculate_per_token_loss=True`` and
+``finalize_model_grads`` as the schedule's finalize function. So after the step each
+``main_grad`` is d(global-batch loss)/d theta: summed over micro-batches and DP ranks, sequence-
+parallel norm gradients summed over TP, divided by the global denominator. DP rank r runs
+micro-batches r, r + DP, ... of the global batch (any split of the same set is the same batch).
 
 Outputs, layout-independent:
-  OUT_DIR/result.pt  (written by the last pipeline stage, TP rank 0): per-micro-batch
-                     [loss_sum, denominator] pairs and metric pairs, the total loss
-                     sum(loss_sum) / sum(denominator), and what the layout really split.
-  OUT_DIR/grads/     a Megatron distributed checkpoint of the *gradients* (each .grad copied
+  OUT_DIR/result.pt  (written by the last pipeline stage, TP rank 0, DP rank 0): per-micro-batch
+                     [loss_sum, denominator] pairs (gathered over DP, in global order) and metric
+                     pairs summed over micro-batches and all-reduced over DP as Bridge's training
+                     loop reduces them, the total loss sum(loss_sum) / sum(denominator), the
+                     sequence log-probs of every micro-batch before the step, and what the layout
+                     really split.
+  OUT_DIR/grads/     a Megatron distributed checkpoint of the *gradients* (each main_grad copied
                      into its parameter before saving), so any layout's gradients load as
                      global tensors (`dist_checkpointing.load_plain_tensors`).
 """
@@ -36,9 +46,11 @@ VOCAB = 512
 SEQ_LENGTH = 128  # row length of the packed batches = the model's seq_length
 PAD_ID = 0
 ROWS_PER_MICROBATCH = 2  # micro_batch_size for the pipeline schedule (constant p2p shapes)
-# Sequence lengths per micro-batch; each list packs (best-fit decreasing) into exactly 2 rows of
-# 128 with some padding left, one row holding a single sequence and others holding up to 4.
-MICROBATCH_LENGTHS = ([60, 50, 40, 30, 20, 16], [70, 45, 33, 28, 19, 12, 9], [100, 64, 40, 21])
+# Sequence lengths per micro-batch (the global batch: 4 micro-batches, 2 per DP rank at DP=2);
+# each list packs (best-fit decreasing) into exactly 2 rows of 128 with some padding left, one
+# row holding a single sequence and others holding up to 4.
+MICROBATCH_LENGTHS = ([60, 50, 40, 30, 20, 16], [70, 45, 33, 28, 19, 12, 9], [100, 64, 40, 21],
+                      [80, 48, 36, 30, 22])
 # log mu - log pi(theta_0) per sequence: log rho at the saved weights is minus this.
 OFFSETS = (-0.5, 0.5, 2.0, -1.0, 0.25)
 
@@ -90,37 +102,67 @@ def sequence_logprobs(model, batch) -> torch.Tensor:
     return table.sum(-1)
 
 
-def main(mode: str, tp: int, pp: int, ckpt_dir: str, out_dir: str) -> None:
+def check_emulated_collectives(tp_group) -> None:  # noqa: ANN001
+    """The CPU runtime's all-gather-into-tensor and reduce-scatter against hand-computed values
+    (Megatron calls them through these module attributes under sequence parallelism)."""
+    from megatron.core.tensor_parallel import mappings
+
+    rank, size = torch.distributed.get_rank(tp_group), torch.distributed.get_world_size(tp_group)
+    mine = torch.arange(6.0).reshape(3, 2) + 100 * rank  # rank k holds 100k + [[0, 1], [2, 3], [4, 5]]
+    gathered = torch.empty(3 * size, 2)
+    mappings.dist_all_gather_func(gathered, mine, group=tp_group)
+    assert torch.equal(gathered, torch.cat([torch.arange(6.0).reshape(3, 2) + 100 * k for k in range(size)]))
+    full = torch.arange(4.0 * size).reshape(2 * size, 2) * (rank + 1)  # sum over ranks: x * size(size+1)/2
+    scattered = torch.empty(2, 2)
+    mappings.dist_reduce_scatter_func(scattered, full, group=tp_group)
+    expected = torch.arange(4.0 * size).reshape(2 * size, 2)[2 * rank:2 * rank + 2] * size * (size + 1) / 2
+    assert torch.equal(scattered, expected)
+
+
+def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir: str) -> None:
     from nemo_topr import cpu_runtime
     from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
 
     cpu_runtime.enable_cpu_runtime()
     initialize_model_parallel(tensor_parallel=tp, pipeline_parallel=pp)
     from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from nemo_topr.model import tiny_llama_provider
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.step import ToprForwardStep
 
-    assert torch.distributed.get_world_size() == tp * pp, "data parallelism is not part of this check"
+    assert torch.distributed.get_world_size() == tp * pp * dp
+    assert parallel_state.get_data_parallel_world_size() == dp
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    if sp:
+        check_emulated_collectives(tp_group)
     torch.manual_seed(1234)
     provider = tiny_llama_provider(vocab_size=VOCAB, seq_length=SEQ_LENGTH)
     provider.tensor_model_parallel_size = tp
     provider.pipeline_model_parallel_size = pp
+    provider.sequence_parallel = sp
     provider.pipeline_dtype = torch.float32
+    # before wrapping, as the recipe sets it (nemo_topr/training/config.py): DDP reads it to
+    # decide whether to divide gradients by the DP size (distributed_data_parallel.py)
+    provider.calculate_per_token_loss = True
     provider.finalize()
-    chunks = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+    # as nemo_topr/training/config.py configures DDP on CPU (per-token loss: no averaging in the collective)
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                               use_distributed_optimizer=False, average_in_collective=False)
+    chunks = provider.provide_distributed_model(ddp_config=ddp_config, wrap_with_ddp=True,
+                                                use_cpu_initialization=True)
     assert len(chunks) == 1, "no virtual pipeline stages here"
-    model = chunks[0]
+    model = chunks[0].module
     config = model.config
-    config.calculate_per_token_loss = True  # as the recipe sets it (nemo_topr/training/config.py)
-    assert config.finalize_model_grads_func is None  # .grad = sum over micro-batches of d loss_sum
+    config.finalize_model_grads_func = finalize_model_grads  # as Bridge's setup does
+    assert config.sequence_parallel == sp
 
     weights_dir = os.path.join(ckpt_dir, "weights")
     behavior_file = os.path.join(ckpt_dir, "behavior.pt")
     if mode == "save":
-        assert tp == 1 and pp == 1, "the reference weights come from the TP=1, PP=1 run"
+        assert tp == pp == dp == 1, "the reference weights come from the TP=PP=DP=1 run"
         os.makedirs(weights_dir, exist_ok=True)
         dist_checkpointing.save(model.sharded_state_dict(), weights_dir)
         behavior = {}
@@ -132,10 +174,14 @@ def main(mode: str, tp: int, pp: int, ckpt_dir: str, out_dir: str) -> None:
     else:
         model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), weights_dir))
         behavior = torch.load(behavior_file)
-    batches = build_microbatches(behavior)
+    global_batch = build_microbatches(behavior)
+    # log pi of every sequence before the step, through the project's step code (all layouts)
+    logprobs = torch.cat([sequence_logprobs(model, batch) for batch in global_batch]) if pp == 1 else None
 
-    for param in model.parameters():
-        param.grad = None
+    dp_rank = parallel_state.get_data_parallel_rank()
+    mine = list(range(dp_rank, len(global_batch), dp))
+    batches = [global_batch[m] for m in mine]
+    chunks[0].zero_grad_buffer()
     step = ToprForwardStep(ObjectiveConfig())  # sample_log_dir=None: the step never reads `state`
     losses = get_forward_backward_func()(
         forward_step_func=functools.partial(step, None),
@@ -147,44 +193,56 @@ def main(mode: str, tp: int, pp: int, ckpt_dir: str, out_dir: str) -> None:
         forward_only=False,
     )
 
-    # Parameters replicated over TP ranks (norm weights) must get identical gradients on every
-    # rank: without sequence parallelism nothing all-reduces them later.
+    # Parameters replicated over TP ranks (norm weights) must end with identical gradients on
+    # every rank: computed redundantly without SP, summed over TP by finalize_model_grads with SP.
     replica_diff = torch.zeros(())
-    tp_group = parallel_state.get_tensor_model_parallel_group()
     for name, param in model.named_parameters():
-        assert param.grad is not None, f"{name} got no gradient"
+        assert param.main_grad.abs().sum() > 0, f"{name} got no gradient"
         if tp > 1 and not getattr(param, "tensor_model_parallel", False):
-            first = param.grad.clone()
+            assert getattr(param, "sequence_parallel", False) == sp, name
+            first = param.main_grad.clone()
             torch.distributed.broadcast(first, parallel_state.get_tensor_model_parallel_src_rank(), group=tp_group)
-            replica_diff = torch.maximum(replica_diff, (param.grad - first).abs().max())
+            replica_diff = torch.maximum(replica_diff, (param.main_grad - first).abs().max())
     torch.distributed.all_reduce(replica_diff, op=torch.distributed.ReduceOp.MAX)
 
     with torch.no_grad():
         for param in model.parameters():
-            param.copy_(param.grad)
+            param.copy_(param.main_grad)
     grads_dir = os.path.join(out_dir, "grads")
     os.makedirs(grads_dir, exist_ok=True)
     dist_checkpointing.save(model.sharded_state_dict(), grads_dir)
 
-    if parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0:
+    if parallel_state.is_pipeline_last_stage():
         assert len(losses) == len(batches)
-        pairs = torch.stack([d["topr_loss"] for d in losses]).double()
+        dp_group = parallel_state.get_data_parallel_group()
+        local_pairs = {m: d["topr_loss"].double() for m, d in zip(mine, losses)}
+        gathered = [None] * dp
+        torch.distributed.all_gather_object(gathered, local_pairs, group=dp_group)
+        by_microbatch = {m: pair for part in gathered for m, pair in part.items()}
+        pairs = torch.stack([by_microbatch[m] for m in range(len(global_batch))])
+        # Bridge sums each [numerator, count] pair over micro-batches, then all-reduces it over DP
         metrics = {name: torch.stack([d[name] for d in losses]).double().sum(0)
                    for name in losses[0] if name != "topr_loss"}
-        torch.save({
-            "tp": tp, "pp": pp,
-            "loss_pairs": pairs,
-            "total_loss": (pairs[:, 0].sum() / pairs[:, 1].sum()).item(),
-            "metrics": metrics,
-            "output_rows": model.output_layer.weight.shape[0],
-            "local_layers": len(model.decoder.layers),
-            "replica_grad_max_abs_diff": replica_diff.item(),
-            "num_sequences": sum(len(b["rewards"]) for b in batches),
-            "num_rows": sum(b["tokens"].shape[0] for b in batches),
-        }, os.path.join(out_dir, "result.pt"))
+        for pair in metrics.values():
+            torch.distributed.all_reduce(pair, group=dp_group)
+        if parallel_state.get_tensor_model_parallel_rank() == 0 and dp_rank == 0:
+            torch.save({
+                "tp": tp, "pp": pp, "dp": dp, "sp": sp,
+                "loss_pairs": pairs,
+                "total_loss": (pairs[:, 0].sum() / pairs[:, 1].sum()).item(),
+                "metrics": metrics,
+                "logprobs": logprobs,
+                "output_rows": model.output_layer.weight.shape[0],
+                "local_layers": len(model.decoder.layers),
+                "replica_grad_max_abs_diff": replica_diff.item(),
+                "microbatches_per_dp_rank": len(batches),
+                "num_sequences": sum(len(b["rewards"]) for b in global_batch),
+                "num_rows": sum(b["tokens"].shape[0] for b in global_batch),
+            }, os.path.join(out_dir, "result.pt"))
     torch.distributed.barrier()
     destroy_model_parallel()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1", sys.argv[6],
+         sys.argv[7])
