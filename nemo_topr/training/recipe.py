@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from nemo_topr import cpu_runtime
 from nemo_topr.distributed import free_port
+from nemo_topr.model_source import write_hf_artifacts
 from nemo_topr.training.checkpoints import ensure_latest_complete, latest_iteration
 from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, compose
 
@@ -31,6 +32,9 @@ def prepare(run: TrainingRun) -> dict:
     repaired = ensure_latest_complete(run.container.checkpoint.save)
     if repaired and _is_rank_zero():
         print(f"[nemo-topr] WARNING: {repaired}", flush=True)
+    if _is_rank_zero():
+        print(f"[nemo-topr] base model: {run.base_model.describe()}", flush=True)
+        write_hf_artifacts(run.base_model, Path(run.container.checkpoint.save))
     train = run.container.train
     prepared = run.container.dataset.prepare(train.global_batch_size)
     check_baseline(run.objective, {seq.reward for seq in prepared.dataset.sequences})

@@ -1,0 +1,210 @@
+"""Where a verb's starting model comes from: one key, ``base_model``, three kinds of directory.
+
+    base_model=/models/Llama-3.1-8B-Instruct        a Hugging Face directory (converted at start)
+    base_model=/ckpt/llama31_8b                     a Megatron distributed checkpoint (its latest
+                                                    iteration), e.g. from `nemo-topr import`
+    base_model=/ckpt/llama31_8b/iter_0000000        one iteration of such a checkpoint
+    base_model=runs/round_1                         a nemo-topr run directory (its latest checkpoint)
+    base_model=runs/round_1@200                     ... or one of its saved iterations
+
+A Megatron checkpoint holds weights only; the Hugging Face config (architecture, for the
+provider and for export) and the tokenizer travel beside it in ``hf_artifacts/`` (written by
+`nemo-topr import` and by every `nemo-topr train` run). Every verb resolves its model here,
+logs the kind, and gets a clear error, naming what was expected, for anything else: no silent
+fallback. Pure file inspection (no Megatron import), so `plan` and `submit --dry-run` use it too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from nemo_topr.training.checkpoints import TRACKER, iteration_dir_name, latest_iteration, saved_iterations
+
+HF_ARTIFACTS = "hf_artifacts"  # config.json, tokenizer files, generation_config.json of the model
+HF_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+# Files a finished torch_dist save leaves in an iteration directory: PyTorch DCP's `.metadata`,
+# Megatron-Core's `metadata.json` (dist_checkpointing/serialization.py save()), and Bridge's
+# `run_config.yaml`, read on load for the saved TP/PP layout (bridge/training/checkpointing.py:2749).
+ITERATION_FILES = (".metadata", "metadata.json", "run_config.yaml")
+# HF config.json key -> Megatron model key (Llama family), checked before loading a checkpoint
+ARCHITECTURE_KEYS = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size",
+                     "intermediate_size": "ffn_hidden_size", "num_attention_heads": "num_attention_heads",
+                     "num_key_value_heads": "num_query_groups", "vocab_size": "vocab_size"}
+
+EXPECTED = ("one of: a Hugging Face model directory (config.json, *.safetensors, tokenizer.json); "
+            "a Megatron distributed checkpoint (latest_checkpointed_iteration.txt and iter_*/, with hf_artifacts/ "
+            "beside them, as `nemo-topr import` writes); one iter_* directory of it; a nemo-topr run directory "
+            "(config.yaml and checkpoints/); or RUN@ITERATION")
+
+
+class ModelSourceError(ValueError):
+    """A starting model that is missing, of no known kind, incomplete or inconsistent."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "huggingface" | "megatron" | "run"
+    path: Path  # the directory as given (resolved)
+    hf_dir: Path  # config.json + tokenizer: the HF directory itself, or the checkpoint's hf_artifacts/
+    checkpoint: Path | None = None  # Megatron: the iteration directory that is loaded
+    iteration: int | None = None
+
+    @property
+    def is_megatron(self) -> bool:
+        return self.checkpoint is not None
+
+    def describe(self) -> str:
+        if not self.is_megatron:
+            return f"Hugging Face directory {self.path}"
+        what = "nemo-topr run" if self.kind == "run" else "Megatron distributed checkpoint"
+        return f"{what} {self.path}, iteration {self.iteration} ({self.checkpoint}; HF config from {self.hf_dir})"
+
+    def run_config(self) -> dict:
+        """The iteration's run_config.yaml (Bridge's record of the config it was saved with)."""
+        return yaml.safe_load((self.checkpoint / "run_config.yaml").read_text()) or {}
+
+
+def resolve(spec: str | Path) -> ModelSource:
+    """Detect the kind of `spec` and check it is complete (see the module docstring)."""
+    text = str(spec)
+    match = re.fullmatch(r"(.+)@(\d+)", text)
+    if match and not Path(text).exists():
+        return _run_source(Path(match[1]).resolve(), int(match[2]), given=text)
+    path = Path(text).resolve()
+    if not path.is_dir():
+        raise ModelSourceError(f"base model {text}: no such directory (expected {EXPECTED})")
+    if (path / "context").is_dir() and (path / "weights").is_dir():
+        raise ModelSourceError(nemo2_message(path))
+    if (path / "config.json").is_file() and _has_hf_weights(path):
+        _check_tokenizer(path, f"Hugging Face directory {path}")
+        return ModelSource("huggingface", path, path)
+    if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
+        return _run_source(path, None, given=text)
+    if re.fullmatch(r"iter_\d+", path.name) and _looks_like_iteration(path):
+        return _megatron_source(path.parent, int(path.name.removeprefix("iter_")), kind="megatron", shown=path)
+    if _looks_like_checkpoint_root(path):
+        return _megatron_source(path, None, kind="megatron", shown=path)
+    if (path / "config.json").is_file():
+        raise ModelSourceError(f"base model {path}: has config.json but no weights ({' or '.join(HF_WEIGHT_PATTERNS)}); "
+                               f"expected {EXPECTED}")
+    raise ModelSourceError(f"base model {path}: not a model directory; expected {EXPECTED}")
+
+
+def nemo2_message(path: Path) -> str:
+    """Why a NeMo 2 checkpoint is not loaded directly, and the route that works (see docs/training.md)."""
+    return (f"base model {path}: a NeMo 2 checkpoint (context/ + weights/). Megatron-Bridge 0.6.2 has no reader "
+            "for it, and weights/ lacks the run_config.yaml Bridge reads on load, so it is not loaded directly. "
+            "Convert it once with NeMo 2 itself: `from nemo.collections import llm; llm.export_ckpt(path=CKPT, "
+            "target='hf', output_path=HF_DIR)`, then `nemo-topr import HF_DIR OUT` and start from OUT")
+
+
+def _has_hf_weights(path: Path) -> bool:
+    return any(next(path.glob(pattern), None) for pattern in HF_WEIGHT_PATTERNS)
+
+
+def _check_tokenizer(directory: Path, what: str) -> None:
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelSourceError(f"{what}: no tokenizer ({' or '.join(TOKENIZER_FILES)} in {directory}); the data is "
+                               "tokenized with the model's own tokenizer, so it must be there")
+
+
+def _looks_like_iteration(path: Path) -> bool:
+    return any((path / name).exists() for name in (*ITERATION_FILES, "train_state.pt"))
+
+
+def _looks_like_checkpoint_root(path: Path) -> bool:
+    return (path / TRACKER).is_file() or any(
+        child.is_dir() and re.fullmatch(r"iter_\d+", child.name) for child in path.glob("iter_*"))
+
+
+def _run_source(run_dir: Path, iteration: int | None, *, given: str) -> ModelSource:
+    if not ((run_dir / "config.yaml").is_file() and (run_dir / "checkpoints").is_dir()):
+        raise ModelSourceError(f"base model {given}: {run_dir} is not a nemo-topr run directory (config.yaml and "
+                               f"checkpoints/ expected)")
+    return _megatron_source(run_dir / "checkpoints", iteration, kind="run", shown=run_dir)
+
+
+def _megatron_source(root: Path, iteration: int | None, *, kind: str, shown: Path) -> ModelSource:
+    """A checkpoint root and an iteration in it (None: the latest), checked complete."""
+    if iteration is None:
+        iteration = latest_iteration(root)
+        if iteration is None:
+            raise ModelSourceError(
+                f"base model {shown}: unfinished or empty checkpoint: no {root / TRACKER} (Bridge writes it when "
+                f"a save completes); saved iterations: {saved_iterations(root)}; pick one as "
+                f"{'RUN@ITERATION' if kind == 'run' else 'DIR/iter_NNNNNNN'} only if you know it finished")
+    checkpoint = root / iteration_dir_name(iteration)
+    if not checkpoint.is_dir():
+        raise ModelSourceError(f"base model {shown}: no checkpoint {checkpoint}; saved iterations: "
+                               f"{saved_iterations(root)}")
+    missing = [name for name in ITERATION_FILES if not (checkpoint / name).is_file()]
+    if missing:
+        raise ModelSourceError(f"base model {shown}: unfinished save: {checkpoint} lacks {', '.join(missing)} "
+                               f"(written when a save completes); use an earlier iteration: {saved_iterations(root)}")
+    hf_dir = next((d / HF_ARTIFACTS for d in (checkpoint, root) if (d / HF_ARTIFACTS / "config.json").is_file()), None)
+    if hf_dir is None:
+        raise ModelSourceError(
+            f"base model {shown}: no Hugging Face config with the checkpoint ({root / HF_ARTIFACTS}/config.json "
+            "expected). It holds the architecture and the tokenizer: create it with `nemo-topr import`, or copy "
+            f"config.json, generation_config.json and the tokenizer files of the model it was trained from into "
+            f"{root / HF_ARTIFACTS}/")
+    _check_tokenizer(hf_dir, f"base model {shown}")
+    source = ModelSource(kind, shown, hf_dir, checkpoint, iteration)
+    check_architecture(source)
+    return source
+
+
+def check_architecture(source: ModelSource) -> None:
+    """The checkpoint's saved model shape must be the one its HF config describes: a checkpoint of
+    another model would otherwise fail deep inside the distributed load, or not at all."""
+    hf_config = json.loads((source.hf_dir / "config.json").read_text())
+    saved = source.run_config().get("model") or {}
+    mismatched = [f"{megatron_key}: checkpoint {saved[megatron_key]}, {source.hf_dir}/config.json "
+                  f"{hf_key}={hf_config[hf_key]}"
+                  for hf_key, megatron_key in ARCHITECTURE_KEYS.items()
+                  if hf_key in hf_config and megatron_key in saved and saved[megatron_key] != hf_config[hf_key]]
+    if mismatched:
+        raise ModelSourceError(f"base model {source.path}: architecture mismatch between {source.checkpoint} and its "
+                               f"HF config: {'; '.join(mismatched)}")
+
+
+def base_model_key(values: dict) -> str:
+    """The starting model of a training config: `base_model`, or its alias `hf_model` (one of them)."""
+    def given(key: str) -> str | None:
+        value = values.get(key)
+        return None if value in (None, "", "???") else str(value)
+
+    base, alias = given("base_model"), given("hf_model")
+    if base and alias and Path(base).resolve() != Path(alias).resolve():
+        raise ModelSourceError(f"base_model={base} and hf_model={alias} disagree; hf_model is an alias of "
+                               "base_model: set one")
+    if not (base or alias):
+        raise ModelSourceError("base_model must be set (a Hugging Face directory, a Megatron checkpoint, a nemo-topr "
+                               "run directory or RUN@ITERATION); hf_model= is accepted as an alias")
+    return base or alias
+
+
+def write_hf_artifacts(source: ModelSource, checkpoint_root: Path) -> Path:
+    """Copy the source's HF config, generation config and tokenizer (every file but the weights)
+    to CHECKPOINT_ROOT/hf_artifacts, so that the checkpoints saved there are a complete base
+    model for later runs and for export. Kept when present (a resumed run: same source)."""
+    import shutil
+
+    target = checkpoint_root / HF_ARTIFACTS
+    if (target / "config.json").is_file():
+        return target
+    partial = target.with_name(HF_ARTIFACTS + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    weights = {p for pattern in (*HF_WEIGHT_PATTERNS, "*.index.json", "*.pt") for p in source.hf_dir.glob(pattern)}
+    for file in source.hf_dir.iterdir():
+        if file.is_file() and file not in weights:
+            shutil.copy2(file, partial / file.name)
+    partial.rename(target)
+    return target
