@@ -174,20 +174,23 @@ def check_architecture(source: ModelSource) -> None:
                                f"HF config: {'; '.join(mismatched)}")
 
 
-def base_model_key(values: dict) -> str:
-    """The starting model of a training config: `base_model`, or its alias `hf_model` (one of them)."""
-    def given(key: str) -> str | None:
-        value = values.get(key)
-        return None if value in (None, "", "???") else str(value)
+def fold_alias(cfg) -> None:
+    """Rename a composed config's `hf_model` (the old key, still accepted) to `base_model`, in place."""
+    from omegaconf import OmegaConf
 
-    base, alias = given("base_model"), given("hf_model")
-    if base and alias and Path(base).resolve() != Path(alias).resolve():
-        raise ModelSourceError(f"base_model={base} and hf_model={alias} disagree; hf_model is an alias of "
+    if "hf_model" not in cfg:
+        return
+    alias = cfg.pop("hf_model")
+    if "base_model" not in cfg or OmegaConf.is_missing(cfg, "base_model") or cfg.base_model in (None, ""):
+        cfg.base_model = alias
+    elif alias not in (None, "", "???") and str(cfg.base_model) != str(alias):
+        raise ModelSourceError(f"base_model={cfg.base_model} and hf_model={alias} disagree; hf_model is an alias of "
                                "base_model: set one")
-    if not (base or alias):
-        raise ModelSourceError("base_model must be set (a Hugging Face directory, a Megatron checkpoint, a nemo-topr "
-                               "run directory or RUN@ITERATION); hf_model= is accepted as an alias")
-    return base or alias
+
+
+def alias_override(item: str) -> str:
+    """`hf_model=X` on a command line means `base_model=X`."""
+    return "base_model=" + item.split("=", 1)[1] if item.startswith("hf_model=") else item
 
 
 def write_hf_artifacts(source: ModelSource, checkpoint_root: Path) -> Path:

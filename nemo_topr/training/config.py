@@ -33,7 +33,7 @@ from nemo_topr.model_source import ModelSource
 from nemo_topr.objective import ObjectiveConfig
 
 CONF_DIR = Path(os.environ.get("NEMO_TOPR_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
-OUR_KEYS = ("base_model", "hf_model", "resume_from_base", "run_dir", "objective")
+OUR_KEYS = ("base_model", "resume_from_base", "run_dir", "objective")
 
 
 class ConfigError(ValueError):
@@ -59,7 +59,11 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
     if malformed:
         raise ConfigError(f"overrides must be key=value; got {malformed}")
     OmegaConf.set_struct(cfg, False)
-    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    try:
+        model_source.fold_alias(cfg)
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([model_source.alias_override(o) for o in overrides]))
+    except model_source.ModelSourceError as error:
+        raise ConfigError(str(error)) from None
     OmegaConf.resolve(cfg)
     return cfg
 
@@ -150,12 +154,12 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     from nemo_topr.training.data import ToprDatasetConfig
 
     values = OmegaConf.to_container(raw, resolve=True)
-    missing = [key for key in ("run_dir", "objective") if values.get(key) in (None, "")]
+    missing = [key for key in ("base_model", "run_dir", "objective") if values.get(key) in (None, "", "???")]
     if missing:
-        raise ConfigError(f"config keys {missing} must be set")
+        raise ConfigError(f"config keys {missing} must be set (e.g. base_model=/path/to/hf_llama_or_checkpoint)")
     run_dir = Path(values["run_dir"]).resolve()
     try:
-        base_model = model_source.resolve(model_source.base_model_key(values))
+        base_model = model_source.resolve(values["base_model"])
     except model_source.ModelSourceError as error:
         raise ConfigError(str(error)) from None
     objective = objective_from(values["objective"])

@@ -1,9 +1,11 @@
 """`nemo-topr score-logprobs`: behaviour log-probs log mu(y|x) for a pre-scored dataset.
 
-    nemo-topr score-logprobs --model HF_DIR --data graded.jsonl --out scored.jsonl [--tp 2 --pp 1]
+    nemo-topr score-logprobs --model MODEL --data graded.jsonl --out scored.jsonl [--tp 2 --pp 1]
 
-A forward-only pass of a Hugging Face checkpoint (the data's generator, or the starting
-checkpoint of training when the data carries no mu) through the same tokenization, packing and
+MODEL is any starting model `base_model=` accepts: a Hugging Face directory, a Megatron
+checkpoint (e.g. from `nemo-topr import`, loaded at --tp/--pp whatever layout it was saved at)
+or a nemo-topr run directory (RUN or RUN@ITERATION). A forward-only pass of that model (the
+data's generator, or the starting checkpoint of training when the data carries no mu) through the same tokenization, packing and
 Megatron forward as training, with the same TP/PP machinery. Writes the input records with
 ``behavior_logprob`` set (summed over completion tokens incl. EOS). Scoring with the starting
 checkpoint makes rho = 1 at step 0 by construction: TOPR then begins as SFT on positives plus a
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from nemo_topr import cpu_runtime
+from nemo_topr import cpu_runtime, model_source
 from nemo_topr.data.packing import collate_packed, pack_sequences
 from nemo_topr.data.records import load_records, write_jsonl
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
@@ -57,23 +59,26 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from nemo_topr.distributed import initialize_model_parallel
-    from nemo_topr.model import hf_llama_provider
+    from nemo_topr.model import load_model, source_provider
 
+    source = model_source.resolve(model_dir)
     cpu_runtime.enable_cpu_runtime()
     initialize_model_parallel(tensor_parallel, pipeline_parallel)
-    _, provider = hf_llama_provider(model_dir, load_weights=True, seq_length=seq_length)
+    if torch.distributed.get_rank() == 0:
+        print(f"[nemo-topr] model: {source.describe()}", flush=True)
+    _, provider = source_provider(source, seq_length=seq_length)
     provider.tensor_model_parallel_size = tensor_parallel
     provider.pipeline_model_parallel_size = pipeline_parallel
     if precision == "bf16":
         provider.bf16, provider.params_dtype = True, torch.bfloat16
     provider.pipeline_dtype = provider.params_dtype
     provider.finalize()
-    model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+    model = load_model(source, provider)
     for chunk in model:
         chunk.eval()
 
     records = load_records(data, strict=strict)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(source.hf_dir)
     tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict)
     sequences, pad_id = tokenized.sequences, pad_id_of(tokenizer)
     rows = pack_sequences(sequences, seq_length, pad_id)
@@ -113,7 +118,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nemo-topr score-logprobs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="local Hugging Face model directory (weights + tokenizer)")
+    parser.add_argument("--model", required=True, help="HF directory, Megatron checkpoint, or run directory (RUN[@ITER])")
     parser.add_argument("--data", required=True, help="records: JSONL/Parquet file, directory or glob")
     parser.add_argument("--out", required=True, help="output JSONL with behavior_logprob set")
     parser.add_argument("--seq-length", type=int, default=2048)
@@ -125,6 +130,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-strict", dest="strict", action="store_false",
                         help="drop malformed or over-long records (counted in OUT.report.json)")
     args = parser.parse_args(argv)
+    try:
+        model_source.resolve(args.model)
+    except model_source.ModelSourceError as error:
+        raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
                              tensor_parallel=args.tp, pipeline_parallel=args.pp,
                              rows_per_batch=args.rows_per_batch, strict=args.strict, precision=args.precision)
