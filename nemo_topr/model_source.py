@@ -65,6 +65,15 @@ class ModelSource:
         what = "nemo-topr run" if self.kind == "run" else "Megatron distributed checkpoint"
         return f"{what} {self.path}, iteration {self.iteration} ({self.checkpoint}; HF config from {self.hf_dir})"
 
+    def at_iteration(self, iteration: int) -> ModelSource:
+        """Another saved iteration of the same checkpoint (checked complete, like any source)."""
+        if not self.is_megatron:
+            raise ModelSourceError(f"{self.path} is a Hugging Face directory: it has no iterations")
+        return _megatron_source(self.checkpoint.parent, iteration, kind=self.kind, shown=self.path)
+
+    def saved_iterations(self) -> list[int]:
+        return saved_iterations(self.checkpoint.parent) if self.is_megatron else []
+
     def run_config(self) -> dict:
         """The iteration's run_config.yaml (Bridge's record of the config it was saved with)."""
         return yaml.safe_load((self.checkpoint / "run_config.yaml").read_text()) or {}
