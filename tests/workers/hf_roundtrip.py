@@ -5,6 +5,7 @@
 
 import json
 import sys
+
 import torch
 
 
