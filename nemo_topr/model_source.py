@@ -220,3 +220,26 @@ def write_hf_artifacts(source: ModelSource, checkpoint_root: Path) -> Path:
             shutil.copy2(file, partial / file.name)
     partial.rename(target)
     return target
+
+
+def load_route(cfg: dict, *, must_exist: bool) -> tuple[ModelSource | None, str]:
+    """How a composed training config gets its weights, as one line, for `nemo-topr plan` and a
+    job's dry run: (the resolved source, the line). Unset, or (with must_exist=False, for a
+    planner run off the cluster) not visible on this machine: (None, why). A source that is
+    visible but broken raises ModelSourceError, as training would."""
+    spec = cfg.get("base_model")
+    if spec in (None, "", "???"):
+        if must_exist:
+            raise ModelSourceError("base_model is not set")
+        return None, "base_model not set: not checked"
+    visible = Path(re.sub(r"@\d+$", "", str(spec)) if not Path(str(spec)).exists() else str(spec)).exists()
+    if not visible and not must_exist:
+        return None, f"{spec}: not visible on this machine: not checked (the job checks it at start)"
+    source = resolve(spec)
+    if not source.is_megatron:
+        return source, (f"{source.describe()}: converted by AutoBridge at every start and requeue, on every rank; "
+                        f"convert once with `nemo-topr import {source.path} OUT` and set base_model=OUT")
+    if cfg.get("resume_from_base"):
+        return source, f"{source.describe()}: distributed-checkpoint load, resuming its training state"
+    return source, (f"{source.describe()}: distributed-checkpoint load (reshards to this layout), weights only: "
+                    "fresh optimizer, iteration 0, fresh data order")
