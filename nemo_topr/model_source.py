@@ -183,6 +183,16 @@ def check_architecture(source: ModelSource) -> None:
                                f"HF config: {'; '.join(mismatched)}")
 
 
+def require_hugging_face(spec: str | Path) -> Path:
+    """The HF directory of `spec` for verbs that sample with transformers / vLLM (generate, eval);
+    a Megatron checkpoint is an error naming the export that makes one."""
+    source = resolve(spec)
+    if source.is_megatron:
+        raise ModelSourceError(f"{source.describe()}: sampling needs Hugging Face weights; export it once with "
+                               f"`nemo-topr export --ckpt {spec} --hf-out HF_DIR` and pass HF_DIR")
+    return source.path
+
+
 def fold_alias(cfg) -> None:
     """Rename a composed config's `hf_model` (the old key, still accepted) to `base_model`, in place."""
     from omegaconf import OmegaConf

@@ -271,3 +271,6 @@ def test_a_missing_iteration_and_a_bad_base_model_fail_the_verbs(runs, imported,
     assert proc.returncode != 0 and "architecture mismatch" in proc.stderr and "hidden_size: checkpoint 64" in proc.stderr
     proc = nemo_topr("export", "--ckpt", tiny / "hf", "--hf-out", tmp_path / "e", ok=False)
     assert "already a Hugging Face directory; export reads Megatron checkpoints" in proc.stderr
+    proc = nemo_topr("eval", "--model", imported[0], "--benchmark", "gsm8k", "--limit", "1", "--out", tmp_path / "r.json",
+                     ok=False)  # sampling is transformers / vLLM: HF weights only
+    assert proc.returncode != 0 and f"export it once with `nemo-topr export --ckpt {imported[0]}" in proc.stderr
