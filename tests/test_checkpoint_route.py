@@ -187,7 +187,7 @@ def test_round_2_starts_from_round_1_weights_with_a_fresh_optimizer_and_count(ru
     train_state = torch.load(round_2 / "checkpoints" / "iter_0000001" / "train_state.pt", weights_only=False)
     assert (int(train_state["step"]), int(train_state["consumed_train_samples"])) == (1, 12)
     ledger = [json.loads(line) for line in (round_2 / "samples_dp0.jsonl").read_text().splitlines()]
-    assert {entry["iteration"] for entry in ledger} == {1}
+    assert {entry["iteration"] for entry in ledger} == {0}  # the step count before the step: 3 if carried over
 
 
 def test_resume_from_base_continues_the_earlier_run_exactly(runs, tiny, scored):
@@ -250,7 +250,7 @@ def _edit_config(path: Path, **changes) -> None:
     (lambda c: (c / "hf_artifacts" / "tokenizer.json").unlink(), r"no tokenizer \(tokenizer.json or tokenizer.model"),
     (lambda c: _edit_config(c / "hf_artifacts" / "config.json", num_hidden_layers=3, intermediate_size=256),
      r"architecture mismatch .*num_layers: checkpoint 2, .*num_hidden_layers=3; ffn_hidden_size: checkpoint 172"),
-])
+], ids=["no_tracker", "no_metadata_json", "no_dcp_metadata", "no_hf_artifacts", "no_tokenizer", "other_architecture"])
 def test_a_broken_megatron_checkpoint_is_a_clear_error(imported, tmp_path, breaks, message):
     from nemo_topr.model_source import ModelSourceError, resolve
 
@@ -274,3 +274,28 @@ def test_a_missing_iteration_and_a_bad_base_model_fail_the_verbs(runs, imported,
     proc = nemo_topr("eval", "--model", imported[0], "--benchmark", "gsm8k", "--limit", "1", "--out", tmp_path / "r.json",
                      ok=False)  # sampling is transformers / vLLM: HF weights only
     assert proc.returncode != 0 and f"export it once with `nemo-topr export --ckpt {imported[0]}" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# cluster pre-flight
+
+
+def test_plan_shows_the_load_route_and_rejects_an_unfinished_checkpoint(imported, tiny, tmp_path, capsys):
+    from nemo_topr.cluster.plan import main
+    from nemo_topr.model_source import ModelSourceError, load_route
+
+    main(["llama31_8b_bf16", f"base_model={imported[0]}"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith(f"load       Megatron distributed checkpoint {imported[0]}, iteration 0")
+    assert "weights only: fresh optimizer, iteration 0" in lines[1]
+    assert lines[2].startswith(f"model      imported ({imported[0]}/hf_artifacts/config.json)")  # its own shape
+    main(["llama31_8b_bf16", f"base_model={tiny / 'hf'}"])
+    assert f"converted by AutoBridge at every start and requeue, on every rank; convert once with `nemo-topr " \
+           f"import {tiny / 'hf'} OUT`" in capsys.readouterr().out
+    unfinished = _broken_copy(imported[0], tmp_path, lambda c: (c / "latest_checkpointed_iteration.txt").unlink())
+    assert main(["llama31_8b_bf16", f"base_model={unfinished}"]) == 1
+    assert "unfinished or empty checkpoint" in capsys.readouterr().err
+    # off the cluster the planner cannot see the checkpoint; a job's dry run must
+    assert load_route({"base_model": str(tmp_path / "elsewhere")}, must_exist=False)[0] is None
+    with pytest.raises(ModelSourceError, match="no such directory"):
+        load_route({"base_model": str(tmp_path / "elsewhere")}, must_exist=True)
