@@ -89,7 +89,7 @@ def resolve(spec: str | Path) -> ModelSource:
     if not path.is_dir():
         raise ModelSourceError(f"base model {text}: no such directory (expected {EXPECTED})")
     if (path / "context").is_dir() and (path / "weights").is_dir():
-        raise ModelSourceError(nemo2_message(path))
+        raise ModelSourceError(_nemo2_message(path))
     if (path / "config.json").is_file() and _has_hf_weights(path):
         _check_tokenizer(path, f"Hugging Face directory {path}")
         return ModelSource("huggingface", path, path)
@@ -105,7 +105,7 @@ def resolve(spec: str | Path) -> ModelSource:
     raise ModelSourceError(f"base model {path}: not a model directory; expected {EXPECTED}")
 
 
-def nemo2_message(path: Path) -> str:
+def _nemo2_message(path: Path) -> str:
     """Why a NeMo 2 checkpoint is not loaded directly, and the route that works (see docs/training.md)."""
     return (f"base model {path}: a NeMo 2 checkpoint (context/ + weights/). Megatron-Bridge 0.6.2 has no reader "
             "for it, and weights/ lacks the run_config.yaml Bridge reads on load, so it is not loaded directly. "
@@ -242,8 +242,8 @@ def load_route(cfg: dict, *, must_exist: bool) -> tuple[ModelSource | None, str]
         if must_exist:
             raise ModelSourceError("base_model is not set")
         return None, "base_model not set: not checked"
-    visible = Path(re.sub(r"@\d+$", "", str(spec)) if not Path(str(spec)).exists() else str(spec)).exists()
-    if not visible and not must_exist:
+    directory = Path(str(spec)) if Path(str(spec)).exists() else Path(re.sub(r"@\d+$", "", str(spec)))  # RUN@ITER
+    if not directory.exists() and not must_exist:
         return None, f"{spec}: not visible on this machine: not checked (the job checks it at start)"
     source = resolve(spec)
     if not source.is_megatron:
