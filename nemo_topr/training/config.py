@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from nemo_topr import model_source
 from nemo_topr.model_source import ModelSource
 from nemo_topr.objective import ObjectiveConfig
+from nemo_topr.training.checkpoints import latest_iteration
 
 CONF_DIR = Path(os.environ.get("NEMO_TOPR_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
 OUR_KEYS = ("base_model", "resume_from_base", "run_dir", "objective")
@@ -197,7 +198,5 @@ def resume_from(checkpoint: Any, base_model: ModelSource) -> None:
     if not base_model.is_megatron or not base_model.run_config().get("checkpoint", {}).get("save_optim"):
         raise ConfigError(f"resume_from_base=true needs a checkpoint saved by training, with optimizer state; "
                           f"{base_model.describe()} has none (start from it without resume_from_base)")
-    from nemo_topr.training.checkpoints import latest_iteration
-
     if latest_iteration(Path(checkpoint.save)) is None:
         checkpoint.load = str(base_model.checkpoint)
