@@ -131,6 +131,21 @@ def test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weigh
         "exists and is not empty; import writes a new checkpoint directory")
 
 
+def test_a_bf16_import_stores_bf16_and_loads_into_the_fp32_cpu_runtime(tiny, scored, tmp_path):
+    """Llama 3.1's config says bfloat16, so that is the default import dtype: half the bytes."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    nemo_topr("import", tiny / "hf", tmp_path / "bf16", "--dtype", "bf16")
+    metadata = FileSystemReader(str(tmp_path / "bf16" / "iter_0000000")).read_metadata().state_dict_metadata
+    assert all(metadata[key].properties.dtype == torch.bfloat16 for key in
+               ("embedding.word_embeddings.weight", "decoder.layers.self_attention.linear_qkv.weight",
+                "decoder.layers.mlp.linear_fc1.weight", "output_layer.weight"))
+    from_bf16 = score(tmp_path / "bf16", tiny / "graded.jsonl", tmp_path / "s.jsonl")
+    fp32 = {i: json.loads(line)["behavior_logprob"] for i, line in enumerate(scored.read_text().splitlines())}
+    # bf16-rounded weights (8 mantissa bits) move each ~-550 sum a little, never by much
+    assert from_bf16 != fp32 and from_bf16 == pytest.approx(fp32, rel=1e-3)
+
+
 # ---------------------------------------------------------------------------------------------
 # HF start == imported start
 
