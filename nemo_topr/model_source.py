@@ -100,8 +100,8 @@ def resolve(spec: str | Path) -> ModelSource:
     if _looks_like_checkpoint_root(path):
         return _megatron_source(path, None, kind="megatron", shown=path)
     if (path / "config.json").is_file():
-        raise ModelSourceError(f"base model {path}: has config.json but no weights ({' or '.join(HF_WEIGHT_PATTERNS)}); "
-                               f"expected {EXPECTED}")
+        raise ModelSourceError(f"base model {path}: has config.json but no weights "
+                               f"({' or '.join(HF_WEIGHT_PATTERNS)}); expected {EXPECTED}")
     raise ModelSourceError(f"base model {path}: not a model directory; expected {EXPECTED}")
 
 

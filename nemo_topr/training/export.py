@@ -47,8 +47,8 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
     for checkpoint, out in targets.items():
         bridge.export_ckpt(str(checkpoint.checkpoint), str(out), show_progress=False)
         (out / "nemo_topr_export.json").write_text(json.dumps(
-            {"source": str(checkpoint.path), "checkpoint": str(checkpoint.checkpoint), "iteration": checkpoint.iteration,
-             "hf_config": str(checkpoint.hf_dir)}, indent=2) + "\n")
+            {"source": str(checkpoint.path), "checkpoint": str(checkpoint.checkpoint),
+             "iteration": checkpoint.iteration, "hf_config": str(checkpoint.hf_dir)}, indent=2) + "\n")
     return {checkpoint.checkpoint: out for checkpoint, out in targets.items()}
 
 

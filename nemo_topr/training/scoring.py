@@ -5,11 +5,11 @@
 MODEL is any starting model `base_model=` accepts: a Hugging Face directory, a Megatron
 checkpoint (e.g. from `nemo-topr import`, loaded at --tp/--pp whatever layout it was saved at)
 or a nemo-topr run directory (RUN or RUN@ITERATION). A forward-only pass of that model (the
-data's generator, or the starting checkpoint of training when the data carries no mu) through the same tokenization, packing and
-Megatron forward as training, with the same TP/PP machinery. Writes the input records with
-``behavior_logprob`` set (summed over completion tokens incl. EOS). Scoring with the starting
-checkpoint makes rho = 1 at step 0 by construction: TOPR then begins as SFT on positives plus a
-full-weight push-down on negatives, and tapers as pi moves away.
+data's generator, or the starting checkpoint of training when the data carries no mu) through
+the same tokenization, packing and Megatron forward as training, with the same TP/PP machinery.
+Writes the input records with ``behavior_logprob`` set (summed over completion tokens incl. EOS).
+Scoring with the starting checkpoint makes rho = 1 at step 0 by construction: TOPR then begins
+as SFT on positives plus a full-weight push-down on negatives, and tapers as pi moves away.
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nemo-topr score-logprobs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="HF directory, Megatron checkpoint, or run directory (RUN[@ITER])")
+    parser.add_argument("--model", required=True,
+                        help="HF directory, Megatron checkpoint, or run directory (RUN[@ITER])")
     parser.add_argument("--data", required=True, help="records: JSONL/Parquet file, directory or glob")
     parser.add_argument("--out", required=True, help="output JSONL with behavior_logprob set")
     parser.add_argument("--seq-length", type=int, default=2048)
