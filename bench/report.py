@@ -112,6 +112,19 @@ def _pipeline_rows(p: dict) -> list[dict]:
     ]
 
 
+def _startup_rows(entries: list[dict]) -> list[dict]:
+    rows = []
+    for r in entries:
+        cpu, wall = r["cpu"], r["wall"]
+        rows.append(_row("6 start-up", f"launch to first training step, CPU s imported / HF start ({r['model']}, "
+                         f"{r['parameters'] / 1e6:.2f} M params)", f"{cpu['imported_over_hf']['median']:.2f}",
+                         _spread(cpu["imported_over_hf"], digits=2), "—", None,
+                         f"CPU s: HF {cpu['hf_start_seconds']['median']:.1f}, imported "
+                         f"{cpu['imported_start_seconds']['median']:.1f}; wall ratio "
+                         f"{wall['imported_over_hf']['median']:.2f}; one-off import {r['import_wall_seconds']:.1f} s wall"))
+    return rows
+
+
 def _gpu_rows(g: dict) -> list[dict]:
     if g.get("skipped"):
         return [_row("GPU", "8B-shaped TOPR vs SFT, BF16/FP8, tokens/s and MFU", "not measured", "—",
@@ -149,7 +162,7 @@ def _pct(value: float | None) -> str:
 
 def headline(results: dict) -> list[dict]:
     builders = {"step": _step_rows, "logprob": _logprob_rows, "packing": _packing_rows, "pipeline": _pipeline_rows,
-                "syncs": _syncs_rows, "gpu": _gpu_rows}
+                "syncs": _syncs_rows, "startup": _startup_rows, "gpu": _gpu_rows}
     rows = []
     for section, build in builders.items():
         if section in results:

@@ -3,7 +3,7 @@
 #
 #   launchers/local.sh [-n RANKS] CONFIG_NAME [key=value ...]
 #
-#   launchers/local.sh llama31_8b_bf16 hf_model=/models/Llama-3.1-8B-Instruct dataset.train_path=scored.jsonl
+#   launchers/local.sh llama31_8b_bf16 base_model=/models/Llama-3.1-8B-Instruct dataset.train_path=scored.jsonl
 #   launchers/local.sh -n 2 tiny_cpu model.tensor_model_parallel_size=2     # CPU, TP=2 over gloo
 #
 # RANKS defaults to the number of visible GPUs, or 1 without one. Rerunning the same command

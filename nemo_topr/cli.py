@@ -13,6 +13,7 @@ import sys
 VERBS: dict[str, tuple[str, str]] = {
     "data": ("nemo_topr.data.cli", "validate, inspect and curate pre-scored datasets"),
     "generate": ("nemo_topr.evaluation.generate", "sample and grade completions into pre-scored records"),
+    "import": ("nemo_topr.training.import_checkpoint", "convert a Hugging Face model once to a Megatron checkpoint"),
     "score-logprobs": ("nemo_topr.training.scoring", "add behaviour log-probs log mu(y|x) to a dataset"),
     "train": ("nemo_topr.training.recipe", "TOPR training on Megatron-Bridge's finetune() loop"),
     "export": ("nemo_topr.training.export", "write a run's checkpoints (latest, or chosen iterations) as Hugging Face models"),

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _stage(4, "training with TOPR on Megatron-Bridge's finetune() loop (CPU, gloo)")
     run_dir = out / "run"
-    _run([*nemo_topr, "train", "--config-name", "tiny_cpu", f"hf_model={model_dir}", f"run_dir={run_dir}",
+    _run([*nemo_topr, "train", "--config-name", "tiny_cpu", f"base_model={model_dir}", f"run_dir={run_dir}",
           f"dataset.train_path={scored}", f"dataset.epochs={args.epochs}",
           f"optimizer.lr={args.lr}", f"optimizer.min_lr={args.lr}"], out / "train.log")
 

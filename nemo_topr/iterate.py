@@ -2,8 +2,13 @@
 
     nemo-topr iterate conf/iterate_tiny_cpu.yaml base_model=DIR out=runs/iterate [rounds=3] [--dry-run]
 
-Round r works in OUT/round_r/ and starts from round r-1's exported model (round 0 from
-`base_model`); the starting model is evaluated too, in OUT/start/. Each stage runs the
+Round r works in OUT/round_r/ and starts from round r-1's Megatron checkpoint (round 0 from
+`base_model`: a Hugging Face directory, a Megatron checkpoint or a run, as `nemo-topr train`
+takes it): `score` and `train` read that checkpoint directly, weights only (fresh optimizer,
+iteration count and data order), so nothing is converted between rounds. Each round is still
+exported to Hugging Face (OUT/round_r/model) for `eval` and for the next round's `generate`,
+which sample with transformers; a Megatron base model is exported once too, to OUT/start/model.
+The starting model is evaluated too, in OUT/start/. Each stage runs the
 user-facing `nemo-topr` command in a subprocess (`generate` samples and grades in one command).
 A stage that succeeds leaves a done-marker, STAGE.done.json, holding its arguments, outputs and
 duration; a rerun skips marked stages, so an interrupted run resumes where it stopped (a failed
@@ -36,6 +41,7 @@ from typing import Any
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nemo_topr import model_source
 from nemo_topr.data.records import Record, is_positive
 from nemo_topr.device import DEVICES
 
@@ -81,7 +87,7 @@ class CurateOptions:
 @dataclass
 class TrainOptions:
     config_name: str = "topr"  # training config in conf/
-    overrides: list[str] = field(default_factory=list)  # hf_model, run_dir, dataset.train_path: set per round
+    overrides: list[str] = field(default_factory=list)  # base_model, run_dir, dataset.train_path: set per round
 
 
 @dataclass
@@ -91,7 +97,7 @@ class EvalOptions(SamplingOptions):
 
 @dataclass
 class IterateConfig:
-    base_model: str = MISSING  # local Hugging Face directory round 0 starts from
+    base_model: str = MISSING  # what round 0 starts from: HF directory, Megatron checkpoint, run, RUN@ITERATION
     out: str = MISSING
     rounds: int = 1
     device: str = "cuda"  # cuda | cpu, passed to every stage (`nemo_topr.device`): no silent fallback
@@ -136,8 +142,10 @@ def check_config(config: IterateConfig) -> None:
         problems.append(f"generate.zero_shot needs GSM8K benchmark prompts; got {config.generate.prompts!r}")
     if config.eval.benchmark not in EVAL_BENCHMARKS:
         problems.append(f"eval.benchmark must be one of {sorted(EVAL_BENCHMARKS)}; got {config.eval.benchmark!r}")
-    if not (Path(config.base_model) / "config.json").is_file():
-        problems.append(f"base_model {config.base_model}: not a Hugging Face model directory (no config.json)")
+    try:
+        model_source.resolve(config.base_model)
+    except model_source.ModelSourceError as error:
+        problems.append(str(error))
     if problems:
         raise IterateError("; ".join(problems))
 
@@ -270,7 +278,8 @@ def sampling_flags(options: SamplingOptions, seed: int) -> list[str]:
 class RoundResult:
     label: str
     directory: Path
-    model: Path  # the model this round produced (its starting model when it had nothing to train on)
+    model: Path  # the HF model this round produced (its starting model when it had nothing to train on)
+    weights: str  # the same model as `base_model` of the next round's training: its run directory
     evaluated: bool = True  # False: nothing to train on, nothing new to evaluate
     note: str | None = None
 
@@ -289,13 +298,10 @@ class Driver:
         self.device_flag = ("--device", config.device)
 
     def run(self) -> list[RoundResult]:
-        model = Path(self.config.base_model).resolve()
-        start = RoundResult("start", self.out / "start", model)
-        run_stage(self.eval_stage(start.directory, model, start.label), dry_run=self.dry_run)
+        start = self.start()
         results = [start]
         for index in range(self.config.rounds):
-            results.append(self.run_round(index, model))
-            model = results[-1].model
+            results.append(self.run_round(index, results[-1]))
         evaluated = [result.directory / "eval.json" for result in results if result.evaluated]
         run_stage(Stage("plot", self.out, ("eval", "--plot", *map(str, evaluated), "--out", str(self.out / "rounds.png")),
                         (self.out / "rounds.png",), redo_if_changed=True), dry_run=self.dry_run)
@@ -303,7 +309,19 @@ class Driver:
             write_summary(self.out, [summary_row(result) for result in results])
         return results
 
-    def run_round(self, index: int, model: Path) -> RoundResult:
+    def start(self) -> RoundResult:
+        """The base model, exported to HF first when it is a Megatron checkpoint; evaluated."""
+        directory, base = self.out / "start", model_source.resolve(self.config.base_model)
+        model, weights = base.path, str(base.checkpoint or base.path)
+        if base.is_megatron:
+            model = directory / "model"
+            run_stage(Stage("export", directory, ("export", "--ckpt", weights, "--hf-out", str(model), *self.device_flag),
+                            (model,)), dry_run=self.dry_run)
+        run_stage(self.eval_stage(directory, model, "start"), dry_run=self.dry_run)
+        return RoundResult("start", directory, model, weights)
+
+    def run_round(self, index: int, previous: RoundResult) -> RoundResult:
+        model, weights = previous.model, previous.weights
         directory = self.out / f"round_{index}"
         graded, curated, scored = (directory / name for name in ("graded.jsonl", "curated.jsonl", "scored.jsonl"))
         run_dir, exported = directory / "run", directory / "model"
@@ -313,7 +331,7 @@ class Driver:
         if records == []:
             print(f"[{directory.name}] generation wrote no records (every completion empty): nothing to train on; "
                   f"the next round starts from {model} again", flush=True)
-            return RoundResult(directory.name, directory, model, evaluated=False,
+            return RoundResult(directory.name, directory, model, weights, evaluated=False,
                                note="no records generated: training skipped")
         flags, note = curation_flags(self.config.curate, records)
         if note:
@@ -322,11 +340,11 @@ class Driver:
         stages = [
             Stage("curate", directory, ("data", "curate", str(graded), *flags, "--seed", str(self.config.curate.seed),
                                         "--out", str(curated)), (curated, curated.with_suffix(".stats.json"))),
-            Stage("score", directory, ("score-logprobs", "--model", str(model), "--data", str(curated),
+            Stage("score", directory, ("score-logprobs", "--model", weights, "--data", str(curated),
                                        "--out", str(scored), "--seq-length", str(self.seq_length), *self.device_flag),
                   (scored,)),
             Stage("train", directory, ("train", "--config-name", train.config_name, *train.overrides,
-                                       f"hf_model={model}", f"run_dir={run_dir}", f"dataset.train_path={scored}",
+                                       f"base_model={weights}", f"run_dir={run_dir}", f"dataset.train_path={scored}",
                                        f"device={self.config.device}"), (run_dir,)),
             Stage("export", directory, ("export", "--ckpt", str(run_dir), "--hf-out", str(exported), *self.device_flag),
                   (exported,)),
@@ -334,7 +352,7 @@ class Driver:
         ]
         for stage in stages:
             run_stage(stage, dry_run=self.dry_run)
-        return RoundResult(directory.name, directory, exported, note=note)
+        return RoundResult(directory.name, directory, exported, str(run_dir), note=note)
 
     def generate_stage(self, directory: Path, model: Path, index: int, graded: Path) -> Stage:
         options = self.config.generate

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_topr import cpu_runtime
+from nemo_topr.model_source import ModelSource
 
 
 def tiny_llama_provider(
@@ -56,17 +57,54 @@ def hf_llama_provider(hf_dir: str | Path, *, load_weights: bool = True, seq_leng
     """Provider for a Llama checkpoint in a local Hugging Face directory (no hub access).
 
     Returns ``(auto_bridge, provider)``; keep the bridge to export trained weights back to HF.
+    With ``load_weights=False`` only config.json is read (an `hf_artifacts/` directory will do).
     """
     from megatron.bridge import AutoBridge
 
     hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
         raise FileNotFoundError(f"{hf_dir}: not a Hugging Face model directory (no config.json)")
-    bridge = AutoBridge.from_hf_pretrained(str(hf_dir), torch_dtype=torch.float32, local_files_only=True)
+    if load_weights:
+        bridge = AutoBridge.from_hf_pretrained(str(hf_dir), torch_dtype=torch.float32, local_files_only=True)
+    else:
+        bridge = config_only_bridge(hf_dir)
     provider = bridge.to_megatron_provider(load_weights=load_weights)
     if seq_length is not None:
         provider.seq_length = seq_length
     return bridge, cpu_runtime.cpu_model_overrides(provider)
+
+
+def config_only_bridge(hf_dir: str | Path):
+    """AutoBridge from config.json alone: what export and Megatron-checkpoint starts need (the
+    weights come from the checkpoint; Bridge never opens a safetensors file)."""
+    from megatron.bridge import AutoBridge
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(hf_dir), local_files_only=True, torch_dtype=torch.float32)
+    bridge = AutoBridge.from_hf_config(config)
+    bridge.hf_model_id = str(hf_dir)  # where save_hf_pretrained copies tokenizer/generation files from
+    return bridge
+
+
+def source_provider(source: ModelSource, *, seq_length: int | None = None):
+    """``(bridge, provider)`` for a resolved starting model. HF weights are hooked into the
+    provider for an HF source; a Megatron source's weights are loaded by :func:`load_model`
+    (inference) or by Bridge's ``checkpoint.pretrained_checkpoint`` (training)."""
+    return hf_llama_provider(source.hf_dir, load_weights=not source.is_megatron, seq_length=seq_length)
+
+
+def load_model(source: ModelSource, provider, *, cpu_init: bool = True) -> list:
+    """Build the (finalized) provider's model chunks at its TP/PP layout with the source's weights
+    (`cpu_init=False`: built on the current CUDA device; never run on a GPU yet).
+
+    A Megatron checkpoint goes through Bridge's ``build_and_load_model``: the distributed
+    checkpoint reshards to this layout on load, whatever layout it was saved at."""
+    if not source.is_megatron:
+        return provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=cpu_init)
+    from megatron.bridge.training.model_load_save import build_and_load_model
+
+    model = build_and_load_model(str(source.checkpoint), provider, use_cpu_init=cpu_init, skip_temp_dist_context=True)
+    return model if isinstance(model, list) else [model]
 
 
 def build_tiny_hf_llama(out_dir: str | Path, tokenizer, *, seed: int = 0, num_layers: int = 2,

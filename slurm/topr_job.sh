@@ -12,7 +12,7 @@
 #   NEMO_TOPR_CONTAINER_IMAGE  run inside this enroot/pyxis image (e.g. nvcr.io/nvidia/pytorch:25.09-py3);
 #                              unset: bare venv mode
 #   NEMO_TOPR_CONTAINER_MOUNTS pyxis --container-mounts SRC:DST[,...]; must cover the checkout, the run
-#                              dir, hf_model and the data (`nemo-topr submit` derives and checks them)
+#                              dir, base_model and the data (`nemo-topr submit` derives and checks them)
 #   NEMO_TOPR_VENV             bare venv mode: the virtual environment (default: $NEMO_TOPR_ROOT/.venv)
 #   NEMO_TOPR_MASTER_PORT      rendezvous port (default: 29500 + job id mod 10000)
 #

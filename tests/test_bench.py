@@ -67,8 +67,11 @@ def test_make_bench_quick_writes_every_section(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--out", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    headline = _check_results(tmp_path, ("step", "logprob", "packing", "pipeline", "gpu"))
+    headline = _check_results(tmp_path, ("step", "logprob", "packing", "pipeline", "startup", "gpu"))
     sections = {row["section"] for row in headline}
-    assert {"1 step cost", "2 log-prob path", "3 packing", "4 μ scoring", "5 data pipeline", "GPU"} <= sections
+    assert {"1 step cost", "2 log-prob path", "3 packing", "4 μ scoring", "5 data pipeline", "6 start-up",
+            "GPU"} <= sections
+    startup = json.loads((tmp_path / "startup.json").read_text())["results"][0]
+    assert startup["model"] == "tiny" and startup["cpu"]["hf_start_seconds"]["median"] > 1  # Megatron's start alone
     logprob = json.loads((tmp_path / "logprob.json").read_text())["results"][0]
     assert logprob["relative_logprob_difference"] < 1e-5  # both paths compute the same log-probs

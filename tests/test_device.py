@@ -65,10 +65,6 @@ def test_every_model_verb_defaults_to_cuda_and_fails_clearly_without_it(verb, tm
             "export": ["--ckpt", str(tmp_path), "--hf-out", str(tmp_path / "hf")],
             "generate": ["--model", str(tmp_path), "--prompts", "gsm8k-test", "--out", str(tmp_path / "out.jsonl")],
             "eval": ["--model", str(tmp_path), "--benchmark", "gsm8k", "--out", str(tmp_path / "r.json")]}[verb]
-    if verb == "export":  # export checks the run directory first
-        (tmp_path / "config.yaml").write_text(f"hf_model: {tmp_path}\n")
-        (tmp_path / "checkpoints" / "iter_0000001").mkdir(parents=True)
-        (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1\n")
     proc = _without_cuda(verb, *args)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "--device is cuda, but CUDA is not available" in proc.stderr

@@ -16,10 +16,12 @@ from nemo_topr.iterate import CurateOptions, Driver, IterateError, Stage, curati
 
 @pytest.fixture
 def fake_model(tmp_path):
-    """Enough of a Hugging Face directory for the config check; nothing loads it."""
+    """Enough of a Hugging Face directory for the model-source check (config, weights file,
+    tokenizer); nothing loads it."""
     model = tmp_path / "base_model"
     model.mkdir()
-    (model / "config.json").write_text("{}")
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (model / name).write_text("{}")
     return model
 
 
@@ -51,7 +53,7 @@ def test_config_mistakes_are_errors(fake_model, tmp_path, override, message):
 
 
 def test_the_base_model_must_exist(tmp_path):
-    with pytest.raises(IterateError, match="not a Hugging Face model directory"):
+    with pytest.raises(IterateError, match="no such directory"):
         tiny_config(tmp_path / "nowhere", tmp_path)
 
 
@@ -164,12 +166,14 @@ def test_two_rounds_on_cpu_then_a_rerun_redoes_nothing(tmp_path, monkeypatch, ca
         assert set(row["eval"]) == {"pass@1", "maj_k", "maj@k", "invalid_rate"} and row["eval"]["maj_k"] == 4
     assert (out / "rounds.png").read_bytes().startswith(b"\x89PNG")
     assert "| round_1 |" in (out / "summary.md").read_text()
-    # round 1 samples from, scores mu with and trains from round 0's export
-    round_0_model = str(out / "round_0" / "model")
-    for stage in ("generate", "score"):
-        args = json.loads((out / "round_1" / f"{stage}.done.json").read_text())["args"]
-        assert args[args.index("--model") + 1] == round_0_model
-    assert f"hf_model={round_0_model}" in json.loads((out / "round_1" / "train.done.json").read_text())["args"]
+    # round 1 samples from round 0's export, and scores mu with and trains from round 0's
+    # Megatron checkpoint directly (no HF conversion between rounds)
+    round_0 = out / "round_0"
+    args = {stage: json.loads((out / "round_1" / f"{stage}.done.json").read_text())["args"]
+            for stage in ("generate", "score", "train")}
+    assert args["generate"][args["generate"].index("--model") + 1] == str(round_0 / "model")
+    assert args["score"][args["score"].index("--model") + 1] == str(round_0 / "run")
+    assert f"base_model={round_0 / 'run'}" in args["train"]
 
     markers = sorted(out.glob("**/*.done.json"))
     assert len(markers) == 1 + 2 * 6 + 1  # start eval, six stages per round, the plot

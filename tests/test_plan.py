@@ -198,7 +198,8 @@ def test_presets_pass_the_planner_at_their_cluster_size(name, capsys):
 
 
 def write_hf_config(arch: Architecture, directory) -> str:
-    """A Llama 3.1 `config.json` (no weights, no tokenizer): enough for AutoBridge's provider."""
+    """A Llama 3.1 `config.json`, enough for AutoBridge's provider, beside empty weights and
+    tokenizer files that only satisfy the base_model check (nemo_topr.model_source); nothing reads them."""
     directory.mkdir(parents=True, exist_ok=True)
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
@@ -213,14 +214,16 @@ def write_hf_config(arch: Architecture, directory) -> str:
         "bos_token_id": 128000, "eos_token_id": 128001,
     }
     (directory / "config.json").write_text(json.dumps(config))
+    for placeholder in ("model.safetensors", "tokenizer.json"):
+        (directory / placeholder).write_text("")
     return str(directory)
 
 
 def test_planner_reads_hf_config_json(tmp_path):
     hf = write_hf_config(LLAMA_70B, tmp_path / "Llama-3.1-70B")
-    arch, source = resolve_architecture({"hf_model": hf, "model": {}}, "anything", None)
+    arch, source = resolve_architecture({"base_model": hf, "model": {}}, "anything", None)
     assert source.endswith("config.json") and arch.total_params == LLAMA_70B.total_params
-    arch, _ = resolve_architecture({"hf_model": hf, "model": {"num_layers": 40}}, "anything", None)
+    arch, _ = resolve_architecture({"base_model": hf, "model": {"num_layers": 40}}, "anything", None)
     assert arch.num_layers == 40  # model.* keys win, as in training
 
 
@@ -252,7 +255,7 @@ def test_preset_keys_exist_on_bridge_and_pass_megatron_validation(name, tmp_path
     from nemo_topr.training.config import compose
 
     raw = compose(name)
-    assert OmegaConf.is_missing(raw, "hf_model")  # a local path must be given; never a hub id
+    assert OmegaConf.is_missing(raw, "base_model")  # a local path must be given; never a hub id
     run = _build(name, tmp_path)
     container, model = run.container, run.container.model
     assert (model.num_layers, model.hidden_size) == (PRESETS[name][0].num_layers, PRESETS[name][0].hidden_size)

@@ -120,13 +120,15 @@ def test_fake_srun_forwards_sigusr1_to_every_task(fake_slurm):
 
 def _hf_model_dir(root: Path, *, tokenizer: bool = True) -> Path:
     """A directory shaped like meta-llama/Llama-3.1-70B: its published config.json (the plan
-    reads the architecture from it) and, unless told otherwise, a tokenizer file."""
+    reads the architecture from it), a placeholder weights file and, unless told otherwise, a
+    tokenizer file."""
     model = root / "Llama-3.1-70B"
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 80, "hidden_size": 8192,
         "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8,
         "vocab_size": 128256, "tie_word_embeddings": False}))
+    (model / "model.safetensors").write_bytes(b"")
     if tokenizer:
         (model / "tokenizer.json").write_text("{}")
     return model
@@ -149,7 +151,7 @@ def test_submit_dry_run_renders_a_container_job_with_mounts_from_the_config(tmp_
     status, out, err = _submit(
         capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--account", "acct", "--partition", "batch",
         "--container-image", "nvcr.io/nvidia/pytorch:25.09-py3", "--run-dir", str(run_dir), "--dry-run",
-        f"hf_model={model}", "objective.baseline=0.2", f"dataset.train_path={data / 'scored.jsonl'}")
+        f"base_model={model}", "objective.baseline=0.2", f"dataset.train_path={data / 'scored.jsonl'}")
     assert status == 0, err
     lines = out.splitlines()
     for line in ("#SBATCH --nodes=4", "#SBATCH --account=acct", "#SBATCH --partition=batch",
@@ -162,7 +164,7 @@ def test_submit_dry_run_renders_a_container_job_with_mounts_from_the_config(tmp_
     mounts = next(line for line in lines if line.startswith("export NEMO_TOPR_CONTAINER_MOUNTS="))
     expected = sorted([REPO, run_dir, model, data])
     assert mounts == "export NEMO_TOPR_CONTAINER_MOUNTS=" + repr(",".join(f"{p}:{p}" for p in expected))
-    assert lines[-1].endswith(f"llama31_70b_bf16 hf_model={model} objective.baseline=0.2 "
+    assert lines[-1].endswith(f"llama31_70b_bf16 base_model={model} objective.baseline=0.2 "
                               f"'dataset.train_path={data / 'scored.jsonl'}'")
     assert not run_dir.exists()  # a dry run writes nothing
 
@@ -175,7 +177,7 @@ def test_submit_names_every_unmounted_path_and_missing_input(tmp_path, capsys):
     status, out, err = _submit(
         capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--run-dir", str(run_dir), "--dry-run",
         "--container-image", "nvcr.io/nvidia/pytorch:25.09-py3", "--container-mounts", mounts,
-        "hf_model=/models/Llama-3.1-70B", "dataset.train_path=/data/scored.jsonl")
+        "base_model=/models/Llama-3.1-70B", "dataset.train_path=/data/scored.jsonl")
     assert status == 1 and out == ""
     problems = [line.removeprefix("  - ") for line in err.splitlines()[1:]]
     assert problems == [
@@ -183,7 +185,9 @@ def test_submit_names_every_unmounted_path_and_missing_input(tmp_path, capsys):
         f"dataset.train_path=/data/scored.jsonl is not under any container mount ({REPO}, {run_dir.parent}, "
         "/models, /scratch)",
         # the model is found through its mount: /models/X is host_models/X on the submit host
-        f"hf_model={host_models}/Llama-3.1-70B: no tokenizer (tokenizer.json or tokenizer.model)",
+        f"base_model: Hugging Face directory {host_models}/Llama-3.1-70B: no tokenizer (tokenizer.json or "
+        f"tokenizer.model in {host_models}/Llama-3.1-70B); the data is tokenized with the model's own tokenizer, "
+        "so it must be there",
     ]
 
 
@@ -192,7 +196,7 @@ def test_submit_rejects_a_layout_that_does_not_divide_the_gpus(tmp_path, capsys)
     (tmp_path / "scored.jsonl").write_text("{}\n")
     status, _, err = _submit(
         capsys, "--config", "llama31_70b_bf16", "--nodes", "3", "--run-dir", str(tmp_path / "run"), "--dry-run",
-        "--container-image", "img", f"hf_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}")
+        "--container-image", "img", f"base_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}")
     assert status == 1
     # 3 x 8 = 24 GPUs; TP.PP.CP = 8.4.1 = 32 (conf/llama31_70b_bf16.yaml)
     assert "world size = TP·PP·CP·DP: 3 node(s) x 8 GPUs = 24; TP·PP·CP = 8·4·1 = 32" in err
@@ -201,16 +205,16 @@ def test_submit_rejects_a_layout_that_does_not_divide_the_gpus(tmp_path, capsys)
 def test_submit_without_image_needs_an_existing_venv_and_the_inputs(tmp_path, capsys):
     status, _, err = _submit(
         capsys, "--config", "llama31_8b_bf16", "--run-dir", str(tmp_path / "run"), "--dry-run",
-        "--venv", str(tmp_path / "no-venv"), f"hf_model={tmp_path / 'nowhere'}")
+        "--venv", str(tmp_path / "no-venv"), f"base_model={tmp_path / 'nowhere'}")
     assert status == 1
     problems = [line.removeprefix("  - ") for line in err.splitlines()[1:]]
-    assert problems == [
+    assert problems[:2] == [
         "dataset.train_path is not set",
         f"no container image and no venv: {tmp_path}/no-venv/bin/python does not exist "
         "(pass --container-image IMAGE or --venv DIR)",
-        f"hf_model={tmp_path}/nowhere: no config.json (not a Hugging Face model directory)",
-        f"hf_model={tmp_path}/nowhere: no tokenizer (tokenizer.json or tokenizer.model)",
     ]
+    assert problems[2].startswith(f"base_model: base model {tmp_path}/nowhere: no such directory (expected ")
+    assert len(problems) == 3
 
 
 @pytest.mark.parametrize("limit, seconds", [("30", 1800), ("30:15", 1815), ("04:00:00", 14400),
@@ -227,7 +231,7 @@ def test_submit_rejects_a_warning_at_or_after_the_time_limit(tmp_path, capsys):
     status, _, err = _submit(
         capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--run-dir", str(tmp_path / "run"), "--dry-run",
         "--container-image", "img", "--time", "10:00", "--preemption-warning", "600",
-        f"hf_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}")
+        f"base_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}")
     assert status == 1
     assert err.splitlines()[1:] == ["  - --preemption-warning 600 s is not shorter than --time 10:00 (600 s): "
                                     "the ranks would be told to stop as soon as they start"]

@@ -7,9 +7,12 @@ the layout against the rules Megatron-Core, Transformer Engine and the TOPR step
 start-up (so a bad layout fails here, not after the job waited in the queue), and estimates
 the memory of each GPU. Pure arithmetic: no Megatron import, no GPU.
 
-The architecture comes from ``hf_model/config.json`` when that directory is readable here, else
-from a built-in reference (Llama 3.1 8B / 70B, chosen by ``--arch`` or by the config's name);
-``model.*`` architecture keys in the config override either, as they do in training.
+The architecture comes from the HF config of ``base_model`` (its config.json, or a Megatron
+checkpoint's hf_artifacts/config.json) when that model is readable here, else from a built-in
+reference (Llama 3.1 8B / 70B, chosen by ``--arch`` or by the config's name); ``model.*``
+architecture keys in the config override either, as they do in training. The report also shows
+how training will load ``base_model`` (converted from HF at every start, or a Megatron checkpoint
+loaded directly); a checkpoint that is visible here but unfinished or inconsistent fails the plan.
 
 Exit status: 0 when every check passes and the estimate fits; 1 otherwise; 2 on a usage error.
 """
@@ -25,6 +28,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from nemo_topr.model_source import load_route
 
 GIB = 2**30
 FP8_ALIGNMENT = 16
@@ -719,17 +724,17 @@ def verdict(findings: list[Finding], estimate: MemoryEstimate) -> str:
 # --------------------------------------------------------------------------------------------
 
 def resolve_architecture(cfg: dict[str, Any], config_name: str, arch_key: str | None) -> tuple[Architecture, str]:
-    """(architecture, where it came from): hf_model/config.json if readable, else a reference."""
-    hf_model = cfg.get("hf_model")
-    config_json = Path(hf_model) / "config.json" if hf_model and hf_model != "???" else None
-    if arch_key is None and config_json is not None and config_json.is_file():
-        arch = architecture_from_hf_config(json.loads(config_json.read_text()), Path(hf_model).name)
+    """(architecture, where it came from): base_model's HF config.json if readable, else a reference."""
+    source, route = load_route(cfg, must_exist=False)
+    config_json = source.hf_dir / "config.json" if source is not None else None
+    if arch_key is None and config_json is not None:
+        arch = architecture_from_hf_config(json.loads(config_json.read_text()), source.path.name)
         return with_model_overrides(arch, cfg.get("model") or {}), str(config_json)
-    why = "--arch" if arch_key else ("hf_model not set" if config_json is None else f"no {config_json} here")
+    why = "--arch" if arch_key else route
     key = arch_key or _reference_key_from_name(config_name)
     if key is None:
-        raise ValueError(f"cannot tell the architecture of {config_name!r} ({why}): set hf_model to a local "
-                         f"HF directory or pass --arch {{{','.join(REFERENCE_ARCHITECTURES)}}}")
+        raise ValueError(f"cannot tell the architecture of {config_name!r} ({why}): set base_model to a local "
+                         f"model or pass --arch {{{','.join(REFERENCE_ARCHITECTURES)}}}")
     arch = REFERENCE_ARCHITECTURES[key]
     return with_model_overrides(arch, cfg.get("model") or {}), f"built-in reference {key}; {why}"
 
@@ -768,7 +773,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="GiB set aside for CUDA context, NCCL buffers, workspaces and allocator "
                              "fragmentation (default: %(default)s)")
     parser.add_argument("--arch", choices=sorted(REFERENCE_ARCHITECTURES),
-                        help="use a built-in architecture instead of hf_model/config.json")
+                        help="use a built-in architecture instead of base_model's config.json")
     parser.add_argument("--config-path", default=None, help="config directory (default: the repository's conf/)")
     return parser.parse_intermixed_args(argv)
 
@@ -780,7 +785,9 @@ def plan(cfg: dict[str, Any], title: str, args: argparse.Namespace) -> tuple[int
     findings = check_layout(arch, lay)
     estimate = estimate_memory(arch, lay, args.gpu_memory_gb, args.reserve_gb)
     status = 0 if estimate.fits and not any(f.blocking for f in findings) else 1
-    return status, format_report(title, arch, source, lay, findings, estimate)
+    report = format_report(title, arch, source, lay, findings, estimate).split("\n")
+    report.insert(1, f"load       {load_route(cfg, must_exist=False)[1]}")
+    return status, "\n".join(report)
 
 
 def main(argv: list[str] | None = None) -> int:

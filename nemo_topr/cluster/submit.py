@@ -2,7 +2,7 @@
 
     nemo-topr submit --config llama31_70b_bf16 --account ACC --partition batch --nodes 4 \\
         --time 12:00:00 --container-image nvcr.io/nvidia/pytorch:25.09-py3 --dry-run \\
-        hf_model=/models/Llama-3.1-70B-Instruct dataset.train_path=/data/scored.jsonl
+        base_model=/models/Llama-3.1-70B-Instruct dataset.train_path=/data/scored.jsonl
 
 Pre-flight (always, and all of --dry-run's work besides printing): the run config composes; the
 model directory holds config.json and a tokenizer; the training data exists; the run directory
@@ -10,7 +10,7 @@ can be created; the pre-emption warning comes before the time limit; the paralle
 the GPU count (the checks of `nemo-topr plan`); the environment is named and exists -- a
 container image, or a venv with bin/python. In container mode every path the run reads must lie
 under a mount: --container-mounts SRC:DST[,...] is checked against them, and without it the
-mounts are derived from the run config (checkout, run directory, hf_model, the data's
+mounts are derived from the run config (checkout, run directory, base_model, the data's
 directory). Relative paths in the run config are relative to the checkout, where the job runs.
 
 The script is the same shape as slurm/*.sbatch: an #SBATCH header, the job's environment and
@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_topr import model_source
+
 REPO = Path(__file__).resolve().parents[2]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # fast (Llama 3) or SentencePiece (Llama 2)
 
 
 @dataclass
@@ -109,10 +110,12 @@ def parse_mounts(spec: str) -> list[Mount]:
 def paths_read(cfg: dict[str, Any]) -> dict[str, Path]:
     """Every path the run opens, by the config key that names it (relative: to the checkout)."""
     named = {"checkout": REPO}
-    for key, value in (("run_dir", cfg.get("run_dir")), ("hf_model", cfg.get("hf_model")),
+    for key, value in (("run_dir", cfg.get("run_dir")), ("base_model", cfg.get("base_model")),
                        ("dataset.train_path", (cfg.get("dataset") or {}).get("train_path"))):
         if value not in (None, "", "???"):
             named[key] = REPO / Path(value)  # an absolute value replaces REPO
+    if "base_model" in named:  # RUN@ITERATION reads the run directory
+        named["base_model"] = Path(model_source.split_iteration(named["base_model"])[0])
     return named
 
 
@@ -145,14 +148,17 @@ def check_environment(job: ClusterJob, paths: dict[str, Path], mounts: list[Moun
     return problems, on_host
 
 
-def check_inputs(on_host: dict[str, Path]) -> list[str]:
+def check_inputs(on_host: dict[str, Path], base_model_spec: str) -> list[str]:
+    """The starting model is complete (`nemo_topr.model_source`: an HF directory with config and
+    tokenizer, or a finished Megatron checkpoint carrying its HF config), the data exists and the
+    run directory can be created."""
     problems = []
-    model = on_host.get("hf_model")
+    model = on_host.get("base_model")
     if model is not None:
-        if not (model / "config.json").is_file():
-            problems.append(f"hf_model={model}: no config.json (not a Hugging Face model directory)")
-        if not any((model / name).is_file() for name in TOKENIZER_FILES):
-            problems.append(f"hf_model={model}: no tokenizer ({' or '.join(TOKENIZER_FILES)})")
+        try:
+            model_source.resolve(f"{model}{model_source.split_iteration(base_model_spec)[1]}")
+        except model_source.ModelSourceError as error:
+            problems.append(f"base_model: {error}")
     data = on_host.get("dataset.train_path")
     if data is not None and not data.is_file():
         problems.append(f"dataset.train_path={data} does not exist")
@@ -208,14 +214,16 @@ def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
     except ConfigError as error:
         return [f"run config: {error}"], [], None
     paths = paths_read(cfg)
-    problems = [f"{key} is not set" for key in ("hf_model", "dataset.train_path") if key not in paths]
+    problems = [f"{key} is not set" for key in ("base_model", "dataset.train_path") if key not in paths]
     problems += check_time(job)
     mounts = (job.container_mounts or derived_mounts(paths)) if job.container_image else None
     environment_problems, on_host = check_environment(job, paths, parse_mounts(mounts or ""))
-    problems += environment_problems + check_inputs(on_host)
+    input_problems = check_inputs(on_host, str(cfg.get("base_model")))
+    problems += environment_problems + input_problems
     warnings: list[str] = []
-    if "hf_model" in on_host and (on_host["hf_model"] / "config.json").is_file():
-        layout_problems, warnings = check_layout({**cfg, "hf_model": str(on_host["hf_model"])}, title, job)
+    if "base_model" in on_host and not input_problems:
+        host_spec = f"{on_host['base_model']}{model_source.split_iteration(cfg['base_model'])[1]}"
+        layout_problems, warnings = check_layout({**cfg, "base_model": host_spec}, title, job)
         problems += layout_problems
     return problems, warnings, mounts
 

@@ -293,7 +293,9 @@ def graded_records(problems: Sequence[Problem], graded: Sequence[Sequence[Graded
 
 def sample_and_grade(model_dir: str | Path, problems: Sequence[Problem], settings: SamplingSettings,
                      backend: str = "auto", device: str = "cpu") -> list[list[GradedCompletion]]:
-    completions = sample_completions(model_dir, problems, settings, backend, device)
+    from nemo_topr.model_source import require_hugging_face
+
+    completions = sample_completions(require_hugging_face(model_dir), problems, settings, backend, device)
     return [grade_completions(problem, samples) for problem, samples in zip(problems, completions)]
 
 

@@ -1,12 +1,15 @@
 """TOPR run configuration: Hydra/OmegaConf YAML in ``conf/`` -> Megatron-Bridge ``ConfigContainer``.
 
 A run config has Bridge's sections (``model``, ``train``, ``optimizer``, ``scheduler``,
-``checkpoint``, ``logger``, ``ddp``, ``dist``, ``rng``, ``dataset``, ...) plus three of ours:
+``checkpoint``, ``logger``, ``ddp``, ``dist``, ``rng``, ``dataset``, ...) plus ours:
 
-    hf_model:   local Hugging Face Llama directory; the model comes from it through AutoBridge
+    base_model: the starting model: a Hugging Face directory, a Megatron checkpoint or a nemo-topr
+                run (`nemo_topr.model_source`); `hf_model` is accepted as an alias
     run_dir:    where checkpoints, TensorBoard logs, the resolved config and reports go
     objective:  `nemo_topr.objective.ObjectiveConfig` fields
     device:     cuda | cpu, never a silent fallback (`nemo_topr.device`)
+    resume_from_base: false (default): a Megatron base model gives its weights only (fresh optimizer,
+                iteration count and data order); true: continue its training state too
 
 Overrides come last, as in Bridge recipes: defaults in code (:func:`default_container`), then the
 YAML files (Hydra defaults lists), then ``key=value`` from the command line. Every key is
@@ -27,11 +30,14 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from nemo_topr import model_source
 from nemo_topr.device import DEVICES, resolve_device
+from nemo_topr.model_source import ModelSource
 from nemo_topr.objective import ObjectiveConfig
+from nemo_topr.training.checkpoints import latest_iteration
 
 CONF_DIR = Path(os.environ.get("NEMO_TOPR_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
-OUR_KEYS = ("hf_model", "run_dir", "objective", "device")
+OUR_KEYS = ("base_model", "resume_from_base", "run_dir", "objective", "device")
 
 
 class ConfigError(ValueError):
@@ -57,7 +63,11 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
     if malformed:
         raise ConfigError(f"overrides must be key=value; got {malformed}")
     OmegaConf.set_struct(cfg, False)
-    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    try:
+        model_source.fold_alias(cfg)
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([model_source.alias_override(o) for o in overrides]))
+    except model_source.ModelSourceError as error:
+        raise ConfigError(str(error)) from None
     OmegaConf.resolve(cfg)
     return cfg
 
@@ -162,29 +172,36 @@ class TrainingRun:
     container: Any  # megatron.bridge.training.config.ConfigContainer
     objective: ObjectiveConfig
     run_dir: Path
-    hf_model: Path
+    base_model: ModelSource
     raw: DictConfig  # the composed YAML, saved into run_dir
 
 
 def build_training_run(raw: DictConfig) -> TrainingRun:
-    """Map a composed config onto Bridge's ConfigContainer (model from `hf_model`)."""
-    from nemo_topr.model import hf_llama_provider
+    """Map a composed config onto Bridge's ConfigContainer (model from `base_model`)."""
+    from nemo_topr.model import source_provider
     from nemo_topr.training.data import ToprDatasetConfig
 
     values = OmegaConf.to_container(raw, resolve=True)
-    missing = [key for key in OUR_KEYS if values.get(key) in (None, "")]
+    missing = [key for key in ("base_model", "run_dir", "objective") if values.get(key) in (None, "", "???")]
     if missing:
-        raise ConfigError(f"config keys {missing} must be set (e.g. hf_model=/path/to/hf_llama)")
+        raise ConfigError(f"config keys {missing} must be set (e.g. base_model=/path/to/hf_llama_or_checkpoint)")
     run_dir = Path(values["run_dir"]).resolve()
-    hf_model = Path(values["hf_model"]).resolve()
+    try:
+        base_model = model_source.resolve(values["base_model"])
+    except model_source.ModelSourceError as error:
+        raise ConfigError(str(error)) from None
     objective = objective_from(values["objective"])
     resolve_device(values["device"], cuda_available=torch.cuda.is_available(), where="device", choices=DEVICES)
 
-    _, provider = hf_llama_provider(hf_model, load_weights=False)
-    dataset = ToprDatasetConfig(tokenizer_dir=str(hf_model), report_path=str(run_dir / "data_report.json"))
+    _, provider = source_provider(base_model)
+    dataset = ToprDatasetConfig(tokenizer_dir=str(base_model.hf_dir), report_path=str(run_dir / "data_report.json"))
     container = default_container(provider, dataset)
     container.checkpoint.save = container.checkpoint.load = str(run_dir / "checkpoints")
-    container.checkpoint.pretrained_checkpoint = str(hf_model)
+    # Bridge loads this only while run_dir has no checkpoint of its own, as a finetune: weights
+    # only, iteration 0, no optimizer or RNG state (bridge/training/checkpointing.py:2292-2306, 2998)
+    container.checkpoint.pretrained_checkpoint = str(base_model.checkpoint or base_model.path)
+    if values.get("resume_from_base"):
+        resume_from(container.checkpoint, base_model)
     container.logger.tensorboard_dir = str(run_dir / "tensorboard")
     for section, section_values in values.items():
         if section in OUR_KEYS:
@@ -201,4 +218,14 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
         raise ConfigError(f"dataset.seq_length ({container.dataset.seq_length}) must equal model.seq_length "
                           f"({container.model.seq_length})")
     _check_packed_stream_pipeline(container)
-    return TrainingRun(container, objective, run_dir, hf_model, raw)
+    return TrainingRun(container, objective, run_dir, base_model, raw)
+
+
+def resume_from(checkpoint: Any, base_model: ModelSource) -> None:
+    """`resume_from_base=true`: until this run saves its own checkpoint, load the base run's full
+    training state (optimizer, scheduler, iteration, consumed samples) as a resume would."""
+    if not base_model.is_megatron or not base_model.run_config().get("checkpoint", {}).get("save_optim"):
+        raise ConfigError(f"resume_from_base=true needs a checkpoint saved by training, with optimizer state; "
+                          f"{base_model.describe()} has none (start from it without resume_from_base)")
+    if latest_iteration(Path(checkpoint.save)) is None:
+        checkpoint.load = str(base_model.checkpoint)

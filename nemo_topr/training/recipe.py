@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from nemo_topr.device import DEVICES, DeviceError, use_device
 from nemo_topr.distributed import free_port, launcher_rank
+from nemo_topr.model_source import write_hf_artifacts
 from nemo_topr.training.checkpoints import ensure_latest_complete, latest_iteration
 from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, compose
 
@@ -36,17 +37,19 @@ def prepare(run: TrainingRun) -> dict:
     and record the run's inputs.
 
     Runs on every rank before torch.distributed exists. Only launcher rank 0 writes: it repairs an
-    interrupted checkpoint and saves config.yaml and the data report. The other ranks cannot read
-    the checkpoint directory before that repair is done: they first wait for rank 0 in Bridge's
-    process-group rendezvous (bridge/training/setup.py:253 initialize_megatron, whose
-    initialize.py:747-756 init_process_group + barrier), and checkpoints are read only after it
-    (setup.py:397)."""
+    interrupted checkpoint and saves config.yaml, the data report and the base model's HF
+    artifacts. The other ranks cannot read the checkpoint directory before that repair is done:
+    they first wait for rank 0 in Bridge's process-group rendezvous (bridge/training/setup.py:253
+    initialize_megatron, whose initialize.py:747-756 init_process_group + barrier), and
+    checkpoints are read only after it (setup.py:397)."""
     rank_zero = _is_rank_zero()
     if rank_zero:
         (run.run_dir / STOPPED_MARKER).unlink(missing_ok=True)  # from an earlier stop of this run
         repaired = ensure_latest_complete(run.container.checkpoint.save)
         if repaired:
             print(f"[nemo-topr] WARNING: {repaired}", flush=True)
+        print(f"[nemo-topr] base model: {run.base_model.describe()}", flush=True)
+        write_hf_artifacts(run.base_model, Path(run.container.checkpoint.save))
     else:
         run.container.dataset.report_path = None  # every rank tokenizes; rank 0 reports
     train = run.container.train

@@ -1,13 +1,15 @@
 """`nemo-topr score-logprobs`: behaviour log-probs log mu(y|x) for a pre-scored dataset.
 
-    nemo-topr score-logprobs --model HF_DIR --data graded.jsonl --out scored.jsonl [--tp 2 --pp 1] [--device cpu]
+    nemo-topr score-logprobs --model MODEL --data graded.jsonl --out scored.jsonl [--tp 2 --pp 1] [--device cpu]
 
-A forward-only pass of a Hugging Face checkpoint (the data's generator, or the starting
-checkpoint of training when the data carries no mu) through the same tokenization, packing and
-Megatron forward as training, with the same TP/PP machinery. Writes the input records with
-``behavior_logprob`` set (summed over completion tokens incl. EOS). Scoring with the starting
-checkpoint makes rho = 1 at step 0 by construction: TOPR then begins as SFT on positives plus a
-full-weight push-down on negatives, and tapers as pi moves away.
+MODEL is any starting model `base_model=` accepts: a Hugging Face directory, a Megatron
+checkpoint (e.g. from `nemo-topr import`, loaded at --tp/--pp whatever layout it was saved at)
+or a nemo-topr run directory (RUN or RUN@ITERATION). A forward-only pass of that model (the
+data's generator, or the starting checkpoint of training when the data carries no mu) through
+the same tokenization, packing and Megatron forward as training, with the same TP/PP machinery.
+Writes the input records with ``behavior_logprob`` set (summed over completion tokens incl. EOS).
+Scoring with the starting checkpoint makes rho = 1 at step 0 by construction: TOPR then begins
+as SFT on positives plus a full-weight push-down on negatives, and tapers as pi moves away.
 
 `--device` (default cuda) chooses where the model runs: on cuda the weights are built on the
 GPU and each batch is moved to the model's device; cpu runs the CPU runtime. The cuda path has
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from nemo_topr import model_source
 from nemo_topr.data.cli import add_source_arguments, source_options
 from nemo_topr.data.packing import collate_packed, pack_sequences
 from nemo_topr.data.records import load_records, write_jsonl
@@ -74,12 +77,15 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from nemo_topr.distributed import initialize_model_parallel
-    from nemo_topr.model import hf_llama_provider
+    from nemo_topr.model import load_model, source_provider
 
     device = use_device(device, where="--device")
+    source_model = model_source.resolve(model_dir)
     precision = precision or ("bf16" if device == "cuda" else "fp32")
     initialize_model_parallel(tensor_parallel, pipeline_parallel)
-    _, provider = hf_llama_provider(model_dir, load_weights=True, seq_length=seq_length)
+    if torch.distributed.get_rank() == 0:
+        print(f"[nemo-topr] model: {source_model.describe()}", flush=True)
+    _, provider = source_provider(source_model, seq_length=seq_length)
     provider.tensor_model_parallel_size = tensor_parallel
     provider.pipeline_model_parallel_size = pipeline_parallel
     if precision == "bf16":
@@ -88,12 +94,12 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     provider.finalize()
     # without CPU initialisation Bridge builds the weights on torch.cuda.current_device()
     # (bridge/models/model_provider.py:689)
-    model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=device == "cpu")
+    model = load_model(source_model, provider, cpu_init=device == "cpu")
     for chunk in model:
         chunk.eval()
 
     records = load_records(data, strict=strict, **(source or {}))
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(source_model.hf_dir)
     tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict)
     sequences, pad_id = tokenized.sequences, pad_id_of(tokenizer)
     rows = pack_sequences(sequences, seq_length, pad_id)
@@ -133,7 +139,8 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nemo-topr score-logprobs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="local Hugging Face model directory (weights + tokenizer)")
+    parser.add_argument("--model", required=True,
+                        help="HF directory, Megatron checkpoint, or run directory (RUN[@ITER])")
     parser.add_argument("--data", required=True, help="records: JSONL/Parquet/Arrow files, directory, glob, "
                         "save_to_disk directory or hub name (see --columns)")
     parser.add_argument("--out", required=True, help="output JSONL with behavior_logprob set")
@@ -153,7 +160,7 @@ def main(argv: list[str]) -> int:
                                  tensor_parallel=args.tp, pipeline_parallel=args.pp, rows_per_batch=args.rows_per_batch,
                                  strict=args.strict, precision=args.precision, device=args.device,
                                  source=source_options(args))
-    except DeviceError as error:
+    except (DeviceError, model_source.ModelSourceError) as error:
         raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:
         print(json.dumps(summary, indent=2))

@@ -5,7 +5,6 @@
 
 import json
 import sys
-from pathlib import Path
 
 import torch
 
@@ -19,10 +18,10 @@ def main(run_dir: str, hf_dir: str, out_file: str) -> None:
     from megatron.bridge import AutoBridge
     from transformers import AutoModelForCausalLM
 
-    from nemo_topr.training.export import latest_checkpoint
+    from nemo_topr.model_source import resolve
 
     megatron_model = AutoBridge.from_hf_pretrained(hf_dir).load_megatron_model(
-        str(latest_checkpoint(Path(run_dir))), wrap_with_ddp=False)[0].eval()
+        str(resolve(run_dir).checkpoint), wrap_with_ddp=False)[0].eval()
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     vocab = hf_model.config.vocab_size
     tokens = torch.randint(0, vocab, (2, 40), generator=torch.Generator().manual_seed(3))

@@ -1,0 +1,263 @@
+"""Where a verb's starting model comes from: one key, ``base_model``, three kinds of directory.
+
+    base_model=/models/Llama-3.1-8B-Instruct        a Hugging Face directory (converted at start)
+    base_model=/ckpt/llama31_8b                     a Megatron distributed checkpoint (its latest
+                                                    iteration), e.g. from `nemo-topr import`
+    base_model=/ckpt/llama31_8b/iter_0000000        one iteration of such a checkpoint
+    base_model=runs/round_1                         a nemo-topr run directory (its latest checkpoint)
+    base_model=runs/round_1@200                     ... or one of its saved iterations
+
+A Megatron checkpoint holds weights only; the Hugging Face config (architecture, for the
+provider and for export) and the tokenizer travel beside it in ``hf_artifacts/`` (written by
+`nemo-topr import` and by every `nemo-topr train` run). Every verb resolves its model here,
+logs the kind, and gets a clear error, naming what was expected, for anything else: no silent
+fallback. Pure file inspection (no Megatron import), so `plan` and `submit --dry-run` use it too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from nemo_topr.training.checkpoints import TRACKER, iteration_dir_name, latest_iteration, saved_iterations
+
+HF_ARTIFACTS = "hf_artifacts"  # config.json, tokenizer files, generation_config.json of the model
+HF_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+# Files a finished torch_dist save leaves in an iteration directory: PyTorch DCP's `.metadata`,
+# Megatron-Core's `metadata.json` (dist_checkpointing/serialization.py save()), and Bridge's
+# `run_config.yaml`, read on load for the saved TP/PP layout (bridge/training/checkpointing.py:2749).
+ITERATION_FILES = (".metadata", "metadata.json", "run_config.yaml")
+# HF config.json key -> Megatron model key (Llama family), checked before loading a checkpoint
+ARCHITECTURE_KEYS = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size",
+                     "intermediate_size": "ffn_hidden_size", "num_attention_heads": "num_attention_heads",
+                     "num_key_value_heads": "num_query_groups", "vocab_size": "vocab_size"}
+
+EXPECTED = ("one of: a Hugging Face model directory (config.json, *.safetensors, tokenizer.json); "
+            "a Megatron distributed checkpoint (latest_checkpointed_iteration.txt and iter_*/, with hf_artifacts/ "
+            "beside them, as `nemo-topr import` writes); one iter_* directory of it; a nemo-topr run directory "
+            "(config.yaml and checkpoints/); or RUN@ITERATION")
+
+
+class ModelSourceError(ValueError):
+    """A starting model that is missing, of no known kind, incomplete or inconsistent."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "huggingface" | "megatron" | "run"
+    path: Path  # the directory as given (resolved)
+    hf_dir: Path  # config.json + tokenizer: the HF directory itself, or the checkpoint's hf_artifacts/
+    checkpoint: Path | None = None  # Megatron: the iteration directory that is loaded
+    iteration: int | None = None
+
+    @property
+    def is_megatron(self) -> bool:
+        return self.checkpoint is not None
+
+    def describe(self) -> str:
+        if not self.is_megatron:
+            return f"Hugging Face directory {self.path}"
+        what = "nemo-topr run" if self.kind == "run" else "Megatron distributed checkpoint"
+        return f"{what} {self.path}, iteration {self.iteration} ({self.checkpoint}; HF config from {self.hf_dir})"
+
+    def at_iteration(self, iteration: int) -> ModelSource:
+        """Another saved iteration of the same checkpoint (checked complete, like any source)."""
+        if not self.is_megatron:
+            raise ModelSourceError(f"{self.path} is a Hugging Face directory: it has no iterations")
+        return _megatron_source(self.checkpoint.parent, iteration, kind=self.kind, shown=self.path)
+
+    def saved_iterations(self) -> list[int]:
+        return saved_iterations(self.checkpoint.parent) if self.is_megatron else []
+
+    def run_config(self) -> dict:
+        """The iteration's run_config.yaml (Bridge's record of the config it was saved with)."""
+        return yaml.safe_load((self.checkpoint / "run_config.yaml").read_text()) or {}
+
+
+def split_iteration(spec: str | Path) -> tuple[str, str]:
+    """(the directory part, "@N" or "") of a base_model value: RUN@ITERATION reads RUN. A path
+    that exists as given (a directory whose name contains "@N") is never split."""
+    text = str(spec)
+    match = re.fullmatch(r"(.+)(@\d+)", text)
+    return (match[1], match[2]) if match and not Path(text).exists() else (text, "")
+
+
+def resolve(spec: str | Path) -> ModelSource:
+    """Detect the kind of `spec` and check it is complete (see the module docstring)."""
+    text = str(spec)
+    directory, iteration = split_iteration(text)
+    if iteration:
+        return _run_source(Path(directory).resolve(), int(iteration[1:]), given=text)
+    path = Path(text).resolve()
+    if not path.is_dir():
+        raise ModelSourceError(f"base model {text}: no such directory (expected {EXPECTED})")
+    if (path / "context").is_dir() and (path / "weights").is_dir():
+        raise ModelSourceError(_nemo2_message(path))
+    if (path / "config.json").is_file() and _has_hf_weights(path):
+        _check_tokenizer(path, f"Hugging Face directory {path}")
+        return ModelSource("huggingface", path, path)
+    if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
+        return _run_source(path, None, given=text)
+    if re.fullmatch(r"iter_\d+", path.name) and _looks_like_iteration(path):
+        return _megatron_source(path.parent, int(path.name.removeprefix("iter_")), kind="megatron", shown=path)
+    if _looks_like_checkpoint_root(path):
+        return _megatron_source(path, None, kind="megatron", shown=path)
+    if (path / "config.json").is_file():
+        raise ModelSourceError(f"base model {path}: has config.json but no weights "
+                               f"({' or '.join(HF_WEIGHT_PATTERNS)}); expected {EXPECTED}")
+    raise ModelSourceError(f"base model {path}: not a model directory; expected {EXPECTED}")
+
+
+def _nemo2_message(path: Path) -> str:
+    """Why a NeMo 2 checkpoint is not loaded directly, and the route that works (see docs/training.md)."""
+    return (f"base model {path}: a NeMo 2 checkpoint (context/ + weights/). Megatron-Bridge 0.6.2 has no reader "
+            "for it, and weights/ lacks the run_config.yaml Bridge reads on load, so it is not loaded directly. "
+            "Convert it once with NeMo 2 itself: `from nemo.collections import llm; llm.export_ckpt(path=CKPT, "
+            "target='hf', output_path=HF_DIR)`, then `nemo-topr import HF_DIR OUT` and start from OUT")
+
+
+def _has_hf_weights(path: Path) -> bool:
+    return any(next(path.glob(pattern), None) for pattern in HF_WEIGHT_PATTERNS)
+
+
+def _check_tokenizer(directory: Path, what: str) -> None:
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelSourceError(f"{what}: no tokenizer ({' or '.join(TOKENIZER_FILES)} in {directory}); the data is "
+                               "tokenized with the model's own tokenizer, so it must be there")
+
+
+def _looks_like_iteration(path: Path) -> bool:
+    return any((path / name).exists() for name in (*ITERATION_FILES, "train_state.pt"))
+
+
+def _looks_like_checkpoint_root(path: Path) -> bool:
+    return (path / TRACKER).is_file() or any(
+        child.is_dir() and re.fullmatch(r"iter_\d+", child.name) for child in path.glob("iter_*"))
+
+
+def _run_source(run_dir: Path, iteration: int | None, *, given: str) -> ModelSource:
+    if not ((run_dir / "config.yaml").is_file() and (run_dir / "checkpoints").is_dir()):
+        raise ModelSourceError(f"base model {given}: {run_dir} is not a nemo-topr run directory (config.yaml and "
+                               f"checkpoints/ expected)")
+    return _megatron_source(run_dir / "checkpoints", iteration, kind="run", shown=run_dir)
+
+
+def _megatron_source(root: Path, iteration: int | None, *, kind: str, shown: Path) -> ModelSource:
+    """A checkpoint root and an iteration in it (None: the latest), checked complete."""
+    if iteration is None:
+        iteration = latest_iteration(root)
+        if iteration is None:
+            raise ModelSourceError(
+                f"base model {shown}: unfinished or empty checkpoint: no {root / TRACKER} (Bridge writes it when "
+                f"a save completes); saved iterations: {saved_iterations(root)}; pick one as "
+                f"{'RUN@ITERATION' if kind == 'run' else 'DIR/iter_NNNNNNN'} only if you know it finished")
+    checkpoint = root / iteration_dir_name(iteration)
+    if not checkpoint.is_dir():
+        raise ModelSourceError(f"base model {shown}: no checkpoint {checkpoint}; saved iterations: "
+                               f"{saved_iterations(root)}")
+    missing = [name for name in ITERATION_FILES if not (checkpoint / name).is_file()]
+    if missing:
+        raise ModelSourceError(f"base model {shown}: unfinished save: {checkpoint} lacks {', '.join(missing)} "
+                               f"(written when a save completes); use an earlier iteration: {saved_iterations(root)}")
+    hf_dir = next((d / HF_ARTIFACTS for d in (checkpoint, root) if (d / HF_ARTIFACTS / "config.json").is_file()), None)
+    if hf_dir is None:
+        raise ModelSourceError(
+            f"base model {shown}: no Hugging Face config with the checkpoint ({root / HF_ARTIFACTS}/config.json "
+            "expected). It holds the architecture and the tokenizer: create it with `nemo-topr import`, or copy "
+            f"config.json, generation_config.json and the tokenizer files of the model it was trained from into "
+            f"{root / HF_ARTIFACTS}/")
+    _check_tokenizer(hf_dir, f"base model {shown}")
+    source = ModelSource(kind, shown, hf_dir, checkpoint, iteration)
+    check_architecture(source)
+    return source
+
+
+def check_architecture(source: ModelSource) -> None:
+    """The checkpoint's saved model shape must be the one its HF config describes: a checkpoint of
+    another model would otherwise fail deep inside the distributed load, or not at all."""
+    hf_config = json.loads((source.hf_dir / "config.json").read_text())
+    saved = source.run_config().get("model") or {}
+    mismatched = [f"{megatron_key}: checkpoint {saved[megatron_key]}, {source.hf_dir}/config.json "
+                  f"{hf_key}={hf_config[hf_key]}"
+                  for hf_key, megatron_key in ARCHITECTURE_KEYS.items()
+                  if hf_key in hf_config and megatron_key in saved and saved[megatron_key] != hf_config[hf_key]]
+    if mismatched:
+        raise ModelSourceError(f"base model {source.path}: architecture mismatch between {source.checkpoint} and its "
+                               f"HF config: {'; '.join(mismatched)}")
+
+
+def require_hugging_face(spec: str | Path) -> Path:
+    """The HF directory of `spec` for verbs that sample with transformers / vLLM (generate, eval);
+    a Megatron checkpoint is an error naming the export that makes one."""
+    source = resolve(spec)
+    if source.is_megatron:
+        raise ModelSourceError(f"{source.describe()}: sampling needs Hugging Face weights; export it once with "
+                               f"`nemo-topr export --ckpt {spec} --hf-out HF_DIR` and pass HF_DIR")
+    return source.path
+
+
+def fold_alias(cfg) -> None:
+    """Rename a composed config's `hf_model` (the old key, still accepted) to `base_model`, in place."""
+    from omegaconf import OmegaConf
+
+    if "hf_model" not in cfg:
+        return
+    alias = cfg.pop("hf_model")
+    if "base_model" not in cfg or OmegaConf.is_missing(cfg, "base_model") or cfg.base_model in (None, ""):
+        cfg.base_model = alias
+    elif alias not in (None, "", "???") and str(cfg.base_model) != str(alias):
+        raise ModelSourceError(f"base_model={cfg.base_model} and hf_model={alias} disagree; hf_model is an alias of "
+                               "base_model: set one")
+
+
+def alias_override(item: str) -> str:
+    """`hf_model=X` on a command line means `base_model=X`."""
+    return "base_model=" + item.split("=", 1)[1] if item.startswith("hf_model=") else item
+
+
+def write_hf_artifacts(source: ModelSource, checkpoint_root: Path) -> Path:
+    """Copy the source's HF config, generation config and tokenizer (every file but the weights)
+    to CHECKPOINT_ROOT/hf_artifacts, so that the checkpoints saved there are a complete base
+    model for later runs and for export. Kept when present (a resumed run: same source)."""
+    import shutil
+
+    target = checkpoint_root / HF_ARTIFACTS
+    if (target / "config.json").is_file():
+        return target
+    partial = target.with_name(HF_ARTIFACTS + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    weights = {p for pattern in (*HF_WEIGHT_PATTERNS, "*.index.json", "*.pt") for p in source.hf_dir.glob(pattern)}
+    for file in source.hf_dir.iterdir():
+        if file.is_file() and file not in weights:
+            shutil.copy2(file, partial / file.name)
+    partial.rename(target)
+    return target
+
+
+def load_route(cfg: dict, *, must_exist: bool) -> tuple[ModelSource | None, str]:
+    """How a composed training config gets its weights, as one line, for `nemo-topr plan` and a
+    job's dry run: (the resolved source, the line). Unset, or (with must_exist=False, for a
+    planner run off the cluster) not visible on this machine: (None, why). A source that is
+    visible but broken raises ModelSourceError, as training would."""
+    spec = cfg.get("base_model")
+    if spec in (None, "", "???"):
+        if must_exist:
+            raise ModelSourceError("base_model is not set")
+        return None, "base_model not set: not checked"
+    directory = Path(split_iteration(spec)[0])
+    if not directory.exists() and not must_exist:
+        return None, f"{spec}: not visible on this machine: not checked (the job checks it at start)"
+    source = resolve(spec)
+    if not source.is_megatron:
+        return source, (f"{source.describe()}: converted by AutoBridge at every start and requeue, on every rank; "
+                        f"convert once with `nemo-topr import {source.path} OUT` and set base_model=OUT")
+    if cfg.get("resume_from_base"):
+        return source, f"{source.describe()}: distributed-checkpoint load, resuming its training state"
+    return source, (f"{source.describe()}: distributed-checkpoint load (reshards to this layout), weights only: "
+                    "fresh optimizer, iteration 0, fresh data order")

@@ -1,0 +1,99 @@
+"""`nemo-topr import HF_DIR OUT`: convert a Hugging Face Llama once to a Megatron distributed checkpoint.
+
+    nemo-topr import /models/Llama-3.1-70B-Instruct /ckpt/llama31_70b     # then base_model=/ckpt/llama31_70b
+
+Bridge's own import path (AutoBridge.import_ckpt, bridge/models/conversion/auto_bridge.py:1345-1409:
+HF weights -> Megatron model -> ``save_megatron_model(low_memory_save=True)``), with the CPU
+runtime's layer spec where there is no GPU, the weights kept in the HF model's dtype, and
+the HF config, generation config and tokenizer copied to OUT/hf_artifacts/ so that training,
+scoring and export need nothing else. The result is a TP1/PP1 torch_dist checkpoint at
+iteration 0 (OUT/iter_0000000, OUT/latest_checkpointed_iteration.txt); any later TP/PP layout
+loads it (the distributed checkpoint reshards on load). Runs in one process, on CPU if need be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+import torch
+
+from nemo_topr import cpu_runtime
+from nemo_topr.distributed import free_port
+from nemo_topr.model_source import ModelSourceError, resolve, write_hf_artifacts
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def peak_host_memory_gib() -> dict[str, float]:
+    """Peak resident memory (ru_maxrss, KiB on Linux) of this process and of its finished children
+    (the checkpoint writer may run in a child process)."""
+    return {who: round(resource.getrusage(scope).ru_maxrss / 2**20, 3)
+            for who, scope in (("self", resource.RUSAGE_SELF), ("children", resource.RUSAGE_CHILDREN))}
+
+
+def hf_dtype(hf_dir: Path) -> str:
+    """The dtype the HF weights are stored in (config.json's torch_dtype / dtype), as a DTYPES key."""
+    config = json.loads((hf_dir / "config.json").read_text())
+    stored = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(stored, "fp32")
+
+
+def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) -> dict:
+    """Convert `hf_dir` into the Megatron checkpoint `out`; returns what was done and measured."""
+    started = time.monotonic()
+    source = resolve(hf_dir)
+    if source.is_megatron:
+        raise ModelSourceError(f"{hf_dir}: already a Megatron checkpoint ({source.describe()}); nothing to import")
+    out = Path(out).resolve()
+    if out.exists() and any(out.iterdir()):
+        raise ModelSourceError(f"{out}: exists and is not empty; import writes a new checkpoint directory")
+    dtype = dtype or hf_dtype(source.hf_dir)
+    cpu_runtime.enable_cpu_runtime()
+    from megatron.bridge import AutoBridge
+    from megatron.bridge.training.model_load_save import temporary_distributed_context
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    _progress(f"[1/3] {source.describe()}: {dtype} weights -> Megatron (TP1, PP1)")
+    with temporary_distributed_context(backend="nccl" if torch.cuda.is_available() else "gloo"):
+        bridge = AutoBridge.from_hf_pretrained(str(source.hf_dir), torch_dtype=DTYPES[dtype], local_files_only=True)
+        provider = cpu_runtime.cpu_model_overrides(bridge.to_megatron_provider(load_weights=True))
+        provider.params_dtype = DTYPES[dtype]  # the CPU runtime computes in fp32; store what HF stores
+        provider.finalize()
+        model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+        parameters = sum(p.numel() for chunk in model for p in chunk.parameters())
+        loaded = time.monotonic()
+        _progress(f"[2/3] {parameters:,} parameters loaded in {loaded - started:.1f} s; writing {out}")
+        out.mkdir(parents=True, exist_ok=True)
+        # the HF files first: the tracker Bridge writes last then marks the whole import complete
+        write_hf_artifacts(source, out)
+        bridge.save_megatron_model(model, str(out), hf_tokenizer_path=str(source.hf_dir), low_memory_save=True)
+    summary = {"hf_dir": str(source.hf_dir), "out": str(out), "dtype": dtype, "parameters": parameters,
+               "seconds": round(time.monotonic() - started, 1), "peak_host_memory_gib": peak_host_memory_gib()}
+    _progress(f"[3/3] done in {summary['seconds']} s; peak host memory {summary['peak_host_memory_gib']} GiB; "
+              f"start from it with base_model={out}")
+    (out / "nemo_topr_import.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _progress(message: str) -> None:
+    print(f"[nemo-topr import] {message}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="nemo-topr import", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("hf_dir", help="local Hugging Face model directory (config, safetensors, tokenizer)")
+    parser.add_argument("out", help="new directory for the Megatron distributed checkpoint")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="weights dtype (default: the HF config's torch_dtype)")
+    args = parser.parse_args(argv)
+    try:
+        import_hf(args.hf_dir, args.out, dtype=args.dtype)
+    except ModelSourceError as error:
+        raise SystemExit(f"nemo-topr import: {error}") from None
+    return 0

@@ -1,0 +1,316 @@
+"""Starting from a Megatron checkpoint instead of a Hugging Face directory, end to end on CPU:
+`nemo-topr import`, training / scoring / export from the import or from an earlier run,
+weights-only continuation vs resume, loading at another TP/PP layout, and the errors for
+checkpoints that are unfinished, carry no HF config or belong to another architecture."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, run_distributed
+
+pytestmark = pytest.mark.slow
+
+# Same fp32 CPU kernels in the same order either way; the bound leaves room for summation order only.
+LOSS_RTOL = 1e-6
+LOGPROB_ATOL = 1e-4  # per-sequence sums of ~100 token log-probs (|sum| ~ 500): TP splits the reductions
+LOGIT_ATOL = 1e-5
+
+
+def nemo_topr(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    if ok:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A tiny HF Llama and 24 graded records (12 packed rows: 3 iterations of tiny_cpu's 4)."""
+    from nemo_topr.demo import build_graded_records
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("tiny")
+    build_tiny_hf_llama(root / "hf", build_tiny_tokenizer())
+    (root / "graded.jsonl").write_text("".join(json.dumps(r) + "\n" for r in build_graded_records(8)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def imported(tiny) -> tuple[Path, subprocess.CompletedProcess]:
+    return tiny / "imported", nemo_topr("import", tiny / "hf", tiny / "imported")
+
+
+def score(model, data: Path, out: Path, *, tp: int = 1, pp: int = 1) -> dict[int, float]:
+    args = ["score-logprobs", "--model", str(model), "--data", str(data), "--out", str(out), "--seq-length", "512",
+            "--tp", str(tp), "--pp", str(pp)]
+    if tp * pp == 1:
+        nemo_topr(*args)
+    else:
+        run_distributed("nemo_topr_cli.py", tp * pp, *args)
+    return {i: json.loads(line)["behavior_logprob"] for i, line in enumerate(out.read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def scored(tiny) -> Path:
+    """mu from the HF starting model (the data both runs train on)."""
+    score(tiny / "hf", tiny / "graded.jsonl", tiny / "scored.jsonl")
+    return tiny / "scored.jsonl"
+
+
+def train(tiny: Path, scored: Path, base_model, run_dir: Path, *overrides: str) -> Path:
+    nemo_topr("train", "--config-name", "tiny_cpu", f"base_model={base_model}", f"run_dir={run_dir}",
+              f"dataset.train_path={scored}", *overrides)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tiny, imported, scored) -> dict[str, Path]:
+    """The same config started from the HF directory and from its import (a checkpoint every iteration)."""
+    return {start: train(tiny, scored, model, tiny / f"run_{start}", "checkpoint.save_interval=1")
+            for start, model in (("hf", tiny / "hf"), ("imported", imported[0]))}
+
+
+def tensorboard(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars(tag)]
+
+
+def safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(model_dir.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+def dist_checkpoint(iteration_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a torch_dist checkpoint, read with PyTorch DCP (not with the code under test)."""
+    from torch.distributed.checkpoint import FileSystemReader, load
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = FileSystemReader(str(iteration_dir)).read_metadata().state_dict_metadata
+    tensors = {key: torch.empty(meta.size, dtype=meta.properties.dtype) for key, meta in metadata.items()
+               if isinstance(meta, TensorStorageMetadata) and "/" not in key}  # "/": sharded extra/rng state
+    load(tensors, storage_reader=FileSystemReader(str(iteration_dir)), no_dist=True)
+    return tensors
+
+
+# ---------------------------------------------------------------------------------------------
+# import
+
+
+def test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weights(tiny, imported, tmp_path):
+    from nemo_topr.model_source import resolve
+
+    out, proc = imported
+    assert [line.split("]")[1].strip()[:5] for line in proc.stdout.splitlines() if line.startswith("[nemo-topr import]")
+            ] == ["[1/3", "[2/3", "[3/3"]  # progress
+    report = json.loads((out / "nemo_topr_import.json").read_text())
+    assert report["parameters"] == sum(t.numel() for t in safetensors(tiny / "hf").values())
+    assert 0.1 < report["peak_host_memory_gib"]["self"] < 8
+    source = resolve(out)
+    assert (source.kind, source.iteration, source.hf_dir) == ("megatron", 0, out / "hf_artifacts")
+    assert {"config.json", "tokenizer.json", "generation_config.json"} <= {p.name for p in source.hf_dir.iterdir()}
+    # item 6: export straight from the import (no run) loads in transformers with the HF weights, bit for bit
+    nemo_topr("export", "--ckpt", out, "--hf-out", tmp_path / "back")
+    original, back = safetensors(tiny / "hf"), safetensors(tmp_path / "back")
+    assert back.keys() == original.keys() and all(torch.equal(back[k], original[k]) for k in original)
+    assert (tmp_path / "back" / "tokenizer.json").read_text() == (tiny / "hf" / "tokenizer.json").read_text()
+    assert nemo_topr("import", tiny / "hf", out, ok=False).stderr.strip().endswith(
+        "exists and is not empty; import writes a new checkpoint directory")
+
+
+def test_a_bf16_import_stores_bf16_and_loads_into_the_fp32_cpu_runtime(tiny, scored, tmp_path):
+    """Llama 3.1's config says bfloat16, so that is the default import dtype: half the bytes."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    nemo_topr("import", tiny / "hf", tmp_path / "bf16", "--dtype", "bf16")
+    metadata = FileSystemReader(str(tmp_path / "bf16" / "iter_0000000")).read_metadata().state_dict_metadata
+    assert all(metadata[key].properties.dtype == torch.bfloat16 for key in
+               ("embedding.word_embeddings.weight", "decoder.layers.self_attention.linear_qkv.weight",
+                "decoder.layers.mlp.linear_fc1.weight", "output_layer.weight"))
+    from_bf16 = score(tmp_path / "bf16", tiny / "graded.jsonl", tmp_path / "s.jsonl")
+    fp32 = {i: json.loads(line)["behavior_logprob"] for i, line in enumerate(scored.read_text().splitlines())}
+    # bf16-rounded weights (8 mantissa bits) move each ~-550 sum a little, never by much
+    assert from_bf16 != fp32 and from_bf16 == pytest.approx(fp32, rel=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# HF start == imported start
+
+
+def test_scoring_from_the_import_equals_scoring_from_hf(tiny, imported, scored, tmp_path):
+    from_hf = {i: json.loads(line)["behavior_logprob"] for i, line in enumerate(scored.read_text().splitlines())}
+    assert score(imported[0], tiny / "graded.jsonl", tmp_path / "s.jsonl") == pytest.approx(from_hf, abs=LOGPROB_ATOL)
+
+
+def test_imported_start_trains_and_exports_like_the_hf_start(runs, tiny, tmp_path):
+    losses = {start: tensorboard(run, "topr_loss") for start, run in runs.items()}
+    assert [step for step, _ in losses["hf"]] == [1, 2, 3]
+    assert [step for step, _ in losses["imported"]] == [1, 2, 3]
+    for (_, hf_loss), (_, imported_loss) in zip(losses["hf"], losses["imported"]):
+        assert imported_loss == pytest.approx(hf_loss, rel=LOSS_RTOL)
+    assert len({loss for _, loss in losses["hf"]}) == 3  # it trained: the loss moves
+
+    exports = {start: tmp_path / start for start in runs}
+    for start, run in runs.items():
+        nemo_topr("export", "--ckpt", run, "--hf-out", exports[start])
+    from transformers import AutoModelForCausalLM
+
+    tokens = torch.randint(0, 512, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = {start: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()(tokens).logits
+                  for start, path in {**exports, "base": tiny / "hf"}.items()}
+    assert (logits["imported"] - logits["hf"]).abs().max() <= LOGIT_ATOL
+    assert (logits["hf"] - logits["base"]).abs().max() > 100 * LOGIT_ATOL  # trained weights, not a copy
+
+
+# ---------------------------------------------------------------------------------------------
+# round 2 from round 1
+
+
+def test_round_2_starts_from_round_1_weights_with_a_fresh_optimizer_and_count(runs, tiny, scored):
+    round_1 = runs["hf"]
+    # lr 0: the one step of round 2 leaves the weights where they started; 12 rows = 1 step
+    round_2 = train(tiny, scored, round_1, tiny / "round_2", "optimizer.lr=0.0", "optimizer.min_lr=0.0",
+                    "train.global_batch_size=12")
+    final_1 = dist_checkpoint(round_1 / "checkpoints" / "iter_0000003")
+    after_2 = dist_checkpoint(round_2 / "checkpoints" / "iter_0000001")
+    weights = [k for k in final_1 if not k.startswith("optimizer.")]
+    assert len(weights) == 9 and all(torch.equal(after_2[k], final_1[k]) for k in weights)
+    # Adam after its first step: m = (1-b1) g, v = (1-b2) g^2, so m^2/v = (1-b1)^2/(1-b2) = 10
+    # exactly for every element; a carried-over optimizer (round 1's moments) breaks it.
+    def moment_ratio(state):
+        ratios = [state[k][state[k.replace("exp_avg.", "exp_avg_sq.")] > 0] ** 2
+                  / state[k.replace("exp_avg.", "exp_avg_sq.")][state[k.replace("exp_avg.", "exp_avg_sq.")] > 0]
+                  for k in state if k.startswith("optimizer.state.exp_avg.")]
+        return torch.cat(ratios)
+
+    assert torch.allclose(moment_ratio(after_2), torch.tensor(10.0), rtol=1e-4)
+    assert not torch.allclose(moment_ratio(final_1), torch.tensor(10.0), rtol=1e-2)  # round 1 had 3 steps
+    train_state = torch.load(round_2 / "checkpoints" / "iter_0000001" / "train_state.pt", weights_only=False)
+    assert (int(train_state["step"]), int(train_state["consumed_train_samples"])) == (1, 12)
+    ledger = [json.loads(line) for line in (round_2 / "samples_dp0.jsonl").read_text().splitlines()]
+    assert {entry["iteration"] for entry in ledger} == {0}  # the step count before the step: 3 if carried over
+
+
+def test_resume_from_base_continues_the_earlier_run_exactly(runs, tiny, scored):
+    round_1 = runs["hf"]
+    resumed = train(tiny, scored, f"{round_1}@1", tiny / "resumed", "resume_from_base=true")
+    # the run resumed from round 1's iteration 1 (optimizer, data position): iterations 2 and 3
+    # are round 1's own, loss for loss
+    assert tensorboard(resumed, "topr_loss") == tensorboard(round_1, "topr_loss")[1:]
+    proc = nemo_topr("train", "--config-name", "tiny_cpu", f"base_model={tiny / 'hf'}", "resume_from_base=true",
+                     f"run_dir={tiny / 'x'}", f"dataset.train_path={scored}", ok=False)
+    assert proc.returncode != 0 and "resume_from_base=true needs a checkpoint saved by training" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# another layout on load
+
+
+@pytest.mark.distributed
+def test_a_tp1_checkpoint_loads_at_tp2(tiny, imported, scored, tmp_path):
+    tp1 = score(imported[0], tiny / "graded.jsonl", tmp_path / "tp1.jsonl")
+    tp2 = score(imported[0], tiny / "graded.jsonl", tmp_path / "tp2.jsonl", tp=2)
+    assert len(tp1) == 24 and tp2 == pytest.approx(tp1, abs=LOGPROB_ATOL)
+
+
+@pytest.mark.distributed
+def test_a_pp2_checkpoint_loads_at_tp1(tiny, imported, scored, tmp_path):
+    run = tmp_path / "pp2"
+    run_distributed("nemo_topr_cli.py", 2, "train", "--config-name", "tiny_cpu", f"base_model={imported[0]}",
+                    f"run_dir={run}", f"dataset.train_path={scored}", "model.pipeline_model_parallel_size=2",
+                    "model.pipeline_dtype=fp32")
+    assert "pipeline_model_parallel_size: 2" in (run / "checkpoints" / "iter_0000003" / "run_config.yaml").read_text()
+    at_pp2 = score(run, tiny / "graded.jsonl", tmp_path / "pp2.jsonl", pp=2)
+    at_tp1 = score(run, tiny / "graded.jsonl", tmp_path / "tp1.jsonl")
+    assert len(at_tp1) == 24 and at_tp1 == pytest.approx(at_pp2, abs=LOGPROB_ATOL)
+    base = {i: json.loads(line)["behavior_logprob"] for i, line in enumerate(scored.read_text().splitlines())}
+    assert max(abs(at_tp1[i] - base[i]) for i in base) > 1.0  # the trained weights were loaded, not the base
+
+
+# ---------------------------------------------------------------------------------------------
+# bad Megatron inputs
+
+
+def _broken_copy(imported: Path, tmp_path: Path, breaks) -> Path:
+    copy = Path(shutil.copytree(imported, tmp_path / "copy"))
+    breaks(copy)
+    return copy
+
+
+def _edit_config(path: Path, **changes) -> None:
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, **changes}))
+
+
+@pytest.mark.parametrize("breaks, message", [
+    (lambda c: (c / "latest_checkpointed_iteration.txt").unlink(),
+     r"unfinished or empty checkpoint: no .*latest_checkpointed_iteration.txt.*saved iterations: \[0\]"),
+    (lambda c: (c / "iter_0000000" / "metadata.json").unlink(), r"unfinished save: .*iter_0000000 lacks metadata.json"),
+    (lambda c: (c / "iter_0000000" / ".metadata").unlink(), r"unfinished save: .*iter_0000000 lacks \.metadata"),
+    (lambda c: shutil.rmtree(c / "hf_artifacts"), r"no Hugging Face config with the checkpoint .*hf_artifacts/config.json"),
+    (lambda c: (c / "hf_artifacts" / "tokenizer.json").unlink(), r"no tokenizer \(tokenizer.json or tokenizer.model"),
+    (lambda c: _edit_config(c / "hf_artifacts" / "config.json", num_hidden_layers=3, intermediate_size=256),
+     r"architecture mismatch .*num_layers: checkpoint 2, .*num_hidden_layers=3; ffn_hidden_size: checkpoint 172"),
+], ids=["no_tracker", "no_metadata_json", "no_dcp_metadata", "no_hf_artifacts", "no_tokenizer", "other_architecture"])
+def test_a_broken_megatron_checkpoint_is_a_clear_error(imported, tmp_path, breaks, message):
+    from nemo_topr.model_source import ModelSourceError, resolve
+
+    copy = _broken_copy(imported[0], tmp_path, breaks)
+    with pytest.raises(ModelSourceError, match=message):
+        resolve(copy)
+
+
+def test_a_missing_iteration_and_a_bad_base_model_fail_the_verbs(runs, imported, tmp_path, tiny):
+    from nemo_topr.model_source import ModelSourceError, resolve
+
+    with pytest.raises(ModelSourceError, match=r"no checkpoint .*iter_0000007; saved iterations: \[1, 2, 3\]"):
+        resolve(f"{runs['hf']}@7")
+    mismatched = _broken_copy(imported[0], tmp_path, lambda c: _edit_config(c / "hf_artifacts" / "config.json",
+                                                                            hidden_size=128))
+    proc = nemo_topr("train", "--config-name", "tiny_cpu", f"base_model={mismatched}", f"run_dir={tmp_path / 'r'}",
+                     f"dataset.train_path={tiny / 'graded.jsonl'}", ok=False)
+    assert proc.returncode != 0 and "architecture mismatch" in proc.stderr and "hidden_size: checkpoint 64" in proc.stderr
+    proc = nemo_topr("export", "--ckpt", tiny / "hf", "--hf-out", tmp_path / "e", ok=False)
+    assert "already a Hugging Face directory; export reads Megatron checkpoints" in proc.stderr
+    proc = nemo_topr("eval", "--model", imported[0], "--benchmark", "gsm8k", "--limit", "1", "--out", tmp_path / "r.json",
+                     ok=False)  # sampling is transformers / vLLM: HF weights only
+    assert proc.returncode != 0 and f"export it once with `nemo-topr export --ckpt {imported[0]}" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# cluster pre-flight
+
+
+def test_plan_shows_the_load_route_and_rejects_an_unfinished_checkpoint(imported, tiny, tmp_path, capsys):
+    from nemo_topr.cluster.plan import main
+    from nemo_topr.model_source import ModelSourceError, load_route
+
+    main(["llama31_8b_bf16", f"base_model={imported[0]}"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith(f"load       Megatron distributed checkpoint {imported[0]}, iteration 0")
+    assert "weights only: fresh optimizer, iteration 0" in lines[1]
+    assert lines[2].startswith(f"model      imported ({imported[0]}/hf_artifacts/config.json)")  # its own shape
+    main(["llama31_8b_bf16", f"base_model={tiny / 'hf'}"])
+    assert f"converted by AutoBridge at every start and requeue, on every rank; convert once with `nemo-topr " \
+           f"import {tiny / 'hf'} OUT`" in capsys.readouterr().out
+    unfinished = _broken_copy(imported[0], tmp_path, lambda c: (c / "latest_checkpointed_iteration.txt").unlink())
+    assert main(["llama31_8b_bf16", f"base_model={unfinished}"]) == 1
+    assert "unfinished or empty checkpoint" in capsys.readouterr().err
+    # off the cluster the planner cannot see the checkpoint; a job's dry run must
+    assert load_route({"base_model": str(tmp_path / "elsewhere")}, must_exist=False)[0] is None
+    with pytest.raises(ModelSourceError, match="no such directory"):
+        load_route({"base_model": str(tmp_path / "elsewhere")}, must_exist=True)

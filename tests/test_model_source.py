@@ -1,0 +1,79 @@
+"""`base_model=`: kind detection of a Hugging Face directory and the errors for what is not a
+model (the Megatron kinds, from a real `nemo-topr import`, are in test_checkpoint_route.py)."""
+
+import shutil
+
+import pytest
+
+from nemo_topr.model_source import ModelSourceError, resolve
+from nemo_topr.training.config import ConfigError, compose
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory):
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    corpus = ["Question: 12 apples and 30 more?\nAnswer: 42", "The answer is 7."] * 20
+    return build_tiny_hf_llama(tmp_path_factory.mktemp("hf") / "tiny", build_tiny_tokenizer(corpus=corpus, vocab_size=300))
+
+
+def test_a_hugging_face_directory_is_detected(tiny_hf):
+    source = resolve(tiny_hf)
+    assert (source.kind, source.hf_dir, source.checkpoint, source.is_megatron) == ("huggingface", tiny_hf, None, False)
+    assert source.describe() == f"Hugging Face directory {tiny_hf}"
+
+
+def test_a_hugging_face_directory_without_tokenizer_is_an_error(tiny_hf, tmp_path):
+    copy = shutil.copytree(tiny_hf, tmp_path / "no_tokenizer")
+    (copy / "tokenizer.json").unlink()
+    with pytest.raises(ModelSourceError, match=r"no_tokenizer: no tokenizer \(tokenizer.json or tokenizer.model"):
+        resolve(copy)
+
+
+def test_a_config_without_weights_is_not_a_model(tiny_hf, tmp_path):
+    copy = shutil.copytree(tiny_hf, tmp_path / "config_only")
+    (copy / "model.safetensors").unlink()
+    with pytest.raises(ModelSourceError, match=r"has config.json but no weights"):
+        resolve(copy)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: None, "no such directory"),
+    (lambda d: d.mkdir(), "not a model directory; expected one of: a Hugging Face model directory"),
+    (lambda d: (d / "data").mkdir(parents=True), "not a model directory"),
+])
+def test_a_directory_of_no_known_kind_names_what_was_expected(tmp_path, make, message):
+    target = tmp_path / "somewhere"
+    make(target)
+    with pytest.raises(ModelSourceError, match=message) as error:
+        resolve(target)
+    assert "RUN@ITERATION" in str(error.value)  # the message lists every accepted kind
+
+
+def test_a_nemo2_checkpoint_fails_with_the_conversion_route(tmp_path):
+    for sub in ("context", "weights"):
+        (tmp_path / "nemo2" / sub).mkdir(parents=True)
+    with pytest.raises(ModelSourceError, match=r"NeMo 2 checkpoint.*llm.export_ckpt.*nemo-topr import HF_DIR OUT"):
+        resolve(tmp_path / "nemo2")
+
+
+def test_run_at_iteration_needs_a_run_directory(tmp_path):
+    with pytest.raises(ModelSourceError, match=r"not a nemo-topr run directory \(config.yaml and checkpoints/"):
+        resolve(f"{tmp_path}@100")
+
+
+def test_hf_model_is_an_alias_of_base_model(tiny_hf, tmp_path):
+    # on the command line, over a YAML that sets base_model
+    assert compose("tiny_cpu", [f"hf_model={tiny_hf}"]).base_model == str(tiny_hf)
+    assert "hf_model" not in compose("tiny_cpu", [f"hf_model={tiny_hf}"])
+    # in a user's own YAML written before the rename (topr.yaml leaves base_model missing)
+    (tmp_path / "old.yaml").write_text(f"defaults:\n  - topr\n  - _self_\nhf_model: {tiny_hf}\n")
+    from nemo_topr.training.config import CONF_DIR
+
+    shutil.copy(CONF_DIR / "topr.yaml", tmp_path / "topr.yaml")
+    assert compose("old", [], tmp_path).base_model == str(tiny_hf)
+    (tmp_path / "both.yaml").write_text(f"defaults:\n  - topr\n  - _self_\nhf_model: {tiny_hf}\nbase_model: /other\n")
+    with pytest.raises(ConfigError, match="base_model=/other and hf_model=.* disagree"):
+        compose("both", [], tmp_path)
+
