@@ -209,20 +209,21 @@ def test_study_smoke(tmp_path):
     assert study.main(["--out", str(out), "--docs", str(tmp_path / "docs"), "--pretrain-problems", "64",
                        "--train-prompts", "8", "--validation-prompts", "4", "--test-prompts", "4",
                        "--probe-prompts", "4", "--k", "2", "--eval-samples", "2", "--pretrain-epochs", "1",
-                       "--pretrain-save-interval", "1", "--mu-target", "0", "--seeds", "1",
-                       "--tuning-seeds", "101", "--lr-grid", "1e-3", "--warmup-grid", "0",
+                       "--pretrain-save-interval", "1", "--mu-target", "0", "--seeds", "101",
+                       "--tuning-seeds", "1", "--lr-grid", "1e-3", "--warmup-grid", "0",
                        "--variants", "sft_positive", "reinforce", "topr", "--p-tilde", "0.2", "0.5", "0.8",
                        "--hidden-size", "32", "--max-new-tokens", "16"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["mu_target_met"] and [p["iteration"] for p in results["pretrain"]] == [1]
-    assert set(results["datasets"]) == {"101", "1"} and results["selected"] == {"lr": 1e-3, "warmup": 0}
+    assert set(results["datasets"]) == {"1", "101"} and results["selected"] == {"lr": 1e-3, "warmup": 0}
     runs = results["runs"]
-    assert set(runs["tune_lr0.001_wu0_s101"]) >= {"validation", "iterations"} and "test" not in runs["tune_lr0.001_wu0_s101"]
+    assert set(runs["tune_lr0.001_wu0_s1"]) >= {"validation", "iterations"} and "test" not in runs["tune_lr0.001_wu0_s1"]
     for key in ("sft_positive", "reinforce", "topr"):
-        assert {"test", "validation"} <= set(runs[f"{key}_s1"]) and runs[f"{key}_s1"]["lr"] == 1e-3
-    # the grid runs when seed 1's data has both signs, else each point is skipped with a reason
-    p = results["datasets"]["1"]["positive_share"]
-    assert ("topr_ptilde0.5_s1" in runs) == (0 < p < 1) and (("skipped" in results) != (0 < p < 1))
+        assert {"test", "validation"} <= set(runs[f"{key}_s101"]) and runs[f"{key}_s101"]["lr"] == 1e-3
+    # the grid runs when seed 101's data has both signs, else each point is skipped with a reason
+    # (on the development machine it drew 1 correct of 16; seed 1 drew none)
+    p = results["datasets"]["101"]["positive_share"]
+    assert ("topr_ptilde0.5_s101" in runs) == (0 < p < 1) and (("skipped" in results) != (0 < p < 1))
     text = (out / "results.md").read_text()
     assert "**Not the pre-registered design**" in text and "Manipulation check" in text
     assert "| A | B | A − B per seed | mean ± sd | + / − / tie | sign-test p | outcome |" in text

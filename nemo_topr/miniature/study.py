@@ -207,7 +207,6 @@ def run_study(design: Design, out: Path, docs: Path | None) -> dict:
         out, splits, model, lr=design.pretrain_lr, epochs=design.pretrain_epochs,
         save_interval=design.pretrain_save_interval, target=design.mu_target, probe_prompts=design.probe_prompts,
         max_new_tokens=design.max_new_tokens)
-    torch.set_num_threads(1)  # evaluation runs beside the trainings from here on
     results["mu"] = {"path": str(mu), "test": evaluate(mu, "test"), "validation": evaluate(mu, "validation")}
     stage_done("pretraining")
 
@@ -218,7 +217,10 @@ def run_study(design: Design, out: Path, docs: Path | None) -> dict:
             mu, splits["train"], design.k, seed, out / "data" / f"seed{seed}", design.max_new_tokens)
     stage_done("datasets")
 
-    # 4. lr / warm-up selection with positives-only on validation
+    # 4. lr / warm-up selection with positives-only on validation. From here on this process only
+    #    evaluates, beside `design.jobs` training subprocesses: one thread (oversubscribed OpenMP
+    #    threads slowed the miniature's evaluation ~8x on 2 cores)
+    torch.set_num_threads(1)
     train_all([{"name": f"tune_lr{lr:g}_wu{warmup}_s{seed}", "stage": "tuning", "key": "sft_positive", "seed": seed,
                 "lr": lr, "warmup": warmup, "overrides": pipeline.variant_overrides("sft_positive")}
                for lr, warmup, seed in tuning_runs(design)], ("validation",))
