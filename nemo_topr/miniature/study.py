@@ -149,8 +149,12 @@ def select_settings(validation: dict[tuple[float, int], list[float]]) -> tuple[f
 
 
 def _commit() -> str | None:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else None
+    """HEAD, with "+uncommitted changes" when tracked files differ from it (None outside git)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True).returncode != 0
+    return head.stdout.strip() + (" +uncommitted changes" if dirty else "")
 
 
 def run_study(design: Design, out: Path, docs: Path | None) -> dict:
