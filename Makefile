@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo clean bench miniature
+.PHONY: venv test test-fast demo clean bench miniature miniature-study
 
 venv:
 	@scripts/setup_venv.sh
@@ -24,6 +24,10 @@ clean:
 # The CPU miniature of the paper's claims (docs/miniature.md): about 16 minutes on 2 cores.
 miniature: venv
 	$(PYTHON) -m nemo_topr.miniature
+
+# The pre-registered study of issue 19 (docs/miniature.md): hours on 2 cores; add ARGS=--dry-run for the plan.
+miniature-study: venv
+	$(PYTHON) -m nemo_topr.miniature.study $(ARGS)
 
 bench: venv
 	$(PYTHON) -m bench.run

@@ -37,7 +37,7 @@ TELEMETRY = ("topr_loss", "positive_nll", "negative_nll", "negative_weight_mean"
 PRETRAIN_TARGET = 0.30
 
 
-def _log(text: str) -> None:
+def log(text: str) -> None:
     print(f"[miniature {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
@@ -120,13 +120,13 @@ def evaluate(model_dir: Path, problems, prefix: str, num_samples: int, seed: int
     return results
 
 
-def _run_logged(command: list[str], log: Path, what: str, env: dict[str, str] | None = None) -> None:
-    """Run a nemo-topr subprocess with its output in `log` only (runs go two at a time)."""
+def _run_logged(command: list[str], log_path: Path, what: str, env: dict[str, str] | None = None) -> None:
+    """Run a nemo-topr subprocess with its output in `log_path` only (runs go two at a time)."""
     import subprocess
 
-    with log.open("w") as log_file:
+    with log_path.open("w") as log_file:
         if subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, env=env).returncode != 0:
-            raise SystemExit(f"{what} failed; full log: {log}")
+            raise SystemExit(f"{what} failed; full log: {log_path}")
 
 
 def export_all(run_dir: Path, hf_root: Path) -> dict[int, Path]:
@@ -152,11 +152,93 @@ def train(name: str, hf_model: Path, data: Path, overrides: list[str], out: Path
     run_dir.mkdir(parents=True)
     command = [sys.executable, "-m", "nemo_topr.cli", "train", "--config-name", "miniature",
                f"hf_model={hf_model}", f"run_dir={run_dir}", f"dataset.train_path={data}", *overrides]
-    _log("$ " + " ".join(command))
+    log("$ " + " ".join(command))
     _run_logged(command, run_dir / "train.log", f"training {name}",
                 env={**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})})
-    _log(f"trained {name}")
+    log(f"trained {name}")
     return run_dir
+
+
+def build_task_and_model(out: Path, sizes: dict[str, int], task_seed: int, vocab_size: int,
+                         hidden_size: int) -> tuple[dict, Path]:
+    """Splits of the given sizes (disjoint, drawn in order), the tiny BPE tokenizer trained on the
+    pretraining split, and a randomly initialised tiny Llama in HF format at out/init_hf."""
+    from nemo_topr.miniature.task import corpus, make_splits
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    splits = make_splits(sizes, seed=task_seed)
+    tokenizer = build_tiny_tokenizer(vocab_size=vocab_size, chat_template=False, corpus=corpus(splits["pretrain"]))
+    model = build_tiny_hf_llama(out / "init_hf", tokenizer, num_layers=2, hidden_size=hidden_size,
+                                intermediate_size=int(hidden_size * 8 / 3) // 8 * 8, num_heads=4,
+                                num_kv_heads=2, max_position_embeddings=256)
+    lengths = [len(tokenizer(p.prompt + p.solution)["input_ids"]) for p in splits["pretrain"][:200]]
+    log(f"task: {'/'.join(str(n) for n in sizes.values())} problems ({'/'.join(sizes)}); tokenizer "
+         f"{len(tokenizer)} tokens; problem length {min(lengths)}-{max(lengths)} tokens")
+    return splits, model
+
+
+def pretrain_mu(out: Path, splits: dict, model: Path, *, lr: float, epochs: int, save_interval: int,
+                target: float, probe_prompts: int, max_new_tokens: int) -> tuple[Path, list[dict], bool]:
+    """Pretraining from scratch = one SFT run on the pretraining split's gold solutions, a checkpoint
+    every `save_interval` iterations. Checkpoints are probed in order on the first `probe_prompts`
+    train prompts x 8 samples; mu is the first with train pass@1 >= target, else the last one.
+    Returns (mu, probes, target met)."""
+    sft_data = _write_jsonl(_records(splits["pretrain"], "pre"), out / "data" / "pretrain.jsonl")
+    run_dir = train("pretrain", model, sft_data,
+                    ["objective.variant=sft_positive", f"optimizer.lr={lr}", f"optimizer.min_lr={lr}",
+                     f"dataset.epochs={epochs}", f"checkpoint.save_interval={save_interval}"], out)
+    probes = []
+    for iteration, hf in export_all(run_dir, out / "pretrain_hf").items():
+        probe = evaluate(hf, splits["train"][:probe_prompts], "train", 8, 0, max_new_tokens)
+        probes.append({"iteration": iteration, **probe["metrics"]})
+        log(f"pretraining iteration {iteration}: train pass@1 {probe['metrics']['pass@1']:.3f}; "
+             f"e.g. {probe['examples'][0]!r}")
+        mu = hf
+        if probe["metrics"]["pass@1"] >= target:
+            break
+    shutil.rmtree(run_dir / "checkpoints")
+    return mu, probes, probes[-1]["pass@1"] >= target
+
+
+def offline_dataset(mu: Path, problems, k: int, seed: int, directory: Path, max_new_tokens: int) -> tuple[Path, dict]:
+    """k samples per prompt from mu with sampling seed `seed` (the project's sampler), graded +-1,
+    log mu scored with `nemo-topr score-logprobs`. Returns (scored records, counts)."""
+    from nemo_topr.data.records import write_jsonl
+    from nemo_topr.evaluation.generate import graded_records
+
+    directory.mkdir(parents=True, exist_ok=True)
+    gen_problems, graded = sample(mu, problems, "train", k, seed, max_new_tokens)
+    records = graded_records(gen_problems, graded)
+    write_jsonl(records, directory / "graded.jsonl")
+    grades = [s.grade for samples in graded for s in samples]
+    stats = {"records": len(records), "positive_share": sum(r.reward > 0 for r in records) / len(records),
+             **{g: grades.count(g) for g in ("correct", "wrong", "invalid")},
+             "prompts_with_both": sum(0 < sum(s.grade == "correct" for s in samples) < len(samples)
+                                      for samples in graded)}
+    scored = directory / "scored.jsonl"
+    _run_logged([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(mu), "--data",
+                 str(directory / "graded.jsonl"), "--out", str(scored), "--seq-length", "256", "--device", "cpu"],
+                directory / "score.log", f"scoring {directory}")
+    log(f"offline dataset (seed {seed}): {stats}")
+    return scored, stats
+
+
+def train_variant(name: str, mu: Path, data: Path, overrides: list[str], out: Path, *, epochs: int, lr: float,
+                  warmup: int, save_interval: int, seed: int, jobs: int) -> tuple[Path, dict[int, Path]]:
+    """One run from mu: `epochs` over `data` at lr (linear warm-up from 0 over `warmup` iterations,
+    constant after), seed for init RNG and data order; exported checkpoints {iteration: HF dir}.
+    The run's OpenMP threads are the cores shared out over `jobs` concurrent runs."""
+    run_dir = train(name, mu, data,
+                    [*overrides, f"dataset.epochs={epochs}", f"optimizer.lr={lr}", f"optimizer.min_lr={lr}",
+                     f"scheduler.lr_warmup_iters={warmup}", f"checkpoint.save_interval={save_interval}",
+                     f"rng.seed={seed}", f"dataset.shuffle_seed={seed}"], out,
+                    threads=max(1, (os.cpu_count() or 1) // max(1, jobs)))
+    return run_dir, export_all(run_dir, out / "exports" / name)
+
+
+def variant_overrides(variant: str) -> list[str]:
+    return [f"objective.variant={variant}"] + (["objective.asymre_delta_v=-0.1"] if variant == "asymre" else [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,13 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from concurrent.futures import ThreadPoolExecutor
 
-    from nemo_topr.data.records import write_jsonl
-    from nemo_topr.demo import _run
-    from nemo_topr.evaluation.generate import graded_records
-    from nemo_topr.miniature.task import corpus, make_splits
-    from nemo_topr.model import build_tiny_hf_llama
     from nemo_topr.objective import baseline_for_share
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
 
     started = time.time()
     out = Path(args.out).resolve()
@@ -216,15 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         save()
 
     # 1. task, tokenizer, model
-    splits = make_splits({"pretrain": args.pretrain_problems, "train": args.train_prompts,
-                          "test": args.test_prompts}, seed=args.task_seed)
-    tokenizer = build_tiny_tokenizer(vocab_size=args.vocab_size, chat_template=False, corpus=corpus(splits["pretrain"]))
-    model = build_tiny_hf_llama(out / "init_hf", tokenizer, num_layers=2, hidden_size=args.hidden_size,
-                                intermediate_size=int(args.hidden_size * 8 / 3) // 8 * 8, num_heads=4,
-                                num_kv_heads=2, max_position_embeddings=256)
-    lengths = [len(tokenizer(p.prompt + p.solution)["input_ids"]) for p in splits["pretrain"][:200]]
-    _log(f"task: {args.pretrain_problems}/{args.train_prompts}/{args.test_prompts} problems; tokenizer "
-         f"{len(tokenizer)} tokens; problem length {min(lengths)}-{max(lengths)} tokens")
+    splits, model = build_task_and_model(out, {"pretrain": args.pretrain_problems, "train": args.train_prompts,
+                                               "test": args.test_prompts}, args.task_seed, args.vocab_size,
+                                         args.hidden_size)
 
     # 2. pretraining from scratch: one SFT run on gold solutions, a checkpoint every
     #    --pretrain-save-interval iterations; mu = the first checkpoint with train pass@1 >= 0.30
@@ -233,50 +303,26 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(args.mu, mu)
         results["pretrain_skipped"] = f"--mu {args.mu}"
     else:
-        sft_data = _write_jsonl(_records(splits["pretrain"], "pre"), out / "data" / "pretrain.jsonl")
-        run_dir = train("pretrain", model, sft_data,
-                        ["objective.variant=sft_positive", f"optimizer.lr={args.pretrain_lr}",
-                         f"optimizer.min_lr={args.pretrain_lr}", f"dataset.epochs={args.pretrain_epochs}",
-                         f"checkpoint.save_interval={args.pretrain_save_interval}"], out)
-        checkpoints = export_all(run_dir, out / "pretrain_hf")
-        for iteration, hf in checkpoints.items():
-            probe = evaluate(hf, splits["train"][:args.probe_prompts], "train", 8, 0, args.max_new_tokens)
-            results["pretrain"].append({"iteration": iteration, **probe["metrics"]})
-            _log(f"pretraining iteration {iteration}: train pass@1 {probe['metrics']['pass@1']:.3f}; "
-                 f"e.g. {probe['examples'][0]!r}")
-            mu = hf
-            if probe["metrics"]["pass@1"] >= PRETRAIN_TARGET:
-                break
-        results["pretrain_target_met"] = results["pretrain"][-1]["pass@1"] >= PRETRAIN_TARGET
-        shutil.rmtree(run_dir / "checkpoints")
+        mu, results["pretrain"], results["pretrain_target_met"] = pretrain_mu(
+            out, splits, model, lr=args.pretrain_lr, epochs=args.pretrain_epochs,
+            save_interval=args.pretrain_save_interval, target=PRETRAIN_TARGET, probe_prompts=args.probe_prompts,
+            max_new_tokens=args.max_new_tokens)
     results["mu"] = str(mu)
     stage_done("pretrain")
 
     # 3. the offline dataset: k samples per train prompt from mu, graded +-1, log mu scored
-    gen_problems, graded = sample(mu, splits["train"], "train", args.k, 1, args.max_new_tokens)
-    records = graded_records(gen_problems, graded)
-    write_jsonl(records, out / "data" / "graded.jsonl")
-    grades = [s.grade for samples in graded for s in samples]
-    p = sum(r.reward > 0 for r in records) / len(records)
-    results["dataset"] = {"records": len(records), "positive_share": p,
-                          **{g: grades.count(g) for g in ("correct", "wrong", "invalid")},
-                          "prompts_with_both": sum(0 < sum(s.grade == "correct" for s in samples) < len(samples)
-                                                   for samples in graded)}
-    _log(f"offline dataset: {results['dataset']}")
-    scored = out / "data" / "scored.jsonl"
-    _run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(mu), "--data",
-          str(out / "data" / "graded.jsonl"), "--out", str(scored), "--seq-length", "256", "--device", "cpu"], out / "score.log")
+    scored, results["dataset"] = offline_dataset(mu, splits["train"], args.k, 1, out / "data", args.max_new_tokens)
+    p = results["dataset"]["positive_share"]
     start_eval = evaluate(mu, splits["test"], "test", args.eval_samples, 0, args.max_new_tokens)
     results["runs"]["mu"] = {"name": "mu (start)", "seed": None, "eval": start_eval["metrics"],
                              "examples": start_eval["examples"]}
     stage_done("dataset")
 
     # 4. variants and the p~ sweep, from mu on the same data, per seed
-    plan = [(v, v, [f"objective.variant={v}"] + (["objective.asymre_delta_v=-0.1"] if v == "asymre" else []))
-            for v in args.variants]
+    plan = [(v, v, variant_overrides(v)) for v in args.variants]
     if not 0.0 < p < 1.0 and args.p_tilde:  # no c changes the share of a one-sided dataset
         results["p_tilde_skipped"] = f"positive share p = {p}: the p~ sweep needs both positives and negatives"
-        _log(results["p_tilde_skipped"])
+        log(results["p_tilde_skipped"])
     for target in args.p_tilde if 0.0 < p < 1.0 else []:
         c = baseline_for_share(p, target)
         plan.append((f"topr_ptilde{target:g}", f"topr p~={target:g} (c={c:+.3f})",
@@ -285,13 +331,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def train_and_export(job) -> tuple[Path, dict[int, Path]]:
         seed, key, _, overrides = job
-        name = f"{key}_s{seed}"
-        run_dir = train(name, mu, scored,
-                        [*overrides, f"dataset.epochs={args.epochs}", f"optimizer.lr={args.lr}",
-                         f"optimizer.min_lr={args.lr}", f"checkpoint.save_interval={args.eval_interval}",
-                         f"rng.seed={seed}", f"dataset.shuffle_seed={seed}"], out,
-                        threads=max(1, (os.cpu_count() or 1) // max(1, args.jobs)))
-        return run_dir, export_all(run_dir, out / "exports" / name)
+        return train_variant(f"{key}_s{seed}", mu, scored, overrides, out, epochs=args.epochs, lr=args.lr, warmup=0,
+                             save_interval=args.eval_interval, seed=seed, jobs=args.jobs)
 
     # 5. evaluate every saved checkpoint of every run on the test split (this process) while
     #    the next runs train (subprocesses). One thread each: oversubscribed OpenMP threads
@@ -311,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{key}_s{seed}"
             results["runs"][name] = {"name": label, "key": key, "seed": seed, "eval": final["metrics"],
                                      "curve": curve, "examples": final["examples"], "telemetry": telemetry(run_dir)}
-            _log(f"{name}: test pass@1 {curve[1]['pass@1']:.3f} -> {final['metrics']['pass@1']:.3f} (iterations "
+            log(f"{name}: test pass@1 {curve[1]['pass@1']:.3f} -> {final['metrics']['pass@1']:.3f} (iterations "
                  f"{curve[1]['iteration']}, {curve[-1]['iteration']}), maj@{args.eval_samples} "
                  f"{final['metrics'][f'maj@{args.eval_samples}']:.3f}, malformed "
                  f"{final['metrics']['malformed_rate']:.3f}")
@@ -322,5 +363,5 @@ def main(argv: list[str] | None = None) -> int:
 
     table = report.write_report(out, results, docs=Path(args.docs) if args.docs else None)
     print(table)
-    _log(f"done in {time.time() - started:.0f} s -> {out / 'results.md'}")
+    log(f"done in {time.time() - started:.0f} s -> {out / 'results.md'}")
     return 0

@@ -1,0 +1,140 @@
+"""The pre-registered study's statistics and decision rules (docs/miniature.md, "Pre-registered
+study (issue 19)"): paired per-seed differences, the exact two-sided sign test, and the rules that
+turn them into supported / refuted / inconclusive. Pure Python, no I/O; the numbers below are the
+pre-registration's and may not change after the study's results are seen."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from math import comb
+
+ALPHA = 0.05             # two-sided
+MIN_EFFECT = 0.02        # delta: smallest pass@1 difference of interest
+MANIPULATION_MARGIN = 0.03
+DEGENERATE_MALFORMED = 0.5
+DEGENERATE_PASS_FRACTION = 0.5  # of mu's pass@1
+
+SUPPORTED, REFUTED, INCONCLUSIVE = "supported", "refuted", "inconclusive"
+A_BETTER, B_BETTER, NO_DECISION = "A > B", "A < B", "no decision"
+
+
+def sign_test_p(n_positive: int, n_negative: int) -> float:
+    """Exact two-sided sign test, ties already dropped: min(1, 2 P(Bin(n, 1/2) <= min(n+, n-)))."""
+    n = n_positive + n_negative
+    tail = sum(comb(n, i) for i in range(min(n_positive, n_negative) + 1)) / 2**n
+    return min(1.0, 2.0 * tail)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Per-seed differences A - B and their summary; `outcome` is the pre-registered comparison."""
+
+    deltas: tuple[float, ...]
+    mean: float
+    sd: float | None  # sample sd (n - 1); None with one seed
+    positive: int
+    negative: int
+    tied: int
+    p: float
+    outcome: str  # A_BETTER, B_BETTER or NO_DECISION
+
+
+def compare(a: list[float], b: list[float], *, margin: float = MIN_EFFECT, alpha: float = ALPHA) -> Paired:
+    """A vs B paired by seed (same order). A > B iff the sign test is significant in A's favour
+    and mean(A - B) >= margin; A < B mirrors it; anything else is no decision."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired comparison needs equally many seeds on both sides; got {len(a)} and {len(b)}")
+    deltas = tuple(x - y for x, y in zip(a, b))
+    positive, negative = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
+    p = sign_test_p(positive, negative)
+    mean = statistics.fmean(deltas)
+    outcome = NO_DECISION
+    if p <= alpha and positive > negative and mean >= margin:
+        outcome = A_BETTER
+    elif p <= alpha and negative > positive and mean <= -margin:
+        outcome = B_BETTER
+    return Paired(deltas, mean, statistics.stdev(deltas) if len(deltas) > 1 else None, positive, negative,
+                  len(deltas) - positive - negative, p, outcome)
+
+
+def not_worse(a: list[float], b: list[float], *, margin: float = MIN_EFFECT, alpha: float = ALPHA) -> bool:
+    """Non-inferiority: the sign test of (A - B + margin) is significant in A's favour and mean(A - B) >= 0."""
+    shifted = compare([x + margin for x in a], b, margin=0.0, alpha=alpha)
+    return shifted.outcome == A_BETTER and statistics.fmean(x - y for x, y in zip(a, b)) >= 0.0
+
+
+def degenerated(pass_at_1: float, malformed_rate: float, mu_pass_at_1: float) -> bool:
+    return malformed_rate >= DEGENERATE_MALFORMED or pass_at_1 < DEGENERATE_PASS_FRACTION * mu_pass_at_1
+
+
+@dataclass(frozen=True)
+class Check:
+    passed: bool
+    mean: float
+    improved: int  # seeds with positives-only above mu
+    seeds: int
+
+
+def manipulation_check(positives_only: list[float], mu: float) -> Check:
+    """Passed iff mean(positives-only - mu) >= 0.03 and positives-only > mu on all seeds but at most one."""
+    deltas = [x - mu for x in positives_only]
+    improved = sum(d > 0 for d in deltas)
+    mean = statistics.fmean(deltas)
+    return Check(mean >= MANIPULATION_MARGIN and improved >= len(deltas) - 1, mean, improved, len(deltas))
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: str
+    reason: str
+
+
+def decide_h1(reinforce_degenerated: list[bool], topr_degenerated: list[bool], topr_vs_reinforce: Paired) -> Decision:
+    """H1: REINFORCE degenerates (all seeds but at most one), TOPR does not (at most one seed), and
+    TOPR > REINFORCE; refuted if REINFORCE degenerates on at most one seed or TOPR on all but one."""
+    n, r, t = len(reinforce_degenerated), sum(reinforce_degenerated), sum(topr_degenerated)
+    counts = f"REINFORCE degenerated on {r}/{n} seeds, TOPR on {t}/{n}; TOPR vs REINFORCE: {topr_vs_reinforce.outcome}"
+    if r <= 1 or t >= n - 1:
+        return Decision(REFUTED, counts)
+    if r >= n - 1 and t <= 1 and topr_vs_reinforce.outcome == A_BETTER:
+        return Decision(SUPPORTED, counts)
+    return Decision(INCONCLUSIVE, counts)
+
+
+def decide_h2(check: Check, topr: list[float], positives_only: list[float]) -> Decision:
+    if not check.passed:
+        return Decision(INCONCLUSIVE, "manipulation check failed")
+    paired = compare(topr, positives_only)
+    if paired.outcome == A_BETTER:
+        return Decision(SUPPORTED, "TOPR better than positives-only")
+    if not_worse(topr, positives_only):
+        return Decision(SUPPORTED, f"TOPR not worse than positives-only by more than {MIN_EFFECT}")
+    if paired.outcome == B_BETTER:
+        return Decision(REFUTED, "TOPR worse than positives-only")
+    return Decision(INCONCLUSIVE, "no decision")
+
+
+def best_interior(validation: dict[float, list[float]], endpoints: tuple[float, float]) -> float:
+    """The interior grid point with the highest mean validation pass@1 (ties: the smaller p~)."""
+    interior = sorted(x for x in validation if x not in endpoints)
+    if not interior:
+        raise ValueError(f"the p~ grid {sorted(validation)} has no point between its endpoints {endpoints}")
+    return max(interior, key=lambda x: (statistics.fmean(validation[x]), -x))
+
+
+def decide_h3(check: Check, validation: dict[float, list[float]], test: dict[float, list[float]]) -> tuple[Decision, float]:
+    """H3 on the TOPR p~ grid ({p~: per-seed pass@1}); endpoints are the grid's smallest and largest
+    points. I* = best interior point on validation; supported iff I* > both endpoints on test,
+    refuted iff I* < either. Returns (decision, I*)."""
+    low, high = min(test), max(test)
+    star = best_interior(validation, (low, high))
+    if not check.passed:
+        return Decision(INCONCLUSIVE, "manipulation check failed"), star
+    outcomes = {end: compare(test[star], test[end]).outcome for end in (low, high)}
+    reason = f"I* = {star:g}: vs {low:g} {outcomes[low]}, vs {high:g} {outcomes[high]}"
+    if all(o == A_BETTER for o in outcomes.values()):
+        return Decision(SUPPORTED, reason), star
+    if any(o == B_BETTER for o in outcomes.values()):
+        return Decision(REFUTED, reason), star
+    return Decision(INCONCLUSIVE, reason), star
