@@ -32,8 +32,8 @@ ROWS_PER_MICROBATCH = 2
 # plan (asserted by the test) splits group 0 across rows (its block would take 129 positions),
 # keeps group 1's single completion in today's layout, fills one row to its last position with a
 # completion, and mixes blocks of 1 to 6 completions in one batch.
-GROUPS = ((40, (20, 18, 15, 12, 10, 9)), (10, (30,)), (25, (8, 6, 5)), (12, (30, 25, 20, 14)),
-          (30, (20, 17)), (6, (9, 7, 5, 4, 3)))
+GROUPS = ((40, (20, 18, 15, 12, 10, 9)), (10, (33,)), (25, (8, 6, 5)), (12, (30, 25, 20, 14)),
+          (30, (20, 17)), (6, (12, 7, 5, 4, 1)))
 # log mu - log pi(theta_0) per sequence: log rho = minus this (negatives on both sides of 0)
 OFFSETS = (-0.5, 0.5, 2.0, -1.0, 0.25)
 
