@@ -234,3 +234,79 @@ def test_shared_layout_gives_the_unshared_logprobs_loss_and_gradients(tmp_path, 
     assert max(grad_errors.values()) <= RTOL, max(grad_errors.items(), key=lambda kv: kv[1])
     print(f"{layout}: log pi {worst:.1e}, loss {abs(result['loss_shared'] / result['loss_unshared'] - 1):.1e}, "
           f"gradients {max(grad_errors.values()):.1e} (relative)")
+
+
+# --------------------------------------------------------------------------------------------
+# The switches: dataset.shared_prefix (training) and score-logprobs --shared-prefix
+# --------------------------------------------------------------------------------------------
+
+
+def _group_records(path):
+    """3 prompts with 5, 2 and 1 completions (varied lengths), as JSONL records with mu set."""
+    import json
+
+    completions = {"p0": 5, "p1": 2, "p2": 1}
+    records = [{"prompt": f"Question {prompt}: how many apples are there in the basket?", "prompt_id": prompt,
+                "completion": "There are " + " and ".join(["two"] * (k + 1)) + " apples.",
+                "reward": 1.0 if k % 2 else -1.0, "behavior_logprob": -40.0}
+               for prompt, count in completions.items() for k in range(count)]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory, megatron_world):
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    return build_tiny_hf_llama(tmp_path_factory.mktemp("hf") / "tiny", build_tiny_tokenizer())
+
+
+def test_dataset_switch_trains_on_shared_rows(tiny_hf, tmp_path):
+    from nemo_topr.training.data import ToprDatasetConfig
+
+    data = _group_records(tmp_path / "records.jsonl")
+    options = dict(train_path=str(data), tokenizer_dir=str(tiny_hf), seq_length=256, shuffle_seed=3)
+    plain = ToprDatasetConfig(**options).prepare(global_batch_size=2)
+    config = ToprDatasetConfig(**options, shared_prefix=True)
+    prepared = config.prepare(global_batch_size=2)
+    assert prepared.summary()["shared_prefix"] and not plain.summary()["shared_prefix"]
+    sequences = prepared.dataset.sequences
+    dataset = config.build_datasets(None)[0]
+    batch = dataset.collate_fn([dataset[i] for i in range(len(dataset))])
+    assert "prefix_index" in batch and (batch["prefix_len"] > 0).any()  # some prompt really is shared
+    got = {seq.sample_id: seq for seq in unpack_shared(batch)}
+    assert sorted(got) == list(range(len(sequences)))
+    assert all(got[seq.sample_id].input_ids == seq.input_ids for seq in sequences)
+    # the group statistics are the whole dataset's, as without the switch
+    assert batch["group_mean_rewards"].tolist() == [sequences[k].group_mean_reward for k in batch["sample_ids"]]
+    used = int((batch["prefix_index"] >= 0).sum())
+    assert used < sum(len(seq.input_ids) for seq in sequences)  # fewer tokens than unshared
+    with pytest.raises(ValueError, match="dataset.shared_prefix=true.*dataset.packed=false"):
+        ToprDatasetConfig(**options, shared_prefix=True, packed=False).prepare(global_batch_size=2)
+
+
+def test_config_refuses_shared_prefix_with_transformer_engine(tiny_hf, tmp_path):
+    from nemo_topr.training.config import ConfigError, build_training_run, compose
+
+    overrides = [f"hf_model={tiny_hf}", f"run_dir={tmp_path}", "dataset.shared_prefix=true"]
+    assert build_training_run(compose("tiny_cpu", overrides)).container.dataset.shared_prefix
+    with pytest.raises(ConfigError, match="dataset.shared_prefix=true needs model.transformer_impl=local"):
+        build_training_run(compose("tiny_cpu", [*overrides, "model.transformer_impl=transformer_engine"]))
+
+
+def test_score_logprobs_switch_gives_the_same_scores(tiny_hf, tmp_path):
+    import json
+
+    from nemo_topr.training.scoring import score_logprobs
+
+    data = _group_records(tmp_path / "records.jsonl")
+    scores = {}
+    for shared in (False, True):
+        out = tmp_path / f"scored_{shared}.jsonl"
+        summary = score_logprobs(tiny_hf, data, out, seq_length=256, rows_per_batch=1, device="cpu",
+                                 shared_prefix=shared)
+        assert summary["records_scored"] == 8
+        scores[shared] = [json.loads(line)["behavior_logprob"] for line in out.read_text().splitlines()]
+    assert all(s < 0 for s in scores[False])
+    torch.testing.assert_close(scores[True], scores[False], rtol=RTOL, atol=0)
