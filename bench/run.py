@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.common import REPO, RESULTS, environment, write_json
 
-SECTIONS = ("step", "logprob", "packing", "pipeline", "syncs", "gpu")
+SECTIONS = ("step", "logprob", "packing", "pipeline", "syncs", "shared_prefix", "gpu")
 
 # Full and quick sizes. Full: about 7 minutes on 2 shared cores.
 FULL = {
@@ -28,6 +28,7 @@ FULL = {
                 {"tp": 2, "tokens": 2048, "dtype": "float32", "reps": 3}],
     "packing_limit": None, "pipeline_limit": None, "pipeline_reps": 3,
     "syncs": [{"seq_length": 512, "rows": 2, "microbatches": 4}],
+    "shared_prefix": [{"questions": 64, "samples": 16, "time_questions": 1, "reps": 3}],
 }
 QUICK_MODEL = {"shape": {"num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64, "num_attention_heads": 2,
                          "num_query_groups": 1, "vocab_size": 512}, "seq_length": 256, "rows": 1, "microbatches": 2}
@@ -36,6 +37,7 @@ QUICK = {
     "logprob": [{"tp": 1, "tokens": 128, "dtype": "float32", "reps": 1}],
     "packing_limit": 120, "pipeline_limit": 200, "pipeline_reps": 1,
     "syncs": [{"seq_length": 256, "rows": 1, "microbatches": 2}],
+    "shared_prefix": [{"questions": 2, "samples": 4, "time_questions": 1, "reps": 1}],
 }
 
 
@@ -110,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                 results["pipeline"] = pipeline.measure(sizes["pipeline_limit"], sizes["pipeline_reps"])
             elif section == "syncs":  # a fresh process: it imports Bridge for the SFT loss
                 results["syncs"] = run_workers("bench.syncs", sizes["syncs"], Path(tmp), args.threads)[0]
+            elif section == "shared_prefix":  # a fresh process: it builds Megatron models
+                results["shared_prefix"] = run_workers("bench.shared_prefix", sizes["shared_prefix"], Path(tmp),
+                                                       args.threads)[0]
             elif section == "gpu":
                 from bench import gpu
 
