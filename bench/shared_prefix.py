@@ -14,9 +14,10 @@ Figures, all from one run:
   unshared (`pack_sequences` at `UNSHARED_LENGTH`) over shared (`pack_shared` at the row
   length chosen below), and the shared rows' padding share; a row-length sweep beside it.
 * step time, at the timing row length (the shortest swept length holding a whole group: the
-  local attention's [L, L] scores of a 16k row do not fit a CPU benchmark): one TOPR optimizer step (forward + backward of every micro-batch through
-  Megatron's schedule and the project's `ToprForwardStep`, one row per micro-batch) over the
-  same sequences, unshared / shared, CPU time, interleaved (bench.common.interleaved).
+  local attention's [L, L] scores of a 16k row do not fit a CPU benchmark): one TOPR optimizer
+  step (forward + backward of every micro-batch through Megatron's schedule and the project's
+  `ToprForwardStep`, one row per micro-batch) over the same sequences, unshared / shared, CPU
+  time, interleaved (bench.common.interleaved).
 * mu scoring: score-logprobs' forward (`scoring_forward_step`, forward only), same pairing.
 
 The model is bench.step's tiny Llama (local attention: the only path shared rows run on). On

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 import torch
 
-from nemo_topr.data.packing import TokenizedSequence, _check_lengths, collate_packed
+from nemo_topr.data.packing import TokenizedSequence, _check_lengths, collate_packed, padding_rows
 
 Block = list[int]  # sequence indices with one prompt, in segment order
 Row = list[Block]
@@ -152,15 +152,8 @@ def collate_shared(seqs: Sequence[TokenizedSequence], rows: Sequence[Row], seq_l
     order = [i for row in rows for block in row for i in block]
     flat = collate_packed(seqs, [[i] for i in order], max((len(seqs[i].input_ids) for i in order), default=1),
                           pad_id)
-    shape = (len(rows), seq_length)
-    batch = {
-        "tokens": torch.full(shape, pad_id, dtype=torch.long),
-        "labels": torch.full(shape, pad_id, dtype=torch.long),
-        "loss_mask": torch.zeros(shape, dtype=torch.float32),
-        "position_ids": torch.zeros(shape, dtype=torch.long),
-        "seq_index": torch.full(shape, -1, dtype=torch.long),
-        "prefix_index": torch.full(shape, -1, dtype=torch.long),
-    }
+    batch = padding_rows(len(rows), seq_length, pad_id)
+    batch["prefix_index"] = torch.full((len(rows), seq_length), -1, dtype=torch.long)
     seq_start, prefix_start, prefix_len = [], [], []
     k = b = 0  # sequence number (= row of `flat`), block number
 
