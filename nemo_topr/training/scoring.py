@@ -1,6 +1,7 @@
 """`nemo-topr score-logprobs`: behaviour log-probs log mu(y|x) for a pre-scored dataset.
 
     nemo-topr score-logprobs --model HF_DIR --data graded.jsonl --out scored.jsonl [--tp 2 --pp 1] [--device cpu]
+                             [--shared-prefix]
 
 A forward-only pass of a Hugging Face checkpoint (the data's generator, or the starting
 checkpoint of training when the data carries no mu) through the same tokenization, packing and
