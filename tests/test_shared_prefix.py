@@ -90,6 +90,20 @@ def test_blocks_of_one_are_todays_packed_layout():
     assert shared["prefix_len"].tolist() == [0, 0, 0]
 
 
+def test_unshared_batches_keep_todays_mask():
+    """Without `prefix_index` the mask is the block-diagonal causal mask it always was: same
+    sequence (padding counting as one) and causal, written out independently here."""
+    seqs = [_seq([1, 2], [3], 0), _seq([4], [5, 6], 1), _seq([7, 8, 9], [1], 2)]
+    batch = collate_packed(seqs, [[0, 1], [2]], 8, PAD)
+    owner = batch["seq_index"]
+    expected = torch.zeros(2, 8, 8, dtype=torch.bool)
+    for r in range(2):
+        for q in range(8):
+            for k in range(q + 1):
+                expected[r, q, k] = owner[r, q] == owner[r, k]
+    assert torch.equal(~packed_attention_mask(batch)[:, 0], expected)
+
+
 def test_padding_rows_attend_only_to_padding():
     seqs = _example()
     batch = collate_shared(seqs, [[[0, 1]], []], 9, PAD)
