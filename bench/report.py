@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 STEP_TARGET, LOGPROB_TARGET, PADDING_TARGET, SCORING_TARGET = 1.02, 0.10, 0.03, 2.5
+# shared-prefix packing (issue 18), judged on the 8-shot workloads: fewer positions, faster step
+SHARED_TOKENS_TARGET, SHARED_STEP_TARGET = 5.0, 3.0
 
 
 def _spread(s: dict, scale: float = 1.0, digits: int = 3) -> str:
@@ -156,13 +158,57 @@ def _syncs_rows(s: dict) -> list[dict]:
                  f"{s['microbatches']} micro-batches; SFT: {where or 'none'}")]
 
 
+def shared_prefix_rows(s: dict) -> list[dict]:
+    """Section 7 (bench.shared_prefix): per workload, positions, padding, step and mu-scoring
+    time, unshared over shared; the zero-shot chat format is reported, not judged."""
+    rows = []
+    for name, e in s.items():
+        if name == "environment":
+            continue
+        judged = e["prompt_format"] == "8shot"
+        t, timing = e["tokens"], e["timing"]
+        lengths = (f"{e['questions']} questions × {e['samples_per_question']} samples, prompt "
+                   f"{e['prompt_tokens_mean']:.0f} / completion {e['completion_tokens_mean']:.0f} Llama-3 tokens (mean)")
+        rows.append(_row("7 shared prefix", f"positions per optimizer step unshared @ {t['unshared_seq_length']} / "
+                         f"shared @ {t['shared_seq_length']}, {name}", f"{t['positions_ratio']:.2f}", "deterministic",
+                         f"≥ {SHARED_TOKENS_TARGET:g}",
+                         t["positions_ratio"] >= SHARED_TOKENS_TARGET if judged else None,
+                         f"{lengths}; rows {t['unshared_rows']} → {t['shared_rows']}, prompt copies per question "
+                         f"{t['prompt_copies_per_group']:.2f}; sweep (ratio, padding): " + ", ".join(
+                             f"{L}: {v['positions_ratio']:.2f}, {100 * v['shared_padding_share']:.1f} %"
+                             for L, v in e["sweep"].items())))
+        rows.append(_row("7 shared prefix", f"padding share of shared rows @ {t['shared_seq_length']}, {name}",
+                         f"{100 * t['shared_padding_share']:.2f} %", "deterministic",
+                         f"≤ {100 * PADDING_TARGET:.0f} %",
+                         t["shared_padding_share"] <= PADDING_TARGET if judged else None,
+                         f"unshared rows @ {t['unshared_seq_length']}: {100 * t['unshared_padding_share']:.2f} %"))
+        tt = timing["tokens"]
+        where = (f"{timing['questions']} question(s), {timing['microbatches']['unshared']} rows of "
+                 f"{tt['unshared_seq_length']} → {timing['microbatches']['shared']} of {tt['shared_seq_length']} "
+                 f"(positions ×{tt['positions_ratio']:.2f} fewer, shared padding "
+                 f"{100 * tt['shared_padding_share']:.1f} %)")
+        for figure, key in (("TOPR step time", "step"), ("μ scoring time", "scoring")):
+            ratio = timing[key]["cpu"]["ratio_b_over_a"]  # shared / unshared
+            speedup = 1.0 / ratio["median"]
+            rows.append(_row("7 shared prefix",
+                             f"{figure} unshared / shared (CPU, tiny Llama, local attention), {name}",
+                             f"{speedup:.2f}", f"{1 / ratio['q3']:.2f}–{1 / ratio['q1']:.2f} (n={ratio['n']})",
+                             f"≥ {SHARED_STEP_TARGET:g}" if key == "step" else "—",
+                             speedup >= SHARED_STEP_TARGET if judged and key == "step" else None,
+                             f"{where}; unshared {timing[key]['cpu']['a']['median']:.2f} s CPU"
+                             + (f"; scores agree to {timing['scoring_max_relative_difference']:.1e} relative"
+                                if key == "scoring" else "")))
+    return rows
+
+
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f} %"
 
 
 def headline(results: dict) -> list[dict]:
     builders = {"step": _step_rows, "logprob": _logprob_rows, "packing": _packing_rows, "pipeline": _pipeline_rows,
-                "syncs": _syncs_rows, "startup": _startup_rows, "gpu": _gpu_rows}
+                "syncs": _syncs_rows, "startup": _startup_rows, "gpu": _gpu_rows,
+                "shared_prefix": shared_prefix_rows}
     rows = []
     for section, build in builders.items():
         if section in results:

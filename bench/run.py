@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.common import REPO, RESULTS, environment, write_json
 
-SECTIONS = ("step", "logprob", "packing", "pipeline", "syncs", "startup", "gpu")
+SECTIONS = ("step", "logprob", "packing", "pipeline", "syncs", "shared_prefix", "startup", "gpu")
 
 # Full and quick sizes. Full: about 7 minutes on 2 shared cores.
 FULL = {
@@ -29,6 +29,7 @@ FULL = {
     "packing_limit": None, "pipeline_limit": None, "pipeline_reps": 3,
     "syncs": [{"seq_length": 512, "rows": 2, "microbatches": 4}],
     "startup": {"models": ["tiny", "small"], "reps": 3},
+    "shared_prefix": [{"questions": 64, "samples": 16, "time_questions": 1, "reps": 3}],
 }
 QUICK_MODEL = {"shape": {"num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64, "num_attention_heads": 2,
                          "num_query_groups": 1, "vocab_size": 512}, "seq_length": 256, "rows": 1, "microbatches": 2}
@@ -38,6 +39,7 @@ QUICK = {
     "packing_limit": 120, "pipeline_limit": 200, "pipeline_reps": 1,
     "syncs": [{"seq_length": 256, "rows": 1, "microbatches": 2}],
     "startup": {"models": ["tiny"], "reps": 1},
+    "shared_prefix": [{"questions": 2, "samples": 4, "time_questions": 1, "reps": 1}],
 }
 
 
@@ -116,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                 from bench import startup
 
                 results["startup"] = startup.measure(**sizes["startup"], threads=args.threads)
+            elif section == "shared_prefix":  # a fresh process: it builds Megatron models
+                results["shared_prefix"] = run_workers("bench.shared_prefix", sizes["shared_prefix"], Path(tmp),
+                                                       args.threads)[0]
             elif section == "gpu":
                 from bench import gpu
 

@@ -75,3 +75,24 @@ def test_make_bench_quick_writes_every_section(tmp_path):
     assert startup["model"] == "tiny" and startup["cpu"]["hf_start_seconds"]["median"] > 1  # Megatron's start alone
     logprob = json.loads((tmp_path / "logprob.json").read_text())["results"][0]
     assert logprob["relative_logprob_difference"] < 1e-5  # both paths compute the same log-probs
+
+
+@pytest.mark.slow
+def test_shared_prefix_section_writes_results(tmp_path):
+    """Section 7 at tiny sizes (about a minute: rows of 2,048 positions through a Megatron model):
+    rows for every workload, the 8-shot ones judged against the targets."""
+    from bench.run import main
+
+    assert main(["--quick", "--sections", "shared_prefix", "--out", str(tmp_path)]) == 0
+    headline = _check_results(tmp_path, ("shared_prefix",))
+    rows = [row for row in headline if row["section"] == "7 shared prefix"]
+    assert len(rows) == 4 * 3  # positions, padding, step, scoring per workload
+    assert {row["status"] for row in rows if "zero_shot" in row["figure"]} == {"info"}
+    judged = [row for row in rows if "8shot" in row["figure"] and "scoring" not in row["figure"]]
+    assert len(judged) == 2 * 3 and all(row["status"] in ("met", "MISSED") for row in judged)
+    section = json.loads((tmp_path / "shared_prefix.json").read_text())
+    for name in ("gsm8k_8shot", "gsm8k_8shot_completions_x2", "gsm8k_zero_shot_chat"):
+        timing = section[name]["timing"]
+        assert timing["scoring_max_relative_difference"] < 1e-6  # both layouts score the same
+        # the 8-shot prompt dominates: sharing it pays even for 2 questions x 4 samples
+        assert section[name]["tokens"]["positions_ratio"] > (1.0 if "8shot" in name else 0.99)

@@ -99,18 +99,23 @@ def padding_share(seqs: Sequence[TokenizedSequence], rows: Sequence[Sequence[int
     return 1.0 - used / (len(rows) * seq_length) if rows else 0.0
 
 
-def collate_packed(
-    seqs: Sequence[TokenizedSequence], rows: Sequence[Sequence[int]], seq_length: int, pad_id: int
-) -> dict[str, torch.Tensor]:
-    """One batch in the layout of the module docstring; `rows` from `pack_sequences`."""
-    shape = (len(rows), seq_length)
-    batch = {
+def padding_rows(num_rows: int, seq_length: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """The per-position tensors of the layout, all padding."""
+    shape = (num_rows, seq_length)
+    return {
         "tokens": torch.full(shape, pad_id, dtype=torch.long),
         "labels": torch.full(shape, pad_id, dtype=torch.long),
         "loss_mask": torch.zeros(shape, dtype=torch.float32),
         "position_ids": torch.zeros(shape, dtype=torch.long),
         "seq_index": torch.full(shape, -1, dtype=torch.long),
     }
+
+
+def collate_packed(
+    seqs: Sequence[TokenizedSequence], rows: Sequence[Sequence[int]], seq_length: int, pad_id: int
+) -> dict[str, torch.Tensor]:
+    """One batch in the layout of the module docstring; `rows` from `pack_sequences`."""
+    batch = padding_rows(len(rows), seq_length, pad_id)
     seq_start, seq_len, members = [], [], []
     for r, row in enumerate(rows):
         start = 0

@@ -165,6 +165,15 @@ def _check_packed_stream_pipeline(container: Any) -> None:
                           "row already holds many sequences; raise train.global_batch_size for more per step)")
 
 
+def _check_shared_prefix(container: Any) -> None:
+    """Shared-prefix rows need an attention mask per block; only the local attention takes one
+    (nemo_topr/training/step.py, forward_packed)."""
+    if container.dataset.shared_prefix and container.model.transformer_impl != "local":
+        raise ConfigError(f"dataset.shared_prefix=true needs model.transformer_impl=local (got "
+                          f"{container.model.transformer_impl!r}): the Transformer Engine attention for shared-prefix "
+                          "rows is not built yet (docs/performance.md); set dataset.shared_prefix=false")
+
+
 @dataclass
 class TrainingRun:
     """Everything `nemo-topr train` needs, resolved."""
@@ -218,6 +227,7 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
         raise ConfigError(f"dataset.seq_length ({container.dataset.seq_length}) must equal model.seq_length "
                           f"({container.model.seq_length})")
     _check_packed_stream_pipeline(container)
+    _check_shared_prefix(container)
     return TrainingRun(container, objective, run_dir, base_model, raw)
 
 

@@ -31,32 +31,39 @@ from nemo_topr.data.packing import (
     set_group_mean_rewards,
 )
 from nemo_topr.data.records import DataError
+from nemo_topr.data.shared_prefix import collate_shared, pack_shared, shared_padding_share
 from nemo_topr.data.tokenization import TokenizedDataset, load_tokenized, load_tokenizer, pad_id_of
 
 
 class PackedRows(torch.utils.data.Dataset):
-    """Map-style dataset of packed rows; Bridge's DataLoader batches them with `collate_fn`."""
+    """Map-style dataset of packed rows; Bridge's DataLoader batches them with `collate_fn`.
 
-    def __init__(self, sequences: list[TokenizedSequence], rows: list[list[int]], seq_length: int, pad_id: int):
+    A row is a list of sequence indices, or with `shared_prefix` a list of blocks
+    (`nemo_topr.data.shared_prefix`)."""
+
+    def __init__(self, sequences: list[TokenizedSequence], rows: list, seq_length: int, pad_id: int,
+                 shared_prefix: bool = False):
         self.sequences, self.rows, self.seq_length, self.pad_id = sequences, rows, seq_length, pad_id
+        self.collate = collate_shared if shared_prefix else collate_packed
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, index: int) -> list[int]:
+    def __getitem__(self, index: int) -> list:
         return self.rows[index]
 
-    def collate_fn(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
-        return collate_packed(self.sequences, rows, self.seq_length, self.pad_id)
+    def collate_fn(self, rows: list) -> dict[str, torch.Tensor]:
+        return self.collate(self.sequences, rows, self.seq_length, self.pad_id)
 
 
 @dataclass
 class PreparedData:
     dataset: TokenizedDataset
-    rows: list[list[int]]  # all epochs, padded to a whole number of global batches
+    rows: list  # all epochs, padded to a whole number of global batches (rows of blocks when shared)
     pad_id: int
     padding_share: float
     filler_rows: int
+    shared_prefix: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -74,6 +81,7 @@ class PreparedData:
             "rows": self.num_rows,
             "filler_rows": self.filler_rows,
             "padding_share": round(self.padding_share, 4),
+            "shared_prefix": self.shared_prefix,
         }
 
 
@@ -88,6 +96,9 @@ class ToprDatasetConfig(DatasetProvider):
     tokenizer_dir: str = ""
     seq_length: int = 2048
     packed: bool = True  # False: one sequence per row (padded batches)
+    # True: a row holds a prompt once, then several of its completions (docs/performance.md,
+    # shared-prefix packing); needs model.transformer_impl=local until the GPU attention exists
+    shared_prefix: bool = False
     strict: bool = True  # False: malformed records are dropped and counted in the report
     too_long: str | None = None  # "error" | "drop"; default follows `strict`
     shuffle_seed: int = 1234
@@ -114,8 +125,15 @@ class ToprDatasetConfig(DatasetProvider):
             raise DataError(",".join(dataset.report.files), 0, "behavior_logprob",
                             "absent: score the data first (`nemo-topr score-logprobs`)")
         set_group_mean_rewards(sequences)
-        epoch_rows = (pack_sequences(sequences, self.seq_length, pad_id) if self.packed
-                      else [[i] for i in range(len(sequences))])
+        if self.shared_prefix and not self.packed:
+            raise ValueError("dataset.shared_prefix=true packs rows; it cannot be combined with dataset.packed=false")
+        if self.shared_prefix:
+            epoch_rows = pack_shared(sequences, self.seq_length)
+            padding = shared_padding_share(sequences, epoch_rows, self.seq_length)
+        else:
+            epoch_rows = (pack_sequences(sequences, self.seq_length, pad_id) if self.packed
+                          else [[i] for i in range(len(sequences))])
+            padding = padding_share(sequences, epoch_rows, self.seq_length)
         rows: list[list[int]] = []
         for epoch in range(self.epochs):
             shuffled = list(epoch_rows)
@@ -123,8 +141,7 @@ class ToprDatasetConfig(DatasetProvider):
             rows += shuffled
         filler = math.ceil(len(rows) / global_batch_size) * global_batch_size - len(rows)
         rows += [[] for _ in range(filler)]
-        self._prepared = PreparedData(dataset, rows, pad_id, padding_share(sequences, epoch_rows, self.seq_length),
-                                      filler)
+        self._prepared = PreparedData(dataset, rows, pad_id, padding, filler, self.shared_prefix)
         if self.report_path:
             Path(self.report_path).parent.mkdir(parents=True, exist_ok=True)
             Path(self.report_path).write_text(json.dumps(self._prepared.summary(), indent=2) + "\n")
@@ -134,4 +151,5 @@ class ToprDatasetConfig(DatasetProvider):
         if getattr(self, "_prepared", None) is None:
             raise RuntimeError("ToprDatasetConfig.prepare(global_batch_size) must run before training")
         prepared = self._prepared
-        return PackedRows(prepared.dataset.sequences, prepared.rows, self.seq_length, prepared.pad_id), None, None
+        return (PackedRows(prepared.dataset.sequences, prepared.rows, self.seq_length, prepared.pad_id,
+                           self.shared_prefix), None, None)

@@ -1,6 +1,7 @@
 """`nemo-topr score-logprobs`: behaviour log-probs log mu(y|x) for a pre-scored dataset.
 
     nemo-topr score-logprobs --model MODEL --data graded.jsonl --out scored.jsonl [--tp 2 --pp 1] [--device cpu]
+                             [--shared-prefix]
 
 MODEL is any starting model `base_model=` accepts: a Hugging Face directory, a Megatron
 checkpoint (e.g. from `nemo-topr import`, loaded at --tp/--pp whatever layout it was saved at)
@@ -30,6 +31,7 @@ from nemo_topr import model_source
 from nemo_topr.data.cli import add_source_arguments, source_options
 from nemo_topr.data.packing import collate_packed, pack_sequences
 from nemo_topr.data.records import load_records, write_jsonl
+from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.device import DeviceError, add_device_argument, use_device
 
@@ -64,7 +66,7 @@ def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> d
 def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, seq_length: int = 2048,
                    tensor_parallel: int = 1, pipeline_parallel: int = 1, rows_per_batch: int = 4,
                    strict: bool = True, precision: str | None = None, device: str = "cuda",
-                   source: dict | None = None) -> dict:
+                   source: dict | None = None, shared_prefix: bool = False) -> dict:
     """Score every record; rank 0 writes `out` and returns a summary (other ranks return {}).
 
     `device` is cuda, cpu or auto (`nemo_topr.device`); cuda without CUDA raises DeviceError.
@@ -72,7 +74,8 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     that rho = 1 at step 0 when the starting checkpoint scores its own data (bf16 rounding summed
     over hundreds of tokens otherwise shows up as |log rho| > 0 before the first update).
     `source`: `load_records`' columns, split and extra_columns, for data in another shape; `out`
-    is in our schema."""
+    is in our schema. `shared_prefix`: rows hold each prompt once for several of its completions
+    (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), local attention only."""
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -91,6 +94,10 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     if precision == "bf16":
         provider.bf16, provider.params_dtype = True, torch.bfloat16
     provider.pipeline_dtype = provider.params_dtype
+    if shared_prefix and provider.transformer_impl != "local":
+        raise ValueError(f"--shared-prefix needs the local attention (model transformer_impl is "
+                         f"{provider.transformer_impl!r}; --device cpu uses it): the Transformer Engine attention for "
+                         "shared-prefix rows is not built yet (docs/performance.md)")
     provider.finalize()
     # without CPU initialisation Bridge builds the weights on torch.cuda.current_device()
     # (bridge/models/model_provider.py:689)
@@ -102,11 +109,12 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     tokenizer = load_tokenizer(source_model.hf_dir)
     tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict)
     sequences, pad_id = tokenized.sequences, pad_id_of(tokenizer)
-    rows = pack_sequences(sequences, seq_length, pad_id)
+    rows = pack_shared(sequences, seq_length) if shared_prefix else pack_sequences(sequences, seq_length, pad_id)
+    collate = collate_shared if shared_prefix else collate_packed
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
     my_rows = rows[dp_rank::dp_size]
     my_rows += [[] for _ in range(-len(my_rows) % rows_per_batch)]  # equal micro-batch shapes for PP
-    batches = [collate_packed(sequences, my_rows[i:i + rows_per_batch], seq_length, pad_id)
+    batches = [collate(sequences, my_rows[i:i + rows_per_batch], seq_length, pad_id)
                for i in range(0, len(my_rows), rows_per_batch)]
 
     scores: dict[int, float] = {}
@@ -150,6 +158,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rows-per-batch", type=int, default=4)
     parser.add_argument("--precision", choices=("bf16", "fp32"),
                         help="model precision; match training's (default: bf16 on cuda, fp32 on cpu)")
+    parser.add_argument("--shared-prefix", action="store_true",
+                        help="pack each prompt once for several of its completions (fewer tokens, the same "
+                             "scores; local attention only, e.g. --device cpu; see docs/performance.md)")
     add_device_argument(parser)
     parser.add_argument("--no-strict", dest="strict", action="store_false",
                         help="drop malformed or over-long records (counted in OUT.report.json)")
@@ -159,7 +170,7 @@ def main(argv: list[str]) -> int:
         summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
                                  tensor_parallel=args.tp, pipeline_parallel=args.pp, rows_per_batch=args.rows_per_batch,
                                  strict=args.strict, precision=args.precision, device=args.device,
-                                 source=source_options(args))
+                                 source=source_options(args), shared_prefix=args.shared_prefix)
     except (DeviceError, model_source.ModelSourceError) as error:
         raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:

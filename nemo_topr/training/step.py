@@ -24,6 +24,7 @@ Per micro-batch (layout in `nemo_topr.data.packing`):
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,12 +210,56 @@ def _to_device(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def packed_attention_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """[R, 1, L, L] boolean mask, True = blocked: causal within each sequence, nothing across
-    sequences; padding attends only to itself (its outputs are never used)."""
+    sequences; padding attends only to itself (its outputs are never used).
+
+    Shared-prefix batches (`prefix_index`, `nemo_topr.data.shared_prefix`): a key is visible
+    when it is earlier in the same block and either in the query's own sequence or in the
+    block's shared part (seq_index -1): a segment reads its prompt and itself, a shared part
+    only itself. Without `prefix_index` each sequence is its own block and the rule is the one
+    above (a -1 key then is padding, visible only from padding).
+    """
     owner = batch["seq_index"]
+    block = batch.get("prefix_index", owner)
     length = owner.shape[1]
     causal = torch.ones(length, length, dtype=torch.bool, device=owner.device).tril()
-    same_sequence = owner[:, :, None] == owner[:, None, :]
-    return ~(same_sequence & causal)[:, None]
+    same_block = block[:, :, None] == block[:, None, :]
+    own_or_shared = (owner[:, :, None] == owner[:, None, :]) | (owner[:, None, :] < 0)
+    return ~(same_block & own_or_shared & causal)[:, None]
+
+
+@contextlib.contextmanager
+def rotary_at_position_ids(model: torch.nn.Module, position_ids: torch.Tensor):
+    """Within the block, the model's RoPE angles follow `position_ids` [R, L] instead of the row
+    position.
+
+    Megatron's GPTModel builds RoPE for row positions 0..L-1 whatever the position ids
+    (core/models/gpt/gpt_model.py:403-410); packed sequences are still exact because RoPE is
+    relative and a packed sequence is contiguous. Shared-prefix segments are not contiguous
+    with their prompt, so their angles are taken at their position ids: the RotaryEmbedding's
+    output [L, 1, 1, D] (angles of positions 0..L-1) is indexed per row into [L, R, 1, D],
+    which `_apply_rotary_pos_emb_bshd` broadcasts over heads (core/models/common/embeddings/
+    rope_utils.py:92-140; the unfused path: fused RoPE is refused).
+    """
+    from megatron.core.utils import get_attr_wrapped_model
+
+    config = get_attr_wrapped_model(model, "config")
+    if config.position_embedding_type == "learned_absolute":  # the embedding reads position_ids itself
+        yield
+        return
+    if config.position_embedding_type != "rope" or config.apply_rope_fusion:
+        raise ValueError("shared-prefix batches need model.position_embedding_type rope or learned_absolute, "
+                         f"unfused (got {config.position_embedding_type!r}, apply_rope_fusion="
+                         f"{config.apply_rope_fusion})")
+    rope = get_attr_wrapped_model(model, "rotary_pos_emb")
+
+    def at_position_ids(module, args, angles):  # noqa: ANN001
+        return angles[position_ids.t()].flatten(2, 3)  # [L, R, 1, 1, D] -> [L, R, 1, D]
+
+    handle = rope.register_forward_hook(at_position_ids)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def packed_seq_params(batch: dict[str, torch.Tensor]):
@@ -236,11 +281,20 @@ def packed_seq_params(batch: dict[str, torch.Tensor]):
 def forward_packed(model: torch.nn.Module, batch: dict[str, torch.Tensor], config: Any) -> torch.Tensor:
     """Per-token cross-entropy of a packed batch through the model's labels path.
 
-    Local (CPU) attention gets a block-diagonal causal mask; Transformer Engine attention gets
-    the rows as one THD stream with cu_seqlens. Either way no token attends across sequences.
+    Local (CPU) attention gets a block-diagonal causal mask (shared-prefix batches: each segment
+    also sees its prompt, with RoPE at the position ids); Transformer Engine attention gets the
+    rows as one THD stream with cu_seqlens. Either way no token attends across sequences.
     """
+    shared = "prefix_index" in batch
+    if shared and config.transformer_impl != "local":
+        raise NotImplementedError(
+            "shared-prefix batches (dataset.shared_prefix=true / score-logprobs --shared-prefix) run only with "
+            f"model.transformer_impl=local (got {config.transformer_impl!r}); the Transformer Engine path is "
+            "not built yet (plan: docs/performance.md, shared-prefix packing)")
     if config.transformer_impl == "local":
-        return model(batch["tokens"], batch["position_ids"], packed_attention_mask(batch), labels=batch["labels"])
+        with rotary_at_position_ids(model, batch["position_ids"]) if shared else contextlib.nullcontext():
+            return model(batch["tokens"], batch["position_ids"], packed_attention_mask(batch),
+                         labels=batch["labels"])
     flat = {k: batch[k].reshape(1, -1) for k in ("tokens", "labels", "position_ids")}
     return model(flat["tokens"], flat["position_ids"], None, labels=flat["labels"],
                  packed_seq_params=packed_seq_params(batch))
