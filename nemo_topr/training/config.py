@@ -200,7 +200,9 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     except model_source.ModelSourceError as error:
         raise ConfigError(str(error)) from None
     objective = objective_from(values["objective"])
-    resolve_device(values["device"], cuda_available=torch.cuda.is_available(), where="device", choices=DEVICES)
+    # the value only: whether this machine has CUDA is checked where the process starts
+    # (`use_device` in `nemo-topr train`), so a GPU preset still builds on a login node (plan, tests)
+    resolve_device(values["device"], cuda_available=True, where="device", choices=DEVICES)
 
     _, provider = source_provider(base_model)
     dataset = ToprDatasetConfig(tokenizer_dir=str(base_model.hf_dir), report_path=str(run_dir / "data_report.json"))
