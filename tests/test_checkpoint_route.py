@@ -52,7 +52,7 @@ def imported(tiny) -> tuple[Path, subprocess.CompletedProcess]:
 
 def score(model, data: Path, out: Path, *, tp: int = 1, pp: int = 1) -> dict[int, float]:
     args = ["score-logprobs", "--model", str(model), "--data", str(data), "--out", str(out), "--seq-length", "512",
-            "--tp", str(tp), "--pp", str(pp)]
+            "--tp", str(tp), "--pp", str(pp), "--device", "cpu"]
     if tp * pp == 1:
         nemo_topr(*args)
     else:
@@ -123,7 +123,7 @@ def test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weigh
     assert (source.kind, source.iteration, source.hf_dir) == ("megatron", 0, out / "hf_artifacts")
     assert {"config.json", "tokenizer.json", "generation_config.json"} <= {p.name for p in source.hf_dir.iterdir()}
     # item 6: export straight from the import (no run) loads in transformers with the HF weights, bit for bit
-    nemo_topr("export", "--ckpt", out, "--hf-out", tmp_path / "back")
+    nemo_topr("export", "--ckpt", out, "--hf-out", tmp_path / "back", "--device", "cpu")
     original, back = safetensors(tiny / "hf"), safetensors(tmp_path / "back")
     assert back.keys() == original.keys() and all(torch.equal(back[k], original[k]) for k in original)
     assert (tmp_path / "back" / "tokenizer.json").read_text() == (tiny / "hf" / "tokenizer.json").read_text()
@@ -165,7 +165,7 @@ def test_imported_start_trains_and_exports_like_the_hf_start(runs, tiny, tmp_pat
 
     exports = {start: tmp_path / start for start in runs}
     for start, run in runs.items():
-        nemo_topr("export", "--ckpt", run, "--hf-out", exports[start])
+        nemo_topr("export", "--ckpt", run, "--hf-out", exports[start], "--device", "cpu")
     from transformers import AutoModelForCausalLM
 
     tokens = torch.randint(0, 512, (2, 48), generator=torch.Generator().manual_seed(0))
@@ -284,10 +284,10 @@ def test_a_missing_iteration_and_a_bad_base_model_fail_the_verbs(runs, imported,
     proc = nemo_topr("train", "--config-name", "tiny_cpu", f"base_model={mismatched}", f"run_dir={tmp_path / 'r'}",
                      f"dataset.train_path={tiny / 'graded.jsonl'}", ok=False)
     assert proc.returncode != 0 and "architecture mismatch" in proc.stderr and "hidden_size: checkpoint 64" in proc.stderr
-    proc = nemo_topr("export", "--ckpt", tiny / "hf", "--hf-out", tmp_path / "e", ok=False)
+    proc = nemo_topr("export", "--ckpt", tiny / "hf", "--hf-out", tmp_path / "e", "--device", "cpu", ok=False)
     assert "already a Hugging Face directory; export reads Megatron checkpoints" in proc.stderr
     proc = nemo_topr("eval", "--model", imported[0], "--benchmark", "gsm8k", "--limit", "1", "--out", tmp_path / "r.json",
-                     ok=False)  # sampling is transformers / vLLM: HF weights only
+                     "--device", "cpu", ok=False)  # sampling is transformers / vLLM: HF weights only
     assert proc.returncode != 0 and f"export it once with `nemo-topr export --ckpt {imported[0]}" in proc.stderr
 
 

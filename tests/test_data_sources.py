@@ -302,7 +302,8 @@ def test_training_from_a_saved_dataset_and_from_a_mapped_trl_jsonl(tmp_path):
     scored = tmp_path / "scored.jsonl"
     columns = ",".join(f"{f}={c}" for f, c in TRL_COLUMNS.items() if f != "behavior_logprob")
     proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(model_dir),
-                           "--data", str(no_mu), "--out", str(scored), "--seq-length", "512", "--columns", columns],
+                           "--data", str(no_mu), "--out", str(scored), "--seq-length", "512", "--columns", columns,
+                           "--device", "cpu"],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     without_mu = [{k: v for k, v in r.items() if k != "behavior_logprob"} for r in records]

@@ -259,7 +259,8 @@ def demo_inputs(tmp_path_factory):
     graded = root / "graded.jsonl"
     graded.write_text("".join(json.dumps(r) + "\n" for r in build_graded_records(16)))
     subprocess.run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(model_dir),
-                    "--data", str(graded), "--out", str(root / "scored.jsonl"), "--seq-length", "512"],
+                    "--data", str(graded), "--out", str(root / "scored.jsonl"), "--seq-length", "512",
+                    "--device", "cpu"],
                    cwd=REPO, check=True, capture_output=True)
     return model_dir, root / "scored.jsonl"
 

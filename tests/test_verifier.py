@@ -176,12 +176,13 @@ def test_the_verifier_trains_with_the_topr_recipe(model_dir, tmp_path):
     judge, judge_scored, run_dir, trained = (tmp_path / name for name in ("judge.jsonl", "judge_scored.jsonl",
                                                                           "run", "verifier_hf"))
     nemo_topr("verifier", "build", "--graded", graded_path, "--out", judge)
-    nemo_topr("verifier", "score", "--model", model_dir, "--records", graded_path, "--out", tmp_path / "before.jsonl")
-    nemo_topr("score-logprobs", "--model", model_dir, "--data", judge, "--out", judge_scored, "--seq-length", 512)
+    nemo_topr("verifier", "score", "--model", model_dir, "--records", graded_path, "--out", tmp_path / "before.jsonl", "--device", "cpu")
+    nemo_topr("score-logprobs", "--model", model_dir, "--data", judge, "--out", judge_scored, "--seq-length", 512,
+              "--device", "cpu")
     nemo_topr("train", "--config-name", "tiny_cpu", f"hf_model={model_dir}", f"run_dir={run_dir}",
               f"dataset.train_path={judge_scored}", "dataset.epochs=2")
-    nemo_topr("export", "--ckpt", run_dir, "--hf-out", trained)
-    nemo_topr("verifier", "score", "--model", trained, "--records", graded_path, "--out", tmp_path / "after.jsonl")
+    nemo_topr("export", "--ckpt", run_dir, "--hf-out", trained, "--device", "cpu")
+    nemo_topr("verifier", "score", "--model", trained, "--records", graded_path, "--out", tmp_path / "after.jsonl", "--device", "cpu")
 
     report = json.loads((run_dir / "data_report.json").read_text())
     assert (report["records_used"], report["positives"]) == (48, 24)  # both judgments of every candidate
