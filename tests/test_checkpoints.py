@@ -110,5 +110,7 @@ def test_ranks_preparing_one_run_directory_repair_once_and_write_once(tmp_path):
     assert len(warnings) == 1 and warnings[0] in outputs[0]
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "5"
     assert torch.load(checkpoints / "latest_train_state.pt") == {"step": 5}
+    # hf_artifacts/: the base model's HF config and tokenizer, written by rank 0 for later starts
     assert sorted(p.name for p in checkpoints.iterdir()) == [
-        "iter_0000005", "iter_0000010.incomplete", "latest_checkpointed_iteration.txt", "latest_train_state.pt"]
+        "hf_artifacts", "iter_0000005", "iter_0000010.incomplete", "latest_checkpointed_iteration.txt",
+        "latest_train_state.pt"]

@@ -396,7 +396,7 @@ def test_warning_during_start_up_is_held_until_training_and_then_saves(tmp_path,
         while not (run_dir / "config.yaml").exists():
             assert time.time() < deadline and rank.poll() is None
             time.sleep(0.01)
-        assert not (run_dir / "checkpoints").exists()  # nothing trained or loaded yet
+        assert not list(run_dir.glob("checkpoints/iter_*"))  # nothing trained or saved yet
         rank.send_signal(signal.SIGUSR1)
         output, _ = rank.communicate(timeout=300)
     finally:
