@@ -163,7 +163,11 @@ def test_generate_fails_above_the_grader_error_rate(monkeypatch, tmp_path, capsy
                         lambda model_dir, problems, settings, backend, device: [[Completion(t) for t in BOXED]
                                                                               for _ in problems])
     out = tmp_path / "graded.jsonl"
-    args = ["--model", str(tmp_path), "--prompts", str(_math_prompts(tmp_path, 2)), "--task", "math",
+    model = tmp_path / "model"  # shaped like an HF directory (never loaded: the sampler is replaced)
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (model / name).write_text("{}")
+    args = ["--model", str(model), "--prompts", str(_math_prompts(tmp_path, 2)), "--task", "math",
             "--num-samples", "4", "--device", "cpu", "--out", str(out)]
     assert generate.main(args) == 1  # 2 grader errors in 8 samples = 25 % > 1 % (the default)
     assert not out.exists()
