@@ -159,6 +159,21 @@ def train(name: str, hf_model: Path, data: Path, overrides: list[str], out: Path
     return run_dir
 
 
+def results_file(path: Path, results: dict, started: float):
+    """(save, stage_done) for a driver's results.json: `save()` rewrites it with the wall time so far,
+    `stage_done(name)` records the seconds since the previous stage under results["stage_seconds"]
+    and saves, so an interrupted run keeps what it measured."""
+    def save() -> None:
+        results["wall_time_s"] = round(time.time() - started, 1)
+        path.write_text(json.dumps(results, indent=2) + "\n")
+
+    def stage_done(name: str) -> None:
+        results["stage_seconds"][name] = round(time.time() - started - sum(results["stage_seconds"].values()), 1)
+        save()
+
+    return save, stage_done
+
+
 def build_task_and_model(out: Path, sizes: dict[str, int], task_seed: int, vocab_size: int,
                          hidden_size: int) -> tuple[dict, Path]:
     """Splits of the given sizes (disjoint, drawn in order), the tiny BPE tokenizer trained on the
@@ -283,13 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "data").mkdir(parents=True)
     results: dict = {"args": vars(args), "pretrain": [], "runs": {}, "stage_seconds": {}}
 
-    def save() -> None:
-        results["wall_time_s"] = round(time.time() - started, 1)
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-
-    def stage_done(name: str) -> None:
-        results["stage_seconds"][name] = round(time.time() - started - sum(results["stage_seconds"].values()), 1)
-        save()
+    save, stage_done = results_file(out / "results.json", results, started)
 
     # 1. task, tokenizer, model
     splits, model = build_task_and_model(out, {"pretrain": args.pretrain_problems, "train": args.train_prompts,

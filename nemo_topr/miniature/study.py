@@ -171,13 +171,7 @@ def run_study(design: Design, out: Path, docs: Path | None) -> dict:
     results: dict = {"design": dataclasses.asdict(design), "deviations": deviations(design), "commit": _commit(),
                      "estimate_s": estimate(design), "stage_seconds": {}, "datasets": {}, "runs": {}}
 
-    def save() -> None:
-        results["wall_time_s"] = round(time.time() - started, 1)
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-
-    def stage_done(name: str) -> None:
-        results["stage_seconds"][name] = round(time.time() - started - sum(results["stage_seconds"].values()), 1)
-        save()
+    save, stage_done = pipeline.results_file(out / "results.json", results, started)
 
     def evaluate(model: Path, split: str) -> dict:
         return pipeline.evaluate(model, splits[split], split, design.eval_samples, 0, design.max_new_tokens)["metrics"]
