@@ -231,3 +231,78 @@ def test_study_smoke(tmp_path):
     from nemo_topr.miniature.study_report import PLOT
 
     assert (tmp_path / "docs" / "results.md").is_file() and (tmp_path / "docs" / PLOT).is_file()
+
+
+class KilledRun(Exception):
+    pass
+
+
+def fake_pipeline(monkeypatch, tmp_path, calls, kill_at=None):
+    """The study's pipeline steps replaced by bookkeeping: each step that ran is counted in `calls`,
+    every model scores pass@1 0.5, and from the `kill_at`-th training on every training raises, as
+    in a killed process nothing more runs."""
+    from nemo_topr.miniature import pipeline
+
+    def count(step):
+        calls[step] = calls.get(step, 0) + 1
+
+    def build_task_and_model(out, sizes, *args):
+        count("build")
+        return {name: [f"{name}{i}" for i in range(n)] for name, n in sizes.items()}, out / "init_hf"
+
+    def pretrain_mu(out, *args, **kwargs):
+        count("pretrain")
+        (out / "mu").mkdir()
+        return out / "mu", [{"iteration": 30, "pass@1": 0.625}], True
+
+    def offline_dataset(mu, problems, k, seed, directory, max_new_tokens):
+        count("dataset")
+        directory.mkdir(parents=True)
+        (directory / "scored.jsonl").write_text("{}\n")
+        return directory / "scored.jsonl", {"records": k * len(problems), "positive_share": 0.5, "correct": 1,
+                                            "wrong": 1, "invalid": 0, "prompts_with_both": 1}
+
+    def train_variant(name, mu, data, overrides, out, **kwargs):
+        if kill_at is not None and calls.get("train", 0) + 1 >= kill_at:
+            raise KilledRun(name)
+        count("train")
+        (out / "runs" / name / "checkpoints").mkdir(parents=True)
+        return out / "runs" / name, {123: out / "exports" / name}
+
+    metrics = {"pass@1": 0.5, "maj@8": 0.5, "malformed_rate": 0.0}
+    monkeypatch.setattr(pipeline, "build_task_and_model", build_task_and_model)
+    monkeypatch.setattr(pipeline, "pretrain_mu", pretrain_mu)
+    monkeypatch.setattr(pipeline, "offline_dataset", offline_dataset)
+    monkeypatch.setattr(pipeline, "train_variant", train_variant)
+    monkeypatch.setattr(pipeline, "evaluate", lambda *args: {"metrics": metrics})
+    monkeypatch.setattr(pipeline, "telemetry", lambda run_dir: {})
+
+
+def test_resume_keeps_mu_datasets_and_finished_runs(tmp_path, monkeypatch):
+    """A study killed in its 20th training (16 tuning runs, then the study runs; one job at a time)
+    resumes with mu, the datasets and the 19 finished runs kept, and trains only the other 53."""
+    options = ["--out", str(tmp_path / "study"), "--docs", "", "--jobs", "1"]
+    calls: dict[str, int] = {}
+    fake_pipeline(monkeypatch, tmp_path, calls, kill_at=20)
+    with pytest.raises(KilledRun, match="sft_positive_s1|reinforce_s1|tis_s1|topr_s1"):
+        study.main(options)
+    kept = json.loads((tmp_path / "study" / "results.json").read_text())
+    assert calls == {"build": 1, "pretrain": 1, "dataset": 8, "train": 19} and len(kept["runs"]) == 19
+    assert kept["selected"] == {"lr": 3e-5, "warmup": 12}  # every tuning run tied: smallest lr, then warm-up
+
+    with pytest.raises(SystemExit, match="other options \\(seeds\\)"):
+        study.main([*options, "--resume", "--seeds", "1", "2"])
+    calls.clear()
+    fake_pipeline(monkeypatch, tmp_path, calls)
+    assert study.main([*options, "--resume"]) == 0
+    results = json.loads((tmp_path / "study" / "results.json").read_text())
+    assert calls == {"train": 16 + 72 - 19}
+    assert len(results["runs"]) == 16 + 72 and results["resumed"][0]["runs_kept"] == 19
+    assert {k: results["runs"][k] for k in kept["runs"]} == kept["runs"]
+    assert list(results["stage_seconds"]) == ["pretraining", "datasets", "tuning", "study"]
+    assert "Resumed (`--resume`)" in (tmp_path / "study" / "results.md").read_text()
+
+
+def test_resume_needs_a_started_study(tmp_path):
+    with pytest.raises(SystemExit, match="does not exist; start the study without --resume"):
+        study.main(["--out", str(tmp_path / "none"), "--docs", "", "--resume"])

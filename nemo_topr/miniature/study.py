@@ -16,12 +16,17 @@ Stages, each with the miniature pipeline's own functions (pipeline.py):
 
 Every option defaults to the pre-registered design; results.json and results.md say whether
 the run used it (`preregistered`) and list any option that differs.
+
+`--resume` continues an interrupted study in --out: mu, the offline datasets and every run that
+reached results.json are kept; the rest is run as it would have been. The design must be the
+one the study started with; the report says that it was resumed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shutil
 import statistics
 import subprocess
@@ -156,19 +161,47 @@ def _commit() -> str | None:
     return head.stdout.strip() + (" +uncommitted changes" if dirty else "")
 
 
-def run_study(design: Design, out: Path, docs: Path | None) -> dict:
+def resumable_results(out: Path, design: Design) -> dict:
+    """The results.json of an interrupted study in `out`, checked to be of this design."""
+    path = out / "results.json"
+    if not path.is_file():
+        raise SystemExit(f"--resume: {path} does not exist; start the study without --resume")
+    results = json.loads(path.read_text())
+    registered = json.loads(json.dumps(dataclasses.asdict(design)))  # tuples -> lists, as stored
+    differing = sorted(k for k in registered.keys() | results["design"].keys()
+                       if registered.get(k) != results["design"].get(k))
+    if differing:
+        raise SystemExit(f"--resume: {path} is a study with other options ({', '.join(differing)}); "
+                         "resume it with the options it started with")
+    if "mu" in results and not Path(results["mu"]["path"]).is_dir():
+        raise SystemExit(f"--resume: mu {results['mu']['path']} recorded in {path} is missing")
+    return results
+
+
+def run_study(design: Design, out: Path, docs: Path | None, resume: bool = False) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
 
     from nemo_topr.miniature import pipeline, study_report
+    from nemo_topr.miniature.task import make_splits
     from nemo_topr.objective import baseline_for_share
 
     started = time.time()
-    shutil.rmtree(out, ignore_errors=True)
-    (out / "data").mkdir(parents=True)
-    results: dict = {"design": dataclasses.asdict(design), "deviations": deviations(design), "commit": _commit(),
-                     "estimate_s": estimate(design), "stage_seconds": {}, "datasets": {}, "runs": {}}
+    if resume:
+        results = resumable_results(out, design)
+        # The clock continues from the last save: time between the processes is not counted, nor a
+        # killed process's unsaved work (it is redone here and counted again).
+        started -= results.get("wall_time_s", 0.0)
+        results.setdefault("resumed", []).append({"after_s": results.get("wall_time_s", 0.0), "commit": _commit(),
+                                                  "runs_kept": len(results["runs"])})
+        pipeline.log(f"resuming {out}: mu {'kept' if 'mu' in results else 'to train'}, "
+                     f"{len(results['datasets'])} datasets and {len(results['runs'])} runs kept")
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        (out / "data").mkdir(parents=True)
+        results = {"design": dataclasses.asdict(design), "deviations": deviations(design), "commit": _commit(),
+                   "estimate_s": estimate(design), "stage_seconds": {}, "datasets": {}, "runs": {}}
 
     save, stage_done = pipeline.results_file(out / "results.json", results, started)
 
@@ -182,6 +215,7 @@ def run_study(design: Design, out: Path, docs: Path | None) -> dict:
                                           epochs=design.epochs, lr=job["lr"], warmup=job["warmup"],
                                           save_interval=FINAL_ONLY, seed=job["seed"], jobs=design.jobs)
 
+        jobs = [job for job in jobs if job["name"] not in results["runs"]]  # kept by --resume
         with ThreadPoolExecutor(max(1, design.jobs)) as pool:
             for job, future in [(job, pool.submit(train, job)) for job in jobs]:
                 run_dir, checkpoints = future.result()
@@ -196,23 +230,32 @@ def run_study(design: Design, out: Path, docs: Path | None) -> dict:
                 save()
 
     # 1-2. task, model, mu
-    splits, model = pipeline.build_task_and_model(
-        out, {"pretrain": design.pretrain_problems, "train": design.train_prompts,
-              "validation": design.validation_prompts, "test": design.test_prompts},
-        design.task_seed, design.vocab_size, design.hidden_size)
-    mu, results["pretrain"], results["mu_target_met"] = pipeline.pretrain_mu(
-        out, splits, model, lr=design.pretrain_lr, epochs=design.pretrain_epochs,
-        save_interval=design.pretrain_save_interval, target=design.mu_target, probe_prompts=design.probe_prompts,
-        max_new_tokens=design.max_new_tokens)
-    results["mu"] = {"path": str(mu), "test": evaluate(mu, "test"), "validation": evaluate(mu, "validation")}
-    stage_done("pretraining")
+    sizes = {"pretrain": design.pretrain_problems, "train": design.train_prompts,
+             "validation": design.validation_prompts, "test": design.test_prompts}
+    if "mu" in results:  # resumed: the splits are a function of the task seed; mu is on disk
+        splits, mu = make_splits(sizes, seed=design.task_seed), Path(results["mu"]["path"])
+    else:
+        splits, model = pipeline.build_task_and_model(out, sizes, design.task_seed, design.vocab_size,
+                                                      design.hidden_size)
+        mu, results["pretrain"], results["mu_target_met"] = pipeline.pretrain_mu(
+            out, splits, model, lr=design.pretrain_lr, epochs=design.pretrain_epochs,
+            save_interval=design.pretrain_save_interval, target=design.mu_target,
+            probe_prompts=design.probe_prompts, max_new_tokens=design.max_new_tokens)
+        results["mu"] = {"path": str(mu), "test": evaluate(mu, "test"), "validation": evaluate(mu, "validation")}
+        stage_done("pretraining")
 
-    # 3. one offline dataset per seed
+    # 3. one offline dataset per seed, saved as it is made
     scored = {}
     for seed in (*design.tuning_seeds, *design.seeds):
+        directory = out / "data" / f"seed{seed}"
+        if str(seed) in results["datasets"] and (directory / "scored.jsonl").is_file():
+            scored[seed] = directory / "scored.jsonl"
+            continue
         scored[seed], results["datasets"][str(seed)] = pipeline.offline_dataset(
-            mu, splits["train"], design.k, seed, out / "data" / f"seed{seed}", design.max_new_tokens)
-    stage_done("datasets")
+            mu, splits["train"], design.k, seed, directory, design.max_new_tokens)
+        save()
+    if "datasets" not in results["stage_seconds"]:
+        stage_done("datasets")
 
     # 4. lr / warm-up selection with positives-only on validation. From here on this process only
     #    evaluates, beside `design.jobs` training subprocesses: one thread (oversubscribed OpenMP
@@ -227,10 +270,11 @@ def run_study(design: Design, out: Path, docs: Path | None) -> dict:
     lr, warmup = select_settings(validation)
     results["selected"] = {"lr": lr, "warmup": warmup}
     pipeline.log(f"selected lr {lr:g}, warm-up {warmup} iterations")
-    stage_done("tuning")
+    if "tuning" not in results["stage_seconds"]:
+        stage_done("tuning")
 
     # 5. the variants and the p~ grid on every study seed, with the selected settings
-    jobs = []
+    jobs, skipped = [], []
     for seed in design.seeds:
         p = results["datasets"][str(seed)]["positive_share"]
         for key, label in study_runs(design):
@@ -238,12 +282,14 @@ def run_study(design: Design, out: Path, docs: Path | None) -> dict:
             if overrides is None:
                 target = float(key.removeprefix("topr_ptilde"))
                 if not 0.0 < p < 1.0:  # no baseline changes the share of a one-sided dataset
-                    results.setdefault("skipped", []).append(f"{key} on seed {seed}: positive share p = {p}")
+                    skipped.append(f"{key} on seed {seed}: positive share p = {p}")
                     continue
                 c = baseline_for_share(p, target)
                 overrides, label = ["objective.variant=topr", f"objective.baseline={c}"], f"{label} (c={c:+.3f})"
             jobs.append({"name": f"{key}_s{seed}", "stage": "study", "key": key, "label": label, "seed": seed,
                          "lr": lr, "warmup": warmup, "overrides": overrides})
+    if skipped:
+        results["skipped"] = skipped
     train_all(jobs, ("test", "validation"))
     stage_done("study")
 
@@ -259,6 +305,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default="results/miniature_study", help="results directory (recreated)")
     parser.add_argument("--docs", default="docs/miniature/study", help="copy the report and plots here ('' to skip)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the time estimate; train nothing")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted study in --out (same options): keep mu, datasets, finished runs")
     for field in dataclasses.fields(Design):
         default = getattr(PREREGISTERED, field.name)
         flag = "--" + field.name.replace("_", "-")
@@ -272,14 +320,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = vars(_parser().parse_args(argv))
-    out, docs, dry_run = Path(args.pop("out")).resolve(), args.pop("docs"), args.pop("dry_run")
+    out, docs, dry_run, resume = Path(args.pop("out")).resolve(), args.pop("docs"), args.pop("dry_run"), args.pop("resume")
     design = Design(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
     unknown = sorted(set(design.variants) - set(VARIANTS))
     if unknown:
         raise SystemExit(f"unknown --variants {unknown}; known: {list(VARIANTS)}")
     print(plan_text(design), flush=True)
     if not dry_run:
-        run_study(design, out, Path(docs) if docs else None)
+        run_study(design, out, Path(docs) if docs else None, resume=resume)
     return 0
 
 

@@ -151,6 +151,9 @@ def table(results: dict) -> str:
     stages = ", ".join(f"{k} {v:.0f} s" for k, v in results.get("stage_seconds", {}).items())
     lines += ["", f"Wall time: {results.get('wall_time_s', 0):.0f} s ({stages}); pre-registered estimate "
               f"{sum(results.get('estimate_s', {}).values()):.0f} s. Commit: {results.get('commit')}."]
+    for resumed in results.get("resumed", []):
+        lines.append(f"Resumed (`--resume`) after {resumed['after_s']:.0f} s of measured time with "
+                     f"{resumed['runs_kept']} runs kept; commit {resumed['commit']}.")
     return "\n".join(lines) + "\n"
 
 
