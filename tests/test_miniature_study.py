@@ -193,7 +193,16 @@ def test_report_decisions_from_results(tmp_path):
     assert "or pass@1 < half of mu's): topr 0/6 seeds; reinforce 6/6 seeds." in text
     assert "| topr p~=0.05 | 0.250 | 0.250 | 0.250 | 0.250 | 0.250 | 0.250 | 0.250 ± 0.000 |" in text
     assert "| 0.0003 | 12 | 0.500 | 0.500 | **yes** |" in text
+    # secondary metrics: means over seeds of what each run recorded, "–" where nothing was
+    assert "| topr | – | – | – | – | – | – |" in text
+    results = synthetic_results(sft=0.625)
+    for seed in range(1, 7):
+        run = results["runs"][f"topr_s{seed}"]
+        run["test"].update(invalid_rate=seed / 64, mean_chars=40.0 + seed)
+        run["telemetry"] = {"negative_weight_mean": [1.0, seed / 8], "positive_nll": []}
+    assert "| topr | 0.055 | 43.5 | – | – | 0.438 | – |" in study_report.table(results)
     assert (tmp_path / "docs" / "results.md").is_file() and (tmp_path / "docs" / study_report.PLOT).is_file()
+    assert json.loads((tmp_path / "docs" / "results.json").read_text()) == synthetic_results(sft=0.625)
     # positives-only no better than mu: H2 and H3 inconclusive whatever TOPR did; H1 still judged
     failed = study_report.table(synthetic_results(sft=0.5))
     assert "above mu on 0/6 seeds: **failed**" in failed and "| H1 | **supported** |" in failed

@@ -28,6 +28,23 @@ def _grid(results: dict, split: str) -> dict[float, list[float]]:
     return {t: v for t, v in values.items() if v is not None}
 
 
+# (column, value of one run, format): test metrics by name; "telemetry:" the last logged value of a series
+SECONDARY = (("grader-invalid", "invalid_rate", ".3f"), ("chars / completion", "mean_chars", ".1f"),
+             ("positive NLL / token", "telemetry:positive_nll", ".3f"),
+             ("negative NLL / token", "telemetry:negative_nll", ".3f"),
+             ("mean negative weight", "telemetry:negative_weight_mean", ".3f"),
+             ("effective positive share", "telemetry:effective_positive_share", ".3f"))
+
+
+def _secondary(runs: list[dict], field: str, fmt: str) -> str:
+    if field.startswith("telemetry:"):
+        series = [run.get("telemetry", {}).get(field.removeprefix("telemetry:")) for run in runs]
+        values = [s[-1] for s in series if s]
+    else:
+        values = [run["test"][field] for run in runs if field in run["test"]]
+    return format(statistics.fmean(values), fmt) if values else "–"
+
+
 def _sd(values) -> str:
     return f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
 
@@ -117,6 +134,14 @@ def table(results: dict) -> str:
                      f"{statistics.fmean(r['test']['malformed_rate'] for r in values.values()):.3f} | "
                      f"{statistics.fmean(r['validation']['pass@1'] for r in values.values()):.3f} |")
 
+    lines += ["", "Secondary metrics (pre-registered, never decisive), mean over seeds: the test split's grader-invalid "
+              "rate and characters per completion, and the last logged training batch's telemetry:", "",
+              f"| model | {' | '.join(column for column, *_ in SECONDARY)} |", "|---|" + "---|" * len(SECONDARY)]
+    for key in keys:
+        runs = [run for run in results["runs"].values() if run["stage"] == "study" and run["key"] == key]
+        label = key if key in design["variants"] else key.replace("topr_ptilde", "topr p~=")
+        lines.append(f"| {label} | {' | '.join(_secondary(runs, field, fmt) for _, field, fmt in SECONDARY)} |")
+
     lines += ["", f"Paired comparisons (A − B per seed on test pass@1; exact two-sided sign test, ties dropped; "
               f"A > B needs p <= {stats.ALPHA} and mean >= {stats.MIN_EFFECT}):", "",
               "| A | B | A − B per seed | mean ± sd | + / − / tie | sign-test p | outcome |", "|---|---|---|---|---|---|---|"]
@@ -201,7 +226,8 @@ def plot(out: Path, results: dict) -> Path:
 def write_report(out: Path, results: dict, docs: Path | None = None) -> str:
     text = table(results)
     (out / "results.md").write_text(text)
-    written = [out / "results.md", plot(out, results)]
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # the report's data goes with it
+    written = [out / "results.md", plot(out, results), out / "results.json"]
     if docs is not None:
         docs.mkdir(parents=True, exist_ok=True)
         for path in written:
