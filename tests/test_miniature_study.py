@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
+from conftest import REPO
 
 from nemo_topr.miniature import stats, study
+
+STUDY_DOCS = REPO / "docs" / "miniature" / "study"  # the committed report of the study as run
 
 # Differences built from dyadic fractions so that A - B is exact in floating point.
 BASE = [0.5] * 6
@@ -315,3 +319,55 @@ def test_resume_keeps_mu_datasets_and_finished_runs(tmp_path, monkeypatch):
 def test_resume_needs_a_started_study(tmp_path):
     with pytest.raises(SystemExit, match="does not exist; start the study without --resume"):
         study.main(["--out", str(tmp_path / "none"), "--docs", "", "--resume"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The committed study: its report, the README's claim lines and the docs' figures
+
+
+def committed_study() -> dict:
+    return json.loads((STUDY_DOCS / "results.json").read_text())
+
+
+def test_committed_study_ran_the_preregistered_design_on_six_fresh_datasets():
+    results = committed_study()
+    assert results["deviations"] == {} and results["mu_target_met"]
+    assert results["design"]["seeds"] == [1, 2, 3, 4, 5, 6] and results["design"]["k"] == 16
+    assert set(results["datasets"]) == {"1", "2", "3", "4", "5", "6", "101", "102"}
+    # each seed sampled its own dataset from mu (8,192 records), not a reshuffle of one
+    counts = [(d["records"], d["correct"]) for d in results["datasets"].values()]
+    assert {r for r, _ in counts} == {512 * 16} and len({c for _, c in counts}) == len(counts)
+    study_runs = [run for run in results["runs"].values() if run["stage"] == "study"]
+    assert len(study_runs) == 72 and all({"test", "validation"} <= set(run) for run in study_runs)
+    assert {(run["lr"], run["warmup"]) for run in study_runs} == {tuple(results["selected"].values())}
+
+
+def test_committed_report_is_the_rendering_of_its_results():
+    from nemo_topr.miniature import study_report
+
+    assert (STUDY_DOCS / "results.md").read_text() == study_report.table(committed_study())
+
+
+def test_readme_states_each_claims_status_as_the_study_decided():
+    from nemo_topr.miniature import study_report
+
+    analysis = study_report.analyse(committed_study())
+    lines = (REPO / "README.md").read_text().splitlines()
+    for h in ("H1", "H2", "H3"):
+        [line] = [line for line in lines if line.startswith(f"- **{h}**")]
+        assert f"**{analysis[h].status}**" in line, (h, analysis[h], line)
+        others = {stats.SUPPORTED, stats.REFUTED, stats.INCONCLUSIVE} - {analysis[h].status}
+        assert not any(f"**{status}**" in line for status in others), line
+
+
+def test_figures_in_the_study_results_section_come_from_the_report():
+    """Every three-decimal figure the docs quote from the study is in the committed report."""
+    text = (REPO / "docs" / "miniature.md").read_text()
+    start = text.index("### Results of the pre-registered study")
+    end = text.find("\n#", start + 1)
+    section = text[start:end if end != -1 else None]
+    report = (STUDY_DOCS / "results.md").read_text()
+    figures = set(re.findall(r"(?<![\d.])[+−-]?\d\.\d{3}(?!\d)", section))
+    assert figures, "the section quotes no figures"
+    missing = sorted(f for f in figures if f.replace("−", "-") not in report)
+    assert not missing, missing
