@@ -18,8 +18,10 @@ from conftest import REPO, run_distributed
 
 pytestmark = pytest.mark.slow
 
-# Same fp32 CPU kernels in the same order either way; the bound leaves room for summation order only.
-LOSS_RTOL = 1e-6
+# Same fp32 CPU kernels either way, but two separate multi-threaded trainings are not bitwise
+# reproducible: a fresh-clone `make test` saw 2.6e-6 relative at one of the three steps (other runs:
+# equal within 1e-6). 1e-5 leaves room for summation order only; a wrong weight moves it far more.
+LOSS_RTOL = 1e-5
 LOGPROB_ATOL = 1e-4  # per-sequence sums of ~100 token log-probs (|sum| ~ 500): TP splits the reductions
 LOGIT_ATOL = 1e-5
 
