@@ -162,13 +162,15 @@ def train(name: str, hf_model: Path, data: Path, overrides: list[str], out: Path
 def results_file(path: Path, results: dict, started: float):
     """(save, stage_done) for a driver's results.json: `save()` rewrites it with the wall time so far,
     `stage_done(name)` records the seconds since the previous stage under results["stage_seconds"]
-    and saves, so an interrupted run keeps what it measured."""
+    and saves, so an interrupted run keeps what it measured. A stage already recorded (passed again
+    by a resumed run) keeps its time."""
     def save() -> None:
         results["wall_time_s"] = round(time.time() - started, 1)
         path.write_text(json.dumps(results, indent=2) + "\n")
 
     def stage_done(name: str) -> None:
-        results["stage_seconds"][name] = round(time.time() - started - sum(results["stage_seconds"].values()), 1)
+        if name not in results["stage_seconds"]:
+            results["stage_seconds"][name] = round(time.time() - started - sum(results["stage_seconds"].values()), 1)
         save()
 
     return save, stage_done

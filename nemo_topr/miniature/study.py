@@ -254,8 +254,7 @@ def run_study(design: Design, out: Path, docs: Path | None, resume: bool = False
         scored[seed], results["datasets"][str(seed)] = pipeline.offline_dataset(
             mu, splits["train"], design.k, seed, directory, design.max_new_tokens)
         save()
-    if "datasets" not in results["stage_seconds"]:
-        stage_done("datasets")
+    stage_done("datasets")
 
     # 4. lr / warm-up selection with positives-only on validation. From here on this process only
     #    evaluates, beside `design.jobs` training subprocesses: one thread (oversubscribed OpenMP
@@ -270,8 +269,7 @@ def run_study(design: Design, out: Path, docs: Path | None, resume: bool = False
     lr, warmup = select_settings(validation)
     results["selected"] = {"lr": lr, "warmup": warmup}
     pipeline.log(f"selected lr {lr:g}, warm-up {warmup} iterations")
-    if "tuning" not in results["stage_seconds"]:
-        stage_done("tuning")
+    stage_done("tuning")
 
     # 5. the variants and the p~ grid on every study seed, with the selected settings
     jobs, skipped = [], []

@@ -16,9 +16,14 @@ from nemo_topr.miniature import stats
 PLOT = "study.png"
 
 
+def _study_runs(results: dict, key: str) -> dict[int, dict]:
+    """{seed: run} of one study configuration."""
+    return {run["seed"]: run for run in results["runs"].values() if run["stage"] == "study" and run["key"] == key}
+
+
 def _per_seed(results: dict, key: str, split: str = "test", metric: str = "pass@1") -> list[float] | None:
     """One value per study seed in seed order, or None if the key did not run on every seed."""
-    runs = {run["seed"]: run for run in results["runs"].values() if run["stage"] == "study" and run["key"] == key}
+    runs = _study_runs(results, key)
     seeds = results["design"]["seeds"]
     return [runs[s][split][metric] for s in seeds] if all(s in runs for s in seeds) else None
 
@@ -124,11 +129,11 @@ def table(results: dict) -> str:
               f"| mu (start, one model) | {' | '.join('–' for _ in seeds)} | {mu['pass@1']:.3f} | "
               f"{mu[f'maj@{n}']:.3f} | {mu['malformed_rate']:.3f} | {results['mu']['validation']['pass@1']:.3f} |"]
     keys = list(dict.fromkeys(run["key"] for run in results["runs"].values() if run["stage"] == "study"))
-    for key in keys:
-        values = {run["seed"]: run for run in results["runs"].values() if run["stage"] == "study" and run["key"] == key}
+    labels = {key: key if key in design["variants"] else key.replace("topr_ptilde", "topr p~=") for key in keys}
+    for key, label in labels.items():
+        values = _study_runs(results, key)
         passes = [r["test"]["pass@1"] for r in values.values()]
         cells = [f"{values[s]['test']['pass@1']:.3f}" if s in values else "–" for s in seeds]
-        label = key if key in design["variants"] else key.replace("topr_ptilde", "topr p~=")
         lines.append(f"| {label} | {' | '.join(cells)} | {statistics.fmean(passes):.3f}{_sd(passes)} | "
                      f"{statistics.fmean(r['test'][f'maj@{n}'] for r in values.values()):.3f} | "
                      f"{statistics.fmean(r['test']['malformed_rate'] for r in values.values()):.3f} | "
@@ -137,9 +142,8 @@ def table(results: dict) -> str:
     lines += ["", "Secondary metrics (pre-registered, never decisive), mean over seeds: the test split's grader-invalid "
               "rate and characters per completion, and the last logged training batch's telemetry:", "",
               f"| model | {' | '.join(column for column, *_ in SECONDARY)} |", "|---|" + "---|" * len(SECONDARY)]
-    for key in keys:
-        runs = [run for run in results["runs"].values() if run["stage"] == "study" and run["key"] == key]
-        label = key if key in design["variants"] else key.replace("topr_ptilde", "topr p~=")
+    for key, label in labels.items():
+        runs = list(_study_runs(results, key).values())
         lines.append(f"| {label} | {' | '.join(_secondary(runs, field, fmt) for _, field, fmt in SECONDARY)} |")
 
     lines += ["", f"Paired comparisons (A − B per seed on test pass@1; exact two-sided sign test, ties dropped; "
