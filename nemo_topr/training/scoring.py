@@ -34,17 +34,18 @@ from nemo_topr.data.records import load_records, write_jsonl
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.device import DeviceError, add_device_argument, use_device
+from nemo_topr.model_settings import device_model_settings
 
 
 def scoring_forward_step(scores: dict[int, float], config):
     """Forward-only step for Megatron's pipeline schedule: adds {sample_id: log pi(completion)}
     to `scores` (on the last pipeline stage), through the training step's own forward and sums."""
-    from nemo_topr.training.step import completion_logprob_table, forward_packed
+    from nemo_topr.training.step import completion_logprob_table, forward_packed, with_thd_boundaries
 
     def forward_step(data_iterator, chunk):
         batch = next(data_iterator)
         max_length = int(batch["seq_len"].max())  # read on the host, before the move
-        batch = to_model_device(batch, chunk)
+        batch = to_model_device(with_thd_boundaries(batch, config), chunk)
         output = forward_packed(chunk, batch, config)
 
         def collect(per_token_ce: torch.Tensor):
@@ -94,6 +95,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     if precision == "bf16":
         provider.bf16, provider.params_dtype = True, torch.bfloat16
     provider.pipeline_dtype = provider.params_dtype
+    device_model_settings(provider, wrapped_in_ddp=False)
     if shared_prefix and provider.transformer_impl != "local":
         raise ValueError(f"--shared-prefix needs the local attention (model transformer_impl is "
                          f"{provider.transformer_impl!r}; --device cpu uses it): the Transformer Engine attention for "

@@ -1,0 +1,191 @@
+"""The GPU path built on CPU with CUDA mocked: what Bridge and Megatron would construct on a GPU
+(flags, layer spec, which core attention and softmax run), and the traps in their sources that
+would stop the first GPU run or let attention cross packed-sequence boundaries.
+
+`torch.cuda.is_available` is monkeypatched to True and the presence of Transformer Engine / Apex
+is chosen per case; no test here runs anything on a GPU. Transformer Engine is not installed on
+this machine (Megatron's `TEDotProductAttention` is then a placeholder), so its layer spec is
+stood in by a spec whose core attention is a class of that name (what
+`get_gpt_layer_with_transformer_engine_spec` puts there with TE installed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import REPO
+from nemo_topr import model_settings
+from nemo_topr.attention_check import MASK, THD, AttentionError, check_attention, core_attention_of_spec
+
+
+def test_bridge_setup_uses_the_prebuilt_dataset_helpers_on_cuda():
+    """Bridge's set-up calls compile_helpers() (`make` in megatron/core/datasets; the wheel has no
+    Makefile, so sys.exit(1)). On the CUDA path, before any CPU runtime, it must compile nothing.
+    A fresh process: the CPU runtime of other tests must not be what makes it pass."""
+    script = textwrap.dedent("""
+        import subprocess, torch
+        torch.cuda.is_available = lambda: True
+        from nemo_topr.device import use_device
+        assert use_device("cuda", where="--device") == "cuda"
+        def no_make(*args, **kwargs):
+            raise SystemExit(f"compile_helpers ran {args}")
+        subprocess.run = no_make
+        import megatron.bridge.training.initialize as bridge_initialize
+        bridge_initialize.compile_helpers()
+        print("compiled nothing")
+    """)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "compiled nothing" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+TE_DOT_PRODUCT_ATTENTION = type("TEDotProductAttention", (), {})
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """CUDA mocked available; returns a function choosing whether TE and Apex are installed."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def machine(*, te: bool, apex: bool) -> None:
+        monkeypatch.setattr(model_settings, "transformer_engine_available", lambda: te)
+        monkeypatch.setattr(model_settings, "gradient_accumulation_fusion_available", lambda: apex)
+        if te:  # the spec Bridge's default_layer_spec would get from TE
+            import megatron.bridge.models.gpt_provider as gpt_provider
+
+            def te_spec(config):
+                spec = gpt_provider.local_layer_spec(config)
+                spec.submodules.self_attention.submodules.core_attention = TE_DOT_PRODUCT_ATTENTION
+                return spec
+
+            monkeypatch.setattr(gpt_provider, "transformer_engine_layer_spec", te_spec)
+
+    return machine
+
+
+def _gpu_provider(transformer_impl: str):
+    """A provider as a verb gets it on the GPU (settings applied at creation), then the YAML's
+    model.transformer_impl, then the settings again (`build_training_run` order)."""
+    from nemo_topr.model import tiny_llama_provider
+
+    provider = tiny_llama_provider()
+    provider.transformer_impl = transformer_impl
+    provider.masked_softmax_fusion = True  # Bridge's default when the Apex kernel is there
+    return model_settings.device_model_settings(provider)
+
+
+CASES = list(itertools.product((True, False), (True, False), ("transformer_engine", "local"), (False, True)))
+
+
+@pytest.mark.parametrize("te, apex, impl, shared", CASES,
+                         ids=[f"te={t}-apex={a}-{i}-shared={s}" for t, a, i, s in CASES])
+def test_each_gpu_combination_runs_an_attention_that_honours_the_mask_or_is_refused(megatron_world, gpu,
+                                                                                     te, apex, impl, shared):
+    gpu(te=te, apex=apex)
+    provider = _gpu_provider(impl)
+    spec = provider.transformer_layer_spec(provider)
+    attention, mask_type = core_attention_of_spec(spec)
+    assert provider.gradient_accumulation_fusion is apex  # trained with DDP: only with Apex's kernel
+    assert provider.masked_softmax_fusion is False or provider.transformer_impl != "local"
+    if not te:  # the supported GPU route without TE: local layers, TE/Apex fusions off
+        assert provider.transformer_impl == "local"
+        assert not (provider.apply_rope_fusion or provider.persist_layer_norm or provider.masked_softmax_fusion)
+    expected_attention = "DotProductAttention" if provider.transformer_impl == "local" else "TEDotProductAttention"
+    assert attention.__name__ == expected_attention
+    if shared and attention.__name__ == "TEDotProductAttention":
+        with pytest.raises(AttentionError, match="shared-prefix rows need"):
+            check_attention(attention, mask_type, provider, shared_prefix=shared)
+    else:
+        route = check_attention(attention, mask_type, provider, shared_prefix=shared)
+        assert route == (MASK if provider.transformer_impl == "local" else THD)
+
+
+def test_the_two_silent_cross_sequence_cases_of_the_old_path_are_refused(megatron_world, gpu):
+    """What the GPU path built before: transformer_impl=local changed a string and kept TE's spec;
+    local layers kept the fused causal softmax. Both ignore the packed mask: both are refused."""
+    gpu(te=True, apex=True)
+    from megatron.bridge.models.gpt_provider import default_layer_spec
+    from nemo_topr.model import tiny_llama_provider
+
+    provider = tiny_llama_provider()
+    provider.transformer_impl = "local"  # the string alone
+    te_spec = default_layer_spec(provider)
+    with pytest.raises(AttentionError, match="dense block mask, which it ignores"):
+        check_attention(*core_attention_of_spec(te_spec), provider, shared_prefix=False)
+    provider = _gpu_provider("local")
+    provider.masked_softmax_fusion = True
+    with pytest.raises(AttentionError, match="fused causal softmax kernel ignores the packed mask"):
+        check_attention(*core_attention_of_spec(provider.transformer_layer_spec(provider)), provider,
+                        shared_prefix=False)
+
+
+def test_transformer_engine_asked_for_without_it_is_a_clear_error(megatron_world, gpu):
+    gpu(te=False, apex=False)
+    provider = _gpu_provider("local")
+    provider.transformer_impl = "transformer_engine"
+    with pytest.raises(ValueError, match="needs Transformer Engine, which is not installed"):
+        model_settings.follow_transformer_impl(provider)
+
+
+@pytest.mark.parametrize("verb_build", ["score", "bench"])
+def test_builds_without_ddp_never_fuse_gradient_accumulation(megatron_world, gpu, verb_build):
+    """Apex present: a model built with wrap_with_ddp=False has no param.main_grad for the fused
+    kernel; without Apex the output layer raises at construction. Either way: off."""
+    gpu(te=True, apex=True)
+    provider = _gpu_provider("transformer_engine")
+    assert provider.gradient_accumulation_fusion is True
+    assert model_settings.device_model_settings(provider, wrapped_in_ddp=False).gradient_accumulation_fusion is False
+
+
+def test_the_step_refuses_a_built_model_whose_attention_ignores_its_input(megatron_world):
+    """On the model that runs: local attention handed cu_seqlens (transformer_impl says TE), and
+    local attention with the fused causal softmax, are refused before the forward."""
+    from workers.topr_step_parallel import PAD_ID, SEQ_LENGTH, VOCAB, build_sequences
+
+    from nemo_topr.data.packing import collate_packed
+    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.training.step import forward_packed
+
+    provider = tiny_llama_provider(vocab_size=VOCAB, seq_length=SEQ_LENGTH)
+    provider.finalize()
+    model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)[0]
+    seqs = build_sequences([20, 30, 40], seed=0)
+    batch = collate_packed(seqs, [[0, 1], [2]], SEQ_LENGTH, PAD_ID)
+    assert torch.isfinite(forward_packed(model, batch, model.config)).all()  # the local route runs
+    for setting, value, message in (("transformer_impl", "transformer_engine", "cu_seqlens, which it ignores"),
+                                    ("masked_softmax_fusion", True, "fused causal softmax")):
+        model.__dict__.pop("_topr_attention_checked")
+        original = getattr(model.config, setting)
+        setattr(model.config, setting, value)
+        try:
+            with pytest.raises(AttentionError, match=message):
+                forward_packed(model, batch, model.config)
+        finally:
+            setattr(model.config, setting, original)
+
+
+def test_config_only_sources_get_a_seeded_cuda_rng_tracker(megatron_world, monkeypatch):
+    """Building a model with perform_initialization=True forks "model-parallel-rng"; on CUDA the
+    process-group set-up of scoring/export/iterate must have added it (Bridge's finetune does it
+    for training). With CUDA mocked the tracker is seeded through the CPU runtime's RNG patches."""
+    from megatron.core import tensor_parallel
+
+    from nemo_topr.distributed import initialize_model_parallel
+
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    tracker.reset()
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda seed: None)  # CUDA's own generator: absent here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    try:
+        initialize_model_parallel(1, 1)
+        assert "model-parallel-rng" in tracker.get_states()
+    finally:
+        tracker.reset()
