@@ -267,3 +267,24 @@ def test_rope_restarting_per_segment_gives_the_attention_of_row_positions(megatr
     # the control: a mask that let queries cross segments would tell the two apart
     blocked = torch.zeros_like(blocked)
     assert not torch.allclose(attention(rows_positions), attention(in_segment), rtol=1e-3)
+
+
+@pytest.mark.parametrize("impl, pipeline, requested, expected", [
+    ("transformer_engine", 2, 4, 1),  # THD stream + pipeline: one row per micro-batch, as training
+    ("transformer_engine", 1, 4, 4),
+    ("local", 2, 4, 4),  # [rows, L] tensors: the pipeline's [L, rows, h] order holds
+])
+def test_scoring_follows_the_training_micro_batch_rule(impl, pipeline, requested, expected):
+    import types
+
+    from nemo_topr.training.config import ConfigError, _check_packed_stream_pipeline
+    from nemo_topr.training.scoring import scoring_rows_per_batch
+
+    model = types.SimpleNamespace(transformer_impl=impl, pipeline_model_parallel_size=pipeline)
+    assert scoring_rows_per_batch(model, requested) == expected
+    container = types.SimpleNamespace(model=model, train=types.SimpleNamespace(micro_batch_size=requested))
+    if expected == requested:
+        _check_packed_stream_pipeline(container)
+    else:
+        with pytest.raises(ConfigError, match="train.micro_batch_size=4"):
+            _check_packed_stream_pipeline(container)

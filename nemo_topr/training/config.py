@@ -142,12 +142,11 @@ def default_container(provider: Any, dataset: Any):
 
 
 def _check_packed_stream_pipeline(container: Any) -> None:
-    """Transformer Engine gets each micro-batch as one packed THD stream [1, MBS*seq]
-    (nemo_topr/training/step.py, forward_packed), while the pipeline schedule sizes its p2p
-    buffers [seq, MBS, hidden] (megatron/core/pipeline_parallel/schedules.py:1157 and :2116):
-    same element count, different token order, so MBS > 1 with PP > 1 would mix tokens up."""
+    """The TOPR step's micro-batch rule (`nemo_topr.training.step.single_row_micro_batches`)."""
+    from nemo_topr.training.step import single_row_micro_batches
+
     model, train = container.model, container.train
-    if model.pipeline_model_parallel_size > 1 and train.micro_batch_size > 1 and model.transformer_impl != "local":
+    if train.micro_batch_size > 1 and single_row_micro_batches(model):
         raise ConfigError(f"train.micro_batch_size={train.micro_batch_size} with model.pipeline_model_parallel_size="
                           f"{model.pipeline_model_parallel_size}: the TOPR step sends each micro-batch through "
                           "Transformer Engine as one packed stream, which pipeline stages would receive in "

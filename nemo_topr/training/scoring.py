@@ -58,6 +58,19 @@ def scoring_forward_step(scores: dict[int, float], config):
     return forward_step
 
 
+def scoring_rows_per_batch(provider, requested: int) -> int:
+    """Rows per scoring micro-batch: the training step's rule (one row per micro-batch for packed
+    THD streams under pipeline parallelism, `single_row_micro_batches`); the scores do not depend
+    on it, so scoring follows it with a note instead of an error."""
+    from nemo_topr.training.step import single_row_micro_batches
+
+    if requested > 1 and single_row_micro_batches(provider):
+        print(f"[nemo-topr] --rows-per-batch {requested} -> 1: with --pp {provider.pipeline_model_parallel_size} "
+              "Transformer Engine takes one packed row per micro-batch", flush=True)
+        return 1
+    return requested
+
+
 def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The batch's tensors on the device of the model's parameters (a no-op on CPU)."""
     device = next(model.parameters()).device
@@ -96,6 +109,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
         provider.bf16, provider.params_dtype = True, torch.bfloat16
     provider.pipeline_dtype = provider.params_dtype
     device_model_settings(provider, wrapped_in_ddp=False)
+    rows_per_batch = scoring_rows_per_batch(provider, rows_per_batch)
     if shared_prefix and provider.transformer_impl != "local":
         raise ValueError(f"--shared-prefix needs the local attention (model transformer_impl is "
                          f"{provider.transformer_impl!r}; --device cpu uses it): the Transformer Engine attention for "

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 import torch
 
+from nemo_topr.attention_check import MASK, THD, check_model_attention, route_of
 from nemo_topr.objective import ObjectiveConfig, policy_loss
 
 # logged name -> (objective metric, sign, count it is averaged over when micro-batches and
@@ -279,8 +280,6 @@ def thd_cu_seqlens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 def with_thd_boundaries(batch: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
     """The host batch plus its `cu_seqlens` when the model takes packed THD streams (it then
     moves to the device with the rest of the batch)."""
-    from nemo_topr.attention_check import THD, route_of
-
     return {**batch, "cu_seqlens": thd_cu_seqlens(batch)} if route_of(config) == THD else batch
 
 
@@ -299,6 +298,14 @@ def packed_seq_params(batch: dict[str, torch.Tensor]):
                            max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
 
 
+def single_row_micro_batches(config: Any) -> bool:
+    """Whether each micro-batch must hold one row: a THD micro-batch goes through the model as one
+    packed stream [1, rows*L], while the pipeline schedule sizes its p2p buffers [L, rows, hidden]
+    (megatron/core/pipeline_parallel/schedules.py:1157 and :2116): same element count, different
+    token order, so several rows with PP > 1 would mix tokens up. Training and scoring both obey it."""
+    return config.pipeline_model_parallel_size > 1 and route_of(config) == THD
+
+
 def forward_packed(model: torch.nn.Module, batch: dict[str, torch.Tensor], config: Any) -> torch.Tensor:
     """Per-token cross-entropy of a packed batch through the model's labels path.
 
@@ -308,8 +315,6 @@ def forward_packed(model: torch.nn.Module, batch: dict[str, torch.Tensor], confi
     across sequences: the attention the model will run is checked to honour what it gets
     (`nemo_topr.attention_check`), and refused otherwise.
     """
-    from nemo_topr.attention_check import MASK, check_model_attention, route_of
-
     shared = "prefix_index" in batch
     if shared and config.transformer_impl != "local":
         raise NotImplementedError(
