@@ -288,3 +288,23 @@ def test_scoring_follows_the_training_micro_batch_rule(impl, pipeline, requested
     else:
         with pytest.raises(ConfigError, match="train.micro_batch_size=4"):
             _check_packed_stream_pipeline(container)
+
+
+def test_scoring_takes_the_training_presets_model_section(megatron_world, tmp_path):
+    """`score-logprobs --train-config llama31_8b_fp8`: mu is scored with the FP8 recipe and the
+    TP/SP layout training uses (so log rho = 0 at step 0 up to FP8's own run-to-run noise)."""
+    from nemo_topr.model import build_tiny_hf_llama, hf_llama_provider
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.training.config import ConfigError
+    from nemo_topr.training.scoring import apply_training_model_section
+
+    _, provider = hf_llama_provider(build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer()),
+                                    load_weights=False, seq_length=512)
+    apply_training_model_section(provider, "llama31_8b_fp8")
+    assert (provider.fp8, provider.fp8_recipe, provider.first_last_layers_bf16) == ("hybrid", "tensorwise", True)
+    assert (provider.tensor_model_parallel_size, provider.sequence_parallel, provider.bf16) == (2, True, True)
+    assert provider.params_dtype == torch.bfloat16 and provider.seq_length == 512  # the scoring command's
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("model:\n  fp8_recipee: tensorwise\n")
+    with pytest.raises(ConfigError, match="model.fp8_recipee"):
+        apply_training_model_section(provider, str(typo))

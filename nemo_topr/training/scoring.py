@@ -35,6 +35,7 @@ from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.device import DeviceError, add_device_argument, use_device
 from nemo_topr.model_settings import device_model_settings
+from nemo_topr.training.config import ConfigError, apply_section, compose
 
 
 def scoring_forward_step(scores: dict[int, float], config):
@@ -71,6 +72,18 @@ def scoring_rows_per_batch(provider, requested: int) -> int:
     return requested
 
 
+def apply_training_model_section(provider, train_config: str) -> dict:
+    """Put a training config's ``model`` section (precision incl. the FP8 recipe, TP/PP/SP, ...)
+    on the scoring provider, so that log mu is scored with the numerics training will use; returns
+    the section. `train_config` is a config name in conf/ or a YAML path. Sizes that describe the
+    data rather than the model (seq_length) stay the scoring command's."""
+    path = Path(train_config)
+    raw = compose(path.stem, [], path.parent) if path.suffix in (".yaml", ".yml") else compose(train_config)
+    section = {k: v for k, v in dict(raw.get("model") or {}).items() if k != "seq_length"}
+    apply_section(provider, section, "model")
+    return section
+
+
 def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The batch's tensors on the device of the model's parameters (a no-op on CPU)."""
     device = next(model.parameters()).device
@@ -80,7 +93,8 @@ def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> d
 def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, seq_length: int = 2048,
                    tensor_parallel: int = 1, pipeline_parallel: int = 1, rows_per_batch: int = 4,
                    strict: bool = True, precision: str | None = None, device: str = "cuda",
-                   source: dict | None = None, shared_prefix: bool = False) -> dict:
+                   source: dict | None = None, shared_prefix: bool = False,
+                   train_config: str | None = None) -> dict:
     """Score every record; rank 0 writes `out` and returns a summary (other ranks return {}).
 
     `device` is cuda, cpu or auto (`nemo_topr.device`); cuda without CUDA raises DeviceError.
@@ -89,7 +103,9 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     over hundreds of tokens otherwise shows up as |log rho| > 0 before the first update).
     `source`: `load_records`' columns, split and extra_columns, for data in another shape; `out`
     is in our schema. `shared_prefix`: rows hold each prompt once for several of its completions
-    (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), local attention only."""
+    (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), local attention only.
+    `train_config`: score with that training config's model section (`apply_training_model_section`:
+    its precision, FP8 recipe and TP/PP/SP replace `precision`, `tensor_parallel`, `pipeline_parallel`)."""
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -99,15 +115,22 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     device = use_device(device, where="--device")
     source_model = model_source.resolve(model_dir)
     precision = precision or ("bf16" if device == "cuda" else "fp32")
+    _, provider = source_provider(source_model, seq_length=seq_length)
+    if train_config and device == "cuda":
+        apply_training_model_section(provider, train_config)
+        tensor_parallel, pipeline_parallel = provider.tensor_model_parallel_size, provider.pipeline_model_parallel_size
+    else:
+        if train_config:  # the CPU runtime computes in fp32 with local layers whatever the preset says
+            print(f"[nemo-topr] --device cpu: --train-config {train_config} is not applied (CPU scoring is fp32)",
+                  flush=True)
+        provider.tensor_model_parallel_size = tensor_parallel
+        provider.pipeline_model_parallel_size = pipeline_parallel
+        if precision == "bf16":
+            provider.bf16, provider.params_dtype = True, torch.bfloat16
+        provider.pipeline_dtype = provider.params_dtype
     initialize_model_parallel(tensor_parallel, pipeline_parallel)
     if torch.distributed.get_rank() == 0:
         print(f"[nemo-topr] model: {source_model.describe()}", flush=True)
-    _, provider = source_provider(source_model, seq_length=seq_length)
-    provider.tensor_model_parallel_size = tensor_parallel
-    provider.pipeline_model_parallel_size = pipeline_parallel
-    if precision == "bf16":
-        provider.bf16, provider.params_dtype = True, torch.bfloat16
-    provider.pipeline_dtype = provider.params_dtype
     device_model_settings(provider, wrapped_in_ddp=False)
     rows_per_batch = scoring_rows_per_batch(provider, rows_per_batch)
     if shared_prefix and provider.transformer_impl != "local":
@@ -174,6 +197,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rows-per-batch", type=int, default=4)
     parser.add_argument("--precision", choices=("bf16", "fp32"),
                         help="model precision; match training's (default: bf16 on cuda, fp32 on cpu)")
+    parser.add_argument("--train-config", help="score with this training config's model section (a conf/ name such "
+                        "as llama31_8b_fp8, or a YAML path): its precision incl. FP8, TP/PP/SP; replaces --precision, "
+                        "--tp and --pp (cuda only; see docs/training.md, 'mu and rho')")
     parser.add_argument("--shared-prefix", action="store_true",
                         help="pack each prompt once for several of its completions (fewer tokens, the same "
                              "scores; local attention only, e.g. --device cpu; see docs/performance.md)")
@@ -186,8 +212,9 @@ def main(argv: list[str]) -> int:
         summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
                                  tensor_parallel=args.tp, pipeline_parallel=args.pp, rows_per_batch=args.rows_per_batch,
                                  strict=args.strict, precision=args.precision, device=args.device,
-                                 source=source_options(args), shared_prefix=args.shared_prefix)
-    except (DeviceError, model_source.ModelSourceError) as error:
+                                 source=source_options(args), shared_prefix=args.shared_prefix,
+                                 train_config=args.train_config)
+    except (DeviceError, model_source.ModelSourceError, ConfigError) as error:
         raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:
         print(json.dumps(summary, indent=2))
