@@ -182,10 +182,7 @@ def measure(layers: int = 16, seq_length: int = 4096, rows: int = 1, microbatche
     # With CUDA the CPU-runtime patches are no-ops; only Bridge's import (TE stubbed for its
     # importers when TE is absent) is needed, and only the modules this section uses.
     cpu_runtime.import_bridge(("megatron.bridge", "megatron.bridge.training.gpt_step"))
-    initialize_model_parallel(1, 1)
-    from megatron.core import tensor_parallel
-
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)  # Bridge's setup does this on GPU
+    initialize_model_parallel(1, 1)  # with CUDA it also seeds the RNG tracker, as Bridge's setup does
     results = {"skipped": False, "device": torch.cuda.get_device_name(0), "runs": [], "errors": {}}
     for precision in ("bf16", "fp8"):
         if precision == "fp8" and not has_te():

@@ -135,10 +135,10 @@ def test_transformer_engine_asked_for_without_it_is_a_clear_error(megatron_world
         model_settings.follow_transformer_impl(provider)
 
 
-@pytest.mark.parametrize("verb_build", ["score", "bench"])
-def test_builds_without_ddp_never_fuse_gradient_accumulation(megatron_world, gpu, verb_build):
-    """Apex present: a model built with wrap_with_ddp=False has no param.main_grad for the fused
-    kernel; without Apex the output layer raises at construction. Either way: off."""
+def test_builds_without_ddp_never_fuse_gradient_accumulation(megatron_world, gpu):
+    """Apex present: a model built with wrap_with_ddp=False (scoring, import, bench/gpu.py) has no
+    param.main_grad for the fused kernel; without Apex the output layer raises at construction.
+    Either way: off."""
     gpu(te=True, apex=True)
     provider = _gpu_provider("transformer_engine")
     assert provider.gradient_accumulation_fusion is True
