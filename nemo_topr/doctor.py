@@ -192,7 +192,8 @@ def diagnose(device: str, work: Path, timeout: float) -> Doctor:
         from nemo_topr.model import build_tiny_hf_llama
         from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
 
-        build_tiny_hf_llama(model_dir, build_tiny_tokenizer())
+        # FP8 GEMMs need every dimension a multiple of 16 (the demo's 172-wide MLP is not)
+        build_tiny_hf_llama(model_dir, build_tiny_tokenizer(), intermediate_size=176)
         records = build_graded_records(PROMPTS)
         graded.write_text("".join(json.dumps(r) + "\n" for r in records))
         return f"2-layer Llama ({model_dir}), {len(records)} graded records"

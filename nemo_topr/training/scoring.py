@@ -1,7 +1,7 @@
 """`nemo-topr score-logprobs`: behaviour log-probs log mu(y|x) for a pre-scored dataset.
 
     nemo-topr score-logprobs --model MODEL --data graded.jsonl --out scored.jsonl [--tp 2 --pp 1] [--device cpu]
-                             [--shared-prefix]
+                             [--shared-prefix] [--train-config llama31_8b_fp8]
 
 MODEL is any starting model `base_model=` accepts: a Hugging Face directory, a Megatron
 checkpoint (e.g. from `nemo-topr import`, loaded at --tp/--pp whatever layout it was saved at)
@@ -11,6 +11,9 @@ the same tokenization, packing and Megatron forward as training, with the same T
 Writes the input records with ``behavior_logprob`` set (summed over completion tokens incl. EOS).
 Scoring with the starting checkpoint makes rho = 1 at step 0 by construction: TOPR then begins
 as SFT on positives plus a full-weight push-down on negatives, and tapers as pi moves away.
+
+`--train-config` scores with a training config's model section (FP8 recipe, TP/PP/SP), so that
+mu has the numerics training will use (docs/training.md, "mu and rho").
 
 `--device` (default cuda) chooses where the model runs: on cuda the weights are built on the
 GPU and each batch is moved to the model's device; cpu runs the CPU runtime. The cuda path has
