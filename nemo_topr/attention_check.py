@@ -33,7 +33,7 @@ class AttentionKind:
     """A core-attention class and what it honours. `refuses(config, mask_type)` returns why a
     particular configuration of it would still ignore the mask, or None."""
 
-    class_name: str
+    class_name: str  # module-qualified: TE has its own class named DotProductAttention
     routes: frozenset[str]
     shared_prefix: bool  # honours the shared-prefix mask (a segment sees its block's prompt)
     refuses: Callable[[Any, Any], str | None] = lambda config, mask_type: None
@@ -53,9 +53,10 @@ def _local_softmax_refusal(config: Any, mask_type: Any) -> str | None:
     return None
 
 
-register_attention(AttentionKind("DotProductAttention", frozenset({MASK}), shared_prefix=True,
-                                 refuses=_local_softmax_refusal))
-register_attention(AttentionKind("TEDotProductAttention", frozenset({THD}), shared_prefix=False))
+register_attention(AttentionKind("megatron.core.transformer.dot_product_attention.DotProductAttention",
+                                 frozenset({MASK}), shared_prefix=True, refuses=_local_softmax_refusal))
+register_attention(AttentionKind("megatron.core.extensions.transformer_engine.TEDotProductAttention",
+                                 frozenset({THD}), shared_prefix=False))
 
 
 def route_of(config: Any) -> str:
@@ -64,9 +65,10 @@ def route_of(config: Any) -> str:
 
 
 def check_attention(attention_class: type | str, mask_type: Any, config: Any, *, shared_prefix: bool) -> str:
-    """The route when `attention_class` (a core attention's class or class name, with its
-    attn_mask_type) honours what the step gives it under `config`; else AttentionError."""
-    name = attention_class if isinstance(attention_class, str) else attention_class.__name__
+    """The route when `attention_class` (a core attention's class or its module-qualified name,
+    with its attn_mask_type) honours what the step gives it under `config`; else AttentionError."""
+    name = (attention_class if isinstance(attention_class, str)
+            else f"{attention_class.__module__}.{attention_class.__qualname__}")
     route = route_of(config)
     kind = ATTENTION_KINDS.get(name)
     where = f"model.transformer_impl={config.transformer_impl!r} with core attention {name}"

@@ -5,7 +5,7 @@ would stop the first GPU run or let attention cross packed-sequence boundaries.
 `torch.cuda.is_available` is monkeypatched to True and the presence of Transformer Engine / Apex
 is chosen per case; no test here runs anything on a GPU. Transformer Engine is not installed on
 this machine (Megatron's `TEDotProductAttention` is then a placeholder), so its layer spec is
-stood in by a spec whose core attention is a class of that name (what
+stood in by a spec whose core attention is a class of that module and name (what
 `get_gpt_layer_with_transformer_engine_spec` puts there with TE installed).
 """
 
@@ -47,7 +47,7 @@ def test_bridge_setup_uses_the_prebuilt_dataset_helpers_on_cuda():
     assert proc.returncode == 0 and "compiled nothing" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
-TE_DOT_PRODUCT_ATTENTION = type("TEDotProductAttention", (), {})
+TE_DOT_PRODUCT_ATTENTION = type("TEDotProductAttention", (), {"__module__": "megatron.core.extensions.transformer_engine"})
 
 
 @pytest.fixture
@@ -308,3 +308,14 @@ def test_scoring_takes_the_training_presets_model_section(megatron_world, tmp_pa
     typo.write_text("model:\n  fp8_recipee: tensorwise\n")
     with pytest.raises(ConfigError, match="model.fp8_recipee"):
         apply_training_model_section(provider, str(typo))
+
+
+def test_an_unknown_attention_is_refused_even_under_a_known_name():
+    """Transformer Engine has its own class named DotProductAttention (inside its full-layer spec);
+    it is not Megatron's local attention and takes no dense mask: only registered kinds pass."""
+    import types
+
+    te_own = type("DotProductAttention", (), {"__module__": "transformer_engine.pytorch.attention"})
+    config = types.SimpleNamespace(transformer_impl="local", masked_softmax_fusion=False)
+    with pytest.raises(AttentionError, match="not known to honour packed-sequence boundaries"):
+        check_attention(te_own, "causal", config, shared_prefix=False)
