@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import time
 import traceback
-from importlib.util import find_spec
 
 import torch
 
@@ -33,26 +32,23 @@ def skip_reason() -> str | None:
 
 
 def has_te() -> bool:
-    return find_spec("transformer_engine") is not None
+    from nemo_topr.model_settings import transformer_engine_available
+
+    return transformer_engine_available()
 
 
 def build_model(layers: int, seq_length: int, precision: str):
     from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model_settings import device_model_settings
 
     torch.manual_seed(1234)
     provider = tiny_llama_provider(num_layers=layers, seq_length=seq_length, **LLAMA3_8B)
-    if not has_te():  # Megatron's own layers; fused kernels that need TE/Apex off
-        from megatron.bridge.models.gpt_provider import local_layer_spec
-
-        provider.transformer_layer_spec, provider.transformer_impl = local_layer_spec, "local"
-        for flag in ("masked_softmax_fusion", "persist_layer_norm", "gradient_accumulation_fusion",
-                     "apply_rope_fusion", "bias_dropout_fusion"):
-            setattr(provider, flag, False)
     provider.bf16, provider.fp16 = True, False
     provider.params_dtype = provider.pipeline_dtype = torch.bfloat16
     if precision == "fp8":
         provider.fp8, provider.fp8_recipe = "hybrid", "tensorwise"
     provider.tensor_model_parallel_size = provider.pipeline_model_parallel_size = 1
+    device_model_settings(provider, wrapped_in_ddp=False)  # built without DDP: no main_grad to fuse into
     provider.finalize()
     chunks = provider.provide_distributed_model(wrap_with_ddp=False)
     from megatron.core.utils import get_model_config
@@ -186,10 +182,7 @@ def measure(layers: int = 16, seq_length: int = 4096, rows: int = 1, microbatche
     # With CUDA the CPU-runtime patches are no-ops; only Bridge's import (TE stubbed for its
     # importers when TE is absent) is needed, and only the modules this section uses.
     cpu_runtime.import_bridge(("megatron.bridge", "megatron.bridge.training.gpt_step"))
-    initialize_model_parallel(1, 1)
-    from megatron.core import tensor_parallel
-
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)  # Bridge's setup does this on GPU
+    initialize_model_parallel(1, 1)  # with CUDA it also seeds the RNG tracker, as Bridge's setup does
     results = {"skipped": False, "device": torch.cuda.get_device_name(0), "runs": [], "errors": {}}
     for precision in ("bf16", "fp8"):
         if precision == "fp8" and not has_te():

@@ -70,12 +70,11 @@ def sft_forward_step(data_iterator, model):
     from megatron.bridge.training.gpt_step import _create_loss_function
     from megatron.core.utils import get_attr_wrapped_model
 
-    from nemo_topr.training.step import forward_packed
+    from nemo_topr.training.step import forward_packed, to_device, with_thd_boundaries
 
-    batch = next(data_iterator)
-    if torch.cuda.is_available():  # the same host-to-device copy as ToprForwardStep's
-        batch = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
-    output = forward_packed(model, batch, get_attr_wrapped_model(model, "config"))
+    config = get_attr_wrapped_model(model, "config")
+    batch = to_device(with_thd_boundaries(next(data_iterator), config))  # as ToprForwardStep does
+    output = forward_packed(model, batch, config)
     return output, _create_loss_function(batch["loss_mask"], check_for_nan_in_loss=True, check_for_spiky_loss=False)
 
 

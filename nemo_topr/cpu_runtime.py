@@ -10,7 +10,8 @@ Two entry points, both explicit (importing this module patches nothing):
   module top level; when (and only when) such a package is absent, a stub is served to exactly
   those importing modules and removed from ``sys.modules`` afterwards, so Megatron-Core's own
   ``try: import transformer_engine`` probes still conclude "not installed" (``HAVE_TE`` stays
-  False). On a cluster image with TE and NVRx installed nothing is stubbed.
+  False). On a cluster image with TE and NVRx installed nothing is stubbed. It also makes
+  Bridge use the prebuilt dataset helpers (:func:`use_prebuilt_dataset_helpers`), on every device.
 * :func:`enable_cpu_runtime` applies the CUDA-to-CPU patches listed in :data:`PATCHES`, each
   documented with the upstream ``file:line`` it works around (paths relative to
   ``site-packages/megatron``). It is a no-op when ``torch.cuda.is_available()``, idempotent,
@@ -152,6 +153,7 @@ def import_bridge(modules: tuple[str, ...] = BRIDGE_MODULES) -> list[str]:
     try:
         for module in modules:
             importlib.import_module(module)
+        use_prebuilt_dataset_helpers()
     finally:
         sys.meta_path.remove(finder)
         for name in [n for n, m in list(sys.modules.items())
@@ -163,6 +165,25 @@ def import_bridge(modules: tuple[str, ...] = BRIDGE_MODULES) -> list[str]:
         if fooled:
             raise RuntimeError(f"Transformer Engine stub leaked into Megatron-Core: {fooled}")
     return [s.package for s in missing]
+
+
+def _prebuilt_helpers_loaded() -> None:
+    """Replaces Bridge's compile_helpers: there is nothing to compile."""
+
+
+def use_prebuilt_dataset_helpers() -> bool:
+    """Make Bridge skip compiling the dataset helpers when the prebuilt ``helpers_cpp`` imports.
+
+    Bridge's set-up runs ``compile_helpers()`` on local rank 0 (bridge/training/initialize.py:
+    141-153), i.e. ``make`` in megatron/core/datasets, which ``sys.exit(1)``s when it fails
+    (core/datasets/utils.py:20-30); the PyPI wheel ships the built extension and no Makefile, so
+    every `nemo-topr train` would exit 1 before its first step, on GPU as on CPU. Returns whether
+    the compile step was replaced (an installation without the prebuilt module keeps it)."""
+    if importlib.util.find_spec("megatron.core.datasets.helpers_cpp") is None:
+        return False
+    bridge_initialize = importlib.import_module("megatron.bridge.training.initialize")
+    bridge_initialize.compile_helpers = _prebuilt_helpers_loaded
+    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,9 +377,6 @@ PATCHES: tuple[Patch, ...] = (
           "core/transformer/torch_norm.py:50 (asserts not sequence_parallel)",
           "the local layer spec's torch norms refuse sequence parallelism, which only needs their "
           "gradients summed over TP (the tag finalize_model_grads looks for)."),
-    Patch("bridge compile_helpers -> no-op when the prebuilt helpers_cpp imports",
-          "bridge/training/initialize.py:147 (runs `make` in megatron/core/datasets)",
-          "the PyPI wheel ships the built extension but no Makefile, so `make` fails."),
     Patch("bridge _warmup_jit_function -> no-op",
           "bridge/training/initialize.py:311 (called for every model), :886-944 (torch.compile of "
           "the fused bias-SwiGLU and bias-dropout-add kernels, core/fusions/fused_bias_swiglu.py:29)",
@@ -438,8 +456,6 @@ def enable_cpu_runtime() -> tuple[Patch, ...]:
         runtime.swap(WrappedTorchNorm, "__new__", _sequence_parallel_torch_norm(WrappedTorchNorm.__new__))
         runtime.swap(bridge_setup, "initialize_megatron",
                      _with_kwargs(bridge_initialize.initialize_megatron, allow_no_cuda=True))
-        if importlib.util.find_spec("megatron.core.datasets.helpers_cpp") is not None:
-            runtime.swap(bridge_initialize, "compile_helpers", lambda: None)
         runtime.swap(bridge_initialize, "_warmup_jit_function", lambda model_config, micro_batch_size: None)
     except BaseException:
         runtime.restore()

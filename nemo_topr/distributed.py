@@ -15,13 +15,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1) -> None:
+def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, *, seed: int = 1234) -> None:
     """Join (or create) the default process group and Megatron's model-parallel groups.
 
     Under torchrun the rendezvous comes from the environment; a plain ``python`` process becomes
     a world of one with an in-memory store. The backend is NCCL with CUDA and gloo without.
+
+    With CUDA, also seeds Megatron's CUDA RNG tracker as Bridge's training set-up does
+    (bridge/training/initialize.py:875): building a model with perform_initialization=True (any
+    config-only provider: a Megatron checkpoint or run as the source) forks its
+    "model-parallel-rng" state, which must exist (core/tensor_parallel/random.py:316).
     """
     from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker, model_parallel_cuda_manual_seed
 
     if not torch.distributed.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -37,6 +43,8 @@ def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int =
             pipeline_model_parallel_size=pipeline_parallel,
             create_gloo_process_groups=True,
         )
+    if torch.cuda.is_available() and not get_cuda_rng_tracker().is_initialized():
+        model_parallel_cuda_manual_seed(seed)
 
 
 def destroy_model_parallel() -> None:

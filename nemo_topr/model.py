@@ -1,7 +1,7 @@
 """Model providers: a tiny Llama for CPU tests and demos, real Llamas from local HF directories.
 
 Both return Megatron-Bridge ``GPTModelProvider`` objects (Bridge's model config + factory), so the
-rest of the recipe never cares which one it got. Call :func:`nemo_topr.cpu_runtime.import_bridge`
+rest of the recipe never cares which one it got. Both go through :func:`nemo_topr.model_settings.device_model_settings`. Call :func:`nemo_topr.cpu_runtime.import_bridge`
 (or ``enable_cpu_runtime``) before using this module on a machine without Transformer Engine.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nemo_topr import cpu_runtime
+from nemo_topr.model_settings import device_model_settings
 from nemo_topr.model_source import ModelSource
 
 
@@ -50,7 +50,7 @@ def tiny_llama_provider(
         attention_dropout=0.0,
         init_method_std=0.02,
     )
-    return cpu_runtime.cpu_model_overrides(provider)
+    return device_model_settings(provider)
 
 
 def hf_llama_provider(hf_dir: str | Path, *, load_weights: bool = True, seq_length: int | None = None):
@@ -71,7 +71,7 @@ def hf_llama_provider(hf_dir: str | Path, *, load_weights: bool = True, seq_leng
     provider = bridge.to_megatron_provider(load_weights=load_weights)
     if seq_length is not None:
         provider.seq_length = seq_length
-    return bridge, cpu_runtime.cpu_model_overrides(provider)
+    return bridge, device_model_settings(provider)
 
 
 def config_only_bridge(hf_dir: str | Path):

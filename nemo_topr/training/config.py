@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_topr import model_source
 from nemo_topr.device import DEVICES, resolve_device
+from nemo_topr.model_settings import device_model_settings
 from nemo_topr.model_source import ModelSource
 from nemo_topr.objective import ObjectiveConfig
 from nemo_topr.training.checkpoints import latest_iteration
@@ -99,15 +99,6 @@ def objective_from(values: dict[str, Any]) -> ObjectiveConfig:
     return ObjectiveConfig(**values)
 
 
-def gradient_accumulation_fusion_available() -> bool:
-    """Whether Apex's fused_weight_gradient_mlp_cuda is importable. Megatron-Core's
-    ColumnParallelLinear (the output layer, with or without Transformer Engine) raises without it
-    when gradient_accumulation_fusion is on (megatron/core/tensor_parallel/layers.py:1070), but
-    Bridge turns the fusion on whenever TE imports (megatron/bridge/utils/fusions.py:34-53): a
-    bare venv with TE and no Apex would fail while building the model."""
-    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
-
-
 def default_container(provider: Any, dataset: Any):
     """Bridge ConfigContainer with TOPR's fixed choices; YAML overrides go on top."""
     from megatron.bridge.training.config import (
@@ -119,7 +110,6 @@ def default_container(provider: Any, dataset: Any):
     on_gpu = torch.cuda.is_available()
     # The step returns (sum, denominator): Megatron divides by the global denominator.
     provider.calculate_per_token_loss = True
-    provider.gradient_accumulation_fusion = gradient_accumulation_fusion_available()
     if on_gpu:  # AutoBridge builds fp32 providers; train in bf16 unless the YAML says otherwise
         provider.bf16, provider.params_dtype, provider.pipeline_dtype = True, torch.bfloat16, torch.bfloat16
     return ConfigContainer(
@@ -152,12 +142,11 @@ def default_container(provider: Any, dataset: Any):
 
 
 def _check_packed_stream_pipeline(container: Any) -> None:
-    """Transformer Engine gets each micro-batch as one packed THD stream [1, MBS*seq]
-    (nemo_topr/training/step.py, forward_packed), while the pipeline schedule sizes its p2p
-    buffers [seq, MBS, hidden] (megatron/core/pipeline_parallel/schedules.py:1157 and :2116):
-    same element count, different token order, so MBS > 1 with PP > 1 would mix tokens up."""
+    """The TOPR step's micro-batch rule (`nemo_topr.training.step.single_row_micro_batches`)."""
+    from nemo_topr.training.step import single_row_micro_batches
+
     model, train = container.model, container.train
-    if model.pipeline_model_parallel_size > 1 and train.micro_batch_size > 1 and model.transformer_impl != "local":
+    if train.micro_batch_size > 1 and single_row_micro_batches(model):
         raise ConfigError(f"train.micro_batch_size={train.micro_batch_size} with model.pipeline_model_parallel_size="
                           f"{model.pipeline_model_parallel_size}: the TOPR step sends each micro-batch through "
                           "Transformer Engine as one packed stream, which pipeline stages would receive in "
@@ -221,6 +210,8 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
             close = difflib.get_close_matches(section, [f.name for f in dataclasses.fields(container)] + list(OUR_KEYS))
             raise ConfigError(f"unknown config section {section!r}" + (f"; did you mean {close}?" if close else ""))
         apply_section(getattr(container, section), section_values, section)
+    if torch.cuda.is_available():  # after the YAML: the layer spec follows model.transformer_impl
+        device_model_settings(container.model)
     if container.model.seq_length < 2:
         raise ConfigError(f"model.seq_length must be at least 2 tokens; got {container.model.seq_length}")
     if not container.model.calculate_per_token_loss:

@@ -24,6 +24,7 @@ import torch
 
 from nemo_topr import cpu_runtime
 from nemo_topr.distributed import free_port
+from nemo_topr.model_settings import device_model_settings
 from nemo_topr.model_source import ModelSourceError, resolve, write_hf_artifacts
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -62,7 +63,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
     _progress(f"[1/3] {source.describe()}: {dtype} weights -> Megatron (TP1, PP1)")
     with temporary_distributed_context(backend="nccl" if torch.cuda.is_available() else "gloo"):
         bridge = AutoBridge.from_hf_pretrained(str(source.hf_dir), torch_dtype=DTYPES[dtype], local_files_only=True)
-        provider = cpu_runtime.cpu_model_overrides(bridge.to_megatron_provider(load_weights=True))
+        provider = device_model_settings(bridge.to_megatron_provider(load_weights=True), wrapped_in_ddp=False)
         provider.params_dtype = DTYPES[dtype]  # the CPU runtime computes in fp32; store what HF stores
         provider.finalize()
         model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)

@@ -1,7 +1,7 @@
 """`nemo-topr score-logprobs`: behaviour log-probs log mu(y|x) for a pre-scored dataset.
 
     nemo-topr score-logprobs --model MODEL --data graded.jsonl --out scored.jsonl [--tp 2 --pp 1] [--device cpu]
-                             [--shared-prefix]
+                             [--shared-prefix] [--train-config llama31_8b_fp8]
 
 MODEL is any starting model `base_model=` accepts: a Hugging Face directory, a Megatron
 checkpoint (e.g. from `nemo-topr import`, loaded at --tp/--pp whatever layout it was saved at)
@@ -11,6 +11,9 @@ the same tokenization, packing and Megatron forward as training, with the same T
 Writes the input records with ``behavior_logprob`` set (summed over completion tokens incl. EOS).
 Scoring with the starting checkpoint makes rho = 1 at step 0 by construction: TOPR then begins
 as SFT on positives plus a full-weight push-down on negatives, and tapers as pi moves away.
+
+`--train-config` scores with a training config's model section (FP8 recipe, TP/PP/SP), so that
+mu has the numerics training will use (docs/training.md, "mu and rho").
 
 `--device` (default cuda) chooses where the model runs: on cuda the weights are built on the
 GPU and each batch is moved to the model's device; cpu runs the CPU runtime. The cuda path has
@@ -34,17 +37,19 @@ from nemo_topr.data.records import load_records, write_jsonl
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.device import DeviceError, add_device_argument, use_device
+from nemo_topr.model_settings import device_model_settings
+from nemo_topr.training.config import ConfigError, apply_section, compose
 
 
 def scoring_forward_step(scores: dict[int, float], config):
     """Forward-only step for Megatron's pipeline schedule: adds {sample_id: log pi(completion)}
     to `scores` (on the last pipeline stage), through the training step's own forward and sums."""
-    from nemo_topr.training.step import completion_logprob_table, forward_packed
+    from nemo_topr.training.step import completion_logprob_table, forward_packed, with_thd_boundaries
 
     def forward_step(data_iterator, chunk):
         batch = next(data_iterator)
         max_length = int(batch["seq_len"].max())  # read on the host, before the move
-        batch = to_model_device(batch, chunk)
+        batch = to_model_device(with_thd_boundaries(batch, config), chunk)
         output = forward_packed(chunk, batch, config)
 
         def collect(per_token_ce: torch.Tensor):
@@ -57,6 +62,31 @@ def scoring_forward_step(scores: dict[int, float], config):
     return forward_step
 
 
+def scoring_rows_per_batch(provider, requested: int) -> int:
+    """Rows per scoring micro-batch: the training step's rule (one row per micro-batch for packed
+    THD streams under pipeline parallelism, `single_row_micro_batches`); the scores do not depend
+    on it, so scoring follows it with a note instead of an error."""
+    from nemo_topr.training.step import single_row_micro_batches
+
+    if requested > 1 and single_row_micro_batches(provider):
+        print(f"[nemo-topr] --rows-per-batch {requested} -> 1: with --pp {provider.pipeline_model_parallel_size} "
+              "Transformer Engine takes one packed row per micro-batch", flush=True)
+        return 1
+    return requested
+
+
+def apply_training_model_section(provider, train_config: str) -> dict:
+    """Put a training config's ``model`` section (precision incl. the FP8 recipe, TP/PP/SP, ...)
+    on the scoring provider, so that log mu is scored with the numerics training will use; returns
+    the section. `train_config` is a config name in conf/ or a YAML path. Sizes that describe the
+    data rather than the model (seq_length) stay the scoring command's."""
+    path = Path(train_config)
+    raw = compose(path.stem, [], path.parent) if path.suffix in (".yaml", ".yml") else compose(train_config)
+    section = {k: v for k, v in dict(raw.get("model") or {}).items() if k != "seq_length"}
+    apply_section(provider, section, "model")
+    return section
+
+
 def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The batch's tensors on the device of the model's parameters (a no-op on CPU)."""
     device = next(model.parameters()).device
@@ -66,7 +96,8 @@ def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> d
 def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, seq_length: int = 2048,
                    tensor_parallel: int = 1, pipeline_parallel: int = 1, rows_per_batch: int = 4,
                    strict: bool = True, precision: str | None = None, device: str = "cuda",
-                   source: dict | None = None, shared_prefix: bool = False) -> dict:
+                   source: dict | None = None, shared_prefix: bool = False,
+                   train_config: str | None = None) -> dict:
     """Score every record; rank 0 writes `out` and returns a summary (other ranks return {}).
 
     `device` is cuda, cpu or auto (`nemo_topr.device`); cuda without CUDA raises DeviceError.
@@ -75,7 +106,9 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     over hundreds of tokens otherwise shows up as |log rho| > 0 before the first update).
     `source`: `load_records`' columns, split and extra_columns, for data in another shape; `out`
     is in our schema. `shared_prefix`: rows hold each prompt once for several of its completions
-    (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), local attention only."""
+    (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), local attention only.
+    `train_config`: score with that training config's model section (`apply_training_model_section`:
+    its precision, FP8 recipe and TP/PP/SP replace `precision`, `tensor_parallel`, `pipeline_parallel`)."""
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -85,15 +118,24 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     device = use_device(device, where="--device")
     source_model = model_source.resolve(model_dir)
     precision = precision or ("bf16" if device == "cuda" else "fp32")
+    _, provider = source_provider(source_model, seq_length=seq_length)
+    if train_config and device == "cuda":
+        apply_training_model_section(provider, train_config)
+        tensor_parallel, pipeline_parallel = provider.tensor_model_parallel_size, provider.pipeline_model_parallel_size
+    else:
+        if train_config:  # the CPU runtime computes in fp32 with local layers whatever the preset says
+            print(f"[nemo-topr] --device cpu: --train-config {train_config} is not applied (CPU scoring is fp32)",
+                  flush=True)
+        provider.tensor_model_parallel_size = tensor_parallel
+        provider.pipeline_model_parallel_size = pipeline_parallel
+        if precision == "bf16":
+            provider.bf16, provider.params_dtype = True, torch.bfloat16
+        provider.pipeline_dtype = provider.params_dtype
     initialize_model_parallel(tensor_parallel, pipeline_parallel)
     if torch.distributed.get_rank() == 0:
         print(f"[nemo-topr] model: {source_model.describe()}", flush=True)
-    _, provider = source_provider(source_model, seq_length=seq_length)
-    provider.tensor_model_parallel_size = tensor_parallel
-    provider.pipeline_model_parallel_size = pipeline_parallel
-    if precision == "bf16":
-        provider.bf16, provider.params_dtype = True, torch.bfloat16
-    provider.pipeline_dtype = provider.params_dtype
+    device_model_settings(provider, wrapped_in_ddp=False)
+    rows_per_batch = scoring_rows_per_batch(provider, rows_per_batch)
     if shared_prefix and provider.transformer_impl != "local":
         raise ValueError(f"--shared-prefix needs the local attention (model transformer_impl is "
                          f"{provider.transformer_impl!r}; --device cpu uses it): the Transformer Engine attention for "
@@ -158,6 +200,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rows-per-batch", type=int, default=4)
     parser.add_argument("--precision", choices=("bf16", "fp32"),
                         help="model precision; match training's (default: bf16 on cuda, fp32 on cpu)")
+    parser.add_argument("--train-config", help="score with this training config's model section (a conf/ name such "
+                        "as llama31_8b_fp8, or a YAML path): its precision incl. FP8, TP/PP/SP; replaces --precision, "
+                        "--tp and --pp (cuda only; see docs/training.md, 'mu and rho')")
     parser.add_argument("--shared-prefix", action="store_true",
                         help="pack each prompt once for several of its completions (fewer tokens, the same "
                              "scores; local attention only, e.g. --device cpu; see docs/performance.md)")
@@ -170,8 +215,9 @@ def main(argv: list[str]) -> int:
         summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
                                  tensor_parallel=args.tp, pipeline_parallel=args.pp, rows_per_batch=args.rows_per_batch,
                                  strict=args.strict, precision=args.precision, device=args.device,
-                                 source=source_options(args), shared_prefix=args.shared_prefix)
-    except (DeviceError, model_source.ModelSourceError) as error:
+                                 source=source_options(args), shared_prefix=args.shared_prefix,
+                                 train_config=args.train_config)
+    except (DeviceError, model_source.ModelSourceError, ConfigError) as error:
         raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:
         print(json.dumps(summary, indent=2))

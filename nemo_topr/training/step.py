@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 import torch
 
+from nemo_topr.attention_check import MASK, THD, check_model_attention, route_of
 from nemo_topr.objective import ObjectiveConfig, policy_loss
 
 # logged name -> (objective metric, sign, count it is averaged over when micro-batches and
@@ -202,7 +203,7 @@ def _reduction_pairs(loss_sum: torch.Tensor, denominator: torch.Tensor,
     return pairs
 
 
-def _to_device(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def to_device(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if not torch.cuda.is_available():
         return batch
     return {k: v.cuda(non_blocking=True) for k, v in batch.items()}
@@ -262,28 +263,57 @@ def rotary_at_position_ids(model: torch.nn.Module, position_ids: torch.Tensor):
         handle.remove()
 
 
-def packed_seq_params(batch: dict[str, torch.Tensor]):
-    """THD metadata for Transformer Engine attention: rows flattened into one stream, each
-    sequence (and each row's padding tail) its own segment."""
-    from megatron.core.packed_seq_params import PackedSeqParams
-
+def thd_cu_seqlens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Segment boundaries [S+1] (int32, on the host) of the rows flattened into one THD stream:
+    each sequence, and each row's padding tail, is its own segment. Computed from the collated
+    CPU batch before it moves to the device, so the forward reads no device values."""
+    if batch["seq_start"].device.type != "cpu":
+        raise ValueError("thd_cu_seqlens runs on the collated CPU batch (on the device it would synchronise); "
+                         "add it with with_thd_boundaries before the batch moves")
     rows, length = batch["tokens"].shape
     starts = set(batch["seq_start"].tolist()) | {r * length for r in range(rows)}
     ends = (batch["seq_start"] + batch["seq_len"]).tolist()
     starts |= {e for e in ends if e % length}  # a row's padding tail starts where its last sequence ends
-    boundaries = sorted(starts | {rows * length})
-    cu_seqlens = torch.tensor(boundaries, dtype=torch.int32, device=batch["tokens"].device)
-    max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    return torch.tensor(sorted(starts | {rows * length}), dtype=torch.int32)
+
+
+def with_thd_boundaries(batch: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+    """The host batch plus its `cu_seqlens` when the model takes packed THD streams (it then
+    moves to the device with the rest of the batch)."""
+    return {**batch, "cu_seqlens": thd_cu_seqlens(batch)} if route_of(config) == THD else batch
+
+
+def packed_seq_params(batch: dict[str, torch.Tensor]):
+    """THD metadata for Transformer Engine attention from the batch's `cu_seqlens`.
+
+    max_seqlen is the row length, a bound on every segment that stays the same from batch to
+    batch: a data-dependent maximum would be read from the device and would make cuDNN build a
+    new attention graph for each new value."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    if "cu_seqlens" not in batch:
+        raise ValueError("the batch has no cu_seqlens: add them on the host (with_thd_boundaries) before the move")
+    cu_seqlens, max_seqlen = batch["cu_seqlens"], batch["tokens"].shape[1]
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
                            max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
+
+
+def single_row_micro_batches(config: Any) -> bool:
+    """Whether each micro-batch must hold one row: a THD micro-batch goes through the model as one
+    packed stream [1, rows*L], while the pipeline schedule sizes its p2p buffers [L, rows, hidden]
+    (megatron/core/pipeline_parallel/schedules.py:1157 and :2116): same element count, different
+    token order, so several rows with PP > 1 would mix tokens up. Training and scoring both obey it."""
+    return config.pipeline_model_parallel_size > 1 and route_of(config) == THD
 
 
 def forward_packed(model: torch.nn.Module, batch: dict[str, torch.Tensor], config: Any) -> torch.Tensor:
     """Per-token cross-entropy of a packed batch through the model's labels path.
 
-    Local (CPU) attention gets a block-diagonal causal mask (shared-prefix batches: each segment
+    Local attention gets a block-diagonal causal mask (shared-prefix batches: each segment
     also sees its prompt, with RoPE at the position ids); Transformer Engine attention gets the
-    rows as one THD stream with cu_seqlens. Either way no token attends across sequences.
+    rows as one THD stream with cu_seqlens (`with_thd_boundaries`). Either way no token attends
+    across sequences: the attention the model will run is checked to honour what it gets
+    (`nemo_topr.attention_check`), and refused otherwise.
     """
     shared = "prefix_index" in batch
     if shared and config.transformer_impl != "local":
@@ -291,7 +321,8 @@ def forward_packed(model: torch.nn.Module, batch: dict[str, torch.Tensor], confi
             "shared-prefix batches (dataset.shared_prefix=true / score-logprobs --shared-prefix) run only with "
             f"model.transformer_impl=local (got {config.transformer_impl!r}); the Transformer Engine path is "
             "not built yet (plan: docs/performance.md, shared-prefix packing)")
-    if config.transformer_impl == "local":
+    check_model_attention(model, config, shared_prefix=shared)
+    if route_of(config) == MASK:
         with rotary_at_position_ids(model, batch["position_ids"]) if shared else contextlib.nullcontext():
             return model(batch["tokens"], batch["position_ids"], packed_attention_mask(batch),
                          labels=batch["labels"])
@@ -326,7 +357,7 @@ class ToprForwardStep:
         host_batch = next(data_iterator)
         summary = check_batch(host_batch, self.objective)
         self._log_samples(state, host_batch, model)
-        batch = _to_device(host_batch)
+        batch = to_device(with_thd_boundaries(host_batch, config))
         output = forward_packed(model, batch, config)
 
         def loss_func(per_token_ce: torch.Tensor):

@@ -1,0 +1,341 @@
+"""`nemo-topr doctor`: check a new node (or container) end to end before a real job.
+
+    nemo-topr doctor [--device cuda|cpu|auto] [--json PATH] [--work-dir DIR] [--timeout SECONDS]
+
+Builds a small Llama-shaped model and a graded dataset in code, then runs the user-facing verbs
+on them, each in its own process with its own time limit, and prints one pass/fail table:
+
+    versions          torch, CUDA, cuDNN, NCCL, Transformer Engine, Apex, Megatron-Core, Bridge
+    score             `score-logprobs` on the device
+    score vs cpu      the same scores on the CPU; per-token agreement within the precision's bound
+    train             `train` through Bridge's finetune() (BF16 on cuda, fp32 on cpu), stopped after
+                      iteration 1 with a checkpoint (train.exit_interval); |log rho| at step 0 (the
+                      model scored its own data) and a finite loss
+    resume            the same command again: resumes from the checkpoint and finishes
+    train fp8         one iteration in FP8 (Transformer Engine only)
+    export            `export` to Hugging Face, reloaded with transformers: same tensors, finite logits
+    packed parity     Transformer Engine's THD attention against local layers on packed rows (TE only)
+
+A step whose prerequisite failed is skipped, naming it; a failure names what to fix; no failure
+stops the others. Exit status 0 when nothing failed. `--json` writes the same table.
+
+On CPU it runs in the test suite. The cuda path is written for a GPU node and has NOT run on one
+yet (docs/cluster.md says what was verified where).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from nemo_topr.device import DeviceError, add_device_argument, resolve_device
+
+TRAIN_RECORDS_PER_PROMPT = 3  # build_graded_records: a gold and two wrong completions
+PROMPTS = 4  # 12 records packed into 512-token rows, global batch 4 rows: 2 iterations
+STOP_AT = 1  # the first training process stops (with a checkpoint) after this iteration
+# |log rho| at step 0 when the starting model scored its own data: only rounding, which grows with
+# the precision's epsilon times the completion length (tens of tokens here)
+LOG_RATIO_BOUND = {"fp32": 1e-3, "bf16": 0.1}
+# mean |difference| per completion token between device and CPU scores
+PER_TOKEN_SCORE_BOUND = {"fp32": 1e-4, "bf16": 0.05}
+
+
+@dataclass
+class Check:
+    name: str
+    status: str = "pass"  # pass | fail | skipped
+    seconds: float = 0.0
+    detail: str = ""
+    fix: str = ""
+
+
+class CheckFailed(Exception):
+    def __init__(self, detail: str, fix: str) -> None:
+        super().__init__(detail)
+        self.fix = fix
+
+
+class Skipped(Exception):
+    pass
+
+
+@dataclass
+class Doctor:
+    device: str
+    work: Path
+    timeout: float
+    checks: list[Check] = field(default_factory=list)
+    done: set[str] = field(default_factory=set)
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.device == "cuda" else "fp32"
+
+    def env(self) -> dict[str, str]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+
+    def run(self, name: str, step: Callable[[], str], needs: tuple[str, ...] = ()) -> None:
+        """Run one check; record pass/fail/skipped with its time and what to fix."""
+        check = Check(name)
+        started = time.monotonic()
+        missing = [need for need in needs if need not in self.done]
+        try:
+            if missing:
+                raise Skipped(f"needs {', '.join(missing)}, which did not pass")
+            check.detail = step()
+            self.done.add(name)
+        except Skipped as skipped:
+            check.status, check.detail = "skipped", str(skipped)
+        except CheckFailed as failure:
+            check.status, check.detail, check.fix = "fail", str(failure), failure.fix
+        except Exception as error:  # noqa: BLE001 - a doctor reports every failure and goes on
+            check.status, check.detail = "fail", f"{type(error).__name__}: {error}"
+            check.fix = "an error inside the doctor itself; report it with the table"
+        check.seconds = round(time.monotonic() - started, 1)
+        self.checks.append(check)
+        print(f"[doctor] {check.name}: {check.status} ({check.seconds} s) {check.detail}", flush=True)
+
+    def command(self, name: str, args: list[str], *, env: dict[str, str] | None = None,
+                expect: tuple[int, ...] = (0,)) -> str:
+        """Run `nemo-topr ARGS` with this check's time limit; its output goes to WORK/NAME.log."""
+        log = self.work / f"{name.replace(' ', '_')}.log"
+        with log.open("w") as out:
+            process = subprocess.Popen([sys.executable, "-m", "nemo_topr.cli", *args], stdout=out,
+                                       stderr=subprocess.STDOUT, env=env or self.env(), start_new_session=True)
+            try:
+                code = process.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                raise CheckFailed(f"no result within {self.timeout:.0f} s (log: {log})",
+                                  "a hang: look at the log's last lines (NCCL, a compile, a download); "
+                                  "raise --timeout on a slow node") from None
+        if code not in expect:
+            tail = log.read_text().strip().splitlines()[-3:]
+            raise CheckFailed(f"`nemo-topr {args[0]}` exited {code} (log: {log}): {' | '.join(tail)[-600:]}",
+                              f"the log names the failing call; fix it and rerun `nemo-topr doctor --device "
+                              f"{self.device}`")
+        return str(log)
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of what the GPU path depends on (None: not installed / not available)."""
+
+    def installed(*names: str) -> str | None:
+        for name in names:
+            try:
+                return importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        return None
+
+    cuda = torch.cuda.is_available()
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else None
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": str(torch.backends.cudnn.version()),
+            "nccl": nccl, "gpu": torch.cuda.get_device_name(0) if cuda else None,
+            "transformer_engine": installed("transformer_engine", "transformer-engine"),
+            "apex": installed("apex"), "megatron_core": installed("megatron-core", "megatron_core"),
+            "megatron_bridge": installed("megatron-bridge", "megatron_bridge")}
+
+
+def _scores(path: Path) -> dict[tuple[str, int], float]:
+    return {(r["prompt_id"], r["sample_id"]): r["behavior_logprob"]
+            for r in map(json.loads, path.read_text().splitlines())}
+
+
+def _tensorboard(run_dir: Path, tag: str) -> list[float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [e.value for e in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
+
+
+def diagnose(device: str, work: Path, timeout: float) -> Doctor:
+    """Every check, in order; returns the doctor with its table."""
+    from nemo_topr.model_settings import transformer_engine_available
+    from nemo_topr.training.recipe import EXIT_REQUEUE
+
+    doctor = Doctor(device, work, timeout)
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir, graded, scored = work / "tiny_llama_hf", work / "graded.jsonl", work / "scored.jsonl"
+    run_dir = work / "run"
+    te = transformer_engine_available()
+    no_te = "Transformer Engine is not installed (pip install -r requirements-gpu.txt, or the NGC container)"
+    seq = ["--seq-length", "512"]
+
+    def check_versions() -> str:
+        found = versions()
+        if device == "cuda" and not found["cuda"]:
+            raise CheckFailed("torch has no CUDA build", "install the CUDA build of torch (requirements-gpu.txt)")
+        return ", ".join(f"{k} {v}" for k, v in found.items() if v)
+
+    def build() -> str:
+        from nemo_topr.demo import build_graded_records
+        from nemo_topr.model import build_tiny_hf_llama
+        from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+        # FP8 GEMMs need every dimension a multiple of 16 (the demo's 172-wide MLP is not)
+        build_tiny_hf_llama(model_dir, build_tiny_tokenizer(), intermediate_size=176)
+        records = build_graded_records(PROMPTS)
+        graded.write_text("".join(json.dumps(r) + "\n" for r in records))
+        return f"2-layer Llama ({model_dir}), {len(records)} graded records"
+
+    def score() -> str:
+        doctor.command("score", ["score-logprobs", "--model", str(model_dir), "--data", str(graded), "--out",
+                                 str(scored), *seq, "--device", device])
+        values = list(_scores(scored).values())
+        if len(values) != PROMPTS * TRAIN_RECORDS_PER_PROMPT or not all(math.isfinite(v) for v in values):
+            raise CheckFailed(f"{len(values)} scores, finite: {all(map(math.isfinite, values))}",
+                              "scores must be finite for every record: check the model build in the log")
+        return f"{len(values)} records, mean log mu {sum(values) / len(values):.3f}"
+
+    def score_vs_cpu() -> str:
+        if device == "cpu":
+            raise Skipped("the device is the CPU: nothing to compare")
+        on_cpu = work / "scored_cpu.jsonl"
+        doctor.command("score_cpu", ["score-logprobs", "--model", str(model_dir), "--data", str(graded), "--out",
+                                     str(on_cpu), *seq, "--device", "cpu"], env={**doctor.env(), "CUDA_VISIBLE_DEVICES": ""})
+        from nemo_topr.data.tokenization import load_tokenizer
+
+        device_scores, cpu_scores = _scores(scored), _scores(on_cpu)
+        tokenizer = load_tokenizer(model_dir)
+        tokens = sum(len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"]) + 1  # + EOS
+                     for r in map(json.loads, graded.read_text().splitlines()))
+        per_token = sum(abs(device_scores[k] - cpu_scores[k]) for k in cpu_scores) / tokens
+        bound = PER_TOKEN_SCORE_BOUND[doctor.precision]
+        if per_token > bound:
+            raise CheckFailed(f"device and CPU scores differ by {per_token:.2e} per token (bound {bound})",
+                              "wrong numerics on the device: check the TE/cuDNN versions in the table")
+        return f"{per_token:.2e} per token (bound {bound} for {doctor.precision})"
+
+    train_args = ["train", "--config-name", "tiny_cpu", f"device={device}", f"base_model={model_dir}",
+                  f"dataset.train_path={scored}", "checkpoint.save_interval=1"]
+
+    def train() -> str:
+        doctor.command("train", [*train_args, f"run_dir={run_dir}", f"train.exit_interval={STOP_AT}"],
+                       expect=(EXIT_REQUEUE,))
+        log_ratio, losses = _tensorboard(run_dir, "log_ratio_abs_mean"), _tensorboard(run_dir, "topr_loss")
+        if len(losses) != STOP_AT or not all(map(math.isfinite, losses)):
+            raise CheckFailed(f"losses {losses} (expected {STOP_AT} finite)", "a non-finite loss: see the log")
+        bound = LOG_RATIO_BOUND[doctor.precision]
+        if not log_ratio or log_ratio[0] > bound:
+            raise CheckFailed(f"|log rho| at step 0 is {log_ratio[:1]} (bound {bound}): training and scoring "
+                              "disagree about the starting model", "score with the precision you train with "
+                              "(score-logprobs --precision / --train-config)")
+        return f"stopped at iteration {STOP_AT} with a checkpoint; |log rho| at step 0 {log_ratio[0]:.2e}"
+
+    def resume() -> str:
+        doctor.command("resume", [*train_args, f"run_dir={run_dir}"])
+        losses = _tensorboard(run_dir, "topr_loss")
+        marker = run_dir / "COMPLETED"
+        completed = int(marker.read_text()) if marker.is_file() else 0
+        if completed <= STOP_AT or len(losses) != completed or not all(map(math.isfinite, losses)):
+            raise CheckFailed(f"completed at iteration {completed}, losses {losses}", "see the resume log")
+        return f"resumed from iteration {STOP_AT}, completed at {completed}"
+
+    def train_fp8() -> str:
+        if not te:
+            raise Skipped(f"FP8 needs Transformer Engine: {no_te}")
+        doctor.command("train_fp8", [*train_args, f"run_dir={work / 'run_fp8'}", "model.fp8=hybrid",
+                                     "model.fp8_recipe=tensorwise", f"train.exit_interval={STOP_AT}"],
+                       expect=(EXIT_REQUEUE,))
+        losses = _tensorboard(work / "run_fp8", "topr_loss")
+        if not losses or not all(map(math.isfinite, losses)):
+            raise CheckFailed(f"FP8 losses {losses}", "see the FP8 log")
+        return f"{len(losses)} FP8 iterations, loss {losses[-1]:.4f}"
+
+    def export() -> str:
+        from transformers import AutoModelForCausalLM
+
+        hf_out = work / "hf_export"
+        doctor.command("export", ["export", "--ckpt", str(run_dir), "--hf-out", str(hf_out), "--device", device])
+        exported = AutoModelForCausalLM.from_pretrained(str(hf_out), torch_dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+        shapes = {k: tuple(v.shape) for k, v in exported.state_dict().items()}
+        if shapes != {k: tuple(v.shape) for k, v in base.state_dict().items()}:
+            raise CheckFailed("the export's tensors differ from the base model's in names or shapes",
+                              "the HF mapping of Bridge does not match this model")
+        logits = exported(torch.arange(1, 9)[None]).logits
+        if not torch.isfinite(logits).all():
+            raise CheckFailed("the exported model gives non-finite logits", "see the export log")
+        return f"{len(shapes)} tensors reloaded with transformers, finite logits"
+
+    def parity() -> str:
+        if not te:
+            raise Skipped(f"compares TE's THD attention with local layers: {no_te}")
+        log = work / "packed_parity.log"
+        with log.open("w") as out:
+            code = subprocess.run([sys.executable, "-m", "nemo_topr.doctor_parity"],
+                                  stdout=out, stderr=subprocess.STDOUT, env=doctor.env(), timeout=timeout).returncode
+        lines = log.read_text().strip().splitlines()
+        if code != 0:
+            raise CheckFailed(f"exit {code}: {' | '.join(lines[-3:])[-600:]}",
+                              "TE attention crosses or drops packed boundaries: check the TE version in the table")
+        return lines[-1] if lines else ""
+
+    doctor.run("versions", check_versions)
+    doctor.run("build", build)
+    doctor.run("score", score, needs=("build",))
+    doctor.run("score vs cpu", score_vs_cpu, needs=("score",))
+    doctor.run("train", train, needs=("score",))
+    doctor.run("resume", resume, needs=("train",))
+    doctor.run("train fp8", train_fp8, needs=("score",))
+    doctor.run("export", export, needs=("train",))
+    doctor.run("packed parity", parity, needs=("versions",))
+    return doctor
+
+
+def table(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    lines = [f"{'check':<{width}}  status   seconds  detail"]
+    for c in checks:
+        lines.append(f"{c.name:<{width}}  {c.status:<7}  {c.seconds:>7}  {c.detail}")
+        if c.fix:
+            lines.append(f"{'':<{width}}  {'':<7}  {'':>7}  fix: {c.fix}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="nemo-topr doctor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_device_argument(parser)
+    parser.add_argument("--json", type=Path, help="also write the table (and versions) as JSON here")
+    parser.add_argument("--work-dir", type=Path, help="keep the model, data, runs and logs here (default: a "
+                                                      "temporary directory, removed when every check passed)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per check (default: %(default)s)")
+    args = parser.parse_args(argv)
+    try:
+        device = resolve_device(args.device, cuda_available=torch.cuda.is_available(), where="--device")
+    except DeviceError as error:
+        raise SystemExit(f"nemo-topr doctor: {error}") from None
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="nemo-topr-doctor-"))
+    doctor = diagnose(device, work.resolve(), args.timeout)
+    failed = [c.name for c in doctor.checks if c.status == "fail"]
+    print(f"\nnemo-topr doctor --device {device}: {'FAILED: ' + ', '.join(failed) if failed else 'all passed'}")
+    print(table(doctor.checks))
+    if args.json:
+        args.json.write_text(json.dumps({"device": device, "passed": not failed, "versions": versions(),
+                                         "checks": [asdict(c) for c in doctor.checks]}, indent=2) + "\n")
+    if args.work_dir is None and not failed:
+        shutil.rmtree(work, ignore_errors=True)
+    elif failed:
+        print(f"logs: {work}")
+    return 1 if failed else 0

@@ -1,0 +1,94 @@
+"""The model settings a machine needs, decided in one place for every verb and the benchmarks.
+
+`train`, `score-logprobs`, `import`, `doctor` and `bench/gpu.py` build their models through
+:func:`device_model_settings`, so that no verb keeps a Bridge default the machine cannot build:
+
+* CPU: :func:`nemo_topr.cpu_runtime.cpu_model_overrides` (local layers, no fused kernels, fp32).
+* CUDA with Transformer Engine: TE's layer spec unless ``model.transformer_impl=local``.
+* CUDA without Transformer Engine (a supported route, logged): the local layer spec, and off the
+  fusions that need TE or Apex (Bridge's TE spec provider is None without TE; ``apply_rope_fusion``
+  raises in ``finalize()``; ``masked_softmax_fusion`` needs Apex's ``scaled_masked_softmax_cuda``;
+  ``persist_layer_norm`` needs Apex's fast layer norm).
+* Gradient-accumulation fusion only where Apex's ``fused_weight_gradient_mlp_cuda`` imports and
+  the model is wrapped in DDP: Megatron's output layer raises without the extension
+  (megatron/core/tensor_parallel/layers.py:1070-1079) although Bridge turns the fusion on whenever
+  TE imports (megatron/bridge/utils/fusions.py:34-53), and without DDP there is no
+  ``param.main_grad`` for the fused kernel to accumulate into.
+
+The layer spec follows ``model.transformer_impl`` (:func:`follow_transformer_impl`): setting the
+string alone leaves Bridge's TE spec in place (megatron/bridge/models/gpt_provider.py:120-125).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import torch
+
+from nemo_topr import cpu_runtime
+
+logger = logging.getLogger(__name__)
+
+# fusions whose kernels come from Transformer Engine or Apex: off on a GPU without TE
+_FUSIONS_NEEDING_TE_OR_APEX = ("apply_rope_fusion", "masked_softmax_fusion", "persist_layer_norm")
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package that is absent or half-installed
+        return False
+
+
+def transformer_engine_available() -> bool:
+    return _importable("transformer_engine.pytorch")
+
+
+def gradient_accumulation_fusion_available() -> bool:
+    """Whether Apex's fused_weight_gradient_mlp_cuda (the kernel Megatron's linear layers need
+    for gradient-accumulation fusion) is importable."""
+    return _importable("fused_weight_gradient_mlp_cuda")
+
+
+def masked_softmax_kernel_available() -> bool:
+    return _importable("scaled_masked_softmax_cuda")
+
+
+def device_model_settings(provider, *, wrapped_in_ddp: bool = True):
+    """Settle `provider` (a Bridge GPTModelProvider) for this machine; returns it.
+
+    `wrapped_in_ddp`: whether the model will be built with ``wrap_with_ddp=True`` (training);
+    forward-only and benchmark builds without DDP pass False."""
+    if not torch.cuda.is_available():
+        return cpu_runtime.cpu_model_overrides(provider)
+    provider.gradient_accumulation_fusion = wrapped_in_ddp and gradient_accumulation_fusion_available()
+    if not transformer_engine_available():
+        if provider.transformer_impl != "local":
+            logger.warning("Transformer Engine is not installed: GPU route without TE (local layer spec, BF16 only, "
+                           "no FP8; rope, masked-softmax and persistent layer-norm fusions off)")
+        provider.transformer_impl = "local"
+        for flag in _FUSIONS_NEEDING_TE_OR_APEX:
+            setattr(provider, flag, False)
+    return follow_transformer_impl(provider)
+
+
+def follow_transformer_impl(provider):
+    """Bridge's layer spec for ``provider.transformer_impl``, replacing only Bridge's own two
+    defaults (a custom spec stays; the step's attention check still judges it).
+
+    Local layers get the packed-sequence mask as a tensor; the fused causal softmax kernel would
+    drop it (megatron/core/fusions/fused_softmax.py:285-291), so masked_softmax_fusion is off."""
+    from megatron.bridge.models.gpt_provider import default_layer_spec, local_layer_spec
+
+    if provider.transformer_layer_spec not in (default_layer_spec, local_layer_spec):
+        return provider
+    if provider.transformer_impl == "local":
+        provider.transformer_layer_spec = local_layer_spec
+        provider.masked_softmax_fusion = False
+    else:
+        if not transformer_engine_available():
+            raise ValueError(f"model.transformer_impl={provider.transformer_impl!r} needs Transformer Engine, which "
+                             "is not installed; use model.transformer_impl=local (or install requirements-gpu.txt)")
+        provider.transformer_layer_spec = default_layer_spec
+    return provider
