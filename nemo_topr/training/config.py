@@ -194,6 +194,12 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     missing = [key for key in ("base_model", "run_dir", "objective") if values.get(key) in (None, "", "???")]
     if missing:
         raise ConfigError(f"config keys {missing} must be set (e.g. base_model=/path/to/hf_llama_or_checkpoint)")
+    if "train_iters" in (values.get("train") or {}):
+        raise ConfigError(
+            f"train.train_iters={values['train']['train_iters']!r} is not a setting: a run trains on each of its "
+            "records dataset.epochs times, and its iterations follow from that (packed rows x epochs / "
+            "train.global_batch_size). Use dataset.epochs, or train on fewer records; to stop early and "
+            "resume later, send the exit signal (docs/training.md)")
     run_dir = Path(values["run_dir"]).resolve()
     try:
         base_model = model_source.resolve(values["base_model"])

@@ -30,20 +30,33 @@ from nemo_topr.distributed import free_port, launcher_rank
 from nemo_topr.model_source import write_hf_artifacts
 from nemo_topr.training.checkpoints import ensure_latest_complete, latest_iteration
 from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, compose
+from nemo_topr.training.run_state import (
+    RunLock,
+    check_resume,
+    data_fingerprint,
+    order_and_schedule,
+    save_start_config,
+    truncate_ledgers,
+)
 
 
-def prepare(run: TrainingRun) -> dict:
+def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
     """Resolve what depends on the data (iterations), check the checkpoint to resume from,
     and record the run's inputs.
 
-    Runs on every rank before torch.distributed exists. Only launcher rank 0 writes: it repairs an
-    interrupted checkpoint and saves config.yaml, the data report and the base model's HF
+    Runs on every rank before torch.distributed exists. Only launcher rank 0 writes: it takes the
+    run directory's `lock`, repairs an interrupted checkpoint, refuses a resume onto other data or
+    order/schedule settings (`run_state.check_resume`), truncates the sample ledger to the
+    checkpoint, and saves this start's config, the data report and the base model's HF
     artifacts. The other ranks cannot read the checkpoint directory before that repair is done:
     they first wait for rank 0 in Bridge's process-group rendezvous (bridge/training/setup.py:253
     initialize_megatron, whose initialize.py:747-756 init_process_group + barrier), and
     checkpoints are read only after it (setup.py:397)."""
     rank_zero = _is_rank_zero()
     if rank_zero:
+        taken_over = (lock or RunLock(run.run_dir)).acquire()
+        if taken_over:
+            print(f"[nemo-topr] {taken_over}", flush=True)
         (run.run_dir / STOPPED_MARKER).unlink(missing_ok=True)  # from an earlier stop of this run
         repaired = ensure_latest_complete(run.container.checkpoint.save)
         if repaired:
@@ -57,8 +70,15 @@ def prepare(run: TrainingRun) -> dict:
     check_baseline(run.objective, {seq.reward for seq in prepared.dataset.sequences})
     train.train_iters = prepared.num_rows // train.global_batch_size
     if rank_zero:
-        run.run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(run.raw, run.run_dir / "config.yaml")
+        resume_iteration = latest_iteration(Path(run.container.checkpoint.save))
+        check_resume(run.run_dir, resume_iteration is not None,
+                     {"data": data_fingerprint(prepared.dataset.sequences, prepared.rows),
+                      "config": order_and_schedule(run.raw)})
+        dropped = truncate_ledgers(run.run_dir, resume_iteration or 0)
+        if dropped:
+            print(f"[nemo-topr] sample ledger: dropped {dropped} entries of iterations after the checkpoint "
+                  f"resumed from (iteration {resume_iteration or 0})", flush=True)
+        save_start_config(run.run_dir, run.raw)
     summary = {**prepared.summary(), "train_iters": train.train_iters,
                "global_batch_size": train.global_batch_size}
     return summary
@@ -111,8 +131,9 @@ def train(run: TrainingRun) -> int:
     # Keep it pending until training starts; Bridge's handler then takes it and the rank saves
     # after its first iteration.
     signal.pthread_sigmask(signal.SIG_BLOCK, {exit_signal})
+    lock = RunLock(run.run_dir)
     try:
-        summary = prepare(run)
+        summary = prepare(run, lock)
         if _is_rank_zero():
             print(f"[nemo-topr] data: {json.dumps(summary)}", flush=True)
         finetune(run.container, ToprForwardStep(run.objective, sample_log_dir=run.run_dir),
@@ -122,6 +143,7 @@ def train(run: TrainingRun) -> int:
             raise
     finally:  # already released when training started; not left blocked by a failure before that
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})
+        lock.release()
     reached = _latest_checkpoint_iteration(run)
     if reached < run.container.train.train_iters:
         message = (f"stopped at iteration {reached} of {run.container.train.train_iters} with a checkpoint "
