@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_distributed
+from nemo_topr.training.checkpoints import is_complete, iteration_dir_name, saved_iterations
 
 pytestmark = pytest.mark.slow
 
@@ -153,17 +154,16 @@ def test_killed_run_resumes_with_exactly_the_remaining_samples_and_weights(demo,
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    killed_ledger = _ledger(killed_dir)
-    ledger.unlink()
-    _train(demo, killed_dir)
-    resumed_ledger = _ledger(killed_dir)
-
-    checkpoint_iteration = resumed_ledger[0]["iteration"]  # where the resumed run started
+    checkpoints = killed_dir / "checkpoints"
+    checkpoint_iteration = max(it for it in saved_iterations(checkpoints)  # what the resume starts from
+                               if is_complete(checkpoints / iteration_dir_name(it)))
     assert checkpoint_iteration % 3 == 0 and 3 <= checkpoint_iteration <= kill_after, replay
+    assert _last_iteration(ledger) >= checkpoint_iteration, replay  # the ledger holds iterations to redo
+    _train(demo, killed_dir)
     # Iterations the killed run reached after its checkpoint are redone (the model state was
-    # lost with them); everything before the checkpoint is kept.
-    stitched = [e for e in killed_ledger if e["iteration"] < checkpoint_iteration] + resumed_ledger
-    assert _ids_by_iteration(stitched) == _ids_by_iteration(_ledger(reference_dir)), replay
+    # lost with them) and the ledger drops their first attempt: it equals the uninterrupted run's.
+    stitched = _ledger(killed_dir)
+    assert stitched == _ledger(reference_dir), replay
     trained = [sample for entry in stitched for sample in entry["sample_ids"]]
     assert sorted(trained) == list(range(144)), replay  # one epoch: every sample exactly once
     # Same per-step losses as the uninterrupted run, bit for bit (CPU, no dropout). Per step, the

@@ -118,6 +118,7 @@ def train(run: TrainingRun) -> int:
     from megatron.bridge.training.callbacks import Callback
     from megatron.bridge.training.finetune import finetune
 
+    from nemo_topr.training.nonfinite import stop_on_non_finite
     from nemo_topr.training.step import ToprForwardStep
 
     exit_signal = resolve_exit_signal(run.container.train)
@@ -136,8 +137,8 @@ def train(run: TrainingRun) -> int:
         summary = prepare(run, lock)
         if _is_rank_zero():
             print(f"[nemo-topr] data: {json.dumps(summary)}", flush=True)
-        finetune(run.container, ToprForwardStep(run.objective, sample_log_dir=run.run_dir),
-                 callbacks=[ReleaseExitSignal()])
+        forward_step = ToprForwardStep(run.objective, sample_log_dir=run.run_dir)
+        finetune(run.container, forward_step, callbacks=[ReleaseExitSignal(), stop_on_non_finite(forward_step)])
     except SystemExit as stop:  # Bridge exits this way after a signal-triggered checkpoint
         if stop.code not in (0, None):
             raise
