@@ -174,3 +174,22 @@ def test_micro_batch_above_one_with_pipeline_parallel_is_rejected_for_packed_str
         _run(tiny_hf, tmp_path, "model.pipeline_model_parallel_size=2", "model.transformer_impl=transformer_engine")
     # the local layers (CPU) take [MBS, seq] batches as they are: allowed
     assert _run(tiny_hf, tmp_path, "model.pipeline_model_parallel_size=2").container.model.transformer_impl == "local"
+
+
+def test_train_reports_config_and_data_errors_in_one_line_before_importing_megatron(tiny_hf, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    malformed = REPO / "tests" / "fixtures" / "data" / "malformed.jsonl"
+    for overrides, message in ((["train.train_iters=abc"], "nemo-topr train: train.train_iters='abc' is not a setting"),
+                               ([f"dataset.train_path={malformed}"], f"nemo-topr train: {malformed}:2: record: invalid JSON")):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "nemo_topr.cli", "train", "--config-name",
+                               "tiny_cpu", f"hf_model={tiny_hf}", f"run_dir={tmp_path / 'run'}", *overrides],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and proc.stdout == "", proc.stderr[-2000:]
+        lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+        assert len(lines) == 1 and lines[0].startswith(message), lines
+        assert "| megatron" not in proc.stderr  # -X importtime lists every module imported
+    assert not (tmp_path / "run").exists()  # nothing written for a refused start

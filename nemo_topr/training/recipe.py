@@ -25,13 +25,16 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from nemo_topr.device import DEVICES, DeviceError, use_device
+from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
 from nemo_topr.distributed import free_port, launcher_rank
 from nemo_topr.model_source import write_hf_artifacts
 from nemo_topr.training.checkpoints import ensure_latest_complete, latest_iteration
-from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, compose
+from nemo_topr.data.records import DataError, RecordSet, load_records
+from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, check_config, compose
+from nemo_topr.training.nonfinite import NonFiniteTrainingError
 from nemo_topr.training.run_state import (
     RunLock,
+    RunStateError,
     check_resume,
     data_fingerprint,
     order_and_schedule,
@@ -180,9 +183,28 @@ def main(argv: list[str]) -> int:
     if "WORLD_SIZE" not in os.environ:  # a plain single process: Bridge would default to port 29500
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-    raw = compose(args.config_name, args.overrides, args.config_path)
-    try:  # the config's `device` (cuda in the GPU presets): CPU only when chosen
-        use_device(raw.get("device"), where="device", choices=DEVICES)
-    except DeviceError as error:
+    # Config and data errors are one message, and come before Megatron's ~25 s of imports
+    # (`check_config`, `load_records`) wherever they can: only Bridge's own sections need those.
+    try:
+        raw = compose(args.config_name, args.overrides, args.config_path)
+        # the config's `device` (cuda in the GPU presets): CPU only when chosen
+        select_device(raw.get("device"), where="device", choices=DEVICES)
+        check_config(raw)
+        records = _records_of(raw)
+        use_device(raw.get("device"), where="device", choices=DEVICES)  # imports Megatron
+        run = build_training_run(raw)
+        run.container.dataset.use_records(records)
+        return train(run)
+    except (ConfigError, DeviceError, DataError, RunStateError, NonFiniteTrainingError) as error:
         raise SystemExit(f"nemo-topr train: {error}") from None
-    return train(build_training_run(raw))
+
+
+def _records_of(raw) -> RecordSet:  # noqa: ANN001
+    """The validated records of `dataset:` (defaults as in ToprDatasetConfig)."""
+    dataset = raw.get("dataset") or {}
+    if not dataset.get("train_path"):
+        raise ConfigError("dataset.train_path is not set")
+    columns = dataset.get("columns") or {}
+    return load_records(dataset.train_path, strict=dataset.get("strict", True),
+                        columns=OmegaConf.to_container(columns) if OmegaConf.is_config(columns) else columns,
+                        split=dataset.get("split"), extra_columns=dataset.get("extra_columns", "error"))
