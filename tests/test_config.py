@@ -85,9 +85,10 @@ def _fake_checkpoint(run_dir, iteration):
     """What ensure_latest_complete accepts as a complete checkpoint at `iteration`."""
     import torch
 
+    from torch.distributed.checkpoint import save
+
     saved = run_dir / "checkpoints" / f"iter_{iteration:07d}"
-    saved.mkdir(parents=True)
-    (saved / ".metadata").write_bytes(b"x")
+    save({"weight": torch.zeros(4)}, checkpoint_id=str(saved), no_dist=True)
     torch.save({"step": iteration}, saved / "train_state.pt")
     (saved / "run_config.yaml").write_text(
         "model:\n  tensor_model_parallel_size: 1\n  pipeline_model_parallel_size: 1\n"

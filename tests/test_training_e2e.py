@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -232,3 +233,22 @@ def test_export_of_several_iterations_in_one_process(reference_dir, tmp_path):
     proc = subprocess.run(cli + ["--hf-out", str(tmp_path / "x"), "--iteration", "4"], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "iter_0000004" in proc.stderr and f"saved iterations: {iterations}" in proc.stderr
+
+
+def test_a_run_whose_loss_turns_non_finite_stops_naming_the_iteration_and_its_samples(demo, tmp_path):
+    """Issue 29: a NaN loss trained to COMPLETED. lr=1e38 makes Adam's first update (about lr per
+    weight) overflow float32, so a later iteration's loss or gradient norm is NaN or infinite."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([*_train_command(demo, run_dir), "optimizer.lr=1e38", "optimizer.min_lr=1e38",
+                           "checkpoint.save_interval=1"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env=SINGLE_THREADED)
+    last = proc.stderr.strip().splitlines()[-1]
+    stopped = re.match(r"nemo-topr train: iteration (\d+): (loss|gradient norm) \S+ .*is not finite.*\[([\d, ]+)\]",
+                       last)
+    assert proc.returncode == 1 and stopped, proc.stdout[-2000:] + proc.stderr[-3000:]
+    iteration = int(stopped[1])
+    named = [int(sample) for sample in stopped[3].split(", ")]
+    ledger = _ledger(run_dir)
+    assert named == [s for entry in ledger if entry["iteration"] == iteration - 1 for s in entry["sample_ids"]]
+    saved = saved_iterations(run_dir / "checkpoints")
+    assert saved == list(range(1, iteration)) and not (run_dir / "COMPLETED").exists()

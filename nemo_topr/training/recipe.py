@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
 from nemo_topr.distributed import free_port, launcher_rank
 from nemo_topr.model_source import write_hf_artifacts
-from nemo_topr.training.checkpoints import ensure_latest_complete, latest_iteration
+from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
 from nemo_topr.data.records import DataError, RecordSet, load_records
 from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, check_config, compose
 from nemo_topr.training.nonfinite import NonFiniteTrainingError
@@ -195,7 +195,7 @@ def main(argv: list[str]) -> int:
         run = build_training_run(raw)
         run.container.dataset.use_records(records)
         return train(run)
-    except (ConfigError, DeviceError, DataError, RunStateError, NonFiniteTrainingError) as error:
+    except (ConfigError, DeviceError, DataError, RunStateError, DamagedCheckpointError, NonFiniteTrainingError) as error:
         raise SystemExit(f"nemo-topr train: {error}") from None
 
 
