@@ -236,10 +236,10 @@ def test_export_of_several_iterations_in_one_process(reference_dir, tmp_path):
 
 
 def test_a_run_whose_loss_turns_non_finite_stops_naming_the_iteration_and_its_samples(demo, tmp_path):
-    """Issue 29: a NaN loss trained to COMPLETED. lr=1e38 makes Adam's first update (about lr per
+    """Issue 29: a NaN loss trained to COMPLETED. lr=1e30 makes Adam's first update (about lr per
     weight) overflow float32, so a later iteration's loss or gradient norm is NaN or infinite."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run([*_train_command(demo, run_dir), "optimizer.lr=1e38", "optimizer.min_lr=1e38",
+    proc = subprocess.run([*_train_command(demo, run_dir), "optimizer.lr=1e30", "optimizer.min_lr=1e30",
                            "checkpoint.save_interval=1"], cwd=REPO, capture_output=True, text=True,
                           timeout=600, env=SINGLE_THREADED)
     last = proc.stderr.strip().splitlines()[-1]
