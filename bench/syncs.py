@@ -121,6 +121,14 @@ def topr_loss_call(objective):  # noqa: ANN001
     return call
 
 
+def nonfinite_check_call(iteration_loss) -> None:  # noqa: ANN001
+    """The per-iteration non-finite check (`nemo_topr.training.nonfinite.check_finite`) on a loss
+    reduced over an iteration's micro-batches, as Bridge's on_train_step_end hands it over."""
+    from nemo_topr.training.nonfinite import check_finite
+
+    check_finite(1, iteration_loss, 1.0, [0, 1])
+
+
 def microbatches(objective, seq_length: int, rows: int, count: int) -> list:  # noqa: ANN001
     """Packed GSM8K micro-batches (bench.step's plan) with a random per-token CE [R, L]."""
     from bench.step import packed_microbatches
@@ -144,6 +152,8 @@ def measure(seq_length: int = 512, rows: int = 2, count: int = 4) -> dict:
         batches[variant] = microbatches(objective, seq_length, rows, count)
         results[variant] = count_syncs(topr_loss_call(objective), batches[variant])
     results["sft"] = count_syncs(sft_loss_call, batches["topr"])
+    # once per iteration, whatever its number of micro-batches (nemo_topr/training/nonfinite.py)
+    results["nonfinite_check_per_iteration"] = count_syncs(nonfinite_check_call, [torch.tensor(0.5)])["total"]
     worst = max(results["topr"]["per_microbatch"], results["asymre"]["per_microbatch"])
     results["target"] = "TOPR <= SFT + 1 per micro-batch"
     results["met"] = worst <= results["sft"]["per_microbatch"] + 1
@@ -167,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
                                                         "megatron_core", "megatron_bridge", "cuda_available")}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("topr", "asymre", "sft", "met")}, indent=2))
+    print(json.dumps({k: result[k] for k in ("topr", "asymre", "sft", "nonfinite_check_per_iteration", "met")},
+                     indent=2))
 
 
 if __name__ == "__main__":

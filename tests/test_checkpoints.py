@@ -20,9 +20,12 @@ FULL_CONFIG = ("model:\n  tensor_model_parallel_size: 1\n  pipeline_model_parall
 
 
 def _checkpoint(root: Path, iteration: int, *, config: str = FULL_CONFIG) -> Path:
+    """A torch_dist checkpoint (torch.distributed.checkpoint, as Megatron writes it) with Bridge's
+    train state and run config."""
+    from torch.distributed.checkpoint import save
+
     path = root / f"iter_{iteration:07d}"
-    path.mkdir(parents=True)
-    (path / ".metadata").write_bytes(b"x")
+    save({"weight": torch.arange(4096, dtype=torch.float32)}, checkpoint_id=str(path), no_dist=True)
     torch.save({"step": iteration}, path / "train_state.pt")
     (path / "run_config.yaml").write_text(config)
     return path
@@ -114,3 +117,26 @@ def test_ranks_preparing_one_run_directory_repair_once_and_write_once(tmp_path):
     assert sorted(p.name for p in checkpoints.iterdir()) == [
         "hf_artifacts", "iter_0000005", "iter_0000010.incomplete", "latest_checkpointed_iteration.txt",
         "latest_train_state.pt"]
+
+
+def test_a_truncated_shard_names_the_file_and_the_newest_intact_iteration(tmp_path):
+    from nemo_topr.training.checkpoints import DamagedCheckpointError
+
+    _checkpoint(tmp_path, 3)
+    cut_earlier = _checkpoint(tmp_path, 6)
+    latest = _checkpoint(tmp_path, 9)
+    _point_latest(tmp_path, 9)
+    assert ensure_latest_complete(tmp_path) is None  # whole: nothing to say
+    for saved in (cut_earlier, latest):
+        shard = next(saved.glob("*.distcp"))
+        shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(DamagedCheckpointError) as damaged:
+        ensure_latest_complete(tmp_path)
+    message = str(damaged.value)
+    assert message.startswith(f"checkpoint iter 9 is damaged, cut short: {next(latest.glob('*.distcp'))} (100 of ")
+    # the fix offered is iter 3 (iter 6 is cut short too), never the broken iteration
+    assert "resume from iter 3" in message and "from iter 6" not in message and "from iter 9" not in message
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "9"  # nothing changed behind the user
+    (latest / ".metadata").write_bytes((latest / ".metadata").read_bytes()[:10])
+    with pytest.raises(DamagedCheckpointError, match=r"iter 9 is damaged, cut short: .*\.metadata \(EOFError|Unpick"):
+        ensure_latest_complete(tmp_path)

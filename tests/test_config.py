@@ -73,6 +73,53 @@ def test_resolved_config_is_saved_in_the_run_dir(tiny_hf, tmp_path):
     assert summary["records_in"] == 12 and run.container.train.train_iters * 4 == summary["rows"]
 
 
+def _graded_data(path, records=4, **changes):
+    from nemo_topr.demo import build_graded_records
+
+    rows = [{**r, "behavior_logprob": -50.0, **changes} for r in build_graded_records(records)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _fake_checkpoint(run_dir, iteration):
+    """What ensure_latest_complete accepts as a complete checkpoint at `iteration`."""
+    import torch
+
+    from torch.distributed.checkpoint import save
+
+    saved = run_dir / "checkpoints" / f"iter_{iteration:07d}"
+    save({"weight": torch.zeros(4)}, checkpoint_id=str(saved), no_dist=True)
+    torch.save({"step": iteration}, saved / "train_state.pt")
+    (saved / "run_config.yaml").write_text(
+        "model:\n  tensor_model_parallel_size: 1\n  pipeline_model_parallel_size: 1\n"
+        "checkpoint:\n  save_rng: true\n  save_optim: true\n  fully_parallel_save: false\n")
+    (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+
+
+def test_a_resume_onto_changed_data_or_lr_is_refused_and_keeps_the_config_that_trained(tiny_hf, tmp_path):
+    from nemo_topr.training.recipe import prepare
+    from nemo_topr.training.run_state import RunStateError
+
+    data = _graded_data(tmp_path / "graded.jsonl")
+    run_dir = tmp_path / "run"
+    prepare(_run(tiny_hf, run_dir, f"dataset.train_path={data}", "optimizer.lr=0.02"))
+    _fake_checkpoint(run_dir, 1)
+    prepare(_run(tiny_hf, run_dir, f"dataset.train_path={data}", "optimizer.lr=0.02"))  # the same run resumes
+    _graded_data(data, behavior_logprob=-40.0)
+    with pytest.raises(RunStateError, match=r"Changed: the training data .*optimizer.lr: 0.02 -> 0.03.*"
+                                            r"resume_from_base=true"):
+        prepare(_run(tiny_hf, run_dir, f"dataset.train_path={data}", "optimizer.lr=0.03"))
+    # the refused start left no trace: config.yaml and the per-start configs are the two accepted ones
+    assert OmegaConf.load(run_dir / "config.yaml").optimizer.lr == 0.02
+    assert [OmegaConf.load(p).optimizer.lr for p in sorted((run_dir / "configs").iterdir())] == [0.02, 0.02]
+
+
+def test_train_iters_is_refused_naming_the_key_to_use(tiny_hf, tmp_path):
+    for value in ("5", "abc"):
+        with pytest.raises(ConfigError, match=rf"train.train_iters='?{value}'? is not a setting.*dataset.epochs"):
+            _run(tiny_hf, tmp_path, f"train.train_iters={value}")
+
+
 def test_negative_sequence_length_is_a_clear_error(tiny_hf, tmp_path):
     with pytest.raises(ConfigError, match="model.seq_length must be at least 2 tokens; got -8"):
         _run(tiny_hf, tmp_path, "model.seq_length=-8")
@@ -128,3 +175,22 @@ def test_micro_batch_above_one_with_pipeline_parallel_is_rejected_for_packed_str
         _run(tiny_hf, tmp_path, "model.pipeline_model_parallel_size=2", "model.transformer_impl=transformer_engine")
     # the local layers (CPU) take [MBS, seq] batches as they are: allowed
     assert _run(tiny_hf, tmp_path, "model.pipeline_model_parallel_size=2").container.model.transformer_impl == "local"
+
+
+def test_train_reports_config_and_data_errors_in_one_line_before_importing_megatron(tiny_hf, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    malformed = REPO / "tests" / "fixtures" / "data" / "malformed.jsonl"
+    for overrides, message in ((["train.train_iters=abc"], "nemo-topr train: train.train_iters='abc' is not a setting"),
+                               ([f"dataset.train_path={malformed}"], f"nemo-topr train: {malformed}:2: record: invalid JSON")):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "nemo_topr.cli", "train", "--config-name",
+                               "tiny_cpu", f"hf_model={tiny_hf}", f"run_dir={tmp_path / 'run'}", *overrides],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and proc.stdout == "", proc.stderr[-2000:]
+        lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+        assert len(lines) == 1 and lines[0].startswith(message), lines
+        assert "| megatron" not in proc.stderr  # -X importtime lists every module imported
+    assert not (tmp_path / "run").exists()  # nothing written for a refused start

@@ -247,3 +247,21 @@ def test_baseline_field_is_validated_and_all_or_none(tmp_path):
     assert [r.baseline for r in loaded.records] == [0.25]
     assert loaded.report.dropped == {"wrong_type": 1, "nonfinite_baseline": 1, "schema_mismatch": 1}
     assert loaded.records[0].to_json()["baseline"] == 0.25  # written back by write_jsonl
+
+
+def test_rewards_that_overflow_float32_training_are_rejected_naming_file_row_and_field(tmp_path):
+    """Issue 29: one record with reward 1e300 trained to COMPLETED with a NaN model. |R| <= 1e6 is
+    the limit (records.MAX_ABS_REWARD); 1e6 itself is kept."""
+    rows = [json.loads(line) for line in SCORED.read_text().splitlines()]
+    rows[3]["reward"], rows[5]["reward"] = 1e300, -1e6
+    path = tmp_path / "huge.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=rf"^{path}:4: reward: \|1e\+300\| > 1e\+06 overflows"):
+        load_records(path)
+    loaded = load_records(path, strict=False)
+    assert loaded.report.dropped == {"reward_out_of_range": 1} and len(loaded.records) == len(rows) - 1
+    baselines = tmp_path / "baselines.jsonl"
+    baselines.write_text("".join(json.dumps({**r, "reward": 1.0, "baseline": -3e7 if i == 1 else 0.5}) + "\n"
+                                 for i, r in enumerate(rows)))
+    with pytest.raises(DataError, match=rf"^{baselines}:2: baseline: \|-30000000.0\| > 1e\+06"):
+        load_records(baselines)

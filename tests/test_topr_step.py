@@ -398,7 +398,7 @@ def test_topr_loss_makes_at_most_one_sync_more_than_bridges_sft_loss(megatron_wo
     makes 2 per micro-batch: its NaN and Inf checks (`if rejection_func(result)`,
     megatron/bridge/training/losses.py:73-86 via megatron/core/rerun_state_machine.py), the
     count bench/results/gpu_h100_development.json measured with torch.cuda.set_sync_debug_mode."""
-    from bench.syncs import count_syncs, sft_loss_call, topr_loss_call
+    from bench.syncs import count_syncs, nonfinite_check_call, sft_loss_call, topr_loss_call
     from nemo_topr.data.packing import PackedBatches
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.step import check_batch
@@ -416,6 +416,10 @@ def test_topr_loss_makes_at_most_one_sync_more_than_bridges_sft_loss(megatron_wo
         topr = count_syncs(topr_loss_call(objective), microbatches)
         assert sft["per_microbatch"] == 2, sft
         assert topr["per_microbatch"] <= sft["per_microbatch"] + 1, topr["where"]
+    # the non-finite check that replaces Bridge's per-micro-batch one runs once per iteration, on
+    # the loss Bridge reduced over its micro-batches: one sync per iteration, none per micro-batch
+    check = count_syncs(nonfinite_check_call, [torch.tensor(0.5)])
+    assert check["total"] == 1 and all("training/nonfinite.py" in where for where in check["where"]), check
 
 
 # --------------------------------------------------------------------------------------------
@@ -468,3 +472,35 @@ def test_sample_ledger_under_a_real_interleaved_pipeline(tmp_path):
         assert [c["sample_ids"] for c in first_stage["calls"] if c["chunk"] == chunk] == expected
     lines = [json.loads(line) for line in (tmp_path / "samples_dp0.jsonl").read_text().splitlines()]
     assert lines == [{"iteration": 5, "sample_ids": ids} for ids in expected]
+
+
+# --------------------------------------------------------------------------------------------
+# Item: a non-finite loss or gradient norm stops the run, naming the iteration and its samples
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loss, grad_norm, named", [(math.inf, 1.0, "loss inf"), (math.nan, 1.0, "loss nan"),
+                                                    (0.5, math.nan, "gradient norm nan"),
+                                                    (0.5, math.inf, "gradient norm inf")])
+def test_a_non_finite_loss_or_gradient_norm_names_the_iteration_and_its_samples(loss, grad_norm, named):
+    from nemo_topr.training.nonfinite import NonFiniteTrainingError, check_finite
+
+    with pytest.raises(NonFiniteTrainingError, match=rf"^iteration 7: {named} is not finite.*\[3, 14, 15\]"):
+        check_finite(7, torch.tensor(loss), grad_norm, [3, 14, 15])
+    check_finite(7, torch.tensor(0.5), 1.0, [3, 14, 15])  # finite: goes on
+
+
+def test_the_step_remembers_the_sample_ids_of_the_current_iteration_only(tmp_path):
+    from types import SimpleNamespace
+
+    from nemo_topr.objective import ObjectiveConfig
+    from nemo_topr.training.step import ToprForwardStep
+
+    step = ToprForwardStep(ObjectiveConfig())
+    state = SimpleNamespace(train_state=SimpleNamespace(step=4))
+    for ids in ([1, 2], [5]):  # two micro-batches of iteration 4
+        step._remember_samples(state, {"sample_ids": torch.tensor(ids)})
+    assert step.iteration_sample_ids == [1, 2, 5]
+    state.train_state.step = 5
+    step._remember_samples(state, {"sample_ids": torch.tensor([9])})
+    assert step.iteration_sample_ids == [9]

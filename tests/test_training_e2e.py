@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_distributed
+from nemo_topr.training.checkpoints import is_complete, iteration_dir_name, saved_iterations
 
 pytestmark = pytest.mark.slow
 
@@ -153,17 +155,16 @@ def test_killed_run_resumes_with_exactly_the_remaining_samples_and_weights(demo,
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    killed_ledger = _ledger(killed_dir)
-    ledger.unlink()
-    _train(demo, killed_dir)
-    resumed_ledger = _ledger(killed_dir)
-
-    checkpoint_iteration = resumed_ledger[0]["iteration"]  # where the resumed run started
+    checkpoints = killed_dir / "checkpoints"
+    checkpoint_iteration = max(it for it in saved_iterations(checkpoints)  # what the resume starts from
+                               if is_complete(checkpoints / iteration_dir_name(it)))
     assert checkpoint_iteration % 3 == 0 and 3 <= checkpoint_iteration <= kill_after, replay
+    assert _last_iteration(ledger) >= checkpoint_iteration, replay  # the ledger holds iterations to redo
+    _train(demo, killed_dir)
     # Iterations the killed run reached after its checkpoint are redone (the model state was
-    # lost with them); everything before the checkpoint is kept.
-    stitched = [e for e in killed_ledger if e["iteration"] < checkpoint_iteration] + resumed_ledger
-    assert _ids_by_iteration(stitched) == _ids_by_iteration(_ledger(reference_dir)), replay
+    # lost with them) and the ledger drops their first attempt: it equals the uninterrupted run's.
+    stitched = _ledger(killed_dir)
+    assert stitched == _ledger(reference_dir), replay
     trained = [sample for entry in stitched for sample in entry["sample_ids"]]
     assert sorted(trained) == list(range(144)), replay  # one epoch: every sample exactly once
     # Same per-step losses as the uninterrupted run, bit for bit (CPU, no dropout). Per step, the
@@ -232,3 +233,22 @@ def test_export_of_several_iterations_in_one_process(reference_dir, tmp_path):
     proc = subprocess.run(cli + ["--hf-out", str(tmp_path / "x"), "--iteration", "4"], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "iter_0000004" in proc.stderr and f"saved iterations: {iterations}" in proc.stderr
+
+
+def test_a_run_whose_loss_turns_non_finite_stops_naming_the_iteration_and_its_samples(demo, tmp_path):
+    """Issue 29: a NaN loss trained to COMPLETED. lr=1e30 makes Adam's first update (about lr per
+    weight) overflow float32, so a later iteration's loss or gradient norm is NaN or infinite."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([*_train_command(demo, run_dir), "optimizer.lr=1e30", "optimizer.min_lr=1e30",
+                           "checkpoint.save_interval=1"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env=SINGLE_THREADED)
+    last = proc.stderr.strip().splitlines()[-1]
+    stopped = re.match(r"nemo-topr train: iteration (\d+): (loss|gradient norm) \S+ .*is not finite.*\[([\d, ]+)\]",
+                       last)
+    assert proc.returncode == 1 and stopped, proc.stdout[-2000:] + proc.stderr[-3000:]
+    iteration = int(stopped[1])
+    named = [int(sample) for sample in stopped[3].split(", ")]
+    ledger = _ledger(run_dir)
+    assert named == [s for entry in ledger if entry["iteration"] == iteration - 1 for s in entry["sample_ids"]]
+    saved = saved_iterations(run_dir / "checkpoints")
+    assert saved == list(range(1, iteration)) and not (run_dir / "COMPLETED").exists()

@@ -4,11 +4,11 @@ A record is one sampled completion with its reward (see docs/data.md):
 
     prompt            str, or a list of chat messages {"role": str, "content": str}
     completion        str, non-empty (or TRL's conversational form: [one assistant message])
-    reward            finite number
+    reward            finite number, |reward| <= MAX_ABS_REWARD (1e6)
     behavior_logprob  optional finite number <= 0: log mu(completion | prompt), summed over tokens
     prompt_id         optional str or int
     sample_id         optional str or int; unique per prompt (prompt_id, else the prompt text)
-    baseline          optional finite number: this record's own baseline b in the advantage
+    baseline          optional finite number (|baseline| <= 1e6): this record's own baseline b in the advantage
                       R - b (e.g. leave-one-out); all records or none (docs/objective.md)
     meta              optional JSON object, carried along untouched
 
@@ -65,6 +65,15 @@ class Record:
         """The record as written to JSONL: schema fields only, absent optionals left out."""
         values = {name: getattr(self, name) for name in FIELDS}
         return {name: value for name, value in values.items() if value is not None}
+
+
+# The largest |reward| (and |baseline|) accepted. Training computes the loss from float32
+# cross-entropies and the gradient norm as the root of a float32 sum of squares (largest finite
+# value 3.4e38): a gradient entry scales with the advantage R - b times activations summed over a
+# batch's tokens, so with |R - b| <= 2e6 the squared norm over 1e12 parameters stays finite while
+# that product stays below ~1e7. Larger rewards made a run train on NaN (issue 29); rewards of
+# realistic scale (0/1, +-1, rubric scores) are far below this.
+MAX_ABS_REWARD = 1e6
 
 
 def is_positive(reward: float) -> bool:
@@ -209,11 +218,17 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
     reward, logprob = values["reward"], values["behavior_logprob"]
     if not math.isfinite(reward):
         raise reject("nonfinite_reward", "reward", f"must be finite, got {reward}")
+    if abs(reward) > MAX_ABS_REWARD:
+        raise reject("reward_out_of_range", "reward", f"|{reward}| > {MAX_ABS_REWARD:g} overflows the training loss "
+                                                      "or its gradient norm in float32; rescale the rewards")
     if logprob is not None and not (math.isfinite(logprob) and logprob <= 0):
         problem = f"must be a finite log-probability <= 0, got {logprob}"
         raise reject("invalid_behavior_logprob", "behavior_logprob", problem)
     if values["baseline"] is not None and not math.isfinite(values["baseline"]):
         raise reject("nonfinite_baseline", "baseline", f"must be finite, got {values['baseline']}")
+    if values["baseline"] is not None and abs(values["baseline"]) > MAX_ABS_REWARD:
+        raise reject("baseline_out_of_range", "baseline", f"|{values['baseline']}| > {MAX_ABS_REWARD:g} overflows the "
+                                                          "training loss or its gradient norm in float32")
     if not prompt:
         raise reject("empty_prompt", "prompt", "is empty")
     if not completion:

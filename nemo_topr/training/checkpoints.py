@@ -14,6 +14,7 @@ killed during the repair itself leaves either the old or the new tracker, never 
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import yaml
@@ -80,6 +81,7 @@ def ensure_latest_complete(checkpoint_dir: str | Path) -> str | None:
     latest = int(tracker.read_text().strip() or 0)
     latest_dir = checkpoint_dir / iteration_dir_name(latest)
     if is_complete(latest_dir):
+        _check_intact(checkpoint_dir, latest, latest_dir)
         return None
     complete = [(it, path) for it, path in _iteration_dirs(checkpoint_dir) if it < latest and is_complete(path)]
     if latest_dir.exists():
@@ -92,6 +94,51 @@ def ensure_latest_complete(checkpoint_dir: str | Path) -> str | None:
     _replace_atomically(checkpoint_dir / TRAIN_STATE_TRACKER, (path / "train_state.pt").read_bytes())
     _replace_atomically(tracker, str(iteration).encode())
     return f"checkpoint iter {latest} was incomplete (set aside as {latest_dir.name}.incomplete); resuming from iter {iteration}"
+
+
+class DamagedCheckpointError(RuntimeError):
+    """The latest checkpoint was saved whole but a file of it was cut short since."""
+
+
+def truncated_files(iteration_dir: Path) -> list[str]:
+    """Files of a torch_dist checkpoint shorter than its ``.metadata`` says (a full disk, an
+    interrupted copy), as "path (N of M bytes)"; the ``.metadata`` itself when it cannot be read.
+    Megatron's loader reports these as a bare ``CheckpointException ... EOFError``."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(iteration_dir)).read_metadata()
+    except (EOFError, pickle.UnpicklingError, OSError) as error:
+        return [f"{iteration_dir / '.metadata'} ({type(error).__name__}: {error})"]
+    needed: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    short = []
+    for name, size in sorted(needed.items()):
+        path = iteration_dir / name
+        actual = path.stat().st_size if path.is_file() else 0
+        if actual < size:
+            short.append(f"{path} ({actual} of {size} bytes)")
+    return short
+
+
+def _check_intact(checkpoint_dir: Path, latest: int, latest_dir: Path) -> None:
+    """Raise DamagedCheckpointError naming the cut-short files of the latest checkpoint and the
+    newest intact earlier one. Not repaired automatically: unlike a save interrupted by a kill
+    (set aside above), this checkpoint was whole once, and only the user knows whether a copy
+    of it exists."""
+    damaged = truncated_files(latest_dir)
+    if not damaged:
+        return
+    intact = [it for it, path in _iteration_dirs(checkpoint_dir)
+              if it < latest and is_complete(path) and not truncated_files(path)]
+    aside = f"mv {latest_dir} {latest_dir}.damaged"
+    fix = (f"the newest intact checkpoint is iter {intact[-1]}: restore the file(s) from a copy, or set iter {latest} "
+           f"aside ({aside}) and rerun to resume from iter {intact[-1]}" if intact else
+           f"no earlier intact checkpoint exists: restore the file(s) from a copy, or set iter {latest} aside "
+           f"({aside}) and rerun to start again from the base model")
+    raise DamagedCheckpointError(f"checkpoint iter {latest} is damaged, cut short: {'; '.join(damaged)}. Its "
+                                 f"iteration cannot be resumed; {fix}")
 
 
 def _replace_atomically(path: Path, content: bytes) -> None:

@@ -30,9 +30,9 @@ from nemo_topr.data.packing import (
     padding_share,
     set_group_mean_rewards,
 )
-from nemo_topr.data.records import DataError
+from nemo_topr.data.records import DataError, RecordSet, load_records
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared, shared_padding_share
-from nemo_topr.data.tokenization import TokenizedDataset, load_tokenized, load_tokenizer, pad_id_of
+from nemo_topr.data.tokenization import TokenizedDataset, load_tokenizer, pad_id_of, tokenize_records
 
 
 class PackedRows(torch.utils.data.Dataset):
@@ -107,6 +107,11 @@ class ToprDatasetConfig(DatasetProvider):
     dataloader_type: str | None = "single"
     num_workers: int = 0
 
+    def use_records(self, records: RecordSet) -> None:
+        """Train on `records`, already read and validated from this config's train_path
+        (`nemo-topr train` does that before importing Megatron, so a data error comes first)."""
+        self._records = records  # outside the dataclass fields, as `_prepared`
+
     def prepare(self, global_batch_size: int) -> PreparedData:
         """Validate, tokenize and pack once (cached); rows padded to whole global batches."""
         # cached outside the dataclass fields: Bridge serialises the config into checkpoints
@@ -116,10 +121,13 @@ class ToprDatasetConfig(DatasetProvider):
             raise ValueError("dataset.train_path is not set")
         if self.epochs < 1:
             raise ValueError(f"dataset.epochs must be >= 1; got {self.epochs}")
-        dataset = load_tokenized(self.train_path, self.tokenizer_dir, max_seq_length=self.seq_length,
-                                 strict=self.strict, too_long=self.too_long, columns=self.columns,
-                                 split=self.split, extra_columns=self.extra_columns)
-        pad_id = pad_id_of(load_tokenizer(self.tokenizer_dir))
+        records = getattr(self, "_records", None) or load_records(
+            self.train_path, strict=self.strict, columns=self.columns, split=self.split,
+            extra_columns=self.extra_columns)
+        tokenizer = load_tokenizer(self.tokenizer_dir)
+        dataset = tokenize_records(records, tokenizer, max_seq_length=self.seq_length, strict=self.strict,
+                                   too_long=self.too_long)
+        pad_id = pad_id_of(tokenizer)
         sequences = dataset.sequences
         if math.isnan(sequences[0].behavior_logprob):  # one schema per dataset: all or none have it
             raise DataError(",".join(dataset.report.files), 0, "behavior_logprob",

@@ -25,25 +25,41 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from nemo_topr.device import DEVICES, DeviceError, use_device
+from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
 from nemo_topr.distributed import free_port, launcher_rank
 from nemo_topr.model_source import write_hf_artifacts
-from nemo_topr.training.checkpoints import ensure_latest_complete, latest_iteration
-from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, compose
+from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
+from nemo_topr.data.records import DataError, RecordSet, load_records
+from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, check_config, compose
+from nemo_topr.training.nonfinite import NonFiniteTrainingError
+from nemo_topr.training.run_state import (
+    RunLock,
+    RunStateError,
+    check_resume,
+    data_fingerprint,
+    order_and_schedule,
+    save_start_config,
+    truncate_ledgers,
+)
 
 
-def prepare(run: TrainingRun) -> dict:
+def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
     """Resolve what depends on the data (iterations), check the checkpoint to resume from,
     and record the run's inputs.
 
-    Runs on every rank before torch.distributed exists. Only launcher rank 0 writes: it repairs an
-    interrupted checkpoint and saves config.yaml, the data report and the base model's HF
+    Runs on every rank before torch.distributed exists. Only launcher rank 0 writes: it takes the
+    run directory's `lock`, repairs an interrupted checkpoint, refuses a resume onto other data or
+    order/schedule settings (`run_state.check_resume`), truncates the sample ledger to the
+    checkpoint, and saves this start's config, the data report and the base model's HF
     artifacts. The other ranks cannot read the checkpoint directory before that repair is done:
     they first wait for rank 0 in Bridge's process-group rendezvous (bridge/training/setup.py:253
     initialize_megatron, whose initialize.py:747-756 init_process_group + barrier), and
     checkpoints are read only after it (setup.py:397)."""
     rank_zero = _is_rank_zero()
     if rank_zero:
+        taken_over = (lock or RunLock(run.run_dir)).acquire()
+        if taken_over:
+            print(f"[nemo-topr] {taken_over}", flush=True)
         (run.run_dir / STOPPED_MARKER).unlink(missing_ok=True)  # from an earlier stop of this run
         repaired = ensure_latest_complete(run.container.checkpoint.save)
         if repaired:
@@ -57,8 +73,15 @@ def prepare(run: TrainingRun) -> dict:
     check_baseline(run.objective, {seq.reward for seq in prepared.dataset.sequences})
     train.train_iters = prepared.num_rows // train.global_batch_size
     if rank_zero:
-        run.run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(run.raw, run.run_dir / "config.yaml")
+        resume_iteration = latest_iteration(Path(run.container.checkpoint.save))
+        check_resume(run.run_dir, resume_iteration is not None,
+                     {"data": data_fingerprint(prepared.dataset.sequences, prepared.rows),
+                      "config": order_and_schedule(run.raw)})
+        dropped = truncate_ledgers(run.run_dir, resume_iteration or 0)
+        if dropped:
+            print(f"[nemo-topr] sample ledger: dropped {dropped} entries of iterations after the checkpoint "
+                  f"resumed from (iteration {resume_iteration or 0})", flush=True)
+        save_start_config(run.run_dir, run.raw)
     summary = {**prepared.summary(), "train_iters": train.train_iters,
                "global_batch_size": train.global_batch_size}
     return summary
@@ -98,6 +121,7 @@ def train(run: TrainingRun) -> int:
     from megatron.bridge.training.callbacks import Callback
     from megatron.bridge.training.finetune import finetune
 
+    from nemo_topr.training.nonfinite import stop_on_non_finite
     from nemo_topr.training.step import ToprForwardStep
 
     exit_signal = resolve_exit_signal(run.container.train)
@@ -111,17 +135,19 @@ def train(run: TrainingRun) -> int:
     # Keep it pending until training starts; Bridge's handler then takes it and the rank saves
     # after its first iteration.
     signal.pthread_sigmask(signal.SIG_BLOCK, {exit_signal})
+    lock = RunLock(run.run_dir)
     try:
-        summary = prepare(run)
+        summary = prepare(run, lock)
         if _is_rank_zero():
             print(f"[nemo-topr] data: {json.dumps(summary)}", flush=True)
-        finetune(run.container, ToprForwardStep(run.objective, sample_log_dir=run.run_dir),
-                 callbacks=[ReleaseExitSignal()])
+        forward_step = ToprForwardStep(run.objective, sample_log_dir=run.run_dir)
+        finetune(run.container, forward_step, callbacks=[ReleaseExitSignal(), stop_on_non_finite(forward_step)])
     except SystemExit as stop:  # Bridge exits this way after a signal-triggered checkpoint
         if stop.code not in (0, None):
             raise
     finally:  # already released when training started; not left blocked by a failure before that
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})
+        lock.release()
     reached = _latest_checkpoint_iteration(run)
     if reached < run.container.train.train_iters:
         message = (f"stopped at iteration {reached} of {run.container.train.train_iters} with a checkpoint "
@@ -157,9 +183,28 @@ def main(argv: list[str]) -> int:
     if "WORLD_SIZE" not in os.environ:  # a plain single process: Bridge would default to port 29500
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-    raw = compose(args.config_name, args.overrides, args.config_path)
-    try:  # the config's `device` (cuda in the GPU presets): CPU only when chosen
-        use_device(raw.get("device"), where="device", choices=DEVICES)
-    except DeviceError as error:
+    # Config and data errors are one message, and come before Megatron's ~25 s of imports
+    # (`check_config`, `load_records`) wherever they can: only Bridge's own sections need those.
+    try:
+        raw = compose(args.config_name, args.overrides, args.config_path)
+        # the config's `device` (cuda in the GPU presets): CPU only when chosen
+        select_device(raw.get("device"), where="device", choices=DEVICES)
+        check_config(raw)
+        records = _records_of(raw)
+        use_device(raw.get("device"), where="device", choices=DEVICES)  # imports Megatron
+        run = build_training_run(raw)
+        run.container.dataset.use_records(records)
+        return train(run)
+    except (ConfigError, DeviceError, DataError, RunStateError, DamagedCheckpointError, NonFiniteTrainingError) as error:
         raise SystemExit(f"nemo-topr train: {error}") from None
-    return train(build_training_run(raw))
+
+
+def _records_of(raw) -> RecordSet:  # noqa: ANN001
+    """The validated records of `dataset:` (defaults as in ToprDatasetConfig)."""
+    dataset = raw.get("dataset") or {}
+    if not dataset.get("train_path"):
+        raise ConfigError("dataset.train_path is not set")
+    columns = dataset.get("columns") or {}
+    return load_records(dataset.train_path, strict=dataset.get("strict", True),
+                        columns=OmegaConf.to_container(columns) if OmegaConf.is_config(columns) else columns,
+                        split=dataset.get("split"), extra_columns=dataset.get("extra_columns", "error"))

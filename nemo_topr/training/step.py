@@ -343,6 +343,10 @@ class ToprForwardStep:
     def __init__(self, objective: ObjectiveConfig, sample_log_dir: str | Path | None = None) -> None:
         self.objective = objective
         self.sample_log_dir = Path(sample_log_dir) if sample_log_dir else None
+        # the sample ids of the current iteration's micro-batches on this rank, read from the host
+        # batch: what a non-finite loss names (`nemo_topr.training.nonfinite`)
+        self.iteration_sample_ids: list[int] = []
+        self._ids_iteration: int | None = None
 
     def __call__(self, state: Any, data_iterator: Iterator, model: torch.nn.Module,
                  return_schedule_plan: bool = False):
@@ -356,6 +360,7 @@ class ToprForwardStep:
                                       "use tensor/pipeline/data parallelism")
         host_batch = next(data_iterator)
         summary = check_batch(host_batch, self.objective)
+        self._remember_samples(state, host_batch)
         self._log_samples(state, host_batch, model)
         batch = to_device(with_thd_boundaries(host_batch, config))
         output = forward_packed(model, batch, config)
@@ -364,6 +369,12 @@ class ToprForwardStep:
             return topr_loss(per_token_ce.reshape(batch["loss_mask"].shape), batch, self.objective, summary)
 
         return output, loss_func
+
+    def _remember_samples(self, state: Any, batch: dict[str, torch.Tensor]) -> None:
+        iteration = int(state.train_state.step)
+        if iteration != self._ids_iteration:
+            self.iteration_sample_ids, self._ids_iteration = [], iteration
+        self.iteration_sample_ids += batch["sample_ids"].tolist()
 
     def _log_samples(self, state: Any, batch: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
         if self.sample_log_dir is None:

@@ -1,0 +1,183 @@
+"""What a run directory keeps about the starts of its run, so that a resume is the same run.
+
+- `RunLock`: one training per run directory; RUN_DIR/LOCK names the holder's host and pid. A
+  lock left by a process that died on this host is stale and taken over (reported); one held
+  from another host cannot be checked from here and refuses, naming the file to remove.
+- `check_resume`: RUN_DIR/fingerprint.json holds a hash of the trained data and the config keys
+  that decide the sample order and the schedule; a resume whose data or keys differ is refused,
+  naming what changed (Megatron would otherwise resume onto other rows silently, or fail in its
+  scheduler's "do not match" assertion).
+- `save_start_config`: RUN_DIR/configs/start_NNN.yaml, one per accepted start, and
+  RUN_DIR/config.yaml, the latest accepted one; written only after the checks above, so a refused
+  start leaves them describing the configs that did train.
+- `truncate_ledgers`: the sample ledger loses the iterations that the checkpoint it resumes from
+  did not keep, so that after any resume it equals the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import struct
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+LOCK_FILE = "LOCK"
+FINGERPRINT_FILE = "fingerprint.json"
+START_CONFIGS_DIR = "configs"
+LEDGER_GLOB = "samples_dp*.jsonl"
+
+# The keys that decide which rows an iteration trains on and at what learning rate: a resume
+# with any of them changed would not continue the run it resumes.
+ORDER_AND_SCHEDULE_KEYS = (
+    "dataset.shuffle_seed", "dataset.epochs", "dataset.packed", "dataset.shared_prefix", "dataset.seq_length",
+    "train.global_batch_size", "rng.seed",
+    "optimizer.lr", "optimizer.min_lr",
+    "scheduler.lr_decay_style", "scheduler.lr_decay_iters", "scheduler.lr_warmup_iters",
+    "scheduler.lr_warmup_fraction", "scheduler.lr_warmup_init", "scheduler.lr_wsd_decay_style",
+    "scheduler.lr_wsd_decay_iters",
+)
+
+
+class RunStateError(RuntimeError):
+    """A start that the run directory refuses: another training holds it, or it is not the same run."""
+
+
+class RunLock:
+    """RUN_DIR/LOCK held from `acquire` to `release` by this process (launcher rank 0)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self.held = False
+
+    def acquire(self) -> str | None:
+        """Take the lock; returns a message when a stale lock was taken over."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mine = {"host": socket.gethostname(), "pid": os.getpid()}
+        replaced = None
+        while True:
+            try:
+                with self.path.open("x") as lock:
+                    lock.write(json.dumps(mine) + "\n")
+                self.held = True
+                return replaced
+            except FileExistsError:
+                holder = _read_holder(self.path)
+                if holder == mine:  # this process's own start before (a process trains one run at a time)
+                    self.path.unlink()
+                    continue
+                if holder and holder.get("host") == mine["host"] and not _pid_alive(holder.get("pid")):
+                    self.path.unlink(missing_ok=True)
+                    replaced = f"took over {self.path}: its process {holder['pid']} on {holder['host']} is gone"
+                    continue
+                if holder is None:  # being written by the holder this instant
+                    raise RunStateError(f"{self.path} exists but names no process; another training may be "
+                                        f"starting in this run directory (remove the file if none is)")
+                where = "this host" if holder.get("host") == mine["host"] else f"host {holder.get('host')}"
+                raise RunStateError(
+                    f"another training holds {self.path.parent}: pid {holder.get('pid')} on {where}. "
+                    f"Wait for it, stop it, or use another run_dir"
+                    + ("" if holder.get("host") == mine["host"] else
+                       f" (if that process is gone, remove {self.path})"))
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def _read_holder(path: Path) -> dict | None:
+    try:
+        holder = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def data_fingerprint(sequences: list, rows: list) -> str:
+    """sha256 over every trained sequence (tokens, mask, reward, behaviour log-prob, baseline,
+    prompt and sample id) and the row order of all epochs."""
+    digest = hashlib.sha256()
+    for seq in sequences:
+        digest.update(struct.pack("<qqddd", seq.sample_id, seq.prompt_id, seq.reward, seq.behavior_logprob,
+                                  seq.baseline))
+        digest.update(struct.pack(f"<{len(seq.input_ids)}q", *seq.input_ids))
+        digest.update(bytes(seq.loss_mask))
+    digest.update(json.dumps(rows).encode())
+    return digest.hexdigest()
+
+
+def order_and_schedule(raw: DictConfig) -> dict[str, Any]:
+    """The values of `ORDER_AND_SCHEDULE_KEYS` in the composed config (None when unset)."""
+    return {key: OmegaConf.select(raw, key, default=None) for key in ORDER_AND_SCHEDULE_KEYS}
+
+
+def check_resume(run_dir: Path, resuming: bool, fingerprint: dict[str, Any]) -> None:
+    """Record `fingerprint` ({"data": hash, "config": {key: value}}) on the run's first start;
+    on a resume, refuse one whose data or order/schedule keys differ from the recorded ones."""
+    path = Path(run_dir) / FINGERPRINT_FILE
+    if not resuming or not path.is_file():
+        # a run directory from before fingerprints, or one whose first start never checkpointed
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(fingerprint, indent=2, sort_keys=True) + "\n")
+        return
+    recorded = json.loads(path.read_text())
+    changes = [f"{key}: {recorded['config'].get(key)!r} -> {value!r}"
+               for key, value in fingerprint["config"].items() if recorded["config"].get(key) != value]
+    if recorded["data"] != fingerprint["data"]:
+        changes.insert(0, "the training data (records, their order, tokens or rewards)")
+    if changes:
+        raise RunStateError(
+            f"{run_dir} holds checkpoints of a run with other data or settings; a resume would not continue "
+            f"it. Changed: {'; '.join(changes)}. Either restore them, or start a new run: another run_dir "
+            f"with base_model={run_dir} (weights only, fresh optimizer and schedule) or also "
+            f"resume_from_base=true (continue its optimizer state and iteration count)")
+
+
+def save_start_config(run_dir: Path, raw: DictConfig) -> Path:
+    """Save the composed config of this accepted start as RUN_DIR/configs/start_NNN.yaml and
+    RUN_DIR/config.yaml (what identifies a run directory: `nemo_topr.model_source`)."""
+    directory = Path(run_dir) / START_CONFIGS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    number = len(list(directory.glob("start_*.yaml"))) + 1
+    path = directory / f"start_{number:03d}.yaml"
+    OmegaConf.save(raw, path)
+    OmegaConf.save(raw, Path(run_dir) / "config.yaml")
+    return path
+
+
+def truncate_ledgers(run_dir: Path, resume_iteration: int) -> int:
+    """Drop ledger lines of iterations >= `resume_iteration` (the checkpoint's; 0 when starting
+    over) and a partial last line. Returns the number of lines dropped."""
+    dropped = 0
+    for ledger in Path(run_dir).glob(LEDGER_GLOB):
+        kept = []
+        lines = ledger.read_text().splitlines(keepends=True)
+        for line in lines:
+            try:
+                complete = line.endswith("\n") and json.loads(line)["iteration"] < resume_iteration
+            except (json.JSONDecodeError, KeyError, TypeError):
+                complete = False
+            if complete:
+                kept.append(line)
+        dropped += len(lines) - len(kept)
+        partial = ledger.with_name(ledger.name + ".partial")
+        partial.write_text("".join(kept))
+        os.replace(partial, ledger)
+    return dropped

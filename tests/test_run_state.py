@@ -1,0 +1,97 @@
+"""The run directory's own records of its starts (`nemo_topr.training.run_state`): the lock, the
+resume fingerprint, the config of each start, the sample ledger after a resume."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from nemo_topr.data.packing import TokenizedSequence
+from nemo_topr.training.run_state import (
+    RunLock,
+    RunStateError,
+    check_resume,
+    data_fingerprint,
+    save_start_config,
+    truncate_ledgers,
+)
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_second_training_is_refused_with_the_first_ones_host_and_pid(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "LOCK").write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
+        with pytest.raises(RunStateError, match=f"pid {holder.pid} on this host"):
+            RunLock(tmp_path).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    # on another host the pid cannot be checked: refused, naming the file to remove if it is gone
+    (tmp_path / "LOCK").write_text(json.dumps({"host": "node-elsewhere", "pid": 1}))
+    with pytest.raises(RunStateError, match=r"pid 1 on host node-elsewhere.*remove .*LOCK"):
+        RunLock(tmp_path).acquire()
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over_and_released(tmp_path):
+    dead = _dead_pid()
+    (tmp_path / "LOCK").write_text(json.dumps({"host": socket.gethostname(), "pid": dead}))
+    lock = RunLock(tmp_path)
+    assert f"process {dead}" in lock.acquire()
+    assert json.loads((tmp_path / "LOCK").read_text()) == {"host": socket.gethostname(), "pid": os.getpid()}
+    lock.release()
+    assert not (tmp_path / "LOCK").exists()
+
+
+def _sequences(rewards):
+    return [TokenizedSequence(input_ids=[5, 6, 7], loss_mask=[0, 1, 1], reward=r, behavior_logprob=-2.0,
+                              prompt_id=0, sample_id=i) for i, r in enumerate(rewards)]
+
+
+def test_fingerprint_changes_with_any_record_or_the_row_order():
+    base = data_fingerprint(_sequences([1.0, -1.0]), [[0], [1]])
+    assert base == data_fingerprint(_sequences([1.0, -1.0]), [[0], [1]])
+    assert base != data_fingerprint(_sequences([1.0, 1.0]), [[0], [1]])  # a reward
+    assert base != data_fingerprint(_sequences([1.0, -1.0]), [[1], [0]])  # the order
+    assert base != data_fingerprint(_sequences([1.0]), [[0], []])  # a record fewer
+
+
+def test_a_resume_onto_other_data_or_schedule_is_refused_naming_what_changed(tmp_path):
+    recorded = {"data": "aaa", "config": {"optimizer.lr": 1e-4, "dataset.epochs": 1}}
+    check_resume(tmp_path, resuming=False, fingerprint=recorded)
+    check_resume(tmp_path, resuming=True, fingerprint=recorded)  # the same run resumes
+    changed = {"data": "bbb", "config": {"optimizer.lr": 2e-4, "dataset.epochs": 1}}
+    with pytest.raises(RunStateError) as refused:
+        check_resume(tmp_path, resuming=True, fingerprint=changed)
+    message = str(refused.value)
+    assert "the training data" in message and "optimizer.lr: 0.0001 -> 0.0002" in message
+    assert "dataset.epochs" not in message and "resume_from_base=true" in message and "run_dir" in message
+    # a fresh start (no checkpoint) of the run directory records the new fingerprint
+    check_resume(tmp_path, resuming=False, fingerprint=changed)
+    check_resume(tmp_path, resuming=True, fingerprint=changed)
+
+
+def test_each_accepted_start_keeps_its_config(tmp_path):
+    save_start_config(tmp_path, OmegaConf.create({"optimizer": {"lr": 1}}))
+    save_start_config(tmp_path, OmegaConf.create({"optimizer": {"lr": 2}}))
+    assert [OmegaConf.load(p).optimizer.lr for p in sorted((tmp_path / "configs").iterdir())] == [1, 2]
+    assert OmegaConf.load(tmp_path / "config.yaml").optimizer.lr == 2
+
+
+def test_ledger_keeps_only_the_iterations_before_the_checkpoint(tmp_path):
+    lines = [json.dumps({"iteration": it, "sample_ids": [it]}) + "\n" for it in (0, 0, 1, 2, 3, 3, 4)]
+    (tmp_path / "samples_dp0.jsonl").write_text("".join(lines) + '{"iteration": 5, "sam')  # killed mid-line
+    (tmp_path / "samples_dp1.jsonl").write_text("".join(lines))
+    assert truncate_ledgers(tmp_path, 3) == 4 + 3
+    assert (tmp_path / "samples_dp0.jsonl").read_text() == "".join(lines[:4])
+    assert (tmp_path / "samples_dp1.jsonl").read_text() == "".join(lines[:4])
+    assert truncate_ledgers(tmp_path, 0) == 8 and (tmp_path / "samples_dp0.jsonl").read_text() == ""
