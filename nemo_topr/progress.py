@@ -48,8 +48,13 @@ class Progress:
         return (f"[{self.what}] {self.done}/{self.total} {self.unit}{share}, {rate:.2f} {self.unit}/s, "
                 f"{'done in ' + duration(elapsed) if left <= 0 else 'ETA ' + eta}")
 
-    def wrap(self, items: Iterable[T], count_of=lambda item: 1) -> Iterator[T]:
-        """Yield `items`, advancing by `count_of(item)` after each is consumed."""
+    def wrap(self, items: Iterable[T]) -> Iterator[T]:
+        """Yield `items`, advancing by one when the next is asked for (the previous one is done
+        then); a consumer that stops asking after the last calls `finish`."""
         for item in items:
             yield item
-            self.advance(count_of(item))
+            self.advance()
+
+    def finish(self) -> None:
+        if self.done < self.total:
+            self.advance(self.total - self.done)

@@ -34,6 +34,7 @@ from nemo_topr.data.records import load_records, write_jsonl
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.device import DeviceError, add_device_argument, use_device
+from nemo_topr.progress import Progress
 
 
 def scoring_forward_step(scores: dict[int, float], config):
@@ -120,12 +121,17 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     scores: dict[int, float] = {}
     forward_step = scoring_forward_step(scores, provider)
 
+    # micro-batches/s and ETA on global rank 0's stderr
+    progress = Progress("nemo-topr score-logprobs", len(batches), "micro-batches")
     with torch.no_grad():
         if batches:
             get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=iter(batches), model=model,
+                forward_step_func=forward_step, model=model,
+                data_iterator=progress.wrap(batches) if torch.distributed.get_rank() == 0 else iter(batches),
                 num_microbatches=len(batches), seq_length=seq_length, micro_batch_size=rows_per_batch,
                 forward_only=True)
+    if torch.distributed.get_rank() == 0:
+        progress.finish()
 
     last_stage_leader = (parallel_state.is_pipeline_last_stage()
                          and parallel_state.get_tensor_model_parallel_rank() == 0)
