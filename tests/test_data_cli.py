@@ -128,3 +128,8 @@ def test_train_warns_of_zero_one_grades_in_check_baseline(capsys):
     check_baseline(ObjectiveConfig(baseline=0.5, negative_rule="advantage"), {0.0, 1.0})  # R - c < 0 is negative
     check_baseline(ObjectiveConfig(baseline=0.5), {-1.0, 1.0})
     assert capsys.readouterr().out == ""
+
+
+def test_validate_max_seq_length_without_a_tokenizer_is_a_usage_error(capsys):
+    assert main(["data", "validate", str(SCORED), "--max-seq-length", "16"]) == 2
+    assert "--max-seq-length needs --tokenizer" in capsys.readouterr().err

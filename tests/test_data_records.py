@@ -247,3 +247,15 @@ def test_baseline_field_is_validated_and_all_or_none(tmp_path):
     assert [r.baseline for r in loaded.records] == [0.25]
     assert loaded.report.dropped == {"wrong_type": 1, "nonfinite_baseline": 1, "schema_mismatch": 1}
     assert loaded.records[0].to_json()["baseline"] == 0.25  # written back by write_jsonl
+
+
+def test_a_byte_order_mark_opening_a_file_is_ignored_and_one_inside_is_named(tmp_path):
+    row = json.dumps({"prompt": "Q?", "completion": " A", "reward": 1.0})
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + row.encode() + b"\n")
+    assert load_records(path).records[0].prompt == "Q?"
+    path.write_bytes(row.encode() + b"\n\xef\xbb\xbf" + row.encode() + b"\n")
+    with pytest.raises(DataError, match=rf"^{path}:2: record: invalid JSON: the line starts with a UTF-8 "
+                                        r"byte-order mark \(BOM\).*; remove it$") as error:
+        load_records(path)
+    assert "utf-8-sig" not in str(error.value)

@@ -60,6 +60,10 @@ def _tokenize(args: argparse.Namespace, records: RecordSet, **limits):
 
 
 def _validate(args: argparse.Namespace) -> int:
+    if args.max_seq_length is not None and args.tokenizer is None:
+        print("nemo-topr data validate: --max-seq-length needs --tokenizer (lengths are counted in tokens)",
+              file=sys.stderr)
+        return 2
     records = _load(args)
     if args.tokenizer is not None:
         tokenizer, tokenized = _tokenize(args, records, max_seq_length=args.max_seq_length, too_long=args.too_long)
