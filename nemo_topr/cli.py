@@ -7,7 +7,10 @@ when their verb runs, so `nemo-topr data stats` never pays for importing Megatro
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+
+from nemo_topr.quiet import VERBOSE_ENV, quiet_known_noise
 
 # verb -> (module, one-line help). Keep in pipeline order.
 VERBS: dict[str, tuple[str, str]] = {
@@ -28,14 +31,19 @@ VERBS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max((len(v) for v in VERBS), default=0)
-    lines = ["usage: nemo-topr VERB [args...]", "", "verbs:"]
+    lines = ["usage: nemo-topr [--verbose] VERB [args...]", "", "verbs:"]
     lines += [f"  {verb:<{width}}  {help_}" for verb, (_, help_) in VERBS.items()]
-    lines += ["", "Run `nemo-topr VERB --help` for a verb's options."]
+    lines += ["", "Run `nemo-topr VERB --help` for a verb's options. --verbose (or NEMO_TOPR_VERBOSE=1) shows the "
+              "start-up warnings known to be harmless (nemo_topr/quiet.py)."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--verbose"]:  # every warning and log line, the known-harmless ones included
+        os.environ[VERBOSE_ENV] = "1"
+        argv = argv[1:]
+    quiet_known_noise()
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2

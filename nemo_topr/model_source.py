@@ -94,6 +94,9 @@ def resolve(spec: str | Path) -> ModelSource:
     if iteration:
         return _run_source(Path(directory).resolve(), int(iteration[1:]), given=text)
     path = Path(text).resolve()
+    if path.is_file():
+        raise ModelSourceError(f"base model {text}: a file, not a directory; give the directory that holds it "
+                               f"({path.parent}?) (expected {EXPECTED})")
     if not path.is_dir():
         raise ModelSourceError(f"base model {text}: no such directory (expected {EXPECTED})")
     if (path / "context").is_dir() and (path / "weights").is_dir():

@@ -66,6 +66,10 @@ VARIANTS = ("topr", "sft_positive", "reinforce", "importance_sampling", "tis", "
 RATIO_LEVELS = ("sequence", "token", "geometric_mean")
 NORMALIZATIONS = ("sequence_mean", "token_sum", "batch_token_mean")
 NEGATIVE_RULES = ("reward", "advantage")
+# A negative counts as truncated when its weight is below 1 - this: rho = pi/mu computed twice
+# for the same model (step 0, mu scored by the starting checkpoint) differs from 1 by float
+# rounding summed over the completion's tokens, which is no truncation.
+TRUNCATION_TOLERANCE = 1e-3
 
 # (pos_lower, pos_upper, neg_lower, neg_upper): the weight on a side is clamp(rho, lower, upper).
 _VARIANT_BOUNDS: dict[str, tuple[float, float, float, float]] = {
@@ -187,7 +191,7 @@ def policy_loss(
             every A_i = 0.
         log_ratio_abs_mean, log_ratio_abs_max: mean and max of |log rho| over sequences (token
             level: per-sequence token means for the mean, all tokens for the max).
-        negative_truncated_share: share of negatives whose weight is < 1.
+        negative_truncated_share: share of negatives whose weight is < 1 - TRUNCATION_TOLERANCE.
         negative_weight_mean, positive_weight_mean: mean weight per side.
         weight_ess: (sum_i w_i)^2 / sum_i w_i^2, the effective sample size of the weights, in
             [1, B] (B when all weights are equal); 0.0 when all weights are 0.
@@ -395,7 +399,7 @@ def _metrics(
         "effective_positive_share": _safe_divide(positive_mass, abs_advantages.sum()),
         "log_ratio_abs_mean": per_sequence(abs_log_ratio).mean(),
         "log_ratio_abs_max": abs_log_ratio.max(),
-        "negative_truncated_share": _masked_mean((seq_weights < 1).to(lengths.dtype), negative),
+        "negative_truncated_share": _masked_mean((seq_weights < 1 - TRUNCATION_TOLERANCE).to(lengths.dtype), negative),
         "negative_weight_mean": _masked_mean(seq_weights, negative),
         "positive_weight_mean": _masked_mean(seq_weights, positive),
         "weight_ess": _safe_divide(seq_weights.sum() ** 2, (seq_weights**2).sum()),

@@ -42,6 +42,10 @@ def test_yaml_and_overrides_land_on_the_bridge_container(tiny_hf, tmp_path):
     ("objective.variantt=tis", "objective.variantt.*did you mean objective.variant"),
     ("model.calculate_per_token_loss=false", "calculate_per_token_loss must stay true"),
     ("dataset.seq_length=128", r"dataset.seq_length \(128\) must equal model.seq_length"),
+    # the checks `plan` and `submit --dry-run` share (tests/test_plan.py, MISTYPED_OVERRIDES)
+    ("optimizer.lr=abc", r"optimizer.lr='abc' is not a valid value"),
+    ("train.global_batch_size=0", "train.global_batch_size=0 must be at least 1"),
+    ("model.tensor_model_parallel_size=0", "model.tensor_model_parallel_size=0 must be at least 1"),
 ])
 def test_bad_keys_are_clear_errors(tiny_hf, tmp_path, override, expected):
     with pytest.raises(ConfigError, match=expected):
@@ -121,7 +125,7 @@ def test_train_iters_is_refused_naming_the_key_to_use(tiny_hf, tmp_path):
 
 
 def test_negative_sequence_length_is_a_clear_error(tiny_hf, tmp_path):
-    with pytest.raises(ConfigError, match="model.seq_length must be at least 2 tokens; got -8"):
+    with pytest.raises(ConfigError, match="model.seq_length=-8 must be at least 2"):
         _run(tiny_hf, tmp_path, "model.seq_length=-8")
 
 

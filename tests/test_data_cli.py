@@ -96,3 +96,40 @@ def test_curate_anna_karenina_and_bad_settings(tmp_path, capsys):
         main(["data", "curate", str(SCORED), "--anna-karenina", "--target-p", "0.2", "--out", str(out)])
     assert main(["data", "curate", str(SCORED), "--target-p-tilde", "0.2", "--baseline", "1", "--out", str(out)]) == 1
     assert "baseline must be in (-1, 1)" in capsys.readouterr().err
+
+
+def _graded_01(tmp_path: Path) -> Path:
+    """The real fixture with its -1/+1 rewards turned into 0/1 grades."""
+    path = tmp_path / "graded_01.jsonl"
+    rows = [json.loads(line) for line in SCORED.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**row, "reward": (row["reward"] + 1) / 2}) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.parametrize("verb", ["stats", "validate"])
+def test_zero_one_grades_with_a_baseline_above_zero_warn_that_there_are_no_negatives(verb, tmp_path, capsys):
+    graded = _graded_01(tmp_path)
+    assert main(["data", verb, str(graded), "--baseline", "0.5"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: no record is negative (reward < 0), yet the baseline 0.5 is above the smallest reward 0" in err
+    assert "reward = 2 * grade - 1" in err
+    # the same data at baseline 0 (nothing below c), and +-1 rewards at 0.5, warn of nothing
+    assert main(["data", verb, str(graded)]) == 0
+    assert main(["data", verb, str(SCORED), "--baseline", "0.5"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_train_warns_of_zero_one_grades_in_check_baseline(capsys):
+    from nemo_topr.objective import ObjectiveConfig
+    from nemo_topr.training.recipe import check_baseline
+
+    check_baseline(ObjectiveConfig(baseline=0.5), {0.0, 1.0})
+    assert "[nemo-topr] WARNING: no record is negative" in capsys.readouterr().out
+    check_baseline(ObjectiveConfig(baseline=0.5, negative_rule="advantage"), {0.0, 1.0})  # R - c < 0 is negative
+    check_baseline(ObjectiveConfig(baseline=0.5), {-1.0, 1.0})
+    assert capsys.readouterr().out == ""
+
+
+def test_validate_max_seq_length_without_a_tokenizer_is_a_usage_error(capsys):
+    assert main(["data", "validate", str(SCORED), "--max-seq-length", "16"]) == 2
+    assert "--max-seq-length needs --tokenizer" in capsys.readouterr().err

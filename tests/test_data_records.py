@@ -265,3 +265,15 @@ def test_rewards_that_overflow_float32_training_are_rejected_naming_file_row_and
                                  for i, r in enumerate(rows)))
     with pytest.raises(DataError, match=rf"^{baselines}:2: baseline: \|-30000000.0\| > 1e\+06"):
         load_records(baselines)
+
+
+def test_a_byte_order_mark_opening_a_file_is_ignored_and_one_inside_is_named(tmp_path):
+    row = json.dumps({"prompt": "Q?", "completion": " A", "reward": 1.0})
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + row.encode() + b"\n")
+    assert load_records(path).records[0].prompt == "Q?"
+    path.write_bytes(row.encode() + b"\n\xef\xbb\xbf" + row.encode() + b"\n")
+    with pytest.raises(DataError, match=rf"^{path}:2: record: invalid JSON: the line starts with a UTF-8 "
+                                        r"byte-order mark \(BOM\).*; remove it$") as error:
+        load_records(path)
+    assert "utf-8-sig" not in str(error.value)

@@ -110,6 +110,19 @@ def test_too_long_sequences_raise_or_are_counted(chat_tokenizer_dir):
     assert max(len(s.input_ids) for s in tokenized.sequences) <= 256
 
 
+def test_a_too_long_prompt_is_blamed_on_the_prompt(plain_tokenizer):
+    long_prompt = "Question: " + "one two three " * 40 + "?\nAnswer:"
+    prompt_tokens = len(prompt_token_ids(plain_tokenizer, [long_prompt])[0])
+    limit = prompt_tokens  # no room for even one completion token and EOS
+    with pytest.raises(DataError, match=rf"^:0: prompt: {prompt_tokens + 2} tokens \({prompt_tokens} prompt \+ "
+                                        rf"1 completion \+ EOS\) > max_seq_length {limit}"):
+        tokenize_records(_record_set((long_prompt, " 2"), ("Q: 1?\nA:", " 1")), plain_tokenizer,
+                         max_seq_length=limit)
+    with pytest.raises(DataError, match=r"completion: \d+ tokens \(\d+ prompt \+ \d+ completion \+ EOS\) > max_seq_length 12"):
+        tokenize_records(_record_set(("Q: 1?\nA:", " one two three four five six seven eight nine ten eleven")),
+                         plain_tokenizer, max_seq_length=12)
+
+
 def test_all_records_too_long_means_no_completion_tokens(plain_tokenizer):
     records = _record_set(("Question: 1 + 1?\nAnswer:", " 2"))
     with pytest.raises(DataError, match=r"dataset: no completion tokens"):

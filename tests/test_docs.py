@@ -292,3 +292,39 @@ def test_results_md_is_the_rendering_of_the_committed_jsons(tmp_path):
     assert headline(sections) == loaded["headline"]
     rendered = write_markdown(loaded, tmp_path / "RESULTS.md")
     assert rendered == (directory / "RESULTS.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs quoted in the docs are the files
+
+QUOTED_CONFIG = re.compile(r"`(conf/[\w-]+\.ya?ml)` holds:\s*\n\s*```ya?ml\n(.*?)^```", re.M | re.S)
+
+
+def quoted_config_problems(text: str) -> list[str]:
+    """Each "`conf/X.yaml` holds:" listing whose YAML differs from the file (comments aside)."""
+    import yaml
+
+    problems = []
+    for path, listing in QUOTED_CONFIG.findall(text):
+        quoted, actual = yaml.safe_load(listing), yaml.safe_load((REPO / path).read_text())
+        if quoted != actual:
+            keys = sorted({*quoted, *actual}, key=str)
+            changed = [key for key in keys if quoted.get(key) != actual.get(key)]
+            problems.append(f"{path}: the listing differs from the file in {changed}")
+    return problems
+
+
+def test_the_config_checker_finds_a_drifted_listing():
+    text = "`conf/iterate_tiny_cpu.yaml` holds:\n\n```yaml\nbase_model: ???\nrounds: 2\n```\n"
+    problems = quoted_config_problems(text)
+    assert len(problems) == 1 and problems[0].startswith("conf/iterate_tiny_cpu.yaml: the listing differs")
+    assert "'device'" in problems[0] and "'rounds'" not in problems[0]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_configs_quoted_in_a_page_equal_the_files(page):
+    assert quoted_config_problems(page.read_text()) == []
+
+
+def test_verifier_iterate_quotes_the_iterate_config():
+    assert QUOTED_CONFIG.search((REPO / "docs" / "verifier_iterate.md").read_text())

@@ -156,27 +156,97 @@ def _math_prompts(tmp_path, n: int):
     return prompts
 
 
-def test_generate_fails_above_the_grader_error_rate(monkeypatch, tmp_path, capsys):
-    _verify_fails_on_seven(monkeypatch)
-    # The sampler is replaced by fixed completions: what is tested is what happens after sampling.
-    monkeypatch.setattr(generate, "sample_completions",
-                        lambda model_dir, problems, settings, backend, device: [[Completion(t) for t in BOXED]
-                                                                              for _ in problems])
-    out = tmp_path / "graded.jsonl"
-    model = tmp_path / "model"  # shaped like an HF directory (never loaded: the sampler is replaced)
+def _fake_model(tmp_path):
+    """Shaped like an HF directory (never loaded: the sampler is replaced)."""
+    model = tmp_path / "model"
     model.mkdir()
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         (model / name).write_text("{}")
-    args = ["--model", str(model), "--prompts", str(_math_prompts(tmp_path, 2)), "--task", "math",
+    return model
+
+
+class FixedSampler:
+    """Stands in for `iter_completions`: BOXED for every prompt, the prompt indices it was asked
+    for recorded, and a crash after `crash_after` prompts when set."""
+
+    def __init__(self, crash_after: int | None = None):
+        self.asked: list[int] = []
+        self.crash_after = crash_after
+
+    def __call__(self, model_dir, problems, settings, backend, device):
+        for index in problems:
+            if self.crash_after is not None and len(self.asked) == self.crash_after:
+                raise KeyboardInterrupt("killed")
+            self.asked.append(index)
+            yield index, [Completion(f"{text} (prompt {index})") for text in BOXED]
+
+
+def test_generate_fails_above_the_grader_error_rate_and_keeps_every_sample(monkeypatch, tmp_path, capsys):
+    _verify_fails_on_seven(monkeypatch)
+    # The sampler is replaced by fixed completions: what is tested is what happens after sampling.
+    sampler = FixedSampler()
+    monkeypatch.setattr(generate, "iter_completions", sampler)
+    out = tmp_path / "graded.jsonl"
+    args = ["--model", str(_fake_model(tmp_path)), "--prompts", str(_math_prompts(tmp_path, 2)), "--task", "math",
             "--num-samples", "4", "--device", "cpu", "--out", str(out)]
     assert generate.main(args) == 1  # 2 grader errors in 8 samples = 25 % > 1 % (the default)
     assert not out.exists()
-    assert ("the grader failed on 2 of 8 answers (25.00%), above --max-grader-error-rate 0.01"
-            in capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert "the grader failed on 2 of 8 answers (25.00%), above --max-grader-error-rate 0.01" in err
+    assert f"Every sample is kept in {out}.samples" in err
+    logged = [json.loads(line) for line in (tmp_path / "graded.jsonl.samples").read_text().splitlines()[1:]]
+    assert [[s["grade"] for s in row["samples"]] for row in logged] == [["correct", "error", "wrong", "correct"]] * 2
+    assert all("sympy exploded" in row["samples"][1]["grader_error"] for row in logged)
     assert generate.main([*args, "--max-grader-error-rate", "0.25"]) == 0
+    assert sampler.asked == [0, 1]  # the rerun used the logged samples, it did not sample again
     records = load_records(out).records
     assert len(records) == 6 and {r.meta["grade"] for r in records} == {"correct", "wrong"}
     assert sum(r.reward == -1.0 for r in records) == 2  # the two wrong answers only
+
+
+def test_generate_writes_as_it_goes_and_resumes_where_it_stopped(monkeypatch, tmp_path, capsys):
+    prompts = _math_prompts(tmp_path, 5)
+    args = ["--model", str(_fake_model(tmp_path)), "--prompts", str(prompts), "--task", "math", "--num-samples", "4",
+            "--device", "cpu", "--max-grader-error-rate", "0.5"]
+    monkeypatch.setattr(generate, "iter_completions", FixedSampler())
+    assert generate.main([*args, "--out", str(tmp_path / "whole.jsonl")]) == 0
+    assert "[nemo-topr generate] 20/20 samples (100.0%)" in capsys.readouterr().err
+
+    out, crashing = tmp_path / "graded.jsonl", FixedSampler(crash_after=3)
+    monkeypatch.setattr(generate, "iter_completions", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        generate.main([*args, "--out", str(out)])
+    log = tmp_path / "graded.jsonl.samples"
+    assert [json.loads(line)["prompt_id"] for line in log.read_text().splitlines()[1:]] == ["q0", "q1", "q2"]
+    with log.open("a") as cut:  # a line the crash cut short is sampled again
+        cut.write('{"index": 3, "prompt_id": "q3", "sam')
+    assert "samples/s, ETA" in capsys.readouterr().err  # progress while it ran
+
+    resumed = FixedSampler()
+    monkeypatch.setattr(generate, "iter_completions", resumed)
+    assert generate.main([*args, "--out", str(out)]) == 0
+    assert resumed.asked == [3, 4]
+    assert "resuming: 3 of 5 prompts already sampled" in capsys.readouterr().err
+    assert out.read_text() == (tmp_path / "whole.jsonl").read_text()
+    assert (log.read_text().splitlines()[1:] ==
+            (tmp_path / "whole.jsonl.samples").read_text().splitlines()[1:])
+
+    assert generate.main([*args, "--out", str(out), "--seed", "1"]) == 1
+    err = capsys.readouterr().err
+    assert f"{log} holds samples drawn with other options (settings: " in err and "'seed': 0" in err
+    assert resumed.asked == [3, 4]
+
+
+@pytest.mark.parametrize("flag", ["--num-samples", "--max-new-tokens"])
+def test_eval_and_generate_refuse_zero_samples_or_tokens(flag, tmp_path, capsys):
+    model = _fake_model(tmp_path)
+    assert evaluate.main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", flag, "0",
+                          "--device", "cpu", "--out", str(tmp_path / "r.json")]) == 1
+    assert generate.main(["--prompts", "gsm8k-test", "--model", str(model), "--limit", "1", flag, "0",
+                          "--device", "cpu", "--out", str(tmp_path / "g.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert err.count(f"{flag} must be at least 1; got 0") == 2
+    assert not (tmp_path / "r.json").exists() and not list(tmp_path.glob("*.samples"))
 
 
 def test_eval_leaves_grader_errors_out_of_the_metrics(monkeypatch, tmp_path):

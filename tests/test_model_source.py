@@ -51,6 +51,12 @@ def test_a_directory_of_no_known_kind_names_what_was_expected(tmp_path, make, me
     assert "RUN@ITERATION" in str(error.value)  # the message lists every accepted kind
 
 
+def test_a_file_given_as_the_model_is_named_a_file(tiny_hf):
+    with pytest.raises(ModelSourceError, match=rf"base model {tiny_hf / 'config.json'}: a file, not a directory; "
+                                               rf"give the directory that holds it \({tiny_hf}\?\)"):
+        resolve(tiny_hf / "config.json")
+
+
 def test_a_nemo2_checkpoint_fails_with_the_conversion_route(tmp_path):
     for sub in ("context", "weights"):
         (tmp_path / "nemo2" / sub).mkdir(parents=True)

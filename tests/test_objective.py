@@ -346,6 +346,18 @@ def test_metrics_values():
     assert metrics == pytest.approx(expected)
 
 
+def test_float_noise_in_rho_at_step_0_is_not_counted_as_truncation():
+    """rho = exp(-1e-6) (pi and mu the same model, computed twice) is not a truncated weight;
+    rho = 0.99 is."""
+    logp = torch.tensor([[-1.0, -3.0], [-2.0, -1.0], [-0.5, -0.5]], dtype=torch.float64)
+    mask = torch.ones_like(logp, dtype=torch.long)
+    rewards = torch.tensor([-1.0, -1.0, -1.0])
+    behavior = logp.sum(-1) + torch.tensor([1e-6, 1e-6, -math.log(0.99)], dtype=torch.float64)
+    _, metrics = policy_loss(logp, mask, behavior, rewards)
+    assert float(metrics["negative_truncated_share"]) == pytest.approx(1 / 3)
+    assert float(metrics["negative_weight_mean"]) == pytest.approx((2 * math.exp(-1e-6) + 0.99) / 3)
+
+
 def test_metrics_of_empty_groups_are_zero():
     logp, mask, behavior, _, _ = random_batch(9, per_token_behavior=False)
     _, metrics = policy_loss(logp, mask, behavior, torch.ones(len(logp)))

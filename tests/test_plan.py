@@ -164,6 +164,27 @@ def test_cli_rejects_a_bad_override_and_says_why(capsys):
     assert "LAYOUT REJECTED (CP = 1 (TOPR step))" in out
 
 
+# the same overrides are refused by `nemo-topr submit --dry-run` (tests/test_slurm.py)
+MISTYPED_OVERRIDES = [
+    ("optimizer.lrr=1e-4", r"unknown config key optimizer.lrr \(OptimizerConfig\); did you mean optimizer.lr"),
+    ("optimizer.lr=abc", r"optimizer.lr='abc' is not a valid value: OptimizerConfig.lr is .*float"),
+    ("model.tensor_model_parallel_size=0", "model.tensor_model_parallel_size=0 must be at least 1"),
+    ("train.global_batch_size=0", "train.global_batch_size=0 must be at least 1"),
+    ("model.sequence_parallel=maybe", r"model.sequence_parallel='maybe' is not a valid value.*bool"),
+    ("objective.variant=grpo", "objective: variant must be one of"),
+]
+
+
+@pytest.mark.parametrize("override, message", MISTYPED_OVERRIDES)
+def test_plan_runs_the_key_type_and_range_checks_of_train(override, message, capsys):
+    """`plan` checks the config as `train` does (`check_values`), before any arithmetic."""
+    import re
+
+    assert main(["llama31_8b_bf16", override]) == 1
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+
+
 def test_micro_batch_above_one_with_pipeline_parallel_is_rejected(capsys):
     """Packed THD streams [1, MBS·seq] against pipeline buffers [seq, MBS, hidden]: only MBS = 1
     keeps the token order; local attention (no THD stream) is unaffected."""
@@ -246,7 +267,7 @@ def _build(name: str, tmp_path, *overrides: str):
 @pytest.mark.slow  # importing Bridge takes 13-25 s on CPU machines
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_keys_exist_on_bridge_and_pass_megatron_validation(name, tmp_path, cpu_bridge):
-    """build_training_run applies every section strictly (`_check_keys` against Bridge's
+    """check_values checks every section strictly (`_check_section` against Bridge's
     ConfigContainer dataclasses and GPTModelProvider); finalize() runs Megatron-Core's own
     TransformerConfig checks (VP split, FP8 recipe and BF16 layer counts, pipeline dtype)."""
     import torch

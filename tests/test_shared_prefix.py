@@ -309,8 +309,9 @@ def test_config_refuses_shared_prefix_with_transformer_engine(tiny_hf, tmp_path)
         build_training_run(compose("tiny_cpu", [*overrides, "model.transformer_impl=transformer_engine"]))
 
 
-def test_score_logprobs_switch_gives_the_same_scores(tiny_hf, tmp_path):
+def test_score_logprobs_switch_gives_the_same_scores(tiny_hf, tmp_path, capsys):
     import json
+    import re
 
     from nemo_topr.training.scoring import score_logprobs
 
@@ -321,6 +322,10 @@ def test_score_logprobs_switch_gives_the_same_scores(tiny_hf, tmp_path):
         summary = score_logprobs(tiny_hf, data, out, seq_length=256, rows_per_batch=1, device="cpu",
                                  shared_prefix=shared)
         assert summary["records_scored"] == 8
+        # progress: the last line counts every micro-batch
+        progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[nemo-topr score-logprobs]")]
+        assert re.fullmatch(r"\[nemo-topr score-logprobs\] (\d+)/\1 micro-batches \(100.0%\), [\d.]+ micro-batches/s, "
+                            r"done in \d+s", progress[-1]), progress
         scores[shared] = [json.loads(line)["behavior_logprob"] for line in out.read_text().splitlines()]
     assert all(s < 0 for s in scores[False])
     torch.testing.assert_close(scores[True], scores[False], rtol=RTOL, atol=0)

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from test_plan import MISTYPED_OVERRIDES
 
 SCRIPTS = sorted([*REPO.glob("slurm/*.sh"), *REPO.glob("slurm/*.sbatch"), *REPO.glob("launchers/*.sh")])
 FAKE_SRUN = REPO / "tests" / "fake_slurm" / "srun.py"
@@ -200,6 +201,18 @@ def test_submit_rejects_a_layout_that_does_not_divide_the_gpus(tmp_path, capsys)
     assert status == 1
     # 3 x 8 = 24 GPUs; TP.PP.CP = 8.4.1 = 32 (conf/llama31_70b_bf16.yaml)
     assert "world size = TP·PP·CP·DP: 3 node(s) x 8 GPUs = 24; TP·PP·CP = 8·4·1 = 32" in err
+
+
+@pytest.mark.parametrize("override, message", MISTYPED_OVERRIDES)
+def test_submit_dry_run_refuses_a_misspelled_mistyped_or_zero_key(override, message, tmp_path, capsys):
+    model = _hf_model_dir(tmp_path)
+    (tmp_path / "scored.jsonl").write_text("{}\n")
+    status, out, err = _submit(
+        capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--run-dir", str(tmp_path / "run"), "--dry-run",
+        "--container-image", "img", f"base_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}",
+        override)
+    assert status == 1 and out == ""
+    assert "nemo-topr submit: not queued" in err and re.search(f"run config: {message}", err), err
 
 
 def test_submit_without_image_needs_an_existing_venv_and_the_inputs(tmp_path, capsys):

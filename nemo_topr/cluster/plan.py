@@ -5,7 +5,9 @@
 Composes the run config exactly as `nemo-topr train` does (conf/ + key=value overrides), checks
 the layout against the rules Megatron-Core, Transformer Engine and the TOPR step enforce at
 start-up (so a bad layout fails here, not after the job waited in the queue), and estimates
-the memory of each GPU. Pure arithmetic: no Megatron import, no GPU.
+the memory of each GPU. Every key and value is checked as `train` checks it
+(`nemo_topr.training.config.check_values`, which imports Bridge's config classes); the rest is
+arithmetic: no model is built, no GPU is needed.
 
 The architecture comes from the HF config of ``base_model`` (its config.json, or a Megatron
 checkpoint's hf_artifacts/config.json) when that model is readable here, else from a built-in
@@ -746,10 +748,11 @@ def _reference_key_from_name(config_name: str) -> str | None:
 
 
 def compose_config(config: str, overrides: list[str], config_path: str | None) -> tuple[dict[str, Any], str]:
-    """Compose like `nemo-topr train`: CONFIG is a name in the config dir or a path to a YAML file."""
+    """Compose like `nemo-topr train` and run its key, type and range checks (`check_values`):
+    CONFIG is a name in the config dir or a path to a YAML file."""
     from omegaconf import OmegaConf
 
-    from nemo_topr.training.config import compose
+    from nemo_topr.training.config import check_values, compose
 
     path = Path(config)
     if path.suffix in (".yaml", ".yml") and path.is_file():
@@ -757,7 +760,9 @@ def compose_config(config: str, overrides: list[str], config_path: str | None) -
     else:
         name, config_dir = config, config_path
     raw = compose(name, overrides, config_dir)
-    return OmegaConf.to_container(raw, resolve=True, throw_on_missing=False), name
+    values = OmegaConf.to_container(raw, resolve=True, throw_on_missing=False)
+    check_values(values)
+    return values, name
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

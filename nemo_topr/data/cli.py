@@ -60,6 +60,10 @@ def _tokenize(args: argparse.Namespace, records: RecordSet, **limits):
 
 
 def _validate(args: argparse.Namespace) -> int:
+    if args.max_seq_length is not None and args.tokenizer is None:
+        print("nemo-topr data validate: --max-seq-length needs --tokenizer (lengths are counted in tokens)",
+              file=sys.stderr)
+        return 2
     records = _load(args)
     if args.tokenizer is not None:
         tokenizer, tokenized = _tokenize(args, records, max_seq_length=args.max_seq_length, too_long=args.too_long)
@@ -73,7 +77,16 @@ def _validate(args: argparse.Namespace) -> int:
                 f"packed into {len(rows)} rows of {args.max_seq_length} tokens, padding share {share:.2%}"
             )
     print(records.report.format())
+    _warn_without_negatives(records.records, args.baseline)
     return 0
+
+
+def _warn_without_negatives(records, baseline: float) -> None:
+    from nemo_topr.data.positives import no_negatives_warning
+
+    warning = no_negatives_warning((record.reward for record in records), baseline)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -82,6 +95,7 @@ def _stats(args: argparse.Namespace) -> int:
     records = _load(args)
     sequences = _tokenize(args, records)[1].sequences if args.tokenizer is not None else None
     summary = summarize(records.records, baseline=args.baseline, sequences=sequences)
+    _warn_without_negatives(records.records, args.baseline)
     summary["validation"] = records.report.to_dict()
     print(json.dumps(summary["composition"], indent=2))
     if args.out is not None:
@@ -116,17 +130,23 @@ def _curate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_baseline_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--baseline", type=float, default=0.0,
+                        help="baseline c you train with (objective.baseline): p~, and the 0/1-grades warning (default 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nemo-topr data", description="Validate, inspect and curate pre-scored datasets.")
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     validate = verbs.add_parser("validate", help="check a dataset and print the report")
     _add_input_arguments(validate, tokenizer=True, length_limit=True)
+    _add_baseline_argument(validate)
     validate.set_defaults(run=_validate)
 
     stats = verbs.add_parser("stats", help="counts, p, p~, per-prompt positives, lengths, rewards")
     _add_input_arguments(stats, tokenizer=True)
-    stats.add_argument("--baseline", type=float, default=0.0, help="baseline c for p~ (default 0)")
+    _add_baseline_argument(stats)
     stats.add_argument("--out", type=Path, help="directory for stats.json and stats.png")
     stats.set_defaults(run=_stats)
 
@@ -136,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--target-p", type=float, help="share of positives to reach")
     mode.add_argument("--target-p-tilde", type=float, help="effective share of positives to reach at --baseline")
     mode.add_argument("--anna-karenina", action="store_true", help="per prompt, the first positive plus all negatives")
-    curate.add_argument("--baseline", type=float, default=0.0, help="baseline c for p~ (default 0)")
+    _add_baseline_argument(curate)
     curate.add_argument("--per-prompt", action="store_true", help="spread the sub-sampling evenly over prompts")
     curate.add_argument("--dedup", action=argparse.BooleanOptionalAction, default=True,
                         help="drop exact duplicate (prompt, completion) pairs first (default on)")

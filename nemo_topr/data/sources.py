@@ -108,8 +108,8 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
         for number, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue
-            try:
-                text = raw.decode("utf-8")
+            try:  # a byte-order mark opening the file is no content (RFC 8259 lets parsers ignore it)
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as error:
                 problem = f"invalid UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1})"
                 yield number, RejectedRow("invalid_utf8", DataError(path, number, "record", problem))
@@ -118,6 +118,9 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
                 yield number, json.loads(text.rstrip("\r\n"))
             except json.JSONDecodeError as error:
                 problem = f"invalid JSON: {error.msg} (column {error.colno})"
+                if error.msg.startswith("Unexpected UTF-8 BOM"):  # Python's message suggests a decoding option
+                    problem = ("invalid JSON: the line starts with a UTF-8 byte-order mark (BOM), which belongs only "
+                               "at the start of a file (files concatenated with their BOMs?); remove it")
                 yield number, RejectedRow("invalid_json", DataError(path, number, "record", problem))
 
 

@@ -110,8 +110,11 @@ def tokenize_records(
             continue
         length = len(prompt_ids) + len(completion_ids) + 1
         if max_seq_length is not None and length > max_seq_length:
-            problem = f"{length} tokens with the prompt and EOS > max_seq_length {max_seq_length}"
-            report.reject("too_long", record.error("completion", problem), strict=too_long == "error")
+            # blame the prompt when it leaves no room for a completion token and EOS
+            name = "prompt" if len(prompt_ids) + 2 > max_seq_length else "completion"
+            problem = (f"{length} tokens ({len(prompt_ids)} prompt + {len(completion_ids)} completion + EOS) "
+                       f"> max_seq_length {max_seq_length}")
+            report.reject("too_long", record.error(name, problem), strict=too_long == "error")
             continue
         sequences.append(
             TokenizedSequence(

@@ -16,7 +16,9 @@ rules are documented in `nemo_topr.evaluation.metrics`.
 A sample the grader failed on (grade "error": math-verify raised or timed out) is neither right
 nor wrong: it is left out of every metric, counted in `grader_errors` and reported as
 `grader_error_rate` (`invalid_rate` stays the model's share of answers without a parseable
-answer); above `--max-grader-error-rate` (default 0.01) the command fails.
+answer); above `--max-grader-error-rate` (default 0.01) the command fails. `--benchmark` samples
+as `nemo-topr generate` does: into OUT.samples as each prompt finishes, resumed from it after a
+crash, kept when the grader fails (`nemo_topr.evaluation.sample_log`), with progress on stderr.
 """
 
 from __future__ import annotations
@@ -31,16 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr.data.records import DataError, Record, load_records, write_jsonl
-from nemo_topr.device import select_device
 from nemo_topr.evaluation.generate import (
     GradedCompletion,
     Problem,
     add_sampling_arguments,
-    grader_error_report,
     graded_records,
     load_problems,
-    sample_and_grade,
-    settings_from_args,
+    logged_sample_and_grade,
 )
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics
 from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, same_answer
@@ -154,11 +153,8 @@ def plot_rounds(result_paths: Sequence[Path], out: Path) -> None:
 
 
 def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
-    device = select_device(args.device, where="--device")
     problems: list[Problem] = load_problems(EVAL_BENCHMARKS[args.benchmark], data_dir=args.data_dir, limit=args.limit)
-    settings = settings_from_args(args, problems[0].task)
-    graded = sample_and_grade(args.model, problems, settings, args.backend, device)
-    grader_errors = grader_error_report(graded, args.max_grader_error_rate)
+    settings, graded, grader_errors = logged_sample_and_grade(args, problems, args.benchmark, args.out, "nemo-topr eval")
     if args.samples_out:
         write_jsonl(graded_records(problems, graded), args.samples_out)
     return benchmark_results(outcomes_of_completions(graded), problems[0].task, args.k, grader_errors,

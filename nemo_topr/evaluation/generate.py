@@ -19,8 +19,13 @@ invalid), and with `--sampler-logprobs` the sampler's own log-probability of the
 tokens. Training's log mu comes from `nemo-topr score-logprobs`, not from the sampler (see
 docs/generation_evaluation.md). Empty completions (EOS first) cannot be records and are counted, not
 written. Nor are completions the grader failed on (grade "error", `nemo_topr.grading`): they
-are counted, and above `--max-grader-error-rate` (default 0.01) the command fails and writes
-nothing.
+are counted, and above `--max-grader-error-rate` (default 0.01) the command fails and writes no
+records.
+
+Every sample, empty and grader-failed ones included, is written to OUT.samples as its prompt
+finishes (`nemo_topr.evaluation.sample_log`): after a crash or a time limit the same command
+resumes there (other sampling options are refused), and a rerun with a higher
+--max-grader-error-rate reuses the samples. Progress (samples/s, ETA) goes to stderr.
 """
 
 from __future__ import annotations
@@ -31,19 +36,22 @@ import json
 import random
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nemo_topr.data.records import DataError, Messages, Record, write_jsonl
 from nemo_topr.device import add_device_argument, select_device
 from nemo_topr.grading import (
-    GRADES, MAX_GRADER_ERROR_RATE, TASKS, Grade, GradeResult, check_grader_errors, graded_answer, reward_of,
+    GRADES, MAX_GRADER_ERROR_RATE, TASKS, Grade, GradeResult, GraderErrorRateExceeded, check_grader_errors,
+    graded_answer, reward_of,
 )
+from nemo_topr.progress import Progress
 
 BENCHMARKS = ("gsm8k-train", "gsm8k-test", "math500")
 STOP_STRINGS = {"gsm8k": ("\n\nQuestion:",), "math": ()}
 BACKENDS = ("auto", "vllm", "transformers")
+VLLM_CHUNK = 256  # prompts per vLLM call (see _sample_with_vllm)
 
 
 @dataclass(frozen=True)
@@ -185,10 +193,10 @@ def _generated_lengths(new_tokens, eos_ids: set[int], pad_id: int) -> list[int]:
     return lengths
 
 
-def _sample_with_transformers(model_dir: Path, prompt_ids: list[list[int]], settings: SamplingSettings,
-                              tokenizer, device: str) -> list[list[Completion]]:
-    """One `generate` call per prompt (its N samples batched), on CPU or one GPU. The sampler
-    log-prob comes from the processed scores (after temperature and top-k/top-p)."""
+def _sample_with_transformers(model_dir: Path, prompt_ids: dict[int, list[int]], settings: SamplingSettings,
+                              tokenizer, device: str) -> Iterator[tuple[int, list[Completion]]]:
+    """One `generate` call per prompt (its N samples batched), on CPU or one GPU, yielded as it
+    finishes. The sampler log-prob comes from the processed scores (after temperature and top-k/top-p)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -199,8 +207,7 @@ def _sample_with_transformers(model_dir: Path, prompt_ids: list[list[int]], sett
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval().to(device)
     eos = model.generation_config.eos_token_id
     eos_ids, pad_id = set(eos if isinstance(eos, list) else [eos]), pad_id_of(tokenizer)
-    completions = []
-    for index, ids in enumerate(prompt_ids):
+    for index, ids in prompt_ids.items():
         torch.manual_seed(prompt_seed(settings.seed, index))
         input_ids = torch.tensor([ids], device=device)
         with torch.no_grad():
@@ -219,12 +226,13 @@ def _sample_with_transformers(model_dir: Path, prompt_ids: list[list[int]], sett
             token_logprobs = model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)
             lengths = _generated_lengths(new_tokens, eos_ids, pad_id)
             logprobs = [float(row[:n].sum()) for row, n in zip(token_logprobs, lengths)]
-        completions.append([Completion(trim_at_stop(t, settings.stop_strings), lp) for t, lp in zip(texts, logprobs)])
-    return completions
+        yield index, [Completion(trim_at_stop(t, settings.stop_strings), lp) for t, lp in zip(texts, logprobs)]
 
 
-def _sample_with_vllm(model_dir: Path, prompt_ids: list[list[int]], settings: SamplingSettings) -> list[list[Completion]]:
-    """All prompts in one vLLM call; vLLM cuts the stop strings itself. Never run on GPU in CI.
+def _sample_with_vllm(model_dir: Path, prompt_ids: dict[int, list[int]], settings: SamplingSettings
+                     ) -> Iterator[tuple[int, list[Completion]]]:
+    """VLLM_CHUNK prompts per vLLM call (large batches keep the GPU busy; a chunk at a time is
+    what a crash can lose); vLLM cuts the stop strings itself. Never run on GPU in CI.
 
     vLLM V1 returns raw log-probs (the model's, before temperature and top-k/top-p) unless
     `logprobs_mode` says otherwise; "processed_logprobs" makes it record what the transformers
@@ -234,31 +242,38 @@ def _sample_with_vllm(model_dir: Path, prompt_ids: list[list[int]], settings: Sa
 
     llm = LLM(model=str(model_dir), seed=settings.seed, tensor_parallel_size=settings.tensor_parallel_size,
               logprobs_mode="processed_logprobs")
-    params = [
-        SamplingParams(n=settings.num_samples, temperature=settings.temperature, top_p=settings.top_p,
-                       top_k=settings.top_k, max_tokens=settings.max_new_tokens, stop=list(settings.stop_strings),
-                       seed=prompt_seed(settings.seed, index), logprobs=0 if settings.sampler_logprobs else None)
-        for index in range(len(prompt_ids))
-    ]
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params)
-    return [
-        [Completion(trim_at_stop(sample.text, settings.stop_strings),
-                    sample.cumulative_logprob if settings.sampler_logprobs else None) for sample in output.outputs]
-        for output in outputs
-    ]
+    indices = list(prompt_ids)
+    for start in range(0, len(indices), VLLM_CHUNK):
+        chunk = indices[start:start + VLLM_CHUNK]
+        params = [
+            SamplingParams(n=settings.num_samples, temperature=settings.temperature, top_p=settings.top_p,
+                           top_k=settings.top_k, max_tokens=settings.max_new_tokens, stop=list(settings.stop_strings),
+                           seed=prompt_seed(settings.seed, index), logprobs=0 if settings.sampler_logprobs else None)
+            for index in chunk
+        ]
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=prompt_ids[index]) for index in chunk], params,
+                               use_tqdm=False)
+        for index, output in zip(chunk, outputs):
+            yield index, [Completion(trim_at_stop(sample.text, settings.stop_strings),
+                                     sample.cumulative_logprob if settings.sampler_logprobs else None)
+                          for sample in output.outputs]
 
 
-def sample_completions(model_dir: str | Path, problems: Sequence[Problem], settings: SamplingSettings,
-                       backend: str = "auto", device: str = "cpu") -> list[list[Completion]]:
-    """`settings.num_samples` completions for each problem, in problem order, on `device`
-    ("cpu" or "cuda", resolved by the caller: `nemo_topr.device.select_device`)."""
+def iter_completions(model_dir: str | Path, problems: dict[int, Problem], settings: SamplingSettings,
+                     backend: str = "auto", device: str = "cpu") -> Iterator[tuple[int, list[Completion]]]:
+    """(index, its `settings.num_samples` completions) for each of {index: problem} as each
+    finishes, on `device` ("cpu" or "cuda", resolved by the caller:
+    `nemo_topr.device.select_device`). The index seeds the prompt's samples (`prompt_seed`)."""
     from nemo_topr.data.tokenization import load_tokenizer, prompt_token_ids
 
+    if not problems:
+        return
     tokenizer = load_tokenizer(model_dir)
-    prompt_ids = prompt_token_ids(tokenizer, [problem.prompt for problem in problems])
+    prompt_ids = dict(zip(problems, prompt_token_ids(tokenizer, [problem.prompt for problem in problems.values()])))
     if choose_backend(backend, device) == "vllm":
-        return _sample_with_vllm(Path(model_dir), prompt_ids, settings)
-    return _sample_with_transformers(Path(model_dir), prompt_ids, settings, tokenizer, device)
+        yield from _sample_with_vllm(Path(model_dir), prompt_ids, settings)
+    else:
+        yield from _sample_with_transformers(Path(model_dir), prompt_ids, settings, tokenizer, device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,11 +307,23 @@ def graded_records(problems: Sequence[Problem], graded: Sequence[Sequence[Graded
 
 
 def sample_and_grade(model_dir: str | Path, problems: Sequence[Problem], settings: SamplingSettings,
-                     backend: str = "auto", device: str = "cpu") -> list[list[GradedCompletion]]:
+                     backend: str = "auto", device: str = "cpu", log=None, what: str = "nemo-topr generate"
+                     ) -> list[list[GradedCompletion]]:
+    """Each problem's graded samples, in problem order. With `log` (a `sample_log.SampleLog`) the
+    problems it holds are taken from it and each new one is appended as it finishes. Progress
+    (samples/s, ETA) goes to stderr."""
     from nemo_topr.model_source import require_hugging_face
 
-    completions = sample_completions(require_hugging_face(model_dir), problems, settings, backend, device)
-    return [grade_completions(problem, samples) for problem, samples in zip(problems, completions)]
+    graded = dict(log.done) if log is not None else {}
+    todo = {index: problem for index, problem in enumerate(problems) if index not in graded}
+    progress = Progress(what, len(problems) * settings.num_samples, "samples",
+                        done=(len(problems) - len(todo)) * settings.num_samples)
+    for index, completions in iter_completions(require_hugging_face(model_dir), todo, settings, backend, device):
+        graded[index] = grade_completions(problems[index], completions)
+        if log is not None:
+            log.append(index, problems[index], graded[index])
+        progress.advance(len(completions))
+    return [graded[index] for index in range(len(problems))]
 
 
 def grader_error_report(graded: Sequence[Sequence[GradedCompletion]], max_rate: float) -> dict:
@@ -336,6 +363,9 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, num_samples: int)
 
 
 def settings_from_args(args: argparse.Namespace, task: str) -> SamplingSettings:
+    for flag in ("num_samples", "max_new_tokens", "top_k", "tensor_parallel_size"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1; got {getattr(args, flag)}")
     stops = STOP_STRINGS[task] if args.stop is None else args.stop
     return SamplingSettings(num_samples=args.num_samples, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
@@ -353,17 +383,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def sampling_options(args: argparse.Namespace, source: str, settings: SamplingSettings, device: str) -> dict:
+    """What decides the samples, as logged by `sample_log.SampleLog` (JSON-normalised)."""
+    return json.loads(json.dumps({
+        "model": str(Path(args.model).resolve()), "prompts": source, "backend": choose_backend(args.backend, device),
+        "device": device, "settings": asdict(settings)}))
+
+
+def logged_sample_and_grade(args: argparse.Namespace, problems: list[Problem], source: str, out: Path, what: str
+                            ) -> tuple[SamplingSettings, list[list[GradedCompletion]], dict]:
+    """(settings, graded samples, grader-error report) of `generate` and `eval --benchmark`:
+    sampled into the log beside `out` (resumed from it), the grader-error rate checked last."""
+    from nemo_topr.evaluation.sample_log import SampleLog, log_path
+
+    device = select_device(args.device, where="--device")
+    settings = settings_from_args(args, problems[0].task)
+    log = SampleLog(log_path(out), sampling_options(args, source, settings, device), problems)
+    if log.done:
+        print(f"{what}: resuming: {len(log.done)} of {len(problems)} prompts already sampled in {log.path}",
+              file=sys.stderr)
+    graded = sample_and_grade(args.model, problems, settings, args.backend, device, log=log, what=what)
+    grades = Counter(sample.grade for samples in graded for sample in samples)
+    print(f"{len(problems)} prompts x {settings.num_samples} samples: " + ", ".join(f"{grades[g]} {g}" for g in GRADES))
+    try:
+        return settings, graded, grader_error_report(graded, args.max_grader_error_rate)
+    except GraderErrorRateExceeded as error:
+        raise GraderErrorRateExceeded(f"{error}. Every sample is kept in {log.path} (the failed ones with grade "
+                                      "\"error\" and what the grader raised); rerun with a higher "
+                                      "--max-grader-error-rate to use them without sampling again") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        device = select_device(args.device, where="--device")
         problems = load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit)
-        settings = settings_from_args(args, problems[0].task)
-        graded = sample_and_grade(args.model, problems, settings, args.backend, device)
-        grades = Counter(sample.grade for samples in graded for sample in samples)
-        print(f"{len(problems)} prompts x {settings.num_samples} samples: "
-              + ", ".join(f"{grades[g]} {g}" for g in GRADES))
-        errors = grader_error_report(graded, args.max_grader_error_rate)
+        source = args.prompts if args.prompts in BENCHMARKS else str(Path(args.prompts).resolve())
+        settings, graded, errors = logged_sample_and_grade(args, problems, source, args.out, "nemo-topr generate")
     except (OSError, ValueError) as error:  # DataError, DeviceError and GraderErrorRateExceeded are ValueErrors
         print(f"nemo-topr generate: {error}", file=sys.stderr)
         return 1

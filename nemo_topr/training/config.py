@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,31 +73,123 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
     return cfg
 
 
-def _check_keys(target: Any, values: dict[str, Any], path: str) -> None:
-    """Raise ConfigError for any key in `values` that `target` (a dataclass) does not have."""
+# Keys whose value must be at least this (sizes, counts, intervals): a 0 passes Bridge's setter
+# and fails later in arithmetic or in a division, after the job queued and the imports ran.
+LOWER_BOUNDS = {
+    **{f"model.{key}": 1 for key in (
+        "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+        "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size", "num_layers",
+        "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels")},
+    "model.seq_length": 2,
+    "train.global_batch_size": 1, "train.micro_batch_size": 1,
+    "dataset.epochs": 1,  # dataset.seq_length must equal model.seq_length (build_training_run)
+    "checkpoint.save_interval": 1, "logger.log_interval": 1,
+    "optimizer.lr": 0, "optimizer.min_lr": 0, "optimizer.weight_decay": 0, "optimizer.clip_grad": 0,
+}
+
+
+def _section_classes() -> dict[str, type]:
+    """The dataclass each top-level section lands on in `build_training_run`."""
+    import typing
+
+    from nemo_topr import cpu_runtime
+
+    cpu_runtime.import_bridge()
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+    from megatron.bridge.training.config import ConfigContainer
+
+    from nemo_topr.training.data import ToprDatasetConfig
+
+    classes = {name: _dataclass_in(hint) for name, hint in typing.get_type_hints(ConfigContainer).items()
+               if not name.startswith("_")}
+    return {**classes, "model": GPTModelProvider, "dataset": ToprDatasetConfig}
+
+
+def _dataclass_in(hint: Any) -> type | None:
+    """The dataclass an annotation names (alone, or in an Optional/Union), else None."""
+    import typing
+
+    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return next((m for m in members if isinstance(m, type) and dataclasses.is_dataclass(m)), None)
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether a YAML/override value fits a field annotation. Only the plain scalar types are
+    judged; anything else (dtypes, enums, callables, containers) Bridge's setter converts."""
+    import typing
+
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, member) for member in typing.get_args(hint))
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return True
+
+
+def _check_section(target: type, values: dict[str, Any], path: str) -> None:
+    """Raise ConfigError for a key `target` (a dataclass) does not have, a value of the wrong
+    type, or a value below its bound in LOWER_BOUNDS."""
+    import typing
+
+    hints = typing.get_type_hints(target)
     names = {f.name for f in dataclasses.fields(target) if not f.name.startswith("_")}
     for key, value in values.items():
+        dotted = f"{path}.{key}"
         if key not in names:
             close = difflib.get_close_matches(key, names, n=3)
             hint = f"; did you mean {', '.join(f'{path}.{c}' for c in close)}?" if close else ""
-            raise ConfigError(f"unknown config key {path}.{key} ({type(target).__name__}){hint}")
-        current = getattr(target, key)
-        if isinstance(value, dict) and dataclasses.is_dataclass(current) and "_target_" not in value:
-            _check_keys(current, value, f"{path}.{key}")
+            raise ConfigError(f"unknown config key {dotted} ({target.__name__}){hint}")
+        nested = _dataclass_in(hints[key])
+        if isinstance(value, dict) and nested is not None and "_target_" not in value:
+            _check_section(nested, value, dotted)
+        elif not _matches(value, hints[key]):
+            raise ConfigError(f"{dotted}={value!r} is not a valid value: {target.__name__}.{key} is "
+                              f"{typing.get_args(hints[key]) if typing.get_origin(hints[key]) is typing.Literal else hints[key]}")
+        elif dotted in LOWER_BOUNDS and value is not None and value < LOWER_BOUNDS[dotted]:
+            raise ConfigError(f"{dotted}={value} must be at least {LOWER_BOUNDS[dotted]}")
 
 
-def apply_section(target: Any, values: dict[str, Any], path: str) -> None:
-    """Strictly apply a YAML section onto a Bridge config dataclass (Bridge's own setter
-    handles dtype strings and activation-function names)."""
+def check_values(values: dict[str, Any]) -> ObjectiveConfig:
+    """Every key and value of a composed config, as `nemo-topr train` applies them: each section
+    against the Bridge dataclass it lands on (names, scalar types, LOWER_BOUNDS), the objective
+    through ObjectiveConfig's own checks. `plan` and `submit` call this too, so what they pass
+    `train` accepts. Imports Bridge (the classes); builds no model."""
+    classes = _section_classes()
+    for section, section_values in values.items():
+        if section in OUR_KEYS:
+            continue
+        if section not in classes:
+            close = difflib.get_close_matches(section, list(classes) + list(OUR_KEYS))
+            raise ConfigError(f"unknown config section {section!r}" + (f"; did you mean {close}?" if close else ""))
+        if isinstance(section_values, dict) and classes[section] is not None:
+            _check_section(classes[section], section_values, section)
+    return objective_from(values.get("objective") or {})
+
+
+def apply_section(target: Any, values: dict[str, Any]) -> None:
+    """Apply a section checked by `check_values` onto a Bridge config dataclass (Bridge's own
+    setter handles dtype strings and activation-function names)."""
     from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
 
-    _check_keys(target, values, path)
     apply_overrides(target, values, {})
 
 
 def objective_from(values: dict[str, Any]) -> ObjectiveConfig:
-    _check_keys(ObjectiveConfig(), values, "objective")
-    return ObjectiveConfig(**values)
+    _check_section(ObjectiveConfig, values, "objective")
+    try:
+        return ObjectiveConfig(**values)
+    except ValueError as error:
+        raise ConfigError(f"objective: {error}") from None
 
 
 def default_container(provider: Any, dataset: Any):
@@ -193,7 +286,7 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
         base_model = model_source.resolve(values["base_model"])
     except model_source.ModelSourceError as error:
         raise ConfigError(str(error)) from None
-    objective = objective_from(values["objective"])
+    objective = check_values(values)
     # the value only: whether this machine has CUDA is checked where the process starts
     # (`use_device` in `nemo-topr train`), so a GPU preset still builds on a login node (plan, tests)
     resolve_device(values["device"], cuda_available=True, where="device", choices=DEVICES)
@@ -218,16 +311,10 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
         resume_from(container.checkpoint, base_model)
     container.logger.tensorboard_dir = str(run_dir / "tensorboard")
     for section, section_values in values.items():
-        if section in OUR_KEYS:
-            continue
-        if not hasattr(container, section):
-            close = difflib.get_close_matches(section, [f.name for f in dataclasses.fields(container)] + list(OUR_KEYS))
-            raise ConfigError(f"unknown config section {section!r}" + (f"; did you mean {close}?" if close else ""))
-        apply_section(getattr(container, section), section_values, section)
+        if section not in OUR_KEYS:
+            apply_section(getattr(container, section), section_values)
     if torch.cuda.is_available():  # after the YAML: the layer spec follows model.transformer_impl
         device_model_settings(container.model)
-    if container.model.seq_length < 2:
-        raise ConfigError(f"model.seq_length must be at least 2 tokens; got {container.model.seq_length}")
     if not container.model.calculate_per_token_loss:
         raise ConfigError("model.calculate_per_token_loss must stay true: the TOPR step returns (sum, denominator)")
     if container.dataset.seq_length != container.model.seq_length:

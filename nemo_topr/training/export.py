@@ -6,6 +6,7 @@
     nemo-topr export --ckpt runs/my_run --hf-out exports/my_run --all-iterations  # every saved one
     nemo-topr export --ckpt /ckpt/llama31_8b --hf-out exports/llama31_8b         # any Megatron checkpoint
     nemo-topr export --ckpt runs/tiny_cpu --hf-out exports/tiny --device cpu      # on a machine without CUDA
+    nemo-topr export --ckpt runs/my_run --hf-out exports/my_model --overwrite     # replace an earlier export
 
 --ckpt takes any Megatron checkpoint `base_model=` accepts (a run directory, RUN@ITERATION, a
 checkpoint root or one iter_* directory) that carries its HF config in hf_artifacts/ (every
@@ -14,12 +15,17 @@ checkpoint root or one iter_* directory) that carries its HF config in hf_artifa
 hf_artifacts/ too, so the result loads with `transformers` as is. With several iterations each
 goes to HF_OUT/iter_NNNNNNN; one process exports them all, so the ~10 s of Megatron start-up is
 paid once (each further checkpoint of a small model takes well under 1 s).
+
+A non-empty output directory is refused unless --overwrite (a typo could name the base model);
+each model is written beside its target and moved into place once complete.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from nemo_topr.device import DeviceError, add_device_argument, use_device
@@ -37,21 +43,39 @@ def export_targets(source: ModelSource, hf_out: Path, iterations: list[int] | No
     return {source.at_iteration(i): hf_out / iteration_dir_name(i) for i in iterations}
 
 
+def check_outputs(outputs: Iterable[Path], overwrite: bool) -> None:
+    """Refuse to replace anything unless `overwrite`: a mistyped --hf-out could name the base model."""
+    for out in outputs:
+        if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+            raise ModelSourceError(f"{out}: exists and is not empty; export writes a new directory "
+                                   "(pass --overwrite to replace it)")
+
+
 def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = None,
-           device: str = "cuda") -> dict[Path, Path]:
+           device: str = "cuda", overwrite: bool = False) -> dict[Path, Path]:
     """Export checkpoint(s) of `ckpt` (see export_targets) on `device` (`nemo_topr.device`).
+    Each goes to a sibling `.NAME.partial` directory first and replaces its target only once
+    complete, so an interrupted export leaves no half-written model under the target's name.
     Returns {checkpoint directory: HF directory}."""
     use_device(device, where="--device")
     source = resolve(ckpt)
     targets = export_targets(source, Path(hf_out), iterations)  # every checkpoint checked before any work
+    check_outputs(targets.values(), overwrite)
     from nemo_topr.model import config_only_bridge
 
     bridge = config_only_bridge(source.hf_dir)
     for checkpoint, out in targets.items():
-        bridge.export_ckpt(str(checkpoint.checkpoint), str(out), show_progress=False)
-        (out / "nemo_topr_export.json").write_text(json.dumps(
+        partial = out.with_name(f".{out.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted export
+        bridge.export_ckpt(str(checkpoint.checkpoint), str(partial), show_progress=False)
+        (partial / "nemo_topr_export.json").write_text(json.dumps(
             {"source": str(checkpoint.path), "checkpoint": str(checkpoint.checkpoint),
              "iteration": checkpoint.iteration, "hf_config": str(checkpoint.hf_dir)}, indent=2) + "\n")
+        if out.is_dir():
+            shutil.rmtree(out)  # empty, or --overwrite
+        else:
+            out.unlink(missing_ok=True)
+        partial.rename(out)
     return {checkpoint.checkpoint: out for checkpoint, out in targets.items()}
 
 
@@ -65,11 +89,12 @@ def main(argv: list[str]) -> int:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--iteration", type=int, nargs="+", help="export these saved iterations")
     which.add_argument("--all-iterations", action="store_true", help="export every saved iteration")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing non-empty output directories")
     add_device_argument(parser)
     args = parser.parse_args(argv)
     try:
         iterations = resolve(args.ckpt).saved_iterations() if args.all_iterations else args.iteration
-        exported = export(args.ckpt, args.hf_out, iterations, args.device)
+        exported = export(args.ckpt, args.hf_out, iterations, args.device, args.overwrite)
     except (ModelSourceError, DeviceError) as error:
         raise SystemExit(f"nemo-topr export: {error}") from None
     for checkpoint, out in exported.items():

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from nemo_topr.data.positives import no_negatives_warning
 from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
 from nemo_topr.distributed import free_port, launcher_rank
 from nemo_topr.model_source import write_hf_artifacts
@@ -90,6 +91,8 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
 def check_baseline(objective, rewards: set[float]) -> None:
     """With +-1 rewards a baseline outside (-1, 1) gives one side a zero or sign-flipped
     advantage (c = 1: positives get no signal; c > 1: they are pushed down)."""
+    if warning := no_negatives_warning(rewards, objective.baseline, objective.negative_rule):
+        print(f"[nemo-topr] WARNING: {warning}", flush=True)
     if rewards <= {-1.0, 1.0} and objective.variant != "asymre" and not -1.0 < objective.baseline < 1.0:
         raise ConfigError(f"objective.baseline={objective.baseline} is outside (-1, 1) for +-1 rewards: "
                           "one side would get a zero or sign-flipped advantage (use -1 < c < 1; "

@@ -38,7 +38,8 @@ from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.device import DeviceError, add_device_argument, use_device
 from nemo_topr.model_settings import device_model_settings
-from nemo_topr.training.config import ConfigError, apply_section, compose
+from nemo_topr.progress import Progress
+from nemo_topr.training.config import ConfigError, apply_section, check_values, compose
 
 
 def scoring_forward_step(scores: dict[int, float], config):
@@ -83,7 +84,8 @@ def apply_training_model_section(provider, train_config: str) -> dict:
     path = Path(train_config)
     raw = compose(path.stem, [], path.parent) if path.suffix in (".yaml", ".yml") else compose(train_config)
     section = {k: v for k, v in dict(raw.get("model") or {}).items() if k != "seq_length"}
-    apply_section(provider, section, "model")
+    check_values({"model": section})
+    apply_section(provider, section)
     return section
 
 
@@ -162,12 +164,17 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     scores: dict[int, float] = {}
     forward_step = scoring_forward_step(scores, provider)
 
+    # micro-batches/s and ETA on global rank 0's stderr
+    progress = Progress("nemo-topr score-logprobs", len(batches), "micro-batches")
     with torch.no_grad():
         if batches:
             get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=iter(batches), model=model,
+                forward_step_func=forward_step, model=model,
+                data_iterator=progress.wrap(batches) if torch.distributed.get_rank() == 0 else iter(batches),
                 num_microbatches=len(batches), seq_length=seq_length, micro_batch_size=rows_per_batch,
                 forward_only=True)
+    if torch.distributed.get_rank() == 0:
+        progress.finish()
 
     last_stage_leader = (parallel_state.is_pipeline_last_stage()
                          and parallel_state.get_tensor_model_parallel_rank() == 0)

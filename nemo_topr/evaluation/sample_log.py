@@ -1,0 +1,76 @@
+"""Every graded sample of `generate` and `eval --benchmark`, written as each prompt finishes.
+
+The log is `OUT.samples` (JSON lines, not `.jsonl`, so a directory of datasets never reads it
+as records): a first line with the options that decide the samples, then one line per finished
+prompt with all its samples, empty completions and grader errors included (`grade: "error"`,
+with what the grader raised). A crash or a time limit loses at most the prompt in progress: the
+same command resumes after the last complete line, and refuses options other than the logged
+ones. The log is kept after the command ends: it is the only place that holds the samples the
+grader failed on, and a rerun reads it instead of sampling again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem
+
+
+class SampleLogError(ValueError):
+    """A log that cannot be resumed with these options or these prompts."""
+
+
+def log_path(out: Path) -> Path:
+    return out.with_name(out.name + ".samples")
+
+
+def _sample_row(sample: GradedCompletion) -> dict[str, Any]:
+    return {"text": sample.completion.text, "sampler_logprob": sample.completion.sampler_logprob,
+            "answer": sample.answer, "grade": sample.grade, "grader_error": sample.grader_error}
+
+
+def _sample_of(row: dict[str, Any]) -> GradedCompletion:
+    return GradedCompletion(Completion(row["text"], row["sampler_logprob"]), row["answer"], row["grade"],
+                            row["grader_error"])
+
+
+class SampleLog:
+    """The log of one command's samples: `done` holds {prompt index: its graded samples}."""
+
+    def __init__(self, path: Path, options: dict[str, Any], problems: list[Problem]):
+        self.path = path
+        self.done: dict[int, list[GradedCompletion]] = {}
+        if path.exists():
+            self._resume(options, problems)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"options": options}) + "\n", encoding="utf-8")
+
+    def _resume(self, options: dict[str, Any], problems: list[Problem]) -> None:
+        text = self.path.read_text(encoding="utf-8")
+        complete = text[: text.rfind("\n") + 1]  # a line cut by a crash is sampled again
+        lines = complete.splitlines()
+        logged = json.loads(lines[0])["options"] if lines else None
+        if logged != options:
+            changed = sorted(key for key in {**(logged or {}), **options} if (logged or {}).get(key) != options.get(key))
+            details = "; ".join(f"{key}: {(logged or {}).get(key)!r} then, {options.get(key)!r} now" for key in changed)
+            raise SampleLogError(f"{self.path} holds samples drawn with other options ({details}): rerun with the "
+                                 "logged options to resume, or choose another --out (or delete the log to start over)")
+        for number, line in enumerate(lines[1:], start=2):
+            row = json.loads(line)
+            index = row["index"]
+            if index < len(problems) and problems[index].prompt_id != row["prompt_id"]:
+                raise SampleLogError(f"{self.path}:{number}: prompt {index} is {row['prompt_id']!r} in the log but "
+                                     f"{problems[index].prompt_id!r} now: the prompts changed; choose another --out")
+            if index < len(problems):
+                self.done[index] = [_sample_of(sample) for sample in row["samples"]]
+        if len(complete) < len(text):
+            self.path.write_text(complete, encoding="utf-8")
+
+    def append(self, index: int, problem: Problem, samples: list[GradedCompletion]) -> None:
+        with self.path.open("a", encoding="utf-8") as log:
+            log.write(json.dumps({"index": index, "prompt_id": problem.prompt_id,
+                                  "samples": [_sample_row(sample) for sample in samples]}) + "\n")
+        self.done[index] = samples

@@ -1,0 +1,56 @@
+"""The one place that silences start-up noise known to be harmless; `NEMO_TOPR_VERBOSE=1` (or
+`nemo-topr --verbose VERB`) shows everything.
+
+Importing Megatron-Core and Megatron-Bridge on a machine without Transformer Engine or Apex
+prints a dozen UserWarnings about fallbacks (the CPU runtime uses the local implementations on
+purpose: `nemo_topr.cpu_runtime`), a logged traceback for an optional FP8 import, a note on
+Gemma 2's attention, and torch's note that no CUDA runtime was found. None of it is something a user can act on, and it buried the
+first useful line of every verb. Only these exact messages are filtered; any other warning or
+log line still shows. What is not Python's cannot be filtered here: Gloo's "[Gloo] Rank N is
+connected to ..." lines are printed by C++ (one per rank and process group on CPU runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+
+VERBOSE_ENV = "NEMO_TOPR_VERBOSE"
+
+# Python warnings, by the start of their message (UserWarning)
+HARMLESS_WARNINGS = (
+    r"Transformer Engine and Apex are not installed",
+    r"Apex is not installed",
+    r"Only transformer-engine>=\S+ supports MoE experts",
+    r"MimoModelConfig is experimental",
+)
+# logger name -> the start of the messages dropped from it
+HARMLESS_LOG_LINES = {
+    "megatron.bridge.utils.import_utils": r"Import of \w+ from megatron\.core\.extensions\.transformer_engine failed",
+    "torch.utils.cpp_extension": r"No CUDA runtime is found",
+    "megatron.bridge.models.gemma.gemma2_provider": r"Gemma2: ",  # a model family nemo-topr does not build
+}
+
+
+class _DropMatching(logging.Filter):
+    def __init__(self, pattern: str):
+        super().__init__()
+        self.pattern = re.compile(pattern)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.match(record.getMessage())
+
+
+def quiet_known_noise(environ=os.environ) -> bool:
+    """Install the filters unless NEMO_TOPR_VERBOSE=1; returns whether they were installed."""
+    if environ.get(VERBOSE_ENV) == "1":
+        return False
+    for message in HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+    for name, pattern in HARMLESS_LOG_LINES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMatching) for f in logger.filters):
+            logger.addFilter(_DropMatching(pattern))
+    return True

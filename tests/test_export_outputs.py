@@ -1,0 +1,75 @@
+"""`nemo-topr export` never replaces what it did not make: a non-empty --hf-out is refused unless
+--overwrite, and a model appears under its name only once written completely. The checkpoint
+is a file-level fake (what `nemo_topr.model_source` inspects); Bridge's writer is replaced by
+one that writes a marker file, so no Megatron import is needed (the real export is covered by
+tests/test_checkpoint_route.py and tests/test_training_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nemo_topr.training import export
+
+
+def _fake_checkpoint(root: Path) -> Path:
+    (root / "iter_0000001").mkdir(parents=True)
+    (root / "latest_checkpointed_iteration.txt").write_text("1")
+    for name in (".metadata", "metadata.json", "run_config.yaml"):
+        (root / "iter_0000001" / name).write_text("{}\n" if name != "run_config.yaml" else "model: {}\n")
+    (root / "hf_artifacts").mkdir()
+    (root / "hf_artifacts" / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    (root / "hf_artifacts" / "tokenizer.json").write_text("{}")
+    return root
+
+
+class _FakeBridge:
+    def __init__(self, fail: bool = False):
+        self.fail = fail
+
+    def export_ckpt(self, checkpoint: str, out: str, show_progress: bool) -> None:
+        Path(out).mkdir(parents=True)
+        (Path(out) / "model.safetensors").write_text(f"exported from {checkpoint}")
+        if self.fail:
+            raise RuntimeError("killed half-way")
+
+
+@pytest.fixture
+def checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge())
+    return _fake_checkpoint(tmp_path / "ckpt")
+
+
+def test_a_non_empty_hf_out_is_refused_and_left_as_it_was(checkpoint, tmp_path, capsys):
+    base = tmp_path / "Llama-3.1-8B"
+    base.mkdir()
+    (base / "model.safetensors").write_text("the base weights")
+    with pytest.raises(SystemExit, match=rf"nemo-topr export: {base}: exists and is not empty; .*--overwrite"):
+        export.main(["--ckpt", str(checkpoint), "--hf-out", str(base), "--device", "cpu"])
+    assert [p.name for p in base.iterdir()] == ["model.safetensors"]
+    assert (base / "model.safetensors").read_text() == "the base weights"
+
+
+def test_overwrite_replaces_and_an_empty_directory_is_filled(checkpoint, tmp_path):
+    earlier, empty = tmp_path / "earlier", tmp_path / "empty"
+    earlier.mkdir()
+    (earlier / "stale.bin").write_text("an earlier export")
+    empty.mkdir()
+    assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(earlier), "--device", "cpu", "--overwrite"]) == 0
+    assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(empty), "--device", "cpu"]) == 0
+    for out in (earlier, empty):
+        assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "nemo_topr_export.json"]
+        assert (out / "model.safetensors").read_text() == f"exported from {checkpoint / 'iter_0000001'}"
+    assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_an_interrupted_export_leaves_nothing_under_the_target_name(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge(fail=True))
+    with pytest.raises(RuntimeError, match="killed half-way"):
+        export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "model"), "--device", "cpu"])
+    assert not (tmp_path / "model").exists()
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge())
+    assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "model"), "--device", "cpu"]) == 0
+    assert not (tmp_path / ".model.partial").exists()

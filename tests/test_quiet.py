@@ -1,0 +1,66 @@
+"""Start-up noise: the known-harmless warnings and log lines are filtered in one place
+(nemo_topr/quiet.py), everything else still shows, and NEMO_TOPR_VERBOSE=1 shows it all."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from conftest import REPO
+from nemo_topr.quiet import quiet_known_noise
+
+
+def _shown(environ: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(warnings shown, log messages kept) for two known-harmless and one other of each."""
+    logger = logging.getLogger("megatron.bridge.utils.import_utils")
+    saved_filters = list(logger.filters)
+    kept: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            kept.append(record.getMessage())
+
+    handler = Collect(level=logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            quiet_known_noise(environ)
+            warnings.warn("Apex is not installed. Falling back to Torch Norm", UserWarning)
+            warnings.warn("Transformer Engine and Apex are not installed. Falling back to Torch optimizers.")
+            warnings.warn("lr warmup is longer than the run", UserWarning)
+        logger.warning("Import of FP8GlobalStateManager from megatron.core.extensions.transformer_engine failed with: ...")
+        logger.warning("Import of something_else failed")
+    finally:
+        logger.removeHandler(handler)
+        logger.filters[:] = saved_filters
+    return [str(w.message) for w in caught], kept
+
+
+def test_only_the_known_harmless_lines_are_dropped():
+    shown, kept = _shown({})
+    assert shown == ["lr warmup is longer than the run"]
+    assert kept == ["Import of something_else failed"]
+
+
+def test_verbose_shows_everything():
+    shown, kept = _shown({"NEMO_TOPR_VERBOSE": "1"})
+    assert len(shown) == 3 and len(kept) == 2
+
+
+@pytest.mark.slow  # two Bridge imports in subprocesses, ~20 s each
+def test_plan_prints_no_start_up_noise_unless_verbose():
+    command = [sys.executable, "-m", "nemo_topr.cli", "plan", "llama31_8b_bf16"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    quiet = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and quiet.stdout.startswith("nemo-topr plan: llama31_8b_bf16")
+    assert quiet.stderr == ""
+    verbose = subprocess.run([*command[:3], "--verbose", *command[3:]], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert verbose.returncode == 0 and "Apex is not installed" in verbose.stderr
+    assert "Import of FP8GlobalStateManager" in verbose.stderr
