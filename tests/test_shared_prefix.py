@@ -210,13 +210,16 @@ EXACTNESS_LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2)}
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("attention", ["local", pytest.param("flex", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("layout", [pytest.param("tp1"), pytest.param("tp2", marks=pytest.mark.slow),
                                     pytest.param("pp2", marks=pytest.mark.slow)])
-def test_shared_layout_gives_the_unshared_logprobs_loss_and_gradients(tmp_path, layout):
+def test_shared_layout_gives_the_unshared_logprobs_loss_and_gradients(tmp_path, layout, attention):
+    """`flex`: both layouts run FlexCoreAttention (TP2 with sequence parallelism)."""
     from workers.shared_prefix_step import SEQ_LENGTH, build_sequences
 
     tp, pp = EXACTNESS_LAYOUTS[layout]
-    run_distributed("shared_prefix_step.py", tp * pp, str(tp), str(pp), str(tmp_path))
+    run_distributed("shared_prefix_step.py", tp * pp, str(tp), str(pp), str(tmp_path),
+                    *(["flex"] if attention == "flex" else []))
     result = torch.load(tmp_path / "result.pt", weights_only=False)
     assert (result["tp"], result["pp"]) == (tp, pp)
 
@@ -246,7 +249,7 @@ def test_shared_layout_gives_the_unshared_logprobs_loss_and_gradients(tmp_path, 
             grad_errors[f"{rank}:{name}"] = ((got - expected).norm() / expected.norm()).item()
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6 * expected.abs().max().item())
     assert max(grad_errors.values()) <= RTOL, max(grad_errors.items(), key=lambda kv: kv[1])
-    print(f"{layout}: log pi {worst:.1e}, loss {abs(result['loss_shared'] / result['loss_unshared'] - 1):.1e}, "
+    print(f"{layout} {attention}: log pi {worst:.1e}, loss {abs(result['loss_shared'] / result['loss_unshared'] - 1):.1e}, "
           f"gradients {max(grad_errors.values()):.1e} (relative)")
 
 

@@ -283,14 +283,20 @@ def forward_packed(model: torch.nn.Module, batch: dict[str, torch.Tensor], confi
 
     Local (CPU) attention gets a block-diagonal causal mask (shared-prefix batches: each segment
     also sees its prompt, with RoPE at the position ids); Transformer Engine attention gets the
-    rows as one THD stream with cu_seqlens. Either way no token attends across sequences.
+    rows as one THD stream with cu_seqlens; `FlexCoreAttention` (either spec) gets the batch's
+    block mask, shared-prefix rows included. Either way no token attends across sequences.
     """
+    from nemo_topr.training.flex_attention import segment_block_mask, uses_flex_attention
+
     shared = "prefix_index" in batch
+    if uses_flex_attention(model):  # either layer spec; the block mask is built once here, for every layer
+        with rotary_at_position_ids(model, batch["position_ids"]) if shared else contextlib.nullcontext():
+            return model(batch["tokens"], batch["position_ids"], segment_block_mask(batch), labels=batch["labels"])
     if shared and config.transformer_impl != "local":
         raise NotImplementedError(
             "shared-prefix batches (dataset.shared_prefix=true / score-logprobs --shared-prefix) run only with "
-            f"model.transformer_impl=local (got {config.transformer_impl!r}); the Transformer Engine path is "
-            "not built yet (plan: docs/performance.md, shared-prefix packing)")
+            f"model.transformer_impl=local or FlexCoreAttention in the layer spec (got "
+            f"{config.transformer_impl!r} without it; nemo_topr.training.flex_attention)")
     if config.transformer_impl == "local":
         with rotary_at_position_ids(model, batch["position_ids"]) if shared else contextlib.nullcontext():
             return model(batch["tokens"], batch["position_ids"], packed_attention_mask(batch),
