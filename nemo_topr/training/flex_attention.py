@@ -130,6 +130,7 @@ def use_flex_attention(provider: Any) -> Any:
         takes_vp = "vp_stage" in inspect.signature(base).parameters
         return with_flex_attention(base(config, vp_stage=vp_stage) if takes_vp else base(config))
 
+    flex_layer_spec.flex_attention = True  # what prepare_shared_prefix_attention checks
     provider.transformer_layer_spec = flex_layer_spec
     return provider
 
@@ -137,3 +138,28 @@ def use_flex_attention(provider: Any) -> Any:
 def uses_flex_attention(model: torch.nn.Module) -> bool:
     """Whether a model (chunk) runs `FlexCoreAttention`."""
     return any(isinstance(module, FlexCoreAttention) for module in model.modules())
+
+
+def prepare_shared_prefix_attention(provider: Any) -> str:
+    """Make a provider's layers honour shared-prefix rows, or refuse; returns the attention that
+    will run ("local": Megatron's DotProductAttention with the dense mask, "flex": FlexCoreAttention).
+
+    The local spec keeps its attention. Any other spec (Transformer Engine's) gets
+    `FlexCoreAttention` in place of its core attention, unless ``attention_backend=local``, with
+    which Bridge puts DotProductAttention back into the spec at build time (gpt_provider.py,
+    provide) under TE's layers, whose THD path would ignore the blocks: refused (ValueError).
+    RoPE is switched to its unfused form, which takes the angles at each segment's position ids
+    (`nemo_topr.training.step.rotary_at_position_ids`; same values, no fused kernel)."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    provider.apply_rope_fusion = False
+    flex_in_spec = getattr(provider.transformer_layer_spec, "flex_attention", False)
+    if provider.transformer_impl == "local" and not flex_in_spec:
+        return "local"
+    if provider.transformer_impl != "local" and provider.attention_backend == AttnBackend.local:
+        raise ValueError(f"shared-prefix rows with model.transformer_impl={provider.transformer_impl!r} run "
+                         "FlexCoreAttention, which model.attention_backend=local would replace by Megatron's "
+                         "DotProductAttention (whose TE path ignores the blocks); leave attention_backend at auto")
+    if not flex_in_spec:
+        use_flex_attention(provider)
+    return "flex"

@@ -75,7 +75,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     over hundreds of tokens otherwise shows up as |log rho| > 0 before the first update).
     `source`: `load_records`' columns, split and extra_columns, for data in another shape; `out`
     is in our schema. `shared_prefix`: rows hold each prompt once for several of its completions
-    (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), local attention only."""
+    (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), with either layer spec."""
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -94,10 +94,10 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     if precision == "bf16":
         provider.bf16, provider.params_dtype = True, torch.bfloat16
     provider.pipeline_dtype = provider.params_dtype
-    if shared_prefix and provider.transformer_impl != "local":
-        raise ValueError(f"--shared-prefix needs the local attention (model transformer_impl is "
-                         f"{provider.transformer_impl!r}; --device cpu uses it): the Transformer Engine attention for "
-                         "shared-prefix rows is not built yet (docs/performance.md)")
+    if shared_prefix:  # the local attention, or FlexCoreAttention in the layer spec (TE's)
+        from nemo_topr.training.flex_attention import prepare_shared_prefix_attention
+
+        prepare_shared_prefix_attention(provider)
     provider.finalize()
     # without CPU initialisation Bridge builds the weights on torch.cuda.current_device()
     # (bridge/models/model_provider.py:689)

@@ -101,6 +101,11 @@ def train_step(chunks, batches):
     for param in chunks[0].parameters():
         param.grad = None
     losses = run(chunks, functools.partial(ToprForwardStep(ObjectiveConfig()), None), batches, forward_only=False)
+    for param in chunks[0].parameters():
+        if getattr(param, "sequence_parallel", False):
+            # each TP rank holds the gradient of its share of the positions (what Megatron's
+            # finalize_model_grads sums over TP under sequence parallelism)
+            torch.distributed.all_reduce(param.grad, group=parallel_state.get_tensor_model_parallel_group())
     grads = {name: param.grad.clone() for name, param in chunks[0].named_parameters()}
     total = None
     if parallel_state.is_pipeline_last_stage():
