@@ -20,7 +20,7 @@ Figures, all from one run:
   time, interleaved (bench.common.interleaved).
 * mu scoring: score-logprobs' forward (`scoring_forward_step`, forward only), same pairing.
 
-The model is bench.step's tiny Llama (local attention: the only path shared rows run on). On
+The model is bench.step's tiny Llama (local attention; FlexCoreAttention: bench.shared_prefix_gpu). On
 CPU the local attention materialises the full [L, L] scores of every row, so a longer shared
 row pays attention for positions its mask blocks; the GPU plan (docs/performance.md) avoids that.
 """

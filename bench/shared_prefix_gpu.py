@@ -1,7 +1,7 @@
 """GPU bench of shared-prefix packing (issue 30): one command, NEVER run on a GPU yet.
 
-    python -m bench.shared_prefix_gpu --out bench/results/shared_prefix_gpu_bf16.json --precision bf16
-    python -m bench.shared_prefix_gpu --out bench/results/shared_prefix_gpu_fp8.json --precision fp8
+    python -m bench.shared_prefix_gpu --out FILE_bf16.json --precision bf16
+    python -m bench.shared_prefix_gpu --out FILE_fp8.json --precision fp8
     python -m bench.shared_prefix_gpu --out /tmp/dry.json --tiny        # CPU dry run (plumbing only)
 
 GSM8K 8-shot x 16 completions (bench.shared_prefix's workload and length model). One TOPR
