@@ -198,6 +198,13 @@ def shared_prefix_rows(s: dict) -> list[dict]:
                              f"{where}; unshared {timing[key]['cpu']['a']['median']:.2f} s CPU"
                              + (f"; scores agree to {timing['scoring_max_relative_difference']:.1e} relative"
                                 if key == "scoring" else "")))
+        if "step_flex_vs_local_shared" in timing:
+            ratio = timing["step_flex_vs_local_shared"]["cpu"]["ratio_b_over_a"]  # local / flex, shared rows
+            rows.append(_row("7 shared prefix",
+                             f"TOPR step time on shared rows, local attention / FlexCoreAttention (CPU, eager), {name}",
+                             f"{ratio['median']:.2f}", f"{ratio['q1']:.2f}–{ratio['q3']:.2f} (n={ratio['n']})", "—",
+                             None, f"{where}; FlexCoreAttention's μ scores agree with the unshared ones to "
+                             f"{timing['flex_scoring_max_relative_difference']:.1e} relative"))
     return rows
 
 

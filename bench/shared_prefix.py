@@ -20,7 +20,7 @@ Figures, all from one run:
   time, interleaved (bench.common.interleaved).
 * mu scoring: score-logprobs' forward (`scoring_forward_step`, forward only), same pairing.
 
-The model is bench.step's tiny Llama (local attention: the only path shared rows run on). On
+The model is bench.step's tiny Llama (local attention; FlexCoreAttention: bench.shared_prefix_gpu). On
 CPU the local attention materialises the full [L, L] scores of every row, so a longer shared
 row pays attention for positions its mask blocks; the GPU plan (docs/performance.md) avoids that.
 """
@@ -128,10 +128,10 @@ def choose_shared_length(seqs, target_ratio: float = 5.0, padding_target: float 
     return min(good) if good else max(figures, key=lambda L: figures[L]["positions_ratio"])
 
 
-def _model(seq_length: int):
+def _model(seq_length: int, flex: bool = False):
     from bench.step import build_model
 
-    return build_model(TINY_MODEL, seq_length)
+    return build_model(TINY_MODEL, seq_length, flex=flex)
 
 
 def _microbatches(seqs, shared: bool, seq_length: int):
@@ -164,8 +164,17 @@ def time_step(seqs, shared_length: int, reps: int) -> dict:
     step_times = interleaved(train["unshared"], train["shared"], reps)
     scoring_times = interleaved(score["unshared"], score["shared"], reps)
     worst = max(abs(scores["shared"][k] / scores["unshared"][k] - 1) for k in scores["unshared"])
+    # the shared rows again, through FlexCoreAttention (eager on CPU: it materialises the scores too)
+    flex_chunks = _model(max(unshared_length, shared_length), flex=True)
+    flex_scores: dict[int, float] = {}
+    run_step(flex_chunks, scoring_forward_step(flex_scores, flex_chunks[0].config), batches["shared"],
+             forward_only=True)
+    flex_step_times = interleaved(functools.partial(run_step, flex_chunks, step, batches["shared"]),
+                                  train["shared"], reps)
+    flex_worst = max(abs(flex_scores[k] / scores["unshared"][k] - 1) for k in scores["unshared"])
     return {"microbatches": {name: len(b) for name, b in batches.items()},
-            "step": step_times, "scoring": scoring_times, "scoring_max_relative_difference": worst}
+            "step": step_times, "scoring": scoring_times, "scoring_max_relative_difference": worst,
+            "step_flex_vs_local_shared": flex_step_times, "flex_scoring_max_relative_difference": flex_worst}
 
 
 def timing_length(seqs) -> int:

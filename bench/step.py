@@ -37,12 +37,16 @@ MODELS = {
 }
 
 
-def build_model(shape: dict, seq_length: int, tp: int = 1):
-    """A Llama-shaped Megatron GPT (local spec, fp32) at tensor-parallel size `tp`."""
+def build_model(shape: dict, seq_length: int, tp: int = 1, flex: bool = False):
+    """A Llama-shaped Megatron GPT (local spec, fp32) at tensor-parallel size `tp`; `flex`: its
+    core attention is FlexCoreAttention (same weights: the same seed)."""
     from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.training.flex_attention import use_flex_attention
 
     torch.manual_seed(1234)
     provider = tiny_llama_provider(seq_length=seq_length, **shape)
+    if flex:
+        use_flex_attention(provider)
     provider.tensor_model_parallel_size = tp
     provider.pipeline_model_parallel_size = 1
     provider.pipeline_dtype = torch.float32

@@ -4,6 +4,8 @@ The TOPR step (`nemo_topr.training.step.forward_packed`) hands attention one of 
 
     "mask"  rows [R, L] with a dense [R, 1, L, L] block mask (model.transformer_impl=local)
     "thd"   the rows as one packed stream with cu_seqlens (Transformer Engine)
+    "flex"  rows [R, L] with the batch's FlexAttention block mask (a layer spec built with
+            `nemo_topr.training.flex_attention.FlexCoreAttention`, local or TE)
 
 An attention that ignores what it is given attends across sequences silently: Transformer Engine
 with mask type causal drops a dense mask (it reads one only for padding/arbitrary types), Megatron's
@@ -21,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-MASK, THD = "mask", "thd"
+MASK, THD, FLEX = "mask", "thd", "flex"
 
 
 class AttentionError(ValueError):
@@ -60,7 +62,10 @@ register_attention(AttentionKind("megatron.core.extensions.transformer_engine.TE
 
 
 def route_of(config: Any) -> str:
-    """What `forward_packed` hands the attention for this model config."""
+    """What `forward_packed` hands the attention for this model config (a provider whose layer spec
+    came from `use_flex_attention` carries the mark `flex_attention`)."""
+    if getattr(getattr(config, "transformer_layer_spec", None), "flex_attention", False):
+        return FLEX
     return MASK if config.transformer_impl == "local" else THD
 
 
@@ -76,13 +81,18 @@ def check_attention(attention_class: type | str, mask_type: Any, config: Any, *,
         raise AttentionError(f"{where}: not known to honour packed-sequence boundaries (known: "
                              f"{sorted(ATTENTION_KINDS)}); use Bridge's layer spec for the transformer_impl")
     if route not in kind.routes:
-        wanted = "local" if MASK in kind.routes else "transformer_engine"
-        raise AttentionError(f"{where}: the step gives it {'a dense block mask' if route == MASK else 'cu_seqlens'}, "
-                             f"which it ignores, so tokens would attend across sequences; the layer spec must "
-                             f"follow the setting (nemo_topr.model_settings) or set model.transformer_impl={wanted}")
+        given = {MASK: "a dense block mask", THD: "cu_seqlens", FLEX: "a FlexAttention block mask"}[route]
+        fix = ("build the provider's layer spec with nemo_topr.training.flex_attention.use_flex_attention"
+               if FLEX in kind.routes else
+               f"set model.transformer_impl={'local' if MASK in kind.routes else 'transformer_engine'}")
+        raise AttentionError(f"{where}: the step gives it {given}, which it does not read, so tokens would attend "
+                             f"across sequences (or it fails); the layer spec must follow the setting "
+                             f"(nemo_topr.model_settings), or {fix}")
     if shared_prefix and not kind.shared_prefix:
         raise AttentionError(f"{where}: shared-prefix rows need an attention that reads the shared-prefix mask; "
-                             "set dataset.shared_prefix=false or model.transformer_impl=local")
+                             "build the layers with FlexCoreAttention (nemo_topr.training.flex_attention."
+                             "prepare_shared_prefix_attention, which dataset.shared_prefix=true runs), or set "
+                             "model.transformer_impl=local")
     reason = kind.refuses(config, mask_type)
     if reason:
         raise AttentionError(f"{where}: {reason}")

@@ -86,13 +86,16 @@ def test_shared_prefix_section_writes_results(tmp_path):
     assert main(["--quick", "--sections", "shared_prefix", "--out", str(tmp_path)]) == 0
     headline = _check_results(tmp_path, ("shared_prefix",))
     rows = [row for row in headline if row["section"] == "7 shared prefix"]
-    assert len(rows) == 4 * 3  # positions, padding, step, scoring per workload
+    assert len(rows) == 5 * 3  # positions, padding, step, scoring, FlexCoreAttention step per workload
     assert {row["status"] for row in rows if "zero_shot" in row["figure"]} == {"info"}
-    judged = [row for row in rows if "8shot" in row["figure"] and "scoring" not in row["figure"]]
+    flex = [row for row in rows if "FlexCoreAttention" in row["figure"]]
+    assert len(flex) == 3 and {row["status"] for row in flex} == {"info"}  # CPU eager: reported, not judged
+    judged = [row for row in rows if "8shot" in row["figure"] and "scoring" not in row["figure"] and row not in flex]
     assert len(judged) == 2 * 3 and all(row["status"] in ("met", "MISSED") for row in judged)
     section = json.loads((tmp_path / "shared_prefix.json").read_text())
     for name in ("gsm8k_8shot", "gsm8k_8shot_completions_x2", "gsm8k_zero_shot_chat"):
         timing = section[name]["timing"]
         assert timing["scoring_max_relative_difference"] < 1e-6  # both layouts score the same
+        assert timing["flex_scoring_max_relative_difference"] < 1e-6  # and so does FlexCoreAttention
         # the 8-shot prompt dominates: sharing it pays even for 2 questions x 4 samples
         assert section[name]["tokens"]["positions_ratio"] > (1.0 if "8shot" in name else 0.99)

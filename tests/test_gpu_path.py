@@ -118,7 +118,7 @@ def test_the_two_silent_cross_sequence_cases_of_the_old_path_are_refused(megatro
     provider = tiny_llama_provider()
     provider.transformer_impl = "local"  # the string alone
     te_spec = default_layer_spec(provider)
-    with pytest.raises(AttentionError, match="dense block mask, which it ignores"):
+    with pytest.raises(AttentionError, match="dense block mask, which it does not read"):
         check_attention(*core_attention_of_spec(te_spec), provider, shared_prefix=False)
     provider = _gpu_provider("local")
     provider.masked_softmax_fusion = True

@@ -166,13 +166,13 @@ def test_every_sequence_once_rows_fit_and_unpack_inverts(groups, seq_length):
         assert labels == [seqs[i].input_ids[t + 1] for t in positions]
 
 
-def test_transformer_engine_path_refuses_shared_batches():
+def test_transformer_engine_path_without_flex_attention_refuses_shared_batches():
     from nemo_topr.training.step import forward_packed
 
     batch = collate_shared(_example(), [[[0, 1], [2]]], 12, PAD)
     config = types.SimpleNamespace(transformer_impl="transformer_engine")
-    with pytest.raises(NotImplementedError, match="dataset.shared_prefix=true.*model.transformer_impl=local"):
-        forward_packed(None, batch, config)
+    with pytest.raises(NotImplementedError, match="model.transformer_impl=local or FlexCoreAttention"):
+        forward_packed(torch.nn.Linear(1, 1), batch, config)
 
 
 def test_without_rope_at_position_ids_the_shared_layout_would_be_wrong(megatron_world, monkeypatch):
@@ -210,13 +210,16 @@ EXACTNESS_LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2)}
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("attention", ["local", pytest.param("flex", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("layout", [pytest.param("tp1"), pytest.param("tp2", marks=pytest.mark.slow),
                                     pytest.param("pp2", marks=pytest.mark.slow)])
-def test_shared_layout_gives_the_unshared_logprobs_loss_and_gradients(tmp_path, layout):
+def test_shared_layout_gives_the_unshared_logprobs_loss_and_gradients(tmp_path, layout, attention):
+    """`flex`: both layouts run FlexCoreAttention (TP2 with sequence parallelism)."""
     from workers.shared_prefix_step import SEQ_LENGTH, build_sequences
 
     tp, pp = EXACTNESS_LAYOUTS[layout]
-    run_distributed("shared_prefix_step.py", tp * pp, str(tp), str(pp), str(tmp_path))
+    run_distributed("shared_prefix_step.py", tp * pp, str(tp), str(pp), str(tmp_path),
+                    *(["flex"] if attention == "flex" else []))
     result = torch.load(tmp_path / "result.pt", weights_only=False)
     assert (result["tp"], result["pp"]) == (tp, pp)
 
@@ -246,7 +249,7 @@ def test_shared_layout_gives_the_unshared_logprobs_loss_and_gradients(tmp_path, 
             grad_errors[f"{rank}:{name}"] = ((got - expected).norm() / expected.norm()).item()
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6 * expected.abs().max().item())
     assert max(grad_errors.values()) <= RTOL, max(grad_errors.items(), key=lambda kv: kv[1])
-    print(f"{layout}: log pi {worst:.1e}, loss {abs(result['loss_shared'] / result['loss_unshared'] - 1):.1e}, "
+    print(f"{layout} {attention}: log pi {worst:.1e}, loss {abs(result['loss_shared'] / result['loss_unshared'] - 1):.1e}, "
           f"gradients {max(grad_errors.values()):.1e} (relative)")
 
 
@@ -300,13 +303,25 @@ def test_dataset_switch_trains_on_shared_rows(tiny_hf, tmp_path):
         ToprDatasetConfig(**options, shared_prefix=True, packed=False).prepare(global_batch_size=2)
 
 
-def test_config_refuses_shared_prefix_with_transformer_engine(tiny_hf, tmp_path):
-    from nemo_topr.training.config import ConfigError, build_training_run, compose
+def test_config_puts_flex_attention_into_the_transformer_engine_spec_for_shared_prefix(tiny_hf, tmp_path):
+    from megatron.core.transformer.enums import AttnBackend
+
+    from nemo_topr.training.config import build_training_run, compose
+    from nemo_topr.training.flex_attention import prepare_shared_prefix_attention
 
     overrides = [f"hf_model={tiny_hf}", f"run_dir={tmp_path}", "dataset.shared_prefix=true"]
-    assert build_training_run(compose("tiny_cpu", overrides)).container.dataset.shared_prefix
-    with pytest.raises(ConfigError, match="dataset.shared_prefix=true needs model.transformer_impl=local"):
-        build_training_run(compose("tiny_cpu", [*overrides, "model.transformer_impl=transformer_engine"]))
+    local = build_training_run(compose("tiny_cpu", overrides)).container.model
+    assert not getattr(local.transformer_layer_spec, "flex_attention", False)  # the local spec keeps its attention
+    te = build_training_run(compose("tiny_cpu", [*overrides, "model.transformer_impl=transformer_engine"]))
+    assert te.container.model.transformer_layer_spec.flex_attention and not te.container.model.apply_rope_fusion
+    unshared = build_training_run(compose("tiny_cpu", [f"hf_model={tiny_hf}", f"run_dir={tmp_path}",
+                                                       "model.transformer_impl=transformer_engine"]))
+    assert not getattr(unshared.container.model.transformer_layer_spec, "flex_attention", False)
+    # attention_backend=local would make Bridge put DotProductAttention back under TE's layers
+    provider = types.SimpleNamespace(transformer_impl="transformer_engine", attention_backend=AttnBackend.local,
+                                     apply_rope_fusion=True, transformer_layer_spec=lambda config: None)
+    with pytest.raises(ValueError, match="attention_backend=local"):
+        prepare_shared_prefix_attention(provider)
 
 
 def test_score_logprobs_switch_gives_the_same_scores(tiny_hf, tmp_path, capsys):

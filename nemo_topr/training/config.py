@@ -248,12 +248,15 @@ def _check_packed_stream_pipeline(container: Any) -> None:
 
 
 def _check_shared_prefix(container: Any) -> None:
-    """Shared-prefix rows need an attention mask per block; only the local attention takes one
-    (nemo_topr/training/step.py, forward_packed)."""
-    if container.dataset.shared_prefix and container.model.transformer_impl != "local":
-        raise ConfigError(f"dataset.shared_prefix=true needs model.transformer_impl=local (got "
-                          f"{container.model.transformer_impl!r}): the Transformer Engine attention for shared-prefix "
-                          "rows is not built yet (docs/performance.md); set dataset.shared_prefix=false")
+    """Shared-prefix rows need an attention that honours their blocks: the local spec's, or
+    FlexCoreAttention swapped into any other spec (nemo_topr/training/flex_attention.py)."""
+    from nemo_topr.training.flex_attention import prepare_shared_prefix_attention
+
+    if container.dataset.shared_prefix:
+        try:
+            prepare_shared_prefix_attention(container.model)
+        except ValueError as error:
+            raise ConfigError(f"dataset.shared_prefix=true: {error}") from None
 
 
 @dataclass

@@ -97,7 +97,7 @@ class ToprDatasetConfig(DatasetProvider):
     seq_length: int = 2048
     packed: bool = True  # False: one sequence per row (padded batches)
     # True: a row holds a prompt once, then several of its completions (docs/performance.md,
-    # shared-prefix packing); needs model.transformer_impl=local until the GPU attention exists
+    # shared-prefix packing); TE layers then run FlexCoreAttention (training/flex_attention.py)
     shared_prefix: bool = False
     strict: bool = True  # False: malformed records are dropped and counted in the report
     too_long: str | None = None  # "error" | "drop"; default follows `strict`

@@ -108,7 +108,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     over hundreds of tokens otherwise shows up as |log rho| > 0 before the first update).
     `source`: `load_records`' columns, split and extra_columns, for data in another shape; `out`
     is in our schema. `shared_prefix`: rows hold each prompt once for several of its completions
-    (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), local attention only.
+    (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), with either layer spec.
     `train_config`: score with that training config's model section (`apply_training_model_section`:
     its precision, FP8 recipe and TP/PP/SP replace `precision`, `tensor_parallel`, `pipeline_parallel`)."""
     from megatron.core import parallel_state
@@ -137,11 +137,11 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     if torch.distributed.get_rank() == 0:
         print(f"[nemo-topr] model: {source_model.describe()}", flush=True)
     device_model_settings(provider, wrapped_in_ddp=False)
+    if shared_prefix:  # after the layer spec is settled: the local attention, or FlexCoreAttention in TE's spec
+        from nemo_topr.training.flex_attention import prepare_shared_prefix_attention
+
+        prepare_shared_prefix_attention(provider)
     rows_per_batch = scoring_rows_per_batch(provider, rows_per_batch)
-    if shared_prefix and provider.transformer_impl != "local":
-        raise ValueError(f"--shared-prefix needs the local attention (model transformer_impl is "
-                         f"{provider.transformer_impl!r}; --device cpu uses it): the Transformer Engine attention for "
-                         "shared-prefix rows is not built yet (docs/performance.md)")
     provider.finalize()
     # without CPU initialisation Bridge builds the weights on torch.cuda.current_device()
     # (bridge/models/model_provider.py:689)

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 import torch
 
-from nemo_topr.attention_check import MASK, THD, check_model_attention, route_of
+from nemo_topr.attention_check import FLEX, MASK, THD, check_model_attention, route_of
 from nemo_topr.objective import ObjectiveConfig, policy_loss
 
 # logged name -> (objective metric, sign, count it is averaged over when micro-batches and
@@ -311,18 +311,25 @@ def forward_packed(model: torch.nn.Module, batch: dict[str, torch.Tensor], confi
 
     Local attention gets a block-diagonal causal mask (shared-prefix batches: each segment
     also sees its prompt, with RoPE at the position ids); Transformer Engine attention gets the
-    rows as one THD stream with cu_seqlens (`with_thd_boundaries`). Either way no token attends
-    across sequences: the attention the model will run is checked to honour what it gets
+    rows as one THD stream with cu_seqlens (`with_thd_boundaries`); `FlexCoreAttention` (in either
+    layer spec) gets the batch's block mask, shared-prefix rows included. Either way no token
+    attends across sequences: the attention the model will run is checked to honour what it gets
     (`nemo_topr.attention_check`), and refused otherwise.
     """
     shared = "prefix_index" in batch
-    if shared and config.transformer_impl != "local":
+    route = route_of(config)
+    if shared and route == THD:
         raise NotImplementedError(
             "shared-prefix batches (dataset.shared_prefix=true / score-logprobs --shared-prefix) run only with "
-            f"model.transformer_impl=local (got {config.transformer_impl!r}); the Transformer Engine path is "
-            "not built yet (plan: docs/performance.md, shared-prefix packing)")
+            f"model.transformer_impl=local or FlexCoreAttention in the layer spec (got "
+            f"{config.transformer_impl!r} without it; nemo_topr.training.flex_attention)")
     check_model_attention(model, config, shared_prefix=shared)
-    if route_of(config) == MASK:
+    if route == FLEX:  # the block mask is built once here, for every layer
+        from nemo_topr.training.flex_attention import segment_block_mask
+
+        with rotary_at_position_ids(model, batch["position_ids"]) if shared else contextlib.nullcontext():
+            return model(batch["tokens"], batch["position_ids"], segment_block_mask(batch), labels=batch["labels"])
+    if route == MASK:
         with rotary_at_position_ids(model, batch["position_ids"]) if shared else contextlib.nullcontext():
             return model(batch["tokens"], batch["position_ids"], packed_attention_mask(batch),
                          labels=batch["labels"])

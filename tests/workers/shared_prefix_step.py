@@ -1,6 +1,9 @@
 """One TOPR step and one mu-scoring pass of a tiny Llama, unshared and shared-prefix, at a layout.
 
-    torchrun --nproc_per_node=TP*PP shared_prefix_step.py TP PP OUT_DIR
+    torchrun --nproc_per_node=TP*PP shared_prefix_step.py TP PP OUT_DIR [flex]
+
+`flex`: the layers' core attention is FlexCoreAttention (block mask) instead of Megatron's local
+attention (dense boolean mask); TP > 1 then also runs with sequence parallelism.
 
 The same weights (seeded) and the same sequences go through Megatron's own schedule
 (`get_forward_backward_func`, 1F1B over gloo p2p for PP=2) twice: packed as today
@@ -98,6 +101,11 @@ def train_step(chunks, batches):
     for param in chunks[0].parameters():
         param.grad = None
     losses = run(chunks, functools.partial(ToprForwardStep(ObjectiveConfig()), None), batches, forward_only=False)
+    for param in chunks[0].parameters():
+        if getattr(param, "sequence_parallel", False):
+            # each TP rank holds the gradient of its share of the positions (what Megatron's
+            # finalize_model_grads sums over TP under sequence parallelism)
+            torch.distributed.all_reduce(param.grad, group=parallel_state.get_tensor_model_parallel_group())
     grads = {name: param.grad.clone() for name, param in chunks[0].named_parameters()}
     total = None
     if parallel_state.is_pipeline_last_stage():
@@ -106,7 +114,7 @@ def train_step(chunks, batches):
     return grads, total
 
 
-def main(tp: int, pp: int, out_dir: str) -> None:
+def main(tp: int, pp: int, out_dir: str, flex: bool) -> None:
     from nemo_topr import cpu_runtime
     from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
 
@@ -122,6 +130,11 @@ def main(tp: int, pp: int, out_dir: str) -> None:
     provider.pipeline_model_parallel_size = pp
     provider.pipeline_dtype = torch.float32
     provider.calculate_per_token_loss = True
+    if flex:
+        from nemo_topr.training.flex_attention import use_flex_attention
+
+        use_flex_attention(provider)
+        provider.sequence_parallel = tp > 1
     provider.finalize()
     chunks = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
 
@@ -153,4 +166,4 @@ def main(tp: int, pp: int, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:] == ["flex"])
