@@ -1,7 +1,7 @@
 """Shared test fixtures: an in-process Megatron world of one, a torchrun launcher, and the
 environment under which a test's subprocesses import this checkout's ``nemo_topr``.
 
-A script run by path (``python tests/workers/x.py``) puts its own folder, not the working
+A script run by path (``python tests/workers/WORKER.py``) puts its own folder, not the working
 directory, first on ``sys.path``, so without ``checkout_env()`` it imports ``nemo_topr`` from
 wherever the venv's editable install points -- another checkout when the venv is shared.
 (``python -m`` and ``python -c`` with ``cwd=REPO`` put REPO first themselves.)"""
