@@ -1,4 +1,10 @@
-"""Shared test fixtures: an in-process Megatron world of one, and a torchrun launcher."""
+"""Shared test fixtures: an in-process Megatron world of one, a torchrun launcher, and the
+environment under which a test's subprocesses import this checkout's ``nemo_topr``.
+
+A script run by path (``python tests/workers/WORKER.py``) puts its own folder, not the working
+directory, first on ``sys.path``, so without ``checkout_env()`` it imports ``nemo_topr`` from
+wherever the venv's editable install points -- another checkout when the venv is shared.
+(``python -m`` and ``python -c`` with ``cwd=REPO`` put REPO first themselves.)"""
 
 from __future__ import annotations
 
@@ -25,6 +31,12 @@ def megatron_world():
     yield
 
 
+def checkout_env(**extra: str) -> dict[str, str]:
+    """``os.environ`` with this checkout first on PYTHONPATH, plus ``extra``."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def run_distributed(worker: str, nproc: int, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``tests/workers/<worker>`` under ``torch.distributed.run`` on a free port.
 
@@ -36,7 +48,7 @@ def run_distributed(worker: str, nproc: int, *args: str, timeout: float = 600) -
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}",
            str(WORKERS / worker), *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=REPO, env=env, start_new_session=True)
     try:

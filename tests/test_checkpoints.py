@@ -2,7 +2,6 @@
 by exactly one of the job's ranks."""
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, WORKERS
+from conftest import REPO, WORKERS, checkout_env
 from nemo_topr.training.checkpoints import ensure_latest_complete, is_complete
 
 
@@ -92,7 +91,7 @@ def test_ranks_preparing_one_run_directory_repair_once_and_write_once(tmp_path):
     ranks = [subprocess.Popen([sys.executable, str(WORKERS / "prepare_rank.py"), str(run_dir), str(ready), str(start),
                                f"hf_model={model}", f"dataset.train_path={data}", "train.global_batch_size=2",
                                "train.micro_batch_size=1"],
-                              env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "3", "OMP_NUM_THREADS": "1"},
+                              env=checkout_env(RANK=str(rank), WORLD_SIZE="3", OMP_NUM_THREADS="1"),
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in range(3)]
     deadline = time.time() + 300

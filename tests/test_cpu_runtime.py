@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, WORKERS
+from conftest import REPO, WORKERS, checkout_env
 from nemo_topr import cpu_runtime
 
 
@@ -39,7 +39,7 @@ def test_noop_when_cuda_is_available(monkeypatch):
 @pytest.mark.slow
 def test_enable_then_disable_restores_everything():
     out = subprocess.run([sys.executable, str(WORKERS / "cpu_runtime_reversible.py")],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
+                         capture_output=True, text=True, cwd=REPO, env=checkout_env(), timeout=300)
     assert out.returncode == 0 and "REVERSIBLE OK" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
 
 

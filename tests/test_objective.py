@@ -424,3 +424,61 @@ def test_shape_errors():
         policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(variant="asymre"))
     with pytest.raises(ValueError, match="replace the scalar objective baseline"):
         policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(baseline=0.2), torch.zeros(len(rewards)))
+
+
+# --- boundaries, one row each (the random batches above rarely reach them) ------------------
+
+# (reward R_i, baseline b_i, log rho_i): what each row is at the edge of
+BOUNDARY_ROWS = [
+    (0.0, 0.5, -0.75),      # R = 0 with a negative advantage, rho < 1
+    (0.0, -0.5, -0.75),     # R = 0 with a positive advantage, rho < 1
+    (0.0, 0.5, 0.0),        # R = 0, negative advantage, rho exactly 1
+    (0.0, 0.0, 0.25),       # zero advantage: no gradient whatever the weight
+    (-1.0, 0.0, -0.75),     # negative, rho < 1: weight rho under TOPR
+    (-1.0, 0.0, 0.0),       # negative, rho exactly 1
+    (-1.0, 0.0, 0.875),     # negative, rho > 1: truncated to 1
+    (1.0, 0.0, -0.75),      # positive, rho < 1: weight 1 under TOPR, rho under TIS
+    (1.0, 0.0, 2.5),        # positive, rho > 1: rho under importance sampling
+    (-0.5, -0.75, -2.0),    # negative reward, positive advantage: the two negative rules disagree
+]
+
+
+def boundary_batch():
+    """Rows of BOUNDARY_ROWS with different lengths and token log-probs; log mu set so that
+    s_i - log mu_i is exactly the row's log rho (values exact in binary)."""
+    B, T = len(BOUNDARY_ROWS), 4
+    logp = torch.tensor([[-0.25 - 0.125 * ((i + t) % 5) for t in range(T)] for i in range(B)], dtype=torch.float64)
+    mask = torch.tensor([[t < 1 + i % T for t in range(T)] for i in range(B)])
+    s = (logp * mask).sum(-1)
+    rewards, baselines, log_rho = (torch.tensor(column, dtype=torch.float64) for column in zip(*BOUNDARY_ROWS))
+    assert torch.equal(s - (s - log_rho), log_rho)
+    return logp, mask, s - log_rho, rewards, baselines
+
+
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+@pytest.mark.parametrize("negative_rule", ["reward", "advantage"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_boundary_rows_match_closed_form(variant, negative_rule, normalization):
+    config = ObjectiveConfig(variant=variant, negative_rule=negative_rule, normalization=normalization)
+    logp, mask, behavior, rewards, baselines = boundary_batch()
+    loss, grad, _ = loss_and_grad(logp, mask, behavior, rewards, config, baselines)
+    expected_loss, expected_grad = reference(logp.tolist(), mask.tolist(), behavior.tolist(), rewards.tolist(),
+                                             config, baselines.tolist())
+    torch.testing.assert_close(grad, torch.tensor(expected_grad, dtype=torch.float64), rtol=1e-12, atol=1e-15)
+    assert loss.item() == pytest.approx(expected_loss, rel=1e-12, abs=1e-15)
+
+
+def test_topr_boundary_weights_by_hand():
+    """TOPR, reward rule, sequence mean: d loss / d log pi_it = -w_i A_i / (B n_i), with w_i
+    written down per row (R = 0 counts as positive: weight 1 whatever rho)."""
+    logp, mask, behavior, rewards, baselines = boundary_batch()
+    _, grad, metrics = loss_and_grad(logp, mask, behavior, rewards, ObjectiveConfig(), baselines)
+    weights = [1.0, 1.0, 1.0, 1.0, math.exp(-0.75), 1.0, 1.0, 1.0, 1.0, math.exp(-2.0)]
+    advantages = [-0.5, 0.5, -0.5, 0.0, -1.0, -1.0, -1.0, 1.0, 1.0, 0.25]
+    B, n = len(weights), mask.sum(-1).tolist()
+    for i in range(B):
+        expected = -weights[i] * advantages[i] / (B * n[i])
+        assert grad[i][mask[i]].tolist() == pytest.approx([expected] * n[i], rel=1e-12, abs=0), i
+        assert not grad[i][~mask[i]].any()
+    assert grad[5][mask[5]].tolist() == [1.0 / (B * n[5])] * n[5]  # rho exactly 1: weight exactly 1
+    assert metrics["num_negative"] == 4 and metrics["negative_truncated_share"] == pytest.approx(2 / 4)

@@ -290,14 +290,25 @@ def _provider_batches(tmp_path, records, dp_size=2):
         sampler = MegatronPretrainingSampler(len(dataset), 0, 1, rank, dp_size)
         for step, rows in enumerate(sampler):
             batches[rank, step] = dataset.collate_fn([dataset[i] for i in rows])
-    return batches, keys
+    return batches, keys, {seq.sample_id: seq for seq in prepared.dataset.sequences}
+
+
+def _token_ce(batch) -> torch.Tensor:
+    """Per-token CE that differs per token and so per sequence: 0.5 + (predicted token id) / 1000."""
+    return 0.5 + batch["labels"].to(torch.float64) / 1000
+
+
+def _completion_ce_mean(seq) -> float:
+    """-s_i / n_i under `_token_ce`, from the sequence's own tokens (not from the batch layout)."""
+    completion = [0.5 + token / 1000 for token, m in zip(seq.input_ids, seq.loss_mask, strict=True) if m]
+    return math.fsum(completion) / len(completion)
 
 
 def test_whole_group_baselines_survive_rows_microbatches_and_dp_ranks(tmp_path, megatron_world):
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.step import check_batch, topr_loss
 
-    batches, keys = _provider_batches(tmp_path, _grouped_records(with_baseline=False))
+    batches, keys, seqs = _provider_batches(tmp_path, _grouped_records(with_baseline=False))
     # the split this test is about: p0's samples sit in several rows, micro-batches and both DP ranks
     where = {}
     for (rank, step), batch in batches.items():
@@ -313,11 +324,11 @@ def test_whole_group_baselines_survive_rows_microbatches_and_dp_ranks(tmp_path, 
         summary = check_batch(batch, asymre)
         if summary.num_sequences == 0:
             continue
-        # per-token CE 1 everywhere: s_i / n_i = -1, and asymre's weights are 1, so
-        # loss_sum = sum_i (R_i - c_i) with c_i = whole-group mean + deltaV (= -0.1)
-        ce = torch.ones(batch["loss_mask"].shape, dtype=torch.float64)
-        loss_sum, denominator, _ = topr_loss(ce, batch, asymre, summary)
-        expected = sum(r - (m - 0.1) for r, m in zip(batch["rewards"].tolist(), expected_means, strict=True))
+        # asymre's weights are 1, so loss_sum = sum_i (R_i - c_i) (-s_i / n_i) with c_i = whole-group
+        # mean + deltaV (= -0.1); -s_i / n_i differs per sequence, so a misattributed one shows
+        loss_sum, denominator, _ = topr_loss(_token_ce(batch), batch, asymre, summary)
+        expected = math.fsum((r - (m - 0.1)) * _completion_ce_mean(seqs[i]) for r, m, i in
+                             zip(batch["rewards"].tolist(), expected_means, batch["sample_ids"].tolist(), strict=True))
         assert int(denominator) == summary.num_sequences
         assert math.isclose(loss_sum.item(), expected, rel_tol=1e-12, abs_tol=1e-12)
 
@@ -327,7 +338,7 @@ def test_record_baselines_take_precedence_over_group_means(tmp_path, megatron_wo
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.step import check_batch, topr_loss
 
-    batches, keys = _provider_batches(tmp_path, _grouped_records(with_baseline=True))
+    batches, keys, seqs = _provider_batches(tmp_path, _grouped_records(with_baseline=True))
     objective = ObjectiveConfig(variant=variant)
     seen = 0
     for batch in batches.values():
@@ -335,11 +346,11 @@ def test_record_baselines_take_precedence_over_group_means(tmp_path, megatron_wo
         if summary.num_sequences == 0:
             continue
         assert summary.record_baselines
-        ce = torch.ones(batch["loss_mask"].shape, dtype=torch.float64)
-        loss_sum, _, _ = topr_loss(ce, batch, objective, summary)
-        # every weight is 1 (asymre; TOPR with log rho > 0), so loss_sum = sum_i (R_i - b_i - deltaV)
-        expected = sum(r - b - delta_v for r, b in zip(batch["rewards"].tolist(), batch["baselines"].tolist(),
-                                                         strict=True))
+        loss_sum, _, _ = topr_loss(_token_ce(batch), batch, objective, summary)
+        # every weight is 1 (asymre; TOPR with log rho > 0), so loss_sum = sum_i (R_i - b_i - deltaV) (-s_i / n_i)
+        expected = math.fsum((r - b - delta_v) * _completion_ce_mean(seqs[i]) for r, b, i in
+                             zip(batch["rewards"].tolist(), batch["baselines"].tolist(), batch["sample_ids"].tolist(),
+                                 strict=True))
         assert math.isclose(loss_sum.item(), expected, rel_tol=1e-12, abs_tol=1e-12)
         seen += summary.num_sequences
     assert seen == 13

@@ -51,6 +51,19 @@ def test_demo_moves_positives_up_and_negatives_down(demo):
     # measured with plain transformers on the exported model vs the starting model
     assert positive["after"] > positive["before"]
     assert negative["after"] < negative["before"]
+    # "before" computed another way: log mu of the scored data is the starting model's log pi
+    # through Megatron (score-logprobs), summed over completion + EOS tokens
+    from nemo_topr.data.records import is_positive
+    from nemo_topr.data.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(demo / "tiny_llama_hf")
+    per_token = {True: [], False: []}
+    for line in (demo / "data" / "scored.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        tokens = len(tokenizer(record["completion"], add_special_tokens=False)["input_ids"]) + 1
+        per_token[is_positive(record["reward"])].append(record["behavior_logprob"] / tokens)
+    assert positive["before"] == pytest.approx(sum(per_token[True]) / len(per_token[True]), rel=1e-5)
+    assert negative["before"] == pytest.approx(sum(per_token[False]) / len(per_token[False]), rel=1e-5)
     report = json.loads((demo / "run" / "data_report.json").read_text())
     assert report["records_in"] == report["records_used"] == 144 and report["records_dropped"] == 0
 

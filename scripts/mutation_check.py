@@ -1,0 +1,217 @@
+"""A standing mutation check: plausible bugs planted one at a time, each against the tests that
+should catch it. Not part of `make test`; run it before calling a test change done and record
+the score and every survivor, with its reason, in docs/reliability.md.
+
+    .venv/bin/python scripts/mutation_check.py                 # every mutant
+    .venv/bin/python scripts/mutation_check.py --only rewards_permuted --list
+
+The checkout (tracked and untracked-but-not-ignored files: `git ls-files -co --exclude-standard`)
+is copied once to a scratch directory. The named tests must pass there unmutated; then each
+mutant replaces one exact snippet of one file in the copy, runs its tests there (PYTHONPATH =
+the copy, so the tests' subprocesses and torchrun workers import the mutant too; see
+tests/conftest.py), records *caught* (a test failed) or *survived*, and restores the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # relative to the repository root
+    old: str  # exact snippet, present once
+    new: str
+    tests: tuple[str, ...]  # pytest node ids or files
+    bug: str  # the real bug it stands for
+
+
+HF_ORACLE = ("tests/test_hf_oracle.py",)
+BASELINE_TESTS = ("tests/test_topr_step.py::test_whole_group_baselines_survive_rows_microbatches_and_dp_ranks",
+                  "tests/test_topr_step.py::test_record_baselines_take_precedence_over_group_means")
+CHECKPOINT_TESTS = ("tests/test_checkpoints.py::test_consistent_directory_is_left_alone",
+                    "tests/test_checkpoints.py::test_killed_between_tracker_and_run_config_falls_back_to_previous",
+                    "tests/test_checkpoints.py::test_incomplete_first_checkpoint_restarts_from_the_pretrained_model",
+                    "tests/test_checkpoints.py::test_run_config_cut_short_counts_as_incomplete",
+                    "tests/test_checkpoint_repair.py")
+SOURCE_TESTS = ("tests/test_run_iterations.py", "tests/test_model_source.py")
+SLURM_TESTS = ("tests/test_job_signal.py", "tests/test_slurm.py::test_scripts_pass_bash_n_and_shellcheck")
+
+MUTANTS = (
+    # objective.py
+    Mutant("zero_reward_is_negative", "nemo_topr/objective.py",
+           'negative = (advantages if config.negative_rule == "advantage" else rewards) < 0',
+           'negative = (advantages if config.negative_rule == "advantage" else rewards) <= 0',
+           ("tests/test_objective.py",), "R = 0 treated as a negative (tapered) sample"),
+    Mutant("topr_negatives_untruncated", "nemo_topr/objective.py",
+           '"topr": (1.0, 1.0, 0.0, 1.0),', '"topr": (1.0, 1.0, 0.0, math.inf),',
+           ("tests/test_objective.py",), "TOPR's negative weight min(rho, 1) without the upper bound"),
+    Mutant("weights_carry_gradient", "nemo_topr/objective.py",
+           "weights = _tapered_weights(log_ratio.detach(), negative, config)",
+           "weights = _tapered_weights(log_ratio, negative, config)",
+           ("tests/test_objective.py",), "the importance weight not detached (gradient through rho)"),
+    Mutant("sequence_mean_by_mean_length", "nemo_topr/objective.py",
+           "loss = -(objective / lengths).mean()", "loss = -objective.mean() / lengths.mean()",
+           ("tests/test_objective.py",), "sequence_mean normalised by the batch's mean length"),
+    # training/step.py
+    Mutant("completion_mask_shifted", "nemo_topr/training/step.py",
+           'completion = batch["loss_mask"].to(torch.float64)',
+           'completion = batch["loss_mask"].roll(1, -1).to(torch.float64)',
+           HF_ORACLE, "log pi summed over the completion tokens shifted by one position"),
+    Mutant("rewards_permuted", "nemo_topr/training/step.py",
+           'batch["behavior_logprobs"], batch["rewards"],', 'batch["behavior_logprobs"], batch["rewards"].flip(0),',
+           BASELINE_TESTS, "rewards paired with the wrong sequences in the loss"),
+    Mutant("record_baselines_ignored", "nemo_topr/training/step.py",
+           "if summary.record_baselines:", "if False:",
+           BASELINE_TESTS, "the records' own baselines replaced by the group mean / scalar"),
+    Mutant("shared_prefix_rope_at_row_positions", "nemo_topr/training/step.py",
+           "return angles[position_ids.t()].flatten(2, 3)", "return angles",
+           HF_ORACLE, "shared-prefix segments rotated at their row positions, not their position ids"),
+    Mutant("missing_mu_not_checked", "nemo_topr/training/step.py",
+           'missing = torch.isnan(batch["behavior_logprobs"])', 'missing = torch.zeros_like(batch["rewards"]) > 0',
+           ("tests/test_topr_step.py::test_host_check_names_the_samples_of_a_bad_batch",),
+           "a batch without behaviour log-probs trained on (NaN rho) instead of refused"),
+    # data/
+    Mutant("labels_not_shifted", "nemo_topr/data/packing.py",
+           'batch["labels"][r, start : end - 1] = ids[1:]', 'batch["labels"][r, start : end - 1] = ids[:-1]',
+           ("tests/test_data_packing.py",), "each position trained to predict itself"),
+    Mutant("eos_not_trained", "nemo_topr/data/tokenization.py",
+           "loss_mask=[0] * len(prompt_ids) + [1] * (len(completion_ids) + 1),",
+           "loss_mask=[0] * len(prompt_ids) + [1] * len(completion_ids) + [0],",
+           ("tests/test_data_tokenization.py", "tests/test_data_packing.py"), "the EOS token left out of log pi"),
+    Mutant("group_mean_leaves_one_out", "nemo_topr/data/packing.py",
+           "means = {prompt_id: math.fsum(rewards) / len(rewards)",
+           "means = {prompt_id: math.fsum(rewards[1:]) / max(len(rewards) - 1, 1)",
+           BASELINE_TESTS, "AsymRE's whole-group mean computed without one sample"),
+    Mutant("unseeded_shuffle", "nemo_topr/training/data.py",
+           "random.Random(self.shuffle_seed + epoch).shuffle(shuffled)", "random.shuffle(shuffled)",
+           ("tests/test_data_order.py",), "a data order that differs per process"),
+    Mutant("hash_seeded_shuffle", "nemo_topr/training/data.py",
+           "random.Random(self.shuffle_seed + epoch).shuffle(shuffled)",
+           "random.Random(hash(str(self.shuffle_seed)) + epoch).shuffle(shuffled)",
+           ("tests/test_data_order.py",), "an order seeded from Python's per-process string hash"),
+    # model_source.py, export
+    Mutant("run_at_iteration_ignored", "nemo_topr/model_source.py",
+           "return _run_source(Path(directory).resolve(), int(iteration[1:]), given=text)",
+           "return _run_source(Path(directory).resolve(), None, given=text)",
+           SOURCE_TESTS, "RUN@ITERATION loads the latest checkpoint"),
+    Mutant("unfinished_iteration_accepted", "nemo_topr/model_source.py",
+           "missing = [name for name in ITERATION_FILES if not (checkpoint / name).is_file()]", "missing = []",
+           SOURCE_TESTS, "a checkpoint cut short by a kill loaded as a model"),
+    Mutant("export_all_from_latest", "nemo_topr/training/export.py",
+           "bridge.export_ckpt(str(checkpoint.checkpoint), str(out), show_progress=False)",
+           "bridge.export_ckpt(str(source.checkpoint), str(out), show_progress=False)",
+           ("tests/test_run_iterations.py",), "--all-iterations writes the latest weights under every iteration"),
+    # training/checkpoints.py
+    Mutant("repair_to_oldest", "nemo_topr/training/checkpoints.py",
+           "iteration, path = complete[-1]", "iteration, path = complete[0]",
+           CHECKPOINT_TESTS, "repair resumes from the oldest complete checkpoint"),
+    Mutant("train_state_not_required", "nemo_topr/training/checkpoints.py",
+           ' and (iteration_dir / "train_state.pt").is_file()', "",
+           CHECKPOINT_TESTS, "an iteration without train_state.pt counted complete"),
+    Mutant("broken_checkpoint_kept_in_place", "nemo_topr/training/checkpoints.py",
+           'latest_dir.rename(latest_dir.with_name(latest_dir.name + ".incomplete"))', "pass",
+           CHECKPOINT_TESTS, "the incomplete checkpoint left where Bridge would load it again"),
+    # slurm/
+    Mutant("exit_signal_mismatch", "slurm/topr_job.sh",
+           "train.exit_signal=SIGUSR1 train.exit_signal_handler", "train.exit_signal=SIGTERM train.exit_signal_handler",
+           SLURM_TESTS, "the ranks checkpoint on another signal than the one Slurm sends"),
+    Mutant("warning_to_batch_shell", "slurm/llama31_8b.sbatch",
+           "#SBATCH --signal=USR1@600", "#SBATCH --signal=B:USR1@600",
+           SLURM_TESTS, "the warning goes to the batch shell, not the training ranks"),
+    Mutant("failures_requeued", "slurm/topr_job.sh",
+           'if [[ -f $run_dir/STOPPED ]]; then', "if true; then",
+           SLURM_TESTS, "every unfinished run requeued, failures included"),
+    # the harness itself
+    Mutant("workers_import_another_checkout", "tests/conftest.py",
+           'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',
+           'env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}',
+           ("tests/test_harness.py",), "torchrun workers import the venv's editable install, not the checkout"),
+)
+
+
+def copy_checkout(destination: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, files):
+        source = REPO / name
+        if source.is_file() and not source.is_symlink():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    (destination / ".venv").symlink_to((REPO / ".venv").resolve())
+
+
+def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[bool, float, str]:
+    """(passed, seconds, output tail) of pytest on `tests` in `copy`."""
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    start = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                              cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+        passed, output = proc.returncode == 0, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired:
+        passed, output = False, f"timed out after {timeout} s"
+    return passed, time.monotonic() - start, output[-2000:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run these mutants only")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per pytest run")
+    args = parser.parse_args(argv)
+    mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.only and len(mutants) != len(args.only):
+        parser.error(f"unknown mutants: {sorted(set(args.only) - {m.name for m in MUTANTS})}")
+    if args.list:
+        for m in mutants:
+            print(f"{m.name:38} {m.path:36} {m.bug}")
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="nemo_topr_mutants_") as scratch:
+        copy = Path(scratch) / "repo"
+        copy_checkout(copy)
+        for m in mutants:  # every snippet still matches exactly once
+            count = (copy / m.path).read_text().count(m.old)
+            if count != 1:
+                raise SystemExit(f"mutant {m.name}: {m.path} holds its snippet {count} times (expected once)")
+        tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
+        passed, seconds, output = run_tests(copy, tests, args.timeout)
+        print(f"unmutated: {'pass' if passed else 'FAIL'} ({seconds:.0f} s)", flush=True)
+        if not passed:
+            raise SystemExit(f"the named tests fail without any mutant:\n{output}")
+        results = []
+        for m in mutants:
+            target = copy / m.path
+            original = target.read_text()
+            target.write_text(original.replace(m.old, m.new))
+            try:
+                survived, seconds, output = run_tests(copy, m.tests, args.timeout)
+            finally:
+                target.write_text(original)
+            results.append({"name": m.name, "path": m.path, "bug": m.bug, "tests": list(m.tests),
+                            "caught": not survived, "seconds": round(seconds, 1)})
+            print(f"{'caught  ' if not survived else 'SURVIVED'} {m.name:38} {seconds:5.0f} s  {m.bug}", flush=True)
+    caught = sum(r["caught"] for r in results)
+    print(f"score: {caught} of {len(results)} caught")
+    if args.out:
+        args.out.write_text(json.dumps({"caught": caught, "mutants": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Checkpoint repair with several earlier checkpoints: the trackers go back to the newest complete
+one, never an older one, and an iteration without train_state.pt is not complete."""
+
+import torch
+
+from nemo_topr.training.checkpoints import ensure_latest_complete, is_complete
+from test_checkpoints import _checkpoint, _point_latest
+
+
+def test_repair_resumes_from_the_newest_complete_of_several(tmp_path):
+    for iteration in (2, 4, 6):
+        _checkpoint(tmp_path, iteration)
+    _checkpoint(tmp_path, 8, config="")  # killed before run_config.yaml
+    _point_latest(tmp_path, 8)
+    message = ensure_latest_complete(tmp_path)
+    assert message.endswith("resuming from iter 6"), message
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "6"
+    assert torch.load(tmp_path / "latest_train_state.pt") == {"step": 6}
+    assert all(is_complete(tmp_path / f"iter_{it:07d}") for it in (2, 4, 6))  # the earlier ones untouched
+
+
+def test_an_iteration_without_train_state_is_not_complete(tmp_path):
+    for iteration in (2, 4, 6):
+        _checkpoint(tmp_path, iteration)
+    (tmp_path / "iter_0000006" / "train_state.pt").unlink()  # data and config, but no train state
+    assert not is_complete(tmp_path / "iter_0000006")
+    _checkpoint(tmp_path, 8, config="")
+    _point_latest(tmp_path, 8)
+    assert ensure_latest_complete(tmp_path).endswith("resuming from iter 4")
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "4"
+    assert torch.load(tmp_path / "latest_train_state.pt") == {"step": 4}
+
+
+def test_latest_without_train_state_is_repaired(tmp_path):
+    _checkpoint(tmp_path, 3)
+    (_checkpoint(tmp_path, 5) / "train_state.pt").unlink()
+    _point_latest(tmp_path, 5)
+    assert ensure_latest_complete(tmp_path).endswith("resuming from iter 3")
+    assert (tmp_path / "iter_0000005.incomplete").is_dir()

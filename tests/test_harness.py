@@ -1,0 +1,47 @@
+"""The harness tests this checkout: pytest, run_distributed's workers and scripts started with
+checkout_env() import ``nemo_topr`` from REPO, even when PYTHONPATH names another checkout."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nemo_topr
+from conftest import REPO, WORKERS, checkout_env, run_distributed
+
+
+def _imported_from(output: str) -> Path:
+    found = re.findall(r"nemo_topr imported from (\S+)", output)
+    assert found, output[-3000:]
+    return Path(found[-1]).resolve()
+
+
+@pytest.fixture
+def other_checkout(tmp_path, monkeypatch) -> Path:
+    """A decoy ``nemo_topr`` on PYTHONPATH: a subprocess that does not put REPO first imports it."""
+    decoy = tmp_path / "other_checkout" / "nemo_topr"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(decoy.parent))
+    return decoy.parent
+
+
+def test_pytest_imports_this_checkout():
+    assert Path(nemo_topr.__file__).resolve().is_relative_to(REPO)
+
+
+def test_distributed_workers_import_this_checkout(other_checkout):
+    out = run_distributed("which_checkout.py", 1, timeout=300).stdout
+    assert _imported_from(out).is_relative_to(REPO), out[-3000:]
+
+
+def test_scripts_run_with_checkout_env_import_this_checkout(other_checkout):
+    proc = subprocess.run([sys.executable, str(WORKERS / "which_checkout.py")], env=checkout_env(),
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert _imported_from(proc.stdout).is_relative_to(REPO)
+    # the decoy is real: without checkout_env() the same script imports it
+    plain = subprocess.run([sys.executable, str(WORKERS / "which_checkout.py")],
+                           capture_output=True, text=True, timeout=120, check=True)
+    assert _imported_from(plain.stdout).is_relative_to(other_checkout)

@@ -1,0 +1,87 @@
+"""RUN@ITERATION and `export --all-iterations` on a run directory made of just the files
+`nemo_topr.model_source` reads (no training, no Megatron): fast tests of guarantees the slow
+end-to-end tests (test_training_e2e.py, test_checkpoint_route.py) also hold."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nemo_topr import model_source
+from nemo_topr.model_source import ModelSourceError, resolve
+from nemo_topr.training import export
+
+SAVED = (2, 4, 6)  # iterations of the fake run; 6 is the latest
+
+
+def _iteration(checkpoints: Path, iteration: int, *, finished: bool = True) -> Path:
+    path = checkpoints / f"iter_{iteration:07d}"
+    path.mkdir(parents=True)
+    for name in (".metadata", "metadata.json", "train_state.pt"):
+        (path / name).write_text("")
+    if finished:  # what Bridge writes last (model_source.ITERATION_FILES)
+        (path / "run_config.yaml").write_text(f"model:\n  num_layers: 2\n  hidden_size: 64\n# iteration {iteration}\n")
+    return path
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    run = tmp_path / "run"
+    checkpoints = run / "checkpoints"
+    for iteration in SAVED:
+        _iteration(checkpoints, iteration)
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(SAVED[-1]))
+    artifacts = checkpoints / model_source.HF_ARTIFACTS
+    artifacts.mkdir()
+    (artifacts / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64}))
+    (artifacts / "tokenizer.json").write_text("{}")
+    (run / "config.yaml").write_text("run_dir: run\n")
+    return run
+
+
+def test_run_at_iteration_loads_that_iteration(run_dir):
+    for iteration in SAVED:
+        source = resolve(f"{run_dir}@{iteration}")
+        assert (source.kind, source.iteration) == ("run", iteration)
+        assert source.checkpoint == run_dir.resolve() / "checkpoints" / f"iter_{iteration:07d}"
+        assert source.run_config()["model"]["num_layers"] == 2
+    latest = resolve(run_dir)
+    assert (latest.iteration, latest.checkpoint.name) == (6, "iter_0000006")
+    assert latest.saved_iterations() == list(SAVED)
+
+
+def test_run_at_iteration_errors_name_the_saved_iterations(run_dir):
+    with pytest.raises(ModelSourceError, match=r"no checkpoint .*iter_0000005; saved iterations: \[2, 4, 6\]"):
+        resolve(f"{run_dir}@5")
+    _iteration(run_dir / "checkpoints", 8, finished=False)
+    with pytest.raises(ModelSourceError, match=r"unfinished save: .*iter_0000008 lacks run_config.yaml"):
+        resolve(f"{run_dir}@8")
+
+
+def test_a_directory_named_like_run_at_iteration_is_not_split(run_dir, tmp_path):
+    odd = tmp_path / "run@4"
+    run_dir.rename(odd)
+    assert resolve(odd).iteration == 6  # the directory "run@4" itself, at its latest iteration
+
+
+def test_export_all_iterations_maps_each_output_to_its_own_iteration(run_dir, tmp_path, monkeypatch, capsys):
+    """The heavy conversion is replaced by a recorder; what is checked is which checkpoint goes
+    to which output directory and what nemo_topr_export.json says about it."""
+    converted = []
+
+    class RecordingBridge:
+        def export_ckpt(self, checkpoint, out, show_progress):
+            converted.append((Path(checkpoint).name, Path(out).name))
+            Path(out).mkdir(parents=True)
+
+    monkeypatch.setattr(export, "use_device", lambda device, where: device)
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: RecordingBridge())
+    out = tmp_path / "exports"
+    assert export.main(["--ckpt", str(run_dir), "--hf-out", str(out), "--all-iterations", "--device", "cpu"]) == 0
+    names = [f"iter_{i:07d}" for i in SAVED]
+    assert converted == [(name, name) for name in names]  # each checkpoint into the directory of its own name
+    for iteration, name in zip(SAVED, names, strict=True):
+        record = json.loads((out / name / "nemo_topr_export.json").read_text())
+        assert record["iteration"] == iteration and Path(record["checkpoint"]).name == name
+    assert capsys.readouterr().out.splitlines() == [
+        f"exported {run_dir.resolve() / 'checkpoints' / name} -> {out / name}" for name in names]
