@@ -22,7 +22,7 @@ import torch
 
 from conftest import REPO
 from nemo_topr import model_settings
-from nemo_topr.attention_check import MASK, THD, AttentionError, check_attention, core_attention_of_spec
+from nemo_topr.attention_check import FLEX, MASK, THD, AttentionError, check_attention, core_attention_of_spec
 
 
 def test_bridge_setup_uses_the_prebuilt_dataset_helpers_on_cuda():
@@ -89,8 +89,12 @@ CASES = list(itertools.product((True, False), (True, False), ("transformer_engin
                          ids=[f"te={t}-apex={a}-{i}-shared={s}" for t, a, i, s in CASES])
 def test_each_gpu_combination_runs_an_attention_that_honours_the_mask_or_is_refused(megatron_world, gpu,
                                                                                      te, apex, impl, shared):
+    from nemo_topr.training.flex_attention import FlexCoreAttention, prepare_shared_prefix_attention
+
     gpu(te=te, apex=apex)
     provider = _gpu_provider(impl)
+    if shared:  # build_training_run's order: the device settings, then the shared-prefix attention
+        prepare_shared_prefix_attention(provider)
     spec = provider.transformer_layer_spec(provider)
     attention, mask_type = core_attention_of_spec(spec)
     assert provider.gradient_accumulation_fusion is apex  # trained with DDP: only with Apex's kernel
@@ -98,14 +102,32 @@ def test_each_gpu_combination_runs_an_attention_that_honours_the_mask_or_is_refu
     if not te:  # the supported GPU route without TE: local layers, TE/Apex fusions off
         assert provider.transformer_impl == "local"
         assert not (provider.apply_rope_fusion or provider.persist_layer_norm or provider.masked_softmax_fusion)
-    expected_attention = "DotProductAttention" if provider.transformer_impl == "local" else "TEDotProductAttention"
-    assert attention.__name__ == expected_attention
-    if shared and attention.__name__ == "TEDotProductAttention":
-        with pytest.raises(AttentionError, match="shared-prefix rows need"):
-            check_attention(attention, mask_type, provider, shared_prefix=shared)
+    route = check_attention(attention, mask_type, provider, shared_prefix=shared)
+    if provider.transformer_impl == "local":
+        assert (attention.__name__, route) == ("DotProductAttention", MASK)
+    elif shared:  # TE's layers keep their linears; only the core attention is FlexCoreAttention
+        assert (attention, route) == (FlexCoreAttention, FLEX)
+        assert spec.submodules.self_attention.submodules.linear_qkv == _gpu_provider(impl).transformer_layer_spec(
+            provider).submodules.self_attention.submodules.linear_qkv
     else:
-        route = check_attention(attention, mask_type, provider, shared_prefix=shared)
-        assert route == (MASK if provider.transformer_impl == "local" else THD)
+        assert (attention.__name__, route) == ("TEDotProductAttention", THD)
+        with pytest.raises(AttentionError, match="shared-prefix rows need"):
+            check_attention(attention, mask_type, provider, shared_prefix=True)
+
+
+def test_a_flex_attention_spec_is_refused_unless_the_step_gives_it_the_block_mask(megatron_world, gpu):
+    """FlexCoreAttention reads only the FlexAttention block mask: under a provider whose layer spec
+    does not carry the mark (the step would give it a dense mask or cu_seqlens) it is refused, and
+    TE's attention is refused where the step would give it the block mask."""
+    from nemo_topr.training.flex_attention import FlexCoreAttention, use_flex_attention
+
+    gpu(te=True, apex=False)
+    for impl in ("transformer_engine", "local"):
+        with pytest.raises(AttentionError, match="which it does not read.*use_flex_attention"):
+            check_attention(FlexCoreAttention, None, _gpu_provider(impl), shared_prefix=False)
+    flex_provider = use_flex_attention(_gpu_provider("transformer_engine"))
+    with pytest.raises(AttentionError, match="FlexAttention block mask, which it does not read"):
+        check_attention(TE_DOT_PRODUCT_ATTENTION, None, flex_provider, shared_prefix=False)
 
 
 def test_the_two_silent_cross_sequence_cases_of_the_old_path_are_refused(megatron_world, gpu):

@@ -273,8 +273,9 @@ class TrainingRun:
 def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, ObjectiveConfig]:
     """The checks that need no Megatron import (a second, not the ~25 s of Bridge's): required
     keys, train.train_iters, `base_model`, `objective` keys and types, `device`. Returns the
-    resolved values, the base model and the objective. `build_training_run` runs it first, and
-    `nemo-topr train` runs it before importing Megatron."""
+    resolved values, the base model and the objective. `build_training_run` runs it first, then
+    `check_values` (Bridge's sections, which need Bridge's classes); `nemo-topr train` runs it
+    before importing Megatron and loading the data."""
     values = OmegaConf.to_container(raw, resolve=True)
     missing = [key for key in ("base_model", "run_dir", "objective") if values.get(key) in (None, "", "???")]
     if missing:
@@ -289,7 +290,7 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
         base_model = model_source.resolve(values["base_model"])
     except model_source.ModelSourceError as error:
         raise ConfigError(str(error)) from None
-    objective = check_values(values)
+    objective = objective_from(values.get("objective") or {})
     # the value only: whether this machine has CUDA is checked where the process starts
     # (`use_device` in `nemo-topr train`), so a GPU preset still builds on a login node (plan, tests)
     resolve_device(values["device"], cuda_available=True, where="device", choices=DEVICES)
@@ -302,6 +303,7 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     from nemo_topr.training.data import ToprDatasetConfig
 
     values, base_model, objective = check_config(raw)
+    check_values(values)
     run_dir = Path(values["run_dir"]).resolve()
     _, provider = source_provider(base_model)
     dataset = ToprDatasetConfig(tokenizer_dir=str(base_model.hf_dir), report_path=str(run_dir / "data_report.json"))
