@@ -182,7 +182,7 @@ def test_the_step_refuses_a_built_model_whose_attention_ignores_its_input(megatr
     seqs = build_sequences([20, 30, 40], seed=0)
     batch = collate_packed(seqs, [[0, 1], [2]], SEQ_LENGTH, PAD_ID)
     assert torch.isfinite(forward_packed(model, batch, model.config)).all()  # the local route runs
-    for setting, value, message in (("transformer_impl", "transformer_engine", "cu_seqlens, which it ignores"),
+    for setting, value, message in (("transformer_impl", "transformer_engine", "cu_seqlens, which it does not read"),
                                     ("masked_softmax_fusion", True, "fused causal softmax")):
         model.__dict__.pop("_topr_attention_checked")
         original = getattr(model.config, setting)

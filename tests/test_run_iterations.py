@@ -79,7 +79,9 @@ def test_export_all_iterations_maps_each_output_to_its_own_iteration(run_dir, tm
     out = tmp_path / "exports"
     assert export.main(["--ckpt", str(run_dir), "--hf-out", str(out), "--all-iterations", "--device", "cpu"]) == 0
     names = [f"iter_{i:07d}" for i in SAVED]
-    assert converted == [(name, name) for name in names]  # each checkpoint into the directory of its own name
+    # each checkpoint into the directory of its own name, written as .NAME.partial and renamed when complete
+    assert converted == [(name, f".{name}.partial") for name in names]
+    assert sorted(p.name for p in out.iterdir()) == names
     for iteration, name in zip(SAVED, names, strict=True):
         record = json.loads((out / name / "nemo_topr_export.json").read_text())
         assert record["iteration"] == iteration and Path(record["checkpoint"]).name == name

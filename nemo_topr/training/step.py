@@ -378,7 +378,9 @@ class ToprForwardStep:
         return output, loss_func
 
     def _remember_samples(self, state: Any, batch: dict[str, torch.Tensor]) -> None:
-        iteration = int(state.train_state.step)
+        # state is None when the step runs outside Bridge's loop (forward-only checks, tests):
+        # the ids then belong to one unnumbered iteration
+        iteration = None if state is None else int(state.train_state.step)
         if iteration != self._ids_iteration:
             self.iteration_sample_ids, self._ids_iteration = [], iteration
         self.iteration_sample_ids += batch["sample_ids"].tolist()
