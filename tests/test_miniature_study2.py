@@ -257,6 +257,11 @@ def test_report_applies_the_registered_rules(tmp_path):
     assert "| 0.2 | topr | sft_positive | +0.125, +0.125, +0.125, +0.125, +0.125, +0.125 | +0.125 ± 0.000 " \
            "| 6 / 0 / 0 | 0.03125 | 0 | 1 | better |" in text
     assert "| 0.2 | 210 | 0.250 | 0.250 | 0.250 |" in text
+    # reported, never decisive: each p~ against topr; the trend with p~* (0.8 at 0.2, 0.1 at 0.6) in place of topr
+    assert "| 0.2 | topr p~=0.8 (p~*) | topr | " + ", ".join(["-0.125"] * 6) in text
+    assert "| 0.6 | topr p~=0.1 (p~*) | sft_positive | " in text and "| 0.6 | topr p~=0.8 | topr | " in text
+    assert ("| 0.2 vs 0.6 | topr p~* gap at 0.2 | at 0.6 | " + ", ".join(["+0.000"] * 6) + " | +0.000 ± 0.000 "
+            "| 0 / 0 / 6 | 1 | 0 | 0 | equivalent |") in text
     assert "| topr token_sum | 0.633 | 0.617 | 0.629 | 0.621 | 0.625 | 0.629 |" in text
     assert (tmp_path / "docs" / study2_report.PLOT).is_file() and (tmp_path / "docs" / "results.md").read_text() == text
     # the manipulation check fails at 0.6 if positives-only does not beat mu there: H4 has one strength left

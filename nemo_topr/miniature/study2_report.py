@@ -75,11 +75,12 @@ def analyse(results: dict) -> dict:
             values = _per_seed(results, strength, f"topr_ptilde{t:g}")
             if values is None:
                 continue
-            outcome = compare(strength, f"topr p~={t:g}", values, POSITIVES, sft)
+            name = f"topr p~={t:g}" + (" (p~*)" if t == star else "")
+            outcome = compare(strength, name, values, POSITIVES, sft)
             if t == star:
                 analysis["H6"][strength] = stats.decide_at_least_as_good(check, outcome)
-                if topr is not None:
-                    compare(strength, f"topr p~={t:g} (p~*)", values, TOPR, topr)
+            if topr is not None:
+                compare(strength, name, values, TOPR, topr)
         if strength not in analysis["H6"]:
             analysis["H6"][strength] = _missing("the curated p~ grid")
         token_sum, sequence_mean = _gap(results, strength, TOPR_TS, POSITIVES_TS), _gap(results, strength, TOPR, POSITIVES)
@@ -91,14 +92,28 @@ def analyse(results: dict) -> dict:
         else:
             analysis["H7"][strength] = _missing("the token_sum or sequence_mean pair")
 
-    # H4: the weakest and the strongest strength whose check passed (the strengths are in target order)
-    passing = [s for s, check in analysis["checks"].items() if check is not None and check.passed
-               and _gap(results, s, TOPR, POSITIVES) is not None]
+    # H4: the weakest and the strongest strength whose check passed
+    passing = sorted((s for s, check in analysis["checks"].items() if check is not None and check.passed
+                      and _gap(results, s, TOPR, POSITIVES) is not None), key=float)
     trend = None
     if len(passing) >= 2:
         weak, strong = passing[0], passing[-1]
-        trend = compare(f"{weak} vs {strong}", f"gap at {weak}", _gap(results, weak, TOPR, POSITIVES),
-                        f"gap at {strong}", _gap(results, strong, TOPR, POSITIVES))
+
+        def star(strength: str) -> str | None:
+            return None if analysis["p*"].get(strength) is None else f"topr_ptilde{analysis['p*'][strength]:g}"
+
+        def trend_of(label: str, x: str, y: str, a_of, b: str) -> stats.Outcome | None:
+            """The gap A - B at strength x against the gap at y; A = a_of(strength)."""
+            gaps = [None if a_of(s) is None else _gap(results, s, a_of(s), b) for s in (x, y)]
+            return None if None in gaps else compare(f"{x} vs {y}", f"{label} gap at {x}", gaps[0], f"at {y}", gaps[1])
+
+        trend = trend_of("topr", weak, strong, lambda s: TOPR, POSITIVES)
+        # reported, never decisive: the middle strength against each end; p~* and token_sum in place of topr
+        for middle in passing[1:-1]:
+            trend_of("topr", weak, middle, lambda s: TOPR, POSITIVES)
+            trend_of("topr", middle, strong, lambda s: TOPR, POSITIVES)
+        trend_of("topr p~*", weak, strong, star, POSITIVES)
+        trend_of("token_sum topr", weak, strong, lambda s: TOPR_TS, POSITIVES_TS)
     analysis["H4"] = stats.decide_strength_trend(trend)
     return analysis
 
