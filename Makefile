@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo clean bench miniature miniature-study
+.PHONY: venv test test-fast demo clean bench miniature miniature-study miniature-study2
 
 venv:
 	@scripts/setup_venv.sh
@@ -28,6 +28,10 @@ miniature: venv
 # The pre-registered study of issue 19 (docs/miniature.md): hours on 2 cores; add ARGS=--dry-run for the plan.
 miniature-study: venv
 	$(PYTHON) -m nemo_topr.miniature.study $(ARGS)
+
+# Study 2 of issue 32 (docs/miniature/study2_preregistration.md): about 1.5-2 h on 2 cores; ARGS=--dry-run, ARGS=--resume.
+miniature-study2: venv
+	$(PYTHON) -m nemo_topr.miniature.study --design study2 $(ARGS)
 
 bench: venv
 	$(PYTHON) -m bench.run

@@ -195,27 +195,38 @@ def build_task_and_model(out: Path, sizes: dict[str, int], task_seed: int, vocab
     return splits, model
 
 
-def pretrain_mu(out: Path, splits: dict, model: Path, *, lr: float, epochs: int, save_interval: int,
-                target: float, probe_prompts: int, max_new_tokens: int) -> tuple[Path, list[dict], bool]:
+def pretrain_mus(out: Path, splits: dict, model: Path, *, lr: float, epochs: int, save_interval: int,
+                 targets: tuple[float, ...], probe_prompts: int,
+                 max_new_tokens: int) -> tuple[dict[float, Path], list[dict], Path]:
     """Pretraining from scratch = one SFT run on the pretraining split's gold solutions, a checkpoint
     every `save_interval` iterations. Checkpoints are probed in order on the first `probe_prompts`
-    train prompts x 8 samples; mu is the first with train pass@1 >= target, else the last one.
-    Returns (mu, probes, target met)."""
+    train prompts x 8 samples until every target is met; each target's mu is the first checkpoint
+    with train pass@1 >= target. Returns ({target met: mu}, probes, the last probed checkpoint)."""
     sft_data = _write_jsonl(_records(splits["pretrain"], "pre"), out / "data" / "pretrain.jsonl")
     run_dir = train("pretrain", model, sft_data,
                     ["objective.variant=sft_positive", f"optimizer.lr={lr}", f"optimizer.min_lr={lr}",
                      f"dataset.epochs={epochs}", f"checkpoint.save_interval={save_interval}"], out)
-    probes = []
+    probes, mus = [], {}
     for iteration, hf in export_all(run_dir, out / "pretrain_hf").items():
         probe = evaluate(hf, splits["train"][:probe_prompts], "train", 8, 0, max_new_tokens)
         probes.append({"iteration": iteration, **probe["metrics"]})
         log(f"pretraining iteration {iteration}: train pass@1 {probe['metrics']['pass@1']:.3f}; "
              f"e.g. {probe['examples'][0]!r}")
-        mu = hf
-        if probe["metrics"]["pass@1"] >= target:
+        last = hf
+        mus.update({t: hf for t in targets if t not in mus and probe["metrics"]["pass@1"] >= t})
+        if len(mus) == len(targets):
             break
     shutil.rmtree(run_dir / "checkpoints")
-    return mu, probes, probes[-1]["pass@1"] >= target
+    return mus, probes, last
+
+
+def pretrain_mu(out: Path, splits: dict, model: Path, *, lr: float, epochs: int, save_interval: int,
+                target: float, probe_prompts: int, max_new_tokens: int) -> tuple[Path, list[dict], bool]:
+    """`pretrain_mus` with one target: mu is the first checkpoint with train pass@1 >= target, else
+    the last one. Returns (mu, probes, target met)."""
+    mus, probes, last = pretrain_mus(out, splits, model, lr=lr, epochs=epochs, save_interval=save_interval,
+                                     targets=(target,), probe_prompts=probe_prompts, max_new_tokens=max_new_tokens)
+    return mus.get(target, last), probes, target in mus
 
 
 def offline_dataset(mu: Path, problems, k: int, seed: int, directory: Path, max_new_tokens: int) -> tuple[Path, dict]:

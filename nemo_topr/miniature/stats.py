@@ -1,10 +1,13 @@
-"""The pre-registered study's statistics and decision rules (docs/miniature.md, "Pre-registered
-study (issue 19)"): paired per-seed differences, the exact two-sided sign test, and the rules that
-turn them into supported / refuted / inconclusive. Pure Python, no I/O; the numbers below are the
-pre-registration's and may not change after the study's results are seen."""
+"""The pre-registered studies' statistics and decision rules: study 1 (docs/miniature.md,
+"Pre-registered study (issue 19)"): paired per-seed differences, the exact two-sided sign test, and
+the rules that turn them into supported / refuted / inconclusive; study 2
+(docs/miniature/study2_preregistration.md) adds the paired-t TOST at delta and the eight registered
+outcomes of a comparison. Pure Python, no I/O; the numbers below are the pre-registrations' and may
+not change after the studies' results are seen."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from math import comb
@@ -138,3 +141,126 @@ def decide_h3(check: Check, validation: dict[float, list[float]], test: dict[flo
     if any(o == B_BETTER for o in outcomes.values()):
         return Decision(REFUTED, reason), star
     return Decision(INCONCLUSIVE, reason), star
+
+
+# ---------------------------------------------------------------------------------------------
+# Study 2 (docs/miniature/study2_preregistration.md, "Statistics"): equivalence and the eight outcomes
+
+BETTER, WORSE = "better", "worse"
+WORSE_WITHIN, BETTER_WITHIN = "worse by less than δ", "better by less than δ"
+EQUIVALENT = "equivalent"
+NOT_WORSE, NOT_BETTER = "not worse by more than δ", "not better by more than δ"
+UNDECIDED = "inconclusive"
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with integer df >= 1, by the closed-form series (Abramowitz and
+    Stegun 26.7.3 / 26.7.4) in theta = atan(t / sqrt(df)): exact up to rounding, no special functions."""
+    if df < 1 or int(df) != df:
+        raise ValueError(f"df must be a positive integer; got {df}")
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    theta = math.atan(t / math.sqrt(df))
+    cos2 = math.cos(theta) ** 2
+    if df % 2:  # odd: (2/pi) (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...)), df - 3 in the last power
+        term, series = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 1) // 2):
+            term *= cos2 * (2 * k) / (2 * k + 1)
+            series += term
+        signed = 2.0 / math.pi * (theta + math.sin(theta) * math.cos(theta) * series)
+    else:       # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...), df - 2 in the last power
+        term = series = 1.0
+        for k in range(1, df // 2):
+            term *= cos2 * (2 * k - 1) / (2 * k)
+            series += term
+        signed = math.sin(theta) * series
+    return 0.5 + 0.5 * signed
+
+
+@dataclass(frozen=True)
+class Tost:
+    """Paired-t two one-sided tests at +-margin: p_low tests H0 mean <= -margin, p_high H0 mean >= +margin."""
+
+    p_low: float
+    p_high: float
+
+    @property
+    def p(self) -> float:
+        return max(self.p_low, self.p_high)
+
+
+def tost(deltas: list[float] | tuple[float, ...], margin: float = MIN_EFFECT) -> Tost:
+    """TOST on the mean of paired differences with df = n - 1; with sd = 0 each p is 0 or 1 (the mean
+    either is or is not inside the bound); with one difference nothing can be shown (both p = 1)."""
+    n = len(deltas)
+    if n < 2:
+        return Tost(1.0, 1.0)
+    mean, sd = statistics.fmean(deltas), statistics.stdev(deltas)
+    if sd == 0.0:
+        return Tost(0.0 if mean > -margin else 1.0, 0.0 if mean < margin else 1.0)
+    se = sd / math.sqrt(n)
+    return Tost(1.0 - t_cdf((mean + margin) / se, n - 1), t_cdf((mean - margin) / se, n - 1))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A study-2 comparison: the paired sign test (study 1's), the TOST and the registered outcome."""
+
+    paired: Paired
+    tost: Tost
+    outcome: str
+
+
+def classify(a: list[float], b: list[float], *, margin: float = MIN_EFFECT, alpha: float = ALPHA) -> Outcome:
+    """A vs B paired by seed: the first of the eight registered outcomes that applies."""
+    paired, equivalence = compare(a, b, margin=margin, alpha=alpha), tost([x - y for x, y in zip(a, b)], margin)
+    signed = paired.p <= alpha and paired.positive != paired.negative
+    if paired.outcome == A_BETTER:
+        outcome = BETTER
+    elif paired.outcome == B_BETTER:
+        outcome = WORSE
+    elif equivalence.p <= alpha and signed:
+        outcome = WORSE_WITHIN if paired.negative > paired.positive else BETTER_WITHIN
+    elif equivalence.p <= alpha:
+        outcome = EQUIVALENT
+    elif equivalence.p_low <= alpha:
+        outcome = NOT_WORSE
+    elif equivalence.p_high <= alpha:
+        outcome = NOT_BETTER
+    else:
+        outcome = UNDECIDED
+    return Outcome(paired, equivalence, outcome)
+
+
+def _reading(outcome: Outcome, readings: dict[str, tuple[str, str]]) -> Decision:
+    status, note = readings.get(outcome.outcome, (INCONCLUSIVE, ""))
+    return Decision(status, outcome.outcome + (f": {note}" if note else ""))
+
+
+def decide_at_least_as_good(check: Check, outcome: Outcome) -> Decision:
+    """H5 / H6 at one strength: A (a TOPR configuration) at least as good as positives-only."""
+    if not check.passed:
+        return Decision(INCONCLUSIVE, "manipulation check failed")
+    return _reading(outcome, {BETTER: (SUPPORTED, ""), BETTER_WITHIN: (SUPPORTED, ""), EQUIVALENT: (SUPPORTED, ""),
+                              NOT_WORSE: (SUPPORTED, ""), WORSE: (REFUTED, ""),
+                              WORSE_WITHIN: (REFUTED, "refuted within δ")})
+
+
+def decide_strength_trend(outcome: Outcome | None) -> Decision:
+    """H4: the gap TOPR - positives-only at the weakest passing strength vs at the strongest."""
+    if outcome is None:
+        return Decision(INCONCLUSIVE, "fewer than two strengths passed the manipulation check")
+    same = (REFUTED, "no change within δ")
+    return _reading(outcome, {BETTER: (SUPPORTED, "the gap grows as mu weakens"),
+                              WORSE: (REFUTED, "the gap shrinks as mu weakens"),
+                              WORSE_WITHIN: same, BETTER_WITHIN: same, EQUIVALENT: same})
+
+
+def decide_normalisation(check: Check, outcome: Outcome) -> Decision:
+    """H7 at one strength: the token_sum gap TOPR - positives-only vs the sequence_mean gap."""
+    if not check.passed:
+        return Decision(INCONCLUSIVE, "manipulation check failed")
+    same = (SUPPORTED, "the normalisation does not change the comparison")
+    return _reading(outcome, {WORSE_WITHIN: same, BETTER_WITHIN: same, EQUIVALENT: same,
+                              BETTER: (REFUTED, "token_sum favours TOPR"),
+                              WORSE: (REFUTED, "token_sum disfavours TOPR")})

@@ -1,6 +1,8 @@
 """`python -m nemo_topr.miniature.study` (`make miniature-study`): the pre-registered miniature study
 of issue 19 (docs/miniature.md, "Pre-registered study (issue 19)"). `--dry-run` prints the plan
-(runs, sizes, estimated time) without training anything.
+(runs, sizes, estimated time) without training anything. `--design study2` (`make miniature-study2`)
+runs study 2 instead (study2.py, docs/miniature/study2_preregistration.md); this module holds what
+the two share: options, results.json (new or resumed), datasets and trainings.
 
 Stages, each with the miniature pipeline's own functions (pipeline.py):
 1. task splits pretrain / train / validation / test, tokenizer, random tiny Llama;
@@ -49,8 +51,9 @@ PROBE_SAMPLES = 8
 
 
 @dataclass(frozen=True)
-class Design:
-    """The pre-registered design (docs/miniature.md); every field is a command-line option."""
+class SharedDesign:
+    """The options both studies have, at the values both pre-registrations fixed; every field of a
+    design is a command-line option."""
 
     task_seed: int = 0
     pretrain_problems: int = 2000
@@ -60,16 +63,10 @@ class Design:
     pretrain_lr: float = 3e-3
     pretrain_epochs: int = 30
     pretrain_save_interval: int = 30
-    mu_target: float = 0.60
     probe_prompts: int = 64
     k: int = 16
     seeds: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
-    tuning_seeds: tuple[int, ...] = (101, 102)
-    lr_grid: tuple[float, ...] = (3e-5, 1e-4, 3e-4, 1e-3)
-    warmup_grid: tuple[int, ...] = (0, 12)
     epochs: int = 1
-    variants: tuple[str, ...] = VARIANTS
-    p_tilde: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 0.8, 0.95)
     eval_samples: int = 8
     hidden_size: int = 128
     vocab_size: int = 384
@@ -77,13 +74,26 @@ class Design:
     jobs: int = 2
 
 
+@dataclass(frozen=True)
+class Design(SharedDesign):
+    """Study 1's pre-registered design (docs/miniature.md)."""
+
+    mu_target: float = 0.60
+    tuning_seeds: tuple[int, ...] = (101, 102)
+    lr_grid: tuple[float, ...] = (3e-5, 1e-4, 3e-4, 1e-3)
+    warmup_grid: tuple[int, ...] = (0, 12)
+    variants: tuple[str, ...] = VARIANTS
+    p_tilde: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 0.8, 0.95)
+
+
 PREREGISTERED = Design()
 
 
-def deviations(design: Design) -> dict[str, dict]:
-    """Options that differ from the pre-registered design ({} for the study as registered)."""
-    return {f.name: {"registered": getattr(PREREGISTERED, f.name), "used": getattr(design, f.name)}
-            for f in dataclasses.fields(Design) if getattr(design, f.name) != getattr(PREREGISTERED, f.name)}
+def deviations(design: SharedDesign) -> dict[str, dict]:
+    """Options that differ from the design's pre-registered defaults ({} for the study as registered)."""
+    registered = type(design)()
+    return {f.name: {"registered": getattr(registered, f.name), "used": getattr(design, f.name)}
+            for f in dataclasses.fields(design) if getattr(design, f.name) != getattr(registered, f.name)}
 
 
 def study_runs(design: Design) -> list[tuple[str, str]]:
@@ -173,103 +183,169 @@ def resumable_results(out: Path, design: Design) -> dict:
     if differing:
         raise SystemExit(f"--resume: {path} is a study with other options ({', '.join(differing)}); "
                          "resume it with the options it started with")
-    if "mu" in results and not Path(results["mu"]["path"]).is_dir():
-        raise SystemExit(f"--resume: mu {results['mu']['path']} recorded in {path} is missing")
+    mus = [results["mu"]] if "mu" in results else list(results.get("mus", {}).values())  # study 1 / study 2
+    for mu in mus:
+        if not Path(mu["path"]).is_dir():
+            raise SystemExit(f"--resume: mu {mu['path']} recorded in {path} is missing")
     return results
 
 
-def run_study(design: Design, out: Path, docs: Path | None, resume: bool = False) -> dict:
-    from concurrent.futures import ThreadPoolExecutor
+class StudyRun:
+    """One study's run in `out`, what both studies' drivers share: results.json, new or resumed
+    (`--resume`: the design must be the one it started with; the clock continues from the last save),
+    the task's splits, evaluation of a model on a split, offline datasets saved as they are made, and
+    trainings `design.jobs` at a time with each final checkpoint evaluated here."""
 
-    import torch
+    def __init__(self, design: SharedDesign, out: Path, estimate_s: dict[str, float], resume: bool):
+        from nemo_topr.miniature import pipeline
 
-    from nemo_topr.miniature import pipeline, study_report
-    from nemo_topr.miniature.task import make_splits
-    from nemo_topr.objective import baseline_for_share
+        self.design, self.out = design, out
+        started = time.time()
+        if resume:
+            self.results = resumable_results(out, design)
+            # Time between the processes is not counted, nor a killed process's unsaved work (it is
+            # redone here and counted again).
+            started -= self.results.get("wall_time_s", 0.0)
+            self.results.setdefault("resumed", []).append({"after_s": self.results.get("wall_time_s", 0.0),
+                                                           "commit": _commit(), "runs_kept": len(self.results["runs"])})
+            pipeline.log(f"resuming {out}: {len(self.results['datasets'])} datasets and "
+                         f"{len(self.results['runs'])} runs kept")
+        else:
+            shutil.rmtree(out, ignore_errors=True)
+            (out / "data").mkdir(parents=True)
+            self.results = {"design": dataclasses.asdict(design), "deviations": deviations(design), "commit": _commit(),
+                            "estimate_s": estimate_s, "stage_seconds": {}, "datasets": {}, "runs": {}}
+        self.started = started
+        self.save, self.stage_done = pipeline.results_file(out / "results.json", self.results, started)
+        self.sizes = {"pretrain": design.pretrain_problems, "train": design.train_prompts,
+                      "validation": design.validation_prompts, "test": design.test_prompts}
+        self.splits: dict = {}
 
-    started = time.time()
-    if resume:
-        results = resumable_results(out, design)
-        # The clock continues from the last save: time between the processes is not counted, nor a
-        # killed process's unsaved work (it is redone here and counted again).
-        started -= results.get("wall_time_s", 0.0)
-        results.setdefault("resumed", []).append({"after_s": results.get("wall_time_s", 0.0), "commit": _commit(),
-                                                  "runs_kept": len(results["runs"])})
-        pipeline.log(f"resuming {out}: mu {'kept' if 'mu' in results else 'to train'}, "
-                     f"{len(results['datasets'])} datasets and {len(results['runs'])} runs kept")
-    else:
-        shutil.rmtree(out, ignore_errors=True)
-        (out / "data").mkdir(parents=True)
-        results = {"design": dataclasses.asdict(design), "deviations": deviations(design), "commit": _commit(),
-                   "estimate_s": estimate(design), "stage_seconds": {}, "datasets": {}, "runs": {}}
+    def build_task(self) -> Path:
+        """Splits, tokenizer and the random initial model (a new study); returns the model."""
+        from nemo_topr.miniature import pipeline
 
-    save, stage_done = pipeline.results_file(out / "results.json", results, started)
+        self.splits, model = pipeline.build_task_and_model(self.out, self.sizes, self.design.task_seed,
+                                                           self.design.vocab_size, self.design.hidden_size)
+        return model
 
-    def evaluate(model: Path, split: str) -> dict:
-        return pipeline.evaluate(model, splits[split], split, design.eval_samples, 0, design.max_new_tokens)["metrics"]
+    def resume_task(self) -> None:
+        """A resumed study's splits: a function of the task seed (the models are on disk)."""
+        from nemo_topr.miniature.task import make_splits
 
-    def train_all(jobs: list[dict], splits_to_evaluate: tuple[str, ...]) -> None:
-        """Train jobs `design.jobs` at a time (subprocesses); evaluate each final checkpoint here, in order."""
+        self.splits = make_splits(self.sizes, seed=self.design.task_seed)
+
+    def evaluate(self, model: Path, split: str) -> dict:
+        from nemo_topr.miniature import pipeline
+
+        return pipeline.evaluate(model, self.splits[split], split, self.design.eval_samples, 0,
+                                 self.design.max_new_tokens)["metrics"]
+
+    def dataset(self, key: str, mu: Path, seed: int, directory: Path) -> Path:
+        """The scored offline dataset `key` (k samples per train prompt from mu, sampling seed `seed`),
+        made and saved unless a resumed study already has it."""
+        from nemo_topr.miniature import pipeline
+
+        if key in self.results["datasets"] and (directory / "scored.jsonl").is_file():
+            return directory / "scored.jsonl"
+        scored, self.results["datasets"][key] = pipeline.offline_dataset(
+            mu, self.splits["train"], self.design.k, seed, directory, self.design.max_new_tokens)
+        self.save()
+        return scored
+
+    def train_all(self, jobs: list[dict], splits_to_evaluate: tuple[str, ...], *, second_failure_scored: bool = False,
+                  failed_metrics: dict | None = None) -> None:
+        """Train jobs (dicts with name, seed, lr, warmup, overrides, mu, data and what the run records)
+        `design.jobs` at a time in subprocesses; evaluate each final checkpoint here, in order. A
+        failed training stops the study; with `second_failure_scored` (study 2's rule) a run that
+        already failed once is recorded as failed with `failed_metrics` on every split instead."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from nemo_topr.miniature import pipeline
+
+        design, results = self.design, self.results
+
         def train(job: dict) -> tuple[Path, dict[int, Path]]:
-            return pipeline.train_variant(job["name"], mu, scored[job["seed"]], job["overrides"], out,
+            return pipeline.train_variant(job["name"], job["mu"], job["data"], job["overrides"], self.out,
                                           epochs=design.epochs, lr=job["lr"], warmup=job["warmup"],
                                           save_interval=FINAL_ONLY, seed=job["seed"], jobs=design.jobs)
 
         jobs = [job for job in jobs if job["name"] not in results["runs"]]  # kept by --resume
         with ThreadPoolExecutor(max(1, design.jobs)) as pool:
             for job, future in [(job, pool.submit(train, job)) for job in jobs]:
-                run_dir, checkpoints = future.result()
-                final = max(checkpoints)
-                run = {k: v for k, v in job.items() if k != "overrides"}
-                run.update({"iterations": final, "telemetry": pipeline.telemetry(run_dir),
-                            **{split: evaluate(checkpoints[final], split) for split in splits_to_evaluate}})
-                shutil.rmtree(run_dir / "checkpoints")
+                run = {k: v for k, v in job.items() if k not in ("overrides", "mu", "data")}
+                try:
+                    run_dir, checkpoints = future.result()
+                except SystemExit as error:
+                    if not (second_failure_scored and job["name"] in results.get("failed_once", {})):
+                        if second_failure_scored:
+                            results.setdefault("failed_once", {})[job["name"]] = str(error)
+                            self.save()
+                        pool.shutdown(cancel_futures=True)
+                        raise
+                    run.update({"failed": str(error), **{split: dict(failed_metrics) for split in splits_to_evaluate}})
+                else:
+                    final = max(checkpoints)
+                    run.update({"iterations": final, "telemetry": pipeline.telemetry(run_dir),
+                                **{split: self.evaluate(checkpoints[final], split) for split in splits_to_evaluate}})
+                    shutil.rmtree(run_dir / "checkpoints")
                 results["runs"][job["name"]] = run
-                pipeline.log(f"{job['name']}: " + ", ".join(f"{split} pass@1 {run[split]['pass@1']:.3f}"
-                                                             for split in splits_to_evaluate))
-                save()
+                pipeline.log(f"{job['name']}: " + ("FAILED twice, scored as degenerated; " if "failed" in run else "")
+                             + ", ".join(f"{split} pass@1 {run[split]['pass@1']:.3f}" for split in splits_to_evaluate))
+                self.save()
+
+    def finish(self, write_report, docs: Path | None) -> dict:
+        """Write the report with `write_report(out, results, docs)` and print it."""
+        from nemo_topr.miniature import pipeline
+
+        print(write_report(self.out, self.results, docs))
+        pipeline.log(f"done in {time.time() - self.started:.0f} s -> {self.out / 'results.md'}")
+        return self.results
+
+
+def run_study(design: Design, out: Path, docs: Path | None, resume: bool = False) -> dict:
+    import torch
+
+    from nemo_topr.miniature import pipeline, study_report
+    from nemo_topr.objective import baseline_for_share
+
+    study = StudyRun(design, out, estimate(design), resume)
+    results = study.results
 
     # 1-2. task, model, mu
-    sizes = {"pretrain": design.pretrain_problems, "train": design.train_prompts,
-             "validation": design.validation_prompts, "test": design.test_prompts}
-    if "mu" in results:  # resumed: the splits are a function of the task seed; mu is on disk
-        splits, mu = make_splits(sizes, seed=design.task_seed), Path(results["mu"]["path"])
+    if "mu" in results:
+        study.resume_task()
+        mu = Path(results["mu"]["path"])
     else:
-        splits, model = pipeline.build_task_and_model(out, sizes, design.task_seed, design.vocab_size,
-                                                      design.hidden_size)
+        model = study.build_task()
         mu, results["pretrain"], results["mu_target_met"] = pipeline.pretrain_mu(
-            out, splits, model, lr=design.pretrain_lr, epochs=design.pretrain_epochs,
+            out, study.splits, model, lr=design.pretrain_lr, epochs=design.pretrain_epochs,
             save_interval=design.pretrain_save_interval, target=design.mu_target,
             probe_prompts=design.probe_prompts, max_new_tokens=design.max_new_tokens)
-        results["mu"] = {"path": str(mu), "test": evaluate(mu, "test"), "validation": evaluate(mu, "validation")}
-        stage_done("pretraining")
+        results["mu"] = {"path": str(mu), "test": study.evaluate(mu, "test"),
+                         "validation": study.evaluate(mu, "validation")}
+        study.stage_done("pretraining")
 
     # 3. one offline dataset per seed, saved as it is made
-    scored = {}
-    for seed in (*design.tuning_seeds, *design.seeds):
-        directory = out / "data" / f"seed{seed}"
-        if str(seed) in results["datasets"] and (directory / "scored.jsonl").is_file():
-            scored[seed] = directory / "scored.jsonl"
-            continue
-        scored[seed], results["datasets"][str(seed)] = pipeline.offline_dataset(
-            mu, splits["train"], design.k, seed, directory, design.max_new_tokens)
-        save()
-    stage_done("datasets")
+    scored = {seed: study.dataset(str(seed), mu, seed, out / "data" / f"seed{seed}")
+              for seed in (*design.tuning_seeds, *design.seeds)}
+    study.stage_done("datasets")
 
     # 4. lr / warm-up selection with positives-only on validation. From here on this process only
     #    evaluates, beside `design.jobs` training subprocesses: one thread (oversubscribed OpenMP
     #    threads slowed the miniature's evaluation ~8x on 2 cores)
     torch.set_num_threads(1)
-    train_all([{"name": f"tune_lr{lr:g}_wu{warmup}_s{seed}", "stage": "tuning", "key": "sft_positive", "seed": seed,
-                "lr": lr, "warmup": warmup, "overrides": pipeline.variant_overrides("sft_positive")}
-               for lr, warmup, seed in tuning_runs(design)], ("validation",))
+    study.train_all([{"name": f"tune_lr{lr:g}_wu{warmup}_s{seed}", "stage": "tuning", "key": "sft_positive",
+                      "seed": seed, "lr": lr, "warmup": warmup, "mu": mu, "data": scored[seed],
+                      "overrides": pipeline.variant_overrides("sft_positive")}
+                     for lr, warmup, seed in tuning_runs(design)], ("validation",))
     validation: dict[tuple[float, int], list[float]] = {}
     for run in results["runs"].values():
         validation.setdefault((run["lr"], run["warmup"]), []).append(run["validation"]["pass@1"])
     lr, warmup = select_settings(validation)
     results["selected"] = {"lr": lr, "warmup": warmup}
     pipeline.log(f"selected lr {lr:g}, warm-up {warmup} iterations")
-    stage_done("tuning")
+    study.stage_done("tuning")
 
     # 5. the variants and the p~ grid on every study seed, with the selected settings
     jobs, skipped = [], []
@@ -285,28 +361,28 @@ def run_study(design: Design, out: Path, docs: Path | None, resume: bool = False
                 c = baseline_for_share(p, target)
                 overrides, label = ["objective.variant=topr", f"objective.baseline={c}"], f"{label} (c={c:+.3f})"
             jobs.append({"name": f"{key}_s{seed}", "stage": "study", "key": key, "label": label, "seed": seed,
-                         "lr": lr, "warmup": warmup, "overrides": overrides})
+                         "lr": lr, "warmup": warmup, "mu": mu, "data": scored[seed], "overrides": overrides})
     if skipped:
         results["skipped"] = skipped
-    train_all(jobs, ("test", "validation"))
-    stage_done("study")
-
-    text = study_report.write_report(out, results, docs)
-    print(text)
-    pipeline.log(f"done in {time.time() - started:.0f} s -> {out / 'results.md'}")
-    return results
+    study.train_all(jobs, ("test", "validation"))
+    study.stage_done("study")
+    return study.finish(study_report.write_report, docs)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(design_class: type) -> argparse.ArgumentParser:
+    """The command line of one design: its fields as options, defaulting to its pre-registration."""
     parser = argparse.ArgumentParser(prog="python -m nemo_topr.miniature.study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="results/miniature_study", help="results directory (recreated)")
-    parser.add_argument("--docs", default="docs/miniature/study", help="copy the report and plots here ('' to skip)")
+    parser.add_argument("--design", choices=DESIGNS, default="study1",
+                        help="which pre-registered study: study1 (issue 19) or study2 (issue 32)")
+    parser.add_argument("--out", help="results directory (recreated; default results/miniature_study[2])")
+    parser.add_argument("--docs", help="copy the report and plots here ('' to skip; default docs/miniature/study[2])")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the time estimate; train nothing")
     parser.add_argument("--resume", action="store_true",
                         help="continue an interrupted study in --out (same options): keep mu, datasets, finished runs")
-    for field in dataclasses.fields(Design):
-        default = getattr(PREREGISTERED, field.name)
+    registered = design_class()
+    for field in dataclasses.fields(design_class):
+        default = getattr(registered, field.name)
         flag = "--" + field.name.replace("_", "-")
         if isinstance(default, tuple):
             parser.add_argument(flag, type=type(default[0]), nargs="+", default=list(default),
@@ -316,16 +392,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+DESIGNS = ("study1", "study2")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = vars(_parser().parse_args(argv))
-    out, docs, dry_run, resume = Path(args.pop("out")).resolve(), args.pop("docs"), args.pop("dry_run"), args.pop("resume")
-    design = Design(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
-    unknown = sorted(set(design.variants) - set(VARIANTS))
+    from nemo_topr.miniature import study2
+
+    chooser = argparse.ArgumentParser(add_help=False)  # the design decides the other options' defaults
+    chooser.add_argument("--design", choices=DESIGNS, default="study1")
+    name = chooser.parse_known_args(argv)[0].design
+    design_class, plan, run, out_default, docs_default = (
+        (Design, plan_text, run_study, "results/miniature_study", "docs/miniature/study") if name == "study1" else
+        (study2.Study2Design, study2.plan_text, study2.run_study2, "results/miniature_study2", "docs/miniature/study2"))
+    args = vars(_parser(design_class).parse_args(argv))
+    args.pop("design")
+    out = Path(args.pop("out") or out_default).resolve()
+    docs = args.pop("docs")
+    docs = docs_default if docs is None else docs
+    dry_run, resume = args.pop("dry_run"), args.pop("resume")
+    design = design_class(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
+    unknown = sorted({*design.variants, *getattr(design, "token_sum_variants", ())} - set(VARIANTS))
     if unknown:
         raise SystemExit(f"unknown --variants {unknown}; known: {list(VARIANTS)}")
-    print(plan_text(design), flush=True)
+    print(plan(design), flush=True)
     if not dry_run:
-        run_study(design, out, Path(docs) if docs else None, resume=resume)
+        run(design, out, Path(docs) if docs else None, resume=resume)
     return 0
 
 

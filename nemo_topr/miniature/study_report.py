@@ -118,33 +118,17 @@ def table(results: dict) -> str:
     check = analysis["check"]
     if check is not None:
         sft = _per_seed(results, "sft_positive")
-        lines += ["", f"Manipulation check (pre-registered: mean gain >= {stats.MANIPULATION_MARGIN} and positives-only "
-                  f"above mu on all seeds but at most one): mu test pass@1 {mu['pass@1']:.3f}; positives-only "
-                  f"{', '.join(f'{v:.3f}' for v in sft)}; mean gain {check.mean:+.3f}, above mu on "
-                  f"{check.improved}/{check.seeds} seeds: **{'passed' if check.passed else 'failed'}**."]
+        lines += ["", check_text(check, mu["pass@1"], sft)]
 
     lines += ["", f"Final test pass@1 per seed ({design['test_prompts']} problems x {n} samples), mean ± sd over seeds:",
-              "", f"| model | {' | '.join(f'seed {s}' for s in seeds)} | mean ± sd | maj@{n} | malformed | validation pass@1 |",
-              "|---|" + "---|" * (len(seeds) + 4),
-              f"| mu (start, one model) | {' | '.join('–' for _ in seeds)} | {mu['pass@1']:.3f} | "
-              f"{mu[f'maj@{n}']:.3f} | {mu['malformed_rate']:.3f} | {results['mu']['validation']['pass@1']:.3f} |"]
+              ""]
     keys = list(dict.fromkeys(run["key"] for run in results["runs"].values() if run["stage"] == "study"))
-    labels = {key: key if key in design["variants"] else key.replace("topr_ptilde", "topr p~=") for key in keys}
-    for key, label in labels.items():
-        values = _study_runs(results, key)
-        passes = [r["test"]["pass@1"] for r in values.values()]
-        cells = [f"{values[s]['test']['pass@1']:.3f}" if s in values else "–" for s in seeds]
-        lines.append(f"| {label} | {' | '.join(cells)} | {statistics.fmean(passes):.3f}{_sd(passes)} | "
-                     f"{statistics.fmean(r['test'][f'maj@{n}'] for r in values.values()):.3f} | "
-                     f"{statistics.fmean(r['test']['malformed_rate'] for r in values.values()):.3f} | "
-                     f"{statistics.fmean(r['validation']['pass@1'] for r in values.values()):.3f} |")
-
+    groups = {key if key in design["variants"] else key.replace("topr_ptilde", "topr p~="): _study_runs(results, key)
+              for key in keys}
+    lines += pass_table(groups, seeds, n, results["mu"])
     lines += ["", "Secondary metrics (pre-registered, never decisive), mean over seeds: the test split's grader-invalid "
-              "rate and characters per completion, and the last logged training batch's telemetry:", "",
-              f"| model | {' | '.join(column for column, *_ in SECONDARY)} |", "|---|" + "---|" * len(SECONDARY)]
-    for key, label in labels.items():
-        runs = list(_study_runs(results, key).values())
-        lines.append(f"| {label} | {' | '.join(_secondary(runs, field, fmt) for _, field, fmt in SECONDARY)} |")
+              "rate and characters per completion, and the last logged training batch's telemetry:", ""]
+    lines += secondary_rows(groups)
 
     lines += ["", f"Paired comparisons (A − B per seed on test pass@1; exact two-sided sign test, ties dropped; "
               f"A > B needs p <= {stats.ALPHA} and mean >= {stats.MIN_EFFECT}):", "",
@@ -168,22 +152,68 @@ def table(results: dict) -> str:
         lines.append(f"| {lr:g} | {warmup} | {', '.join(f'{v:.3f}' for v in values)} | {statistics.fmean(values):.3f} "
                      f"| {'**yes**' if chosen else ''} |")
 
-    lines += ["", "Offline datasets (one per seed, sampled from mu):", "",
-              "| seed | records | positive share p | correct | wrong | invalid | prompts with both |", "|---|---|---|---|---|---|---|"]
-    for seed, d in results["datasets"].items():
-        lines.append(f"| {seed} | {d['records']} | {d['positive_share']:.3f} | {d['correct']} | {d['wrong']} | "
-                     f"{d['invalid']} | {d['prompts_with_both']} |")
+    lines += ["", "Offline datasets (one per seed, sampled from mu):", "", *dataset_rows(results["datasets"], "seed")]
     lines += ["", f"mu: pretraining checkpoints probed (train pass@1, {design['probe_prompts']} prompts x 8): " + ", ".join(
         f"{p['iteration']}: {p['pass@1']:.3f}" for p in results.get("pretrain", [])) + "."]
     if results.get("skipped"):
         lines += ["", "Skipped: " + "; ".join(results["skipped"]) + "."]
+    lines += ["", *footer_lines(results)]
+    return "\n".join(lines) + "\n"
+
+
+def check_text(check: stats.Check, mu: float, positives_only: list[float]) -> str:
+    return (f"Manipulation check (pre-registered: mean gain >= {stats.MANIPULATION_MARGIN} and positives-only "
+            f"above mu on all seeds but at most one): mu test pass@1 {mu:.3f}; positives-only "
+            f"{', '.join(f'{v:.3f}' for v in positives_only)}; mean gain {check.mean:+.3f}, above mu on "
+            f"{check.improved}/{check.seeds} seeds: **{'passed' if check.passed else 'failed'}**.")
+
+
+def pass_table(groups: dict[str, dict[int, dict]], seeds: list[int], n: int, mu: dict) -> list[str]:
+    """Final test pass@1 per seed, mean ± sd, maj@n, malformed and validation pass@1 of mu ({"test":
+    metrics, "validation": metrics}) and of each configuration ({label: {seed: run}})."""
+    test = mu["test"]
+    lines = [f"| model | {' | '.join(f'seed {s}' for s in seeds)} | mean ± sd | maj@{n} | malformed | validation pass@1 |",
+             "|---|" + "---|" * (len(seeds) + 4),
+             f"| mu (start, one model) | {' | '.join('–' for _ in seeds)} | {test['pass@1']:.3f} | "
+             f"{test[f'maj@{n}']:.3f} | {test['malformed_rate']:.3f} | {mu['validation']['pass@1']:.3f} |"]
+    for label, values in groups.items():
+        passes = [r["test"]["pass@1"] for r in values.values()]
+        cells = [f"{values[s]['test']['pass@1']:.3f}" if s in values else "–" for s in seeds]
+        lines.append(f"| {label} | {' | '.join(cells)} | {statistics.fmean(passes):.3f}{_sd(passes)} | "
+                     f"{statistics.fmean(r['test'][f'maj@{n}'] for r in values.values()):.3f} | "
+                     f"{statistics.fmean(r['test']['malformed_rate'] for r in values.values()):.3f} | "
+                     f"{statistics.fmean(r['validation']['pass@1'] for r in values.values()):.3f} |")
+    return lines
+
+
+def secondary_rows(groups: dict[str, dict[int, dict]]) -> list[str]:
+    """The secondary-metrics table ({label: {seed: run}}), header included."""
+    lines = [f"| model | {' | '.join(column for column, *_ in SECONDARY)} |", "|---|" + "---|" * len(SECONDARY)]
+    for label, values in groups.items():
+        runs = list(values.values())
+        lines.append(f"| {label} | {' | '.join(_secondary(runs, field, fmt) for _, field, fmt in SECONDARY)} |")
+    return lines
+
+
+def dataset_rows(datasets: dict[str, dict], key_name: str) -> list[str]:
+    """The offline datasets' table, header included; `key_name` names what identifies a dataset."""
+    lines = [f"| {key_name} | records | positive share p | correct | wrong | invalid | prompts with both |",
+             "|---|---|---|---|---|---|---|"]
+    for key, d in datasets.items():
+        lines.append(f"| {key} | {d['records']} | {d['positive_share']:.3f} | {d['correct']} | {d['wrong']} | "
+                     f"{d['invalid']} | {d['prompts_with_both']} |")
+    return lines
+
+
+def footer_lines(results: dict) -> list[str]:
+    """Measured wall time per stage against the pre-registered estimate, the commit, any resumption."""
     stages = ", ".join(f"{k} {v:.0f} s" for k, v in results.get("stage_seconds", {}).items())
-    lines += ["", f"Wall time: {results.get('wall_time_s', 0):.0f} s ({stages}); pre-registered estimate "
-              f"{sum(results.get('estimate_s', {}).values()):.0f} s. Commit: {results.get('commit')}."]
+    lines = [f"Wall time: {results.get('wall_time_s', 0):.0f} s ({stages}); pre-registered estimate "
+             f"{sum(results.get('estimate_s', {}).values()):.0f} s. Commit: {results.get('commit')}."]
     for resumed in results.get("resumed", []):
         lines.append(f"Resumed (`--resume`) after {resumed['after_s']:.0f} s of measured time with "
                      f"{resumed['runs_kept']} runs kept; commit {resumed['commit']}.")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot(out: Path, results: dict) -> Path:
@@ -227,19 +257,28 @@ def plot(out: Path, results: dict) -> Path:
     return out / PLOT
 
 
-def write_report(out: Path, results: dict, docs: Path | None = None) -> str:
-    text = table(results)
+def save_report(out: Path, results: dict, docs: Path | None, text: str, plots: list[Path]) -> str:
+    """results.md (`text`), results.json (the report's data goes with it) and the plots in `out`,
+    copied to `docs` unless None; returns the text."""
     (out / "results.md").write_text(text)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # the report's data goes with it
-    written = [out / "results.md", plot(out, results), out / "results.json"]
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     if docs is not None:
         docs.mkdir(parents=True, exist_ok=True)
-        for path in written:
+        for path in [out / "results.md", *plots, out / "results.json"]:
             shutil.copy(path, docs / path.name)
     return text
 
 
-if __name__ == "__main__":
-    directory = Path(sys.argv[1] if len(sys.argv) > 1 else "results/miniature_study")
-    docs = Path(sys.argv[2]) if len(sys.argv) > 2 else None
+def write_report(out: Path, results: dict, docs: Path | None = None) -> str:
+    return save_report(out, results, docs, table(results), [plot(out, results)])
+
+
+def rerender(write_report, default_directory: str, argv: list[str]) -> None:
+    """`python -m <report module> [RESULTS_DIR [DOCS_DIR]]`: the report again from a results.json."""
+    directory = Path(argv[0] if argv else default_directory)
+    docs = Path(argv[1]) if len(argv) > 1 else None
     print(write_report(directory, json.loads((directory / "results.json").read_text()), docs))
+
+
+if __name__ == "__main__":
+    rerender(write_report, "results/miniature_study", sys.argv[1:])
