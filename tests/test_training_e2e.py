@@ -265,3 +265,36 @@ def test_a_run_whose_loss_turns_non_finite_stops_naming_the_iteration_and_its_sa
     assert named == [s for entry in ledger if entry["iteration"] == iteration - 1 for s in entry["sample_ids"]]
     saved = saved_iterations(run_dir / "checkpoints")
     assert saved == list(range(1, iteration)) and not (run_dir / "COMPLETED").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_and_the_exit_signal_stop_at_a_checkpoint_without_a_traceback(demo, tmp_path):
+    """Issue 29: Ctrl-C printed a KeyboardInterrupt traceback and saved nothing; a clean stop by
+    the exit signal printed Bridge's "Pretrain failed ... SystemExit: 0" with a traceback. Both now
+    save at the next iteration boundary, exit 75 and print no traceback; the second start resumes
+    from the first one's checkpoint. The signals go to the whole process group, as a terminal's
+    Ctrl-C or Slurm's signal to a step do: the second start has saved before (iteration 3), so
+    Megatron's checkpoint-writer process exists and must survive the signal."""
+    run_dir = tmp_path / "run"
+    ledger = run_dir / "samples_dp0.jsonl"
+    stopped_at = 0
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):  # a terminal's Ctrl-C, then the default exit signal
+        proc = subprocess.Popen(_train_command(demo, run_dir), cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, env=SINGLE_THREADED)
+        try:
+            deadline = time.time() + 600
+            while _last_iteration(ledger) <= stopped_at:  # this start is training
+                assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+                time.sleep(0.02)
+            os.killpg(proc.pid, stop_signal)
+            output, _ = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 75, output[-3000:]
+        for noise in ("Traceback", "Pretrain failed", "KeyboardInterrupt", "SystemExit"):
+            assert noise not in output, output[-3000:]
+        assert ("Ctrl-C: saving a checkpoint" in output) == (stop_signal == signal.SIGINT)
+        saved = int((run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+        assert saved > stopped_at and f"stopped at iteration {saved} of" in (run_dir / "STOPPED").read_text()
+        stopped_at = saved

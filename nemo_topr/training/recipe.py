@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
+import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -138,6 +140,10 @@ def train(run: TrainingRun) -> int:
     # Keep it pending until training starts; Bridge's handler then takes it and the rank saves
     # after its first iteration.
     signal.pthread_sigmask(signal.SIG_BLOCK, {exit_signal})
+    _start_checkpoint_writer_queue(exit_signal)
+    previous_sigint = _ctrl_c_as(exit_signal)
+    pretrain_log = logging.getLogger("megatron.bridge.training.pretrain")
+    pretrain_log.addFilter(_not_a_clean_stop)
     lock = RunLock(run.run_dir)
     try:
         summary = prepare(run, lock)
@@ -146,10 +152,12 @@ def train(run: TrainingRun) -> int:
         forward_step = ToprForwardStep(run.objective, sample_log_dir=run.run_dir)
         finetune(run.container, forward_step, callbacks=[ReleaseExitSignal(), stop_on_non_finite(forward_step)])
     except SystemExit as stop:  # Bridge exits this way after a signal-triggered checkpoint
-        if stop.code not in (0, None):
+        if not _clean_stop(stop):
             raise
     finally:  # already released when training started; not left blocked by a failure before that
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})
+        signal.signal(signal.SIGINT, previous_sigint)
+        pretrain_log.removeFilter(_not_a_clean_stop)
         lock.release()
     reached = _latest_checkpoint_iteration(run)
     if reached < run.container.train.train_iters:
@@ -162,6 +170,52 @@ def train(run: TrainingRun) -> int:
     if _is_rank_zero():
         (run.run_dir / COMPLETED_MARKER).write_text(f"{reached}\n")
     return 0
+
+
+def _start_checkpoint_writer_queue(exit_signal: signal.Signals) -> None:
+    """Start Megatron's checkpoint-writer results queue in a process that ignores the exit signal.
+
+    A torch_dist save sends its write results through a multiprocessing Manager process that
+    Megatron spawns at the first save and keeps in a module global (megatron/core/
+    dist_checkpointing/strategies/filesystem_async.py, get_write_results_queue). It sits in the
+    job's process group, so a signal sent to the group (a terminal, `kill -TERM -PGID`, Slurm
+    signalling every process of a step) killed it, and the very save the signal asked for failed
+    with BrokenPipeError. A spawned child does not inherit a blocked mask or a Python handler, so
+    the manager is started here, as Megatron would (spawn), with the exit signal ignored in it
+    (SIGINT it ignores itself)."""
+    import multiprocessing
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:  # what get_write_results_queue() would start
+        manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+        manager.start(signal.signal, (exit_signal, signal.SIG_IGN))
+        filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager alive
+def _ctrl_c_as(exit_signal: signal.Signals):
+    """Ctrl-C (SIGINT) stops like the exit signal: a checkpoint at the next iteration boundary and
+    exit 75, not a KeyboardInterrupt traceback that loses the iterations since the last save. A
+    second Ctrl-C interrupts at once. Returns the handler it replaces."""
+    def stop_at_next_iteration(signum, frame) -> None:  # noqa: ANN001
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if _is_rank_zero():
+            print("[nemo-topr] Ctrl-C: saving a checkpoint at the next iteration boundary, then stopping "
+                  "(Ctrl-C again to abort without one)", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), exit_signal)  # pending until Bridge's handler is installed
+
+    if exit_signal == signal.SIGINT:
+        return signal.getsignal(signal.SIGINT)
+    return signal.signal(signal.SIGINT, stop_at_next_iteration)
+
+
+def _clean_stop(stop: BaseException) -> bool:
+    return isinstance(stop, SystemExit) and stop.code in (0, None)
+
+
+def _not_a_clean_stop(record: logging.LogRecord) -> bool:
+    """Bridge logs every exception leaving pretrain() as "Pretrain failed ... " with a traceback
+    (bridge/training/pretrain.py), its own SystemExit(0) after a signal-triggered save included."""
+    return not (record.exc_info and _clean_stop(record.exc_info[1]))
 
 
 def _latest_checkpoint_iteration(run: TrainingRun) -> int:
