@@ -101,6 +101,8 @@ def train(run: TrainingRun) -> int:
     from nemo_topr.training.step import ToprForwardStep
 
     exit_signal = resolve_exit_signal(run.container.train)
+    if exit_signal != signal.SIGUSR1:  # blocked by `nemo-topr train` (cli.py) for Slurm's warning
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
 
     class ReleaseExitSignal(Callback):
         def on_train_start(self, context) -> None:  # Bridge's handler is installed by now
