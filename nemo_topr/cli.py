@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 from nemo_topr.quiet import VERBOSE_ENV, quiet_known_noise
@@ -51,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     if verb not in VERBS:
         print(f"nemo-topr: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    if verb == "train":
+        # Slurm's pre-emption warning (SIGUSR1, slurm/topr_job.sh) may come while the rank still
+        # imports Megatron; its default action would kill the rank and fail the job. Keep it
+        # pending from here on: train() hands it to Bridge's handler, which saves and requeues.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     module = importlib.import_module(VERBS[verb][0])
     return int(module.main(rest) or 0)
 

@@ -21,6 +21,24 @@ WORKERS = Path(__file__).parent / "workers"
 
 
 @pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real one-node Slurm (scripts/slurm_cluster.sh), started once, stopped at the end if
+    this session started it. Unavailable (not root, no apt-get...): skipped with the reason,
+    or a failure where NEMO_TOPR_REQUIRE_SLURM=1 (set by .ci/run, so CI cannot skip them)."""
+    script = REPO / "scripts" / "slurm_cluster.sh"
+    was_up = subprocess.run([script, "status"], capture_output=True).returncode == 0
+    started = subprocess.run([script, "start"], capture_output=True, text=True)
+    if started.returncode != 0:
+        reason = f"real Slurm unavailable: {script} start failed: {started.stderr.strip()[-2000:]}"
+        if os.environ.get("NEMO_TOPR_REQUIRE_SLURM") == "1":
+            pytest.fail(reason + " (NEMO_TOPR_REQUIRE_SLURM=1 requires these tests)")
+        pytest.skip(reason)
+    yield
+    if not was_up:
+        subprocess.run([script, "stop"], check=True)
+
+
+@pytest.fixture(scope="session")
 def megatron_world():
     """CPU runtime on, gloo world of one, TP=PP=1, for in-process Megatron tests."""
     from nemo_topr import cpu_runtime

@@ -419,3 +419,42 @@ def test_warning_during_start_up_is_held_until_training_and_then_saves(tmp_path,
     assert (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "1"
     assert f"stopped at iteration 1 of {_train_iters(run_dir)} " in (run_dir / "STOPPED").read_text()
     assert [entry["iteration"] for entry in _ledger(run_dir)] == [0, 0]  # 4 rows, micro-batch 2
+
+
+def _real_job_state(job_id: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+    return re.search(r"JobState=(\S+)", out).group(1)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_warning_while_the_ranks_import_requeues_on_real_slurm(slurm_cluster, demo_inputs, tmp_path):
+    """`nemo-topr submit` on a real one-node Slurm 22.05: SIGUSR1 to the job step while both ranks
+    are still importing (before train() runs) must end in a requeue and a COMPLETED job in which
+    every sample trained once -- not in ranks killed by SIGUSR1's default action and a FAILED job."""
+    run_dir = tmp_path / "run"
+    answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
+                             "--gpus-per-node", "2", "--time", "00:30:00", "--run-dir", str(run_dir),
+                             *_tiny_run_overrides(demo_inputs)],
+                            cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert answer.returncode == 0, answer.stderr
+    job_id = re.search(r"Submitted batch job (\d+)", answer.stdout).group(1)
+    first_logs = run_dir / "logs" / f"job-{job_id}-start-0"
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(first_logs.glob("rank-*.log"))) < 2:  # srun has started both ranks
+            assert time.monotonic() < deadline and _real_job_state(job_id) in ("PENDING", "RUNNING")
+            time.sleep(0.1)
+        subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+        deadline = time.monotonic() + 600
+        while (state := _real_job_state(job_id)) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            assert time.monotonic() < deadline, f"job {job_id} still {state}"
+            time.sleep(1)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    batch_log = (run_dir / f"topr-tiny_cpu-{job_id}.out").read_text()
+    assert state == "COMPLETED", batch_log
+    assert "requeueing job" in batch_log and (run_dir / "logs" / f"job-{job_id}-start-1").is_dir(), batch_log
+    assert (run_dir / "COMPLETED").exists()
+    trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
+    assert sorted(trained) == list(range(48)), batch_log  # one epoch: every sample exactly once

@@ -64,6 +64,7 @@ class ClusterJob:
             "signal": f"USR1@{self.preemption_warning_s}",
             "requeue": "",
             "output": f"{self.run_dir}/%x-%j.out",
+            "open-mode": "append",  # a requeued job writes the same file: keep every start's log
         }
         lines = ["#!/usr/bin/env bash", f"# rendered by nemo-topr submit for config {self.config_name}"]
         lines += [f"#SBATCH --{key}" + (f"={value}" if value != "" else "")
@@ -234,7 +235,10 @@ def submit(job: ClusterJob, script_text: str) -> str:
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(script_text)
     script.chmod(0o755)
-    answer = subprocess.run(["sbatch", str(script)], check=True, capture_output=True, text=True)
+    answer = subprocess.run(["sbatch", str(script)], capture_output=True, text=True)
+    if answer.returncode != 0:
+        raise SystemExit(f"nemo-topr submit: sbatch {script} failed (exit {answer.returncode}): "
+                         f"{answer.stderr.strip()}")
     return answer.stdout.strip()
 
 

@@ -130,6 +130,8 @@ def train(run: TrainingRun) -> int:
     from nemo_topr.training.step import ToprForwardStep
 
     exit_signal = resolve_exit_signal(run.container.train)
+    if exit_signal != signal.SIGUSR1:  # blocked by `nemo-topr train` (cli.py) for Slurm's warning
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
 
     class ReleaseExitSignal(Callback):
         def on_train_start(self, context) -> None:  # Bridge's handler is installed by now
@@ -179,10 +181,10 @@ def _start_checkpoint_writer_queue(exit_signal: signal.Signals) -> None:
     Megatron spawns at the first save and keeps in a module global (megatron/core/
     dist_checkpointing/strategies/filesystem_async.py, get_write_results_queue). It sits in the
     job's process group, so a signal sent to the group (a terminal, `kill -TERM -PGID`, Slurm
-    signalling every process of a step) killed it, and the very save the signal asked for failed
-    with BrokenPipeError. A spawned child does not inherit a blocked mask or a Python handler, so
-    the manager is started here, as Megatron would (spawn), with the exit signal ignored in it
-    (SIGINT it ignores itself)."""
+    signalling every process of a step) killed it: started at the first save, after the signal is
+    unblocked, it runs without our Python handler (a spawned child does not inherit one), and the
+    very save the signal asked for failed with BrokenPipeError. So the manager is started here, as
+    Megatron would (spawn), with the exit signal ignored in it (SIGINT it ignores itself)."""
     import multiprocessing
     from multiprocessing.managers import SyncManager
 
@@ -192,6 +194,8 @@ def _start_checkpoint_writer_queue(exit_signal: signal.Signals) -> None:
         manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
         manager.start(signal.signal, (exit_signal, signal.SIG_IGN))
         filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager alive
+
+
 def _ctrl_c_as(exit_signal: signal.Signals):
     """Ctrl-C (SIGINT) stops like the exit signal: a checkpoint at the next iteration boundary and
     exit 75, not a KeyboardInterrupt traceback that loses the iterations since the last save. A

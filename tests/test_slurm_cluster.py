@@ -1,0 +1,84 @@
+"""Jobs on a real one-node Slurm 22.05 (scripts/slurm_cluster.sh), not fakes."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slurm
+
+BATCH = """#!/bin/bash
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=2
+#SBATCH --gpus-per-node=8
+#SBATCH --time=00:02:00
+srun bash -c 'echo task=$SLURM_PROCID'
+"""
+
+
+def _job_state(job_id: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True)
+    return next(f.split("=", 1)[1] for f in out.stdout.split() if f.startswith("JobState="))
+
+
+def test_sbatch_honours_sbatch_lines_and_stand_in_gpus(slurm_cluster, tmp_path):
+    """The #SBATCH lines are read (2 tasks) and --gpus-per-node=8 is accepted by the node."""
+    script = tmp_path / "job.sbatch"
+    script.write_text(BATCH)
+    out = tmp_path / "job.out"
+    sub = subprocess.run(["sbatch", "--parsable", "--wait", f"--output={out}", str(script)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0]
+    assert _job_state(job_id) == "COMPLETED"
+    assert sorted(out.read_text().split()) == ["task=0", "task=1"]
+
+
+def _wait_for_end(job_id: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while (state := _job_state(job_id)) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+        assert time.monotonic() < deadline, f"job {job_id} still {state} after {timeout} s"
+        time.sleep(1)
+    return state
+
+
+def _rendered_script(run_dir: Path) -> str:
+    from nemo_topr.cluster.submit import ClusterJob
+
+    return ClusterJob(config_name="tiny_cpu", run_dir=run_dir).sbatch_script()
+
+
+@pytest.mark.parametrize("source", ["slurm/llama31_8b.sbatch", "slurm/llama31_70b.sbatch", "nemo-topr submit"])
+def test_a_requeued_job_keeps_every_start_in_its_output(slurm_cluster, tmp_path, source):
+    """The --output/--open-mode lines of the shipped scripts and of the script `nemo-topr submit`
+    renders, in a job that requeues itself once: without --open-mode=append slurmd truncates
+    the file at the second start."""
+    text = _rendered_script(tmp_path) if source == "nemo-topr submit" else (REPO / source).read_text()
+    header = [line for line in text.splitlines() if line.startswith(("#SBATCH --output", "#SBATCH --open-mode"))]
+    script = tmp_path / "job.sbatch"
+    script.write_text("\n".join(["#!/bin/bash", *header, "#SBATCH --requeue",
+                                 'echo "start ${SLURM_RESTART_COUNT:-0}"',
+                                 '[ -n "${SLURM_RESTART_COUNT:-}" ] || { scontrol requeue "$SLURM_JOB_ID"; sleep 60; }',
+                                 ""]))
+    sub = subprocess.run(["sbatch", "--parsable", "--job-name=requeue", str(script)],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0]
+    assert _wait_for_end(job_id) == "COMPLETED"
+    output = (tmp_path / f"requeue-{job_id}.out").read_text().splitlines()
+    assert [line for line in output if line.startswith("start")] == ["start 0", "start 1"], output
+
+
+def test_submit_shows_sbatchs_error_and_fails(slurm_cluster, tmp_path):
+    from nemo_topr.cluster.submit import ClusterJob, submit
+
+    job = ClusterJob(config_name="tiny_cpu", overrides=[], job_name="bad-partition", run_dir=tmp_path,
+                     nodes=1, gpus_per_node=2, time="00:05:00", account=None, partition="no-such-partition",
+                     container_image=None, container_mounts=None)
+    with pytest.raises(SystemExit, match="invalid partition specified: no-such-partition"):
+        submit(job, job.sbatch_script())
