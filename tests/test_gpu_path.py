@@ -341,3 +341,29 @@ def test_an_unknown_attention_is_refused_even_under_a_known_name():
     config = types.SimpleNamespace(transformer_impl="local", masked_softmax_fusion=False)
     with pytest.raises(AttentionError, match="not known to honour packed-sequence boundaries"):
         check_attention(te_own, "causal", config, shared_prefix=False)
+
+
+def test_the_transformer_engine_pin_builds_against_this_torch_and_megatron():
+    """Item 9: TE 2.20+ needs cuDNN >= 9.12 headers, TE 2.19+ a cudnn-frontend newer than
+    megatron-core[dev]'s pin; the cuDNN that torch brings and that pin come from the installed
+    wheels' metadata, so upgrading torch or Megatron re-decides this test, not a comment."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    pins = [Requirement(line.split("#")[0]) for line in (REPO / "requirements-gpu.txt").read_text().splitlines()
+            if line.split("#")[0].strip()]
+    te = next(r for r in pins if r.name == "transformer-engine")
+    assert len(te.specifier) == 1 and next(iter(te.specifier)).operator == "==", te  # exact, as the docs say
+    te_version = Version(next(iter(te.specifier)).version)
+
+    def pinned(package: str, dependency: str) -> Version:
+        [req] = [Requirement(r) for r in requires(package) if Requirement(r).name == dependency]
+        return Version(next(iter(req.specifier)).version)
+
+    cudnn = pinned("torch", "nvidia-cudnn-cu12")
+    frontend = pinned("megatron-core", "nvidia-cudnn-frontend")
+    assert cudnn >= Version("9.12") or te_version < Version("2.20"), (te_version, cudnn)
+    assert frontend > Version("1.26.0") or te_version < Version("2.19"), (te_version, frontend)
+    assert te_version >= Version("2.17.1")  # the TE that Megatron-Core 0.19 and Bridge 0.6 are released against
