@@ -3,10 +3,12 @@ rendered script, and real TOPR runs through fakes of `sbatch`/`srun`/`scontrol` 
 Slurm's -- including a pre-emption warning that must leave a checkpoint, requeue the job and
 resume from it.
 
-What the fakes model (tests/fake_slurm/srun.py cites SchedMD Slurm's source for srun):
+What the fakes model (tests/fake_slurm/srun.py cites SchedMD Slurm's source for srun, and
+tests/test_srun.py checks it against the real srun):
 - srun answers SIGTERM/SIGHUP with SIGKILL to every task (src/srun/libsrun/srun_job.c,
   `_srun_signal_mgr`: "forcing job termination" -> launch_g_fwd_signal(SIGKILL)) and forwards
-  SIGUSR1/SIGUSR2 to the tasks unchanged.
+  SIGUSR1/SIGUSR2 to the tasks unchanged; `--kill-on-bad-exit` sends the other tasks SIGTERM,
+  then SIGKILL after KillWait.
 - `sbatch --signal=[{R|B}:]SIG@TIME` (sbatch(1)): without `B:` slurmctld has slurmstepd send SIG
   to the processes of every job step -- the training ranks -- but not to the batch shell; with
   `B:` only the batch shell gets it. `_deliver_warning` below plays slurmctld and reads the
@@ -78,41 +80,6 @@ def test_scripts_pass_bash_n_and_shellcheck():
     shellcheck = Path(sys.executable).parent / "shellcheck"
     result = subprocess.run([str(shellcheck), *map(str, SCRIPTS)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
-
-
-# ---------------------------------------------------------------------------------------------
-# The fake srun keeps srun's signal semantics (the ones the old job script got wrong)
-
-
-def _start_fake_srun(fake_slurm, tasks: int, body: str) -> subprocess.Popen:
-    """srun -n TASKS bash -c BODY; returns once every task has installed its traps."""
-    proc = subprocess.Popen(["srun", f"--ntasks-per-node={tasks}", "bash", "-c", body], cwd=fake_slurm)
-    deadline = time.time() + 20
-    while len(list(fake_slurm.glob("ready-*"))) < tasks:
-        assert time.time() < deadline and proc.poll() is None
-        time.sleep(0.02)
-    return proc
-
-
-TRAPPING_TASK = ('trap "echo TERM > got-\\$SLURM_PROCID; exit 0" TERM; '
-                 'trap "echo USR1 > got-\\$SLURM_PROCID; exit 0" USR1; '
-                 'touch ready-$SLURM_PROCID; sleep 30 & wait')
-
-
-def test_fake_srun_answers_sigterm_with_sigkill_to_every_task(fake_slurm):
-    """srun_job.c `_srun_signal_mgr`: SIGTERM -> launch_g_fwd_signal(SIGKILL). The tasks' TERM
-    traps (where a rank would save) never run, and srun reports 128 + 9."""
-    srun = _start_fake_srun(fake_slurm, 2, TRAPPING_TASK)
-    srun.send_signal(signal.SIGTERM)
-    assert srun.wait(timeout=20) == 128 + signal.SIGKILL
-    assert not list(fake_slurm.glob("got-*"))
-
-
-def test_fake_srun_forwards_sigusr1_to_every_task(fake_slurm):
-    srun = _start_fake_srun(fake_slurm, 2, TRAPPING_TASK)
-    srun.send_signal(signal.SIGUSR1)
-    assert srun.wait(timeout=20) == 0
-    assert [(fake_slurm / f"got-{rank}").read_text() for rank in (0, 1)] == ["USR1\n", "USR1\n"]
 
 
 # ---------------------------------------------------------------------------------------------

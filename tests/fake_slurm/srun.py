@@ -5,8 +5,14 @@ Modelled on SchedMD Slurm, src/srun/libsrun/srun_job.c (`_srun_signal_mgr`) and 
   task. A rank that srun receives TERM for never gets to run a handler.
 - SIGINT: the first one reports the tasks' state; a second within one second kills them (SIGKILL).
 - any other signal (SIGUSR1, SIGUSR2, SIGCONT, ...): forwarded to every task unchanged.
-- --kill-on-bad-exit=1: a task that exits non-zero gets the others SIGKILLed.
-- exit status: the highest task exit code, or 128+N when a task was killed by signal N.
+- --kill-on-bad-exit=1: the first task that ends abnormally (non-zero or by a signal) has srun
+  terminate the step with SIG_TERM_KILL (src/plugins/launch/slurm/launch_slurm.c, `_task_finish`),
+  which slurmstepd carries out as SIGCONT and SIGTERM to every task, `KillWait` seconds, then
+  SIGKILL (src/slurmd/slurmstepd/req.c); so a task that handles SIGTERM ends on its own terms.
+  KillWait is $FAKE_SLURM_KILL_WAIT (default 30, slurm.conf's default).
+- exit status (`_task_finish`, then fini_srun in src/srun/libsrun/srun_job.c): if any task was
+  killed by a signal, 128 + the highest such signal; otherwise the highest exit code.
+Source: SchedMD Slurm, tag slurm-22-05-8-1 (Debian 12's slurm-wlm 22.05.8).
 - each task's environment: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID, SLURM_STEP_ID
   (the batch shell's SLURM_PROCID=0 is overridden, as srun does).
 - --output=PATTERN with %t (task id), %n (node id) and %j (job id).
@@ -77,11 +83,20 @@ def main() -> int:
     (state / "step.pids").write_text("".join(f"{task.pid}\n" for task in tasks))
 
     kill_on_bad_exit = options.get("kill-on-bad-exit") == "1"
-    while any(task.poll() is None for task in tasks):
-        if kill_on_bad_exit and any(task.returncode not in (None, 0) for task in tasks):
-            kill_all("error: task exited with a non-zero status; terminating the step (--kill-on-bad-exit)")
+    kill_at = None
+    while None in (codes := [task.poll() for task in tasks]):  # poll every task: any() would stop early
+        if kill_on_bad_exit and kill_at is None and any(code not in (None, 0) for code in codes):
+            print(f"srun: Terminating StepId={os.environ.get('SLURM_JOB_ID', '0')}.0", file=sys.stderr, flush=True)
+            for task in tasks:
+                if task.poll() is None:
+                    task.send_signal(signal.SIGCONT)
+                    task.send_signal(signal.SIGTERM)
+            kill_at = time.monotonic() + float(os.environ.get("FAKE_SLURM_KILL_WAIT", "30"))
+        if kill_at is not None and time.monotonic() >= kill_at:
+            kill_all("KillWait over")
         time.sleep(0.05)
-    return max(code if code >= 0 else 128 - code for code in (task.returncode for task in tasks))
+    signals = [-code for code in codes if code < 0]
+    return 128 + max(signals) if signals else max(codes)
 
 
 if __name__ == "__main__":
