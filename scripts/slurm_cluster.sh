@@ -1,19 +1,59 @@
 #!/usr/bin/env bash
-# A one-node Slurm (Debian's 22.05) on this machine, from nothing, for the test suite.
+# A one-node Slurm (Debian's 22.05) on this machine, from nothing, for the test suite; with
+# --two-nodes, a separate two-node one (below).
 #
-#   scripts/slurm_cluster.sh start    install what is missing, configure, start, wait until idle
-#   scripts/slurm_cluster.sh stop     stop the daemons this script started (pid files)
-#   scripts/slurm_cluster.sh status   sinfo of the node, or exit 1 when the cluster is down
+#   scripts/slurm_cluster.sh [--two-nodes] start    install what is missing, configure, start, wait until idle
+#   scripts/slurm_cluster.sh [--two-nodes] stop     stop the daemons this script started (pid files)
+#   scripts/slurm_cluster.sh [--two-nodes] status   sinfo of the nodes, or exit 1 when the cluster is down
 #
 # Needs root (daemons, apt-get). Daemons are started by hand, not by systemd, so it works in
 # containers. No accounting. The node advertises stand-in GPUs (character devices made with
 # mknod, File= in gres.conf) so that sbatch accepts --gpus-per-node; nothing uses them.
+#
+# --two-nodes: a second, separate cluster of two nodes, topr-node1 and topr-node2. Each node's
+# slurmd runs in its own network namespace with its own address (10.77.0.11, .12, on a bridge
+# whose side here is 10.77.0.1), /etc/hosts (/etc/netns/NODE/hosts bind-mounted, as ip netns exec
+# does) and hostname (a UTS namespace): a rank's hostname then resolves to an address the
+# other node reaches, which is what gloo binds to and what MASTER_ADDR (the first node) must be.
+# Its slurmctld runs here, on port 6827 with its config in STATE/etc, so it co-exists with the
+# one-node cluster (6817, /etc/slurm). Clients need SLURM_CONF=STATE/etc/slurm.conf: `start`
+# prints that export as its last line. `stop` also removes the namespaces, bridge and hosts files.
 set -euo pipefail
 
-state=${SLURM_CLUSTER_STATE:-/var/lib/nemo-topr-slurm}
-conf_dir=/etc/slurm
 n_gpus=8
-node=$(hostname -s)
+host=$(hostname -s)
+two_nodes=0
+if [[ ${1:-} == --two-nodes ]]; then
+    two_nodes=1
+    shift
+fi
+if ((two_nodes)); then
+    state=${SLURM_CLUSTER_STATE:-/var/lib/nemo-topr-slurm-two-nodes}
+    conf_dir=$state/etc
+    log_dir=$state/log
+    nodes=(topr-node1 topr-node2)
+    subnet=10.77.0  # .1 the bridge (slurmctld's address), .11 and .12 the nodes
+    bridge=toprbr0
+    export SLURM_CONF=$conf_dir/slurm.conf  # for the daemons and the clients below
+    cluster_name=nemotopr2
+    ctld_host="$host($subnet.1)"
+    ctld_port=6827
+    slurmd_spool=$state/%n/spool  # slurmd puts its node name in place of %n (slurm.conf(5))
+    slurmd_pid=$state/%n/slurmd.pid
+    slurmd_log=$log_dir/slurmd-%n.log
+else
+    state=${SLURM_CLUSTER_STATE:-/var/lib/nemo-topr-slurm}
+    conf_dir=/etc/slurm
+    log_dir=/var/log/slurm
+    nodes=("$host")
+    subnet=
+    cluster_name=nemotopr
+    ctld_host=$host
+    ctld_port=6817  # Slurm's default
+    slurmd_spool=$state/d
+    slurmd_pid=$state/slurmd.pid
+    slurmd_log=$log_dir/slurmd.log
+fi
 
 die() { echo "slurm_cluster: $*" >&2; exit 1; }
 
@@ -23,6 +63,7 @@ install_packages() {
     command -v slurmd >/dev/null || missing+=(slurmd)
     command -v sbatch >/dev/null || missing+=(slurm-client)
     command -v munged >/dev/null || missing+=(munge)
+    if ((two_nodes)); then command -v ip >/dev/null || missing+=(iproute2); fi
     ((${#missing[@]} == 0)) && return
     command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them"
     echo "slurm_cluster: installing ${missing[*]}"
@@ -32,29 +73,31 @@ install_packages() {
 }
 
 write_config() {
-    local cpus mem_mb i
+    local cpus mem_mb i node
     cpus=$(nproc)
     # Leave 1 GiB to the system; RealMemory above what slurmd sees would drain the node.
     mem_mb=$(( $(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo) - 1024 ))
-    mkdir -p "$conf_dir" "$state"/{ctld,d,dev} /var/log/slurm
+    mkdir -p "$conf_dir" "$state"/{ctld,dev} "$log_dir"
+    for node in "${nodes[@]}"; do mkdir -p "${slurmd_spool//%n/$node}" "$(dirname "${slurmd_pid//%n/$node}")"; done
     for ((i = 0; i < n_gpus; i++)); do
         # Same major/minor as /dev/null: a character device slurmd can stat and constrain.
         [[ -c $state/dev/gpu$i ]] || mknod "$state/dev/gpu$i" c 1 3
     done
     cat >"$conf_dir/slurm.conf" <<EOF
-# Written by nemo_topr scripts/slurm_cluster.sh: one node, test suite only.
-ClusterName=nemotopr
-SlurmctldHost=$node
+# Written by nemo_topr scripts/slurm_cluster.sh: ${#nodes[@]} node(s), test suite only.
+ClusterName=$cluster_name
+SlurmctldHost=$ctld_host
+SlurmctldPort=$ctld_port
 AuthType=auth/munge
 AuthInfo=cred_expire=10
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$state/ctld
-SlurmdSpoolDir=$state/d
+SlurmdSpoolDir=$slurmd_spool
 SlurmctldPidFile=$state/slurmctld.pid
-SlurmdPidFile=$state/slurmd.pid
-SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
+SlurmdPidFile=$slurmd_pid
+SlurmctldLogFile=$log_dir/slurmctld.log
+SlurmdLogFile=$slurmd_log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -68,12 +111,53 @@ ReturnToService=2
 KillWait=5
 MinJobAge=300
 JobRequeue=1
-NodeName=$node CPUs=$cpus RealMemory=$mem_mb Gres=gpu:$n_gpus State=UNKNOWN
-PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
-    cat >"$conf_dir/gres.conf" <<EOF
-NodeName=$node Name=gpu File=$state/dev/gpu[0-$((n_gpus - 1))]
-EOF
+    : >"$conf_dir/gres.conf"
+    for i in "${!nodes[@]}"; do
+        # Every node sees the whole machine (CPUs, memory) and the same stand-in GPUs.
+        echo "NodeName=${nodes[i]}${subnet:+ NodeAddr=$subnet.$((11 + i))} CPUs=$cpus RealMemory=$mem_mb" \
+             "Gres=gpu:$n_gpus State=UNKNOWN" >>"$conf_dir/slurm.conf"
+        echo "NodeName=${nodes[i]} Name=gpu File=$state/dev/gpu[0-$((n_gpus - 1))]" >>"$conf_dir/gres.conf"
+    done
+    echo "PartitionName=debug Nodes=$(IFS=,; echo "${nodes[*]}") Default=YES MaxTime=INFINITE State=UP" \
+         "OverSubscribe=YES" >>"$conf_dir/slurm.conf"
+}
+
+# The two nodes' network: a bridge here and a namespace per node on it, with a hosts file that
+# names every node.
+network_up() {
+    local i j node
+    if ! ip link show "$bridge" >/dev/null 2>&1; then
+        ip link add "$bridge" type bridge
+        ip addr add "$subnet.1/24" dev "$bridge"
+    fi
+    ip link set "$bridge" up
+    for i in "${!nodes[@]}"; do
+        node=${nodes[i]}
+        mkdir -p "/etc/netns/$node"
+        {
+            echo "127.0.0.1 localhost"
+            for j in "${!nodes[@]}"; do echo "$subnet.$((11 + j)) ${nodes[j]}"; done
+        } >"/etc/netns/$node/hosts"
+        [[ -e /run/netns/$node ]] && continue
+        ip netns add "$node"
+        ip link add "toprv$i" type veth peer name eth0 netns "$node"
+        ip link set "toprv$i" master "$bridge" up
+        ip -n "$node" addr add "$subnet.$((11 + i))/24" dev eth0
+        ip -n "$node" link set eth0 up
+        ip -n "$node" link set lo up
+    done
+}
+
+network_down() {
+    local i
+    for i in "${!nodes[@]}"; do
+        if [[ -e /run/netns/${nodes[i]} ]]; then ip netns del "${nodes[i]}"; fi
+        if ip link show "toprv$i" >/dev/null 2>&1; then ip link del "toprv$i"; fi
+        rm -rf "/etc/netns/${nodes[i]}"
+    done
+    rmdir /etc/netns 2>/dev/null || true  # only when nothing else keeps a netns hosts file there
+    if ip link show "$bridge" >/dev/null 2>&1; then ip link del "$bridge"; fi
 }
 
 start_munge() {
@@ -97,41 +181,73 @@ start_munge() {
 
 running() { [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+start_slurmd() {
+    local node=$1
+    if ((two_nodes)); then
+        # Not `ip netns exec`: it remounts /sys, hiding /sys/fs/cgroup, without which slurmd
+        # fails ("Unable to initialize cgroup plugin"). A private mount namespace holds the
+        # node's hosts file, a UTS namespace its hostname; munged's socket is a file, so shared.
+        # shellcheck disable=SC2016  # $1 is expanded by the inner sh
+        nsenter --net="/run/netns/$node" unshare --mount --uts sh -c \
+            'mount --bind "/etc/netns/$1/hosts" /etc/hosts && hostname "$1" && exec slurmd -N "$1"' sh "$node"
+    else
+        slurmd
+    fi
+}
+
+all_idle() {
+    local node
+    for node in "${nodes[@]}"; do
+        sinfo -h -N -n "$node" -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)' || return 1
+    done
+}
+
 start() {
+    local node
     [[ $(id -u) == 0 ]] || die "needs root (daemons, apt-get); running as $(id -un)"
     install_packages
     write_config
+    ((two_nodes)) && network_up
     start_munge
     running "$state/slurmctld.pid" || slurmctld
-    running "$state/slurmd.pid" || slurmd
+    for node in "${nodes[@]}"; do running "${slurmd_pid//%n/$node}" || start_slurmd "$node"; done
     for _ in $(seq 120); do
-        if sinfo -h -N -n "$node" -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; then
-            return
+        if all_idle; then
+            ((two_nodes)) && echo "export SLURM_CONF=$SLURM_CONF"
+            return 0
         fi
         # A node left down/drained by an earlier stop comes back on its own with
         # ReturnToService=2; resume it explicitly when it does not.
-        if sinfo -h -N -n "$node" -o %T 2>/dev/null | grep -qE 'down|drain'; then
-            scontrol update NodeName="$node" State=RESUME 2>/dev/null || true
-        fi
+        for node in "${nodes[@]}"; do
+            if sinfo -h -N -n "$node" -o %T 2>/dev/null | grep -qE 'down|drain'; then
+                scontrol update NodeName="$node" State=RESUME 2>/dev/null || true
+            fi
+        done
         sleep 0.5
     done
     sinfo -N >&2 || true
-    tail -n 20 /var/log/slurm/slurmctld.log /var/log/slurm/slurmd.log >&2 || true
-    die "node $node not idle after 60 s"
+    tail -n 20 "$log_dir"/slurm*.log >&2 || true
+    die "node(s) ${nodes[*]} not idle after 60 s"
 }
 
 stop() {
-    local pidfile pid
-    for pidfile in "$state/slurmd.pid" "$state/slurmctld.pid"; do
+    local pidfile pid node pidfiles=()
+    for node in "${nodes[@]}"; do pidfiles+=("${slurmd_pid//%n/$node}"); done
+    for pidfile in "${pidfiles[@]}" "$state/slurmctld.pid"; do
         running "$pidfile" || continue
         pid=$(cat "$pidfile")
         kill "$pid"
         for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     done
+    if ((two_nodes)); then network_down; fi
 }
 
 status() {
-    running "$state/slurmctld.pid" && running "$state/slurmd.pid" || { echo "slurm_cluster: down"; exit 1; }
+    local node
+    running "$state/slurmctld.pid" || { echo "slurm_cluster: down"; exit 1; }
+    for node in "${nodes[@]}"; do
+        running "${slurmd_pid//%n/$node}" || { echo "slurm_cluster: down"; exit 1; }
+    done
     sinfo -N
 }
 
@@ -139,5 +255,5 @@ case ${1:-} in
     start) start ;;
     stop) stop ;;
     status) status ;;
-    *) die "usage: $0 start|stop|status" ;;
+    *) die "usage: $0 [--two-nodes] start|stop|status" ;;
 esac

@@ -8,7 +8,9 @@ wherever the venv's editable install points -- another checkout when the venv is
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,22 +22,38 @@ REPO = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).parent / "workers"
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """A real one-node Slurm (scripts/slurm_cluster.sh), started once, stopped at the end if
-    this session started it. Unavailable (not root, no apt-get...): skipped with the reason,
-    or a failure where NEMO_TOPR_REQUIRE_SLURM=1 (set by .ci/run, so CI cannot skip them)."""
+@contextlib.contextmanager
+def _real_slurm(*options: str):
+    """``scripts/slurm_cluster.sh [options] start``, yielding its output; stopped at the end if
+    this started it. Unavailable (not root, no apt-get...): skipped with the reason, or a failure
+    where NEMO_TOPR_REQUIRE_SLURM=1 (set by .ci/run, so CI cannot skip them)."""
     script = REPO / "scripts" / "slurm_cluster.sh"
-    was_up = subprocess.run([script, "status"], capture_output=True).returncode == 0
-    started = subprocess.run([script, "start"], capture_output=True, text=True)
+    was_up = subprocess.run([script, *options, "status"], capture_output=True).returncode == 0
+    started = subprocess.run([script, *options, "start"], capture_output=True, text=True)
     if started.returncode != 0:
-        reason = f"real Slurm unavailable: {script} start failed: {started.stderr.strip()[-2000:]}"
+        reason = f"real Slurm unavailable: {script} {' '.join(options)} start failed: {started.stderr.strip()[-2000:]}"
         if os.environ.get("NEMO_TOPR_REQUIRE_SLURM") == "1":
             pytest.fail(reason + " (NEMO_TOPR_REQUIRE_SLURM=1 requires these tests)")
         pytest.skip(reason)
-    yield
+    yield started.stdout
     if not was_up:
-        subprocess.run([script, "stop"], check=True)
+        subprocess.run([script, *options, "stop"], check=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real one-node Slurm (scripts/slurm_cluster.sh), started once."""
+    with _real_slurm():
+        yield
+
+
+@pytest.fixture(scope="session")
+def slurm_two_nodes():
+    """A second, separate real Slurm of two nodes, each a network namespace with its own address
+    and hostname (scripts/slurm_cluster.sh --two-nodes), started once; yields the SLURM_CONF its
+    clients need."""
+    with _real_slurm("--two-nodes") as output:
+        yield re.search(r"^export SLURM_CONF=(\S+)$", output, re.MULTILINE).group(1)
 
 
 @pytest.fixture(scope="session")
