@@ -421,9 +421,40 @@ def test_warning_during_start_up_is_held_until_training_and_then_saves(tmp_path,
     assert [entry["iteration"] for entry in _ledger(run_dir)] == [0, 0]  # 4 rows, micro-batch 2
 
 
+def _real_job(job_id: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+
+
 def _real_job_state(job_id: str) -> str:
-    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
-    return re.search(r"JobState=(\S+)", out).group(1)
+    return re.search(r"JobState=(\S+)", _real_job(job_id)).group(1)
+
+
+def _submit_tiny_real_job(run_dir: Path, demo_inputs: tuple[Path, Path]) -> str:
+    """`nemo-topr submit` of the tiny 2-rank CPU run to the real Slurm; returns the job id."""
+    answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
+                             "--gpus-per-node", "2", "--time", "00:30:00", "--run-dir", str(run_dir),
+                             "--venv", sys.prefix,  # this one, also from a worktree or a copy without .venv
+                             *_tiny_run_overrides(demo_inputs)],
+                            cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert answer.returncode == 0, answer.stderr
+    return re.search(r"Submitted batch job (\d+)", answer.stdout).group(1)
+
+
+def _wait_for_real_ranks(job_id: str, logs: Path) -> None:
+    """Until srun has started both ranks of this start (their log files exist)."""
+    deadline = time.monotonic() + 120
+    while len(list(logs.glob("rank-*.log"))) < 2:
+        assert time.monotonic() < deadline and _real_job_state(job_id) in ("PENDING", "RUNNING")
+        time.sleep(0.1)
+
+
+def _wait_while_real_job(job_id: str, states: tuple[str, ...], timeout: float = 600) -> str:
+    """Polls until the job leaves `states`; returns the state it reached."""
+    deadline = time.monotonic() + timeout
+    while (state := _real_job_state(job_id)) in states:
+        assert time.monotonic() < deadline, f"job {job_id} still {state}"
+        time.sleep(1)
+    return state
 
 
 @pytest.mark.slow
@@ -433,23 +464,13 @@ def test_a_warning_while_the_ranks_import_requeues_on_real_slurm(slurm_cluster, 
     are still importing (before train() runs) must end in a requeue and a COMPLETED job in which
     every sample trained once -- not in ranks killed by SIGUSR1's default action and a FAILED job."""
     run_dir = tmp_path / "run"
-    answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
-                             "--gpus-per-node", "2", "--time", "00:30:00", "--run-dir", str(run_dir),
-                             *_tiny_run_overrides(demo_inputs)],
-                            cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert answer.returncode == 0, answer.stderr
-    job_id = re.search(r"Submitted batch job (\d+)", answer.stdout).group(1)
-    first_logs = run_dir / "logs" / f"job-{job_id}-start-0"
+    job_id = _submit_tiny_real_job(run_dir, demo_inputs)
     try:
-        deadline = time.monotonic() + 120
-        while len(list(first_logs.glob("rank-*.log"))) < 2:  # srun has started both ranks
-            assert time.monotonic() < deadline and _real_job_state(job_id) in ("PENDING", "RUNNING")
-            time.sleep(0.1)
-        subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
-        deadline = time.monotonic() + 600
-        while (state := _real_job_state(job_id)) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-            assert time.monotonic() < deadline, f"job {job_id} still {state}"
-            time.sleep(1)
+        _wait_for_real_ranks(job_id, run_dir / "logs" / f"job-{job_id}-start-0")
+        # may find no step left to signal (the ranks are gone): then nothing is to be requeued
+        scancel = subprocess.run(["scancel", "--signal=USR1", job_id], capture_output=True, text=True)
+        context += f"scancel: {scancel.returncode} {scancel.stderr.strip()}\n"
+        state = _wait_while_real_job(job_id, ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"))
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     batch_log = (run_dir / f"topr-tiny_cpu-{job_id}.out").read_text()
@@ -458,3 +479,51 @@ def test_a_warning_while_the_ranks_import_requeues_on_real_slurm(slurm_cluster, 
     assert (run_dir / "COMPLETED").exists()
     trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
     assert sorted(trained) == list(range(48)), batch_log  # one epoch: every sample exactly once
+
+
+def _rank_processes(job_id: str, rank: int) -> list[int]:
+    """The training processes of one rank of a real job: `nemo_topr.cli train` (and its forks)
+    whose environment holds this job's id and that task id (slurmstepd sets both)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = set((proc / "environ").read_bytes().split(b"\0"))
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if (b"nemo_topr.cli" in cmdline and f"SLURM_JOB_ID={job_id}".encode() in environ
+                and f"SLURM_PROCID={rank}".encode() in environ):
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_killed_rank_fails_the_real_job_without_a_requeue(slurm_cluster, demo_inputs, tmp_path):
+    """Rank 1 killed (SIGKILL, as the OOM killer would) while both ranks run: a failure, not a
+    pre-emption. The job must end FAILED, never requeued, and its output must name the rank."""
+    run_dir = tmp_path / "run"
+    job_id = _submit_tiny_real_job(run_dir, demo_inputs)
+    logs = run_dir / "logs" / f"job-{job_id}-start-0"
+    try:
+        _wait_for_real_ranks(job_id, logs)
+        deadline = time.monotonic() + 300
+        while not (run_dir / "config.yaml").exists() or not (rank_1 := _rank_processes(job_id, 1)):
+            assert time.monotonic() < deadline and _real_job_state(job_id) == "RUNNING"
+            time.sleep(0.1)
+        for pid in rank_1:
+            os.kill(pid, signal.SIGKILL)
+        # a requeue shows at once as PENDING/REQUEUED: no need to wait for a second start
+        state = _wait_while_real_job(job_id, ("RUNNING", "COMPLETING"), timeout=120)
+        job = _real_job(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    batch_log = (run_dir / f"topr-tiny_cpu-{job_id}.out").read_text()
+    assert state == "FAILED" and "Restarts=0 " in job, job + batch_log
+    assert re.search(r"srun: error: \S+: task 1: Killed", batch_log), batch_log
+    # srun exits with the worst task status (here task 0's SIGTERM from --kill-on-bad-exit: 143)
+    failed = re.search(rf"training failed \(srun status (\d+)\); not requeued; rank logs: {logs}\n", batch_log)
+    assert failed and int(failed.group(1)) > 0 and re.search(rf"\sExitCode={failed.group(1)}:0\s", job), job + batch_log
+    assert [path.name for path in (run_dir / "logs").iterdir()] == [logs.name]
+    assert not (run_dir / "COMPLETED").exists()
+
