@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -526,4 +527,73 @@ def test_a_killed_rank_fails_the_real_job_without_a_requeue(slurm_cluster, demo_
     assert failed and int(failed.group(1)) > 0 and re.search(rf"\sExitCode={failed.group(1)}:0\s", job), job + batch_log
     assert [path.name for path in (run_dir / "logs").iterdir()] == [logs.name]
     assert not (run_dir / "COMPLETED").exists()
+
+
+# Seconds from srun's start of the ranks over which the random warning falls: a tiny run's ranks
+# live 25-55 s on 2 shared cores (imports and set-up all but ~3 s of it; six iterations), so most
+# draws land in start-up, some in training and some after the ranks are gone (no requeue due).
+PREEMPT_WINDOW_S = 40.0
+
+
+def _check_every_start_kept(run_dir: Path, job_id: str, batch_log: str, job: str, context: str) -> int:
+    """Each start of a requeued job left its rank logs and its lines in the batch output (which
+    real slurmd appends to, --open-mode=append); returns the number of restarts."""
+    restarts = int(re.search(r"\sRestarts=(\d+)\s", job).group(1))
+    starts = [f"job-{job_id}-start-{k}" for k in range(restarts + 1)]
+    assert sorted(path.name for path in (run_dir / "logs").iterdir()) == starts, context + batch_log
+    assert all(len(list((run_dir / "logs" / start).glob("rank-*.log"))) == 2 for start in starts), context
+    assert batch_log.count(f"[topr_job] job {job_id}: 1 node(s) x 2 rank(s)") == restarts + 1, context + batch_log
+    assert batch_log.count(f"requeueing job {job_id}") == restarts, context + batch_log
+    return restarts
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_the_shipped_8b_sbatch_requeues_after_a_warning_at_a_random_moment(slurm_cluster, demo_inputs, tmp_path):
+    """slurm/llama31_8b.sbatch itself, made the tiny 2-rank CPU run the way a user overrides a
+    shipped script (sbatch options beat #SBATCH lines; NEMO_TOPR_CONFIG picks the config; the
+    script's arguments are the run's overrides). SIGUSR1 to the ranks at a random moment from
+    srun's start (rank start-up included) on: the job must end COMPLETED, requeued once if the
+    warning came before the last iteration, with every sample trained once and every start's
+    logs kept."""
+    seed = int(os.environ.get("NEMO_TOPR_TEST_SEED", random.randrange(2**32)))
+    delay = random.Random(seed).uniform(0, PREEMPT_WINDOW_S)
+    context = f"seed {seed} (NEMO_TOPR_TEST_SEED), warning {delay:.1f} s after srun started the ranks\n"
+    print(context)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()  # for --output: slurmd does not create directories
+    answer = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=2", "--gpus-per-node=2",
+                             f"--output={run_dir}/%x-%j.out", "slurm/llama31_8b.sbatch", *_tiny_run_overrides(demo_inputs)],
+                            cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "NEMO_TOPR_CONFIG": "tiny_cpu",
+                                 "NEMO_TOPR_RUN_DIR": str(run_dir), "NEMO_TOPR_VENV": sys.prefix,
+                                 # Slurm 22.05 sets no SLURM_GPUS_ON_NODE in the batch step here
+                                 "NEMO_TOPR_GPUS_PER_NODE": "2"})
+    assert answer.returncode == 0, answer.stderr
+    job_id = answer.stdout.strip()
+    try:
+        _wait_for_real_ranks(job_id, run_dir / "logs" / f"job-{job_id}-start-0")
+        time.sleep(delay)
+        begun_before = max((entry["iteration"] for entry in _ledger(run_dir)), default=-1)
+        # may find no step left to signal (the ranks are gone): then nothing is to be requeued
+        scancel = subprocess.run(["scancel", "--signal=USR1", job_id], capture_output=True, text=True)
+        context += f"scancel: {scancel.returncode} {scancel.stderr.strip()}\n"
+        state = _wait_while_real_job(job_id, ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"))
+        job = _real_job(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    batch_log = (run_dir / f"topr-llama31-8b-{job_id}.out").read_text()
+    assert state == "COMPLETED" and (run_dir / "COMPLETED").exists(), context + batch_log
+    restarts = _check_every_start_kept(run_dir, job_id, batch_log, job, context)
+    train_iters = _train_iters(run_dir)
+    context += f"iteration {begun_before} had begun (-1: none), {train_iters} in all\n"
+    assert restarts <= 1, context + batch_log  # one warning
+    if begun_before + 2 < train_iters:  # the ranks were still to begin another iteration
+        assert restarts == 1, context + batch_log
+        # saved at the first iteration boundary after the warning (Bridge checks after every step;
+        # one more iteration may begin between reading the ledger and scancel)
+        stopped = int(re.search(rf"stopped at iteration (\d+) of {train_iters} ", batch_log).group(1))
+        assert begun_before + 1 <= stopped <= begun_before + 2, context + batch_log
+    trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
+    assert sorted(trained) == list(range(48)), context + batch_log  # exactly once, across the starts
 
