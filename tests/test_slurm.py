@@ -1,7 +1,8 @@
-"""Cluster scripts without a cluster: shellcheck, `nemo-topr submit`'s pre-flight checks and
-rendered script, and real TOPR runs through fakes of `sbatch`/`srun`/`scontrol` that behave like
-Slurm's -- including a pre-emption warning that must leave a checkpoint, requeue the job and
-resume from it.
+"""Cluster scripts: shellcheck, `nemo-topr submit`'s pre-flight checks and rendered script, a real
+TOPR run through fakes of `srun`/`scontrol` that behave like Slurm's (a pre-emption warning at a
+chosen iteration must leave a checkpoint there, requeue the job and resume from it), and TOPR
+jobs on a real one-node Slurm (marked `slurm`: a killed rank, a warning at a random moment, a
+time limit's own warning).
 
 What the fakes model (tests/fake_slurm/srun.py cites SchedMD Slurm's source for srun):
 - srun answers SIGTERM/SIGHUP with SIGKILL to every task (src/srun/libsrun/srun_job.c,
@@ -35,18 +36,6 @@ from test_plan import MISTYPED_OVERRIDES
 SCRIPTS = sorted([*REPO.glob("slurm/*.sh"), *REPO.glob("slurm/*.sbatch"), *REPO.glob("launchers/*.sh")])
 FAKE_SRUN = REPO / "tests" / "fake_slurm" / "srun.py"
 
-# sbatch(1) runs the script as the batch step with the allocation's environment (including
-# SLURM_PROCID=0 for the batch shell) and prints "Submitted batch job ID". This one runs it at
-# once, to the end, as job 4242 on one node.
-FAKE_SBATCH = """#!/usr/bin/env bash
-script=${@: -1}
-export SLURM_JOB_ID=4242 SLURM_JOB_NUM_NODES=1 SLURM_JOB_NODELIST=localhost SLURM_SUBMIT_DIR=$PWD
-export SLURM_PROCID=0 SLURM_LOCALID=0
-export SLURM_JOB_NAME=$(sed -n 's/^#SBATCH --job-name=//p' "$script")
-bash "$script" > "$FAKE_SLURM_DIR/batch.out" 2>&1
-echo "Submitted batch job $SLURM_JOB_ID"
-"""
-
 # scontrol(1): `show hostnames LIST` prints one host per line (comma lists only here);
 # `requeue ID` is recorded for the test.
 FAKE_SCONTROL = """#!/usr/bin/env bash
@@ -62,7 +51,7 @@ esac
 def fake_slurm(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    fakes = {"sbatch": FAKE_SBATCH, "scontrol": FAKE_SCONTROL,
+    fakes = {"scontrol": FAKE_SCONTROL,
              "srun": f'#!/usr/bin/env bash\nexec "{sys.executable}" "{FAKE_SRUN}" "$@"\n'}
     for name, body in fakes.items():
         (bin_dir / name).write_text(body)
@@ -303,28 +292,6 @@ def _job_env(**extra: str) -> dict[str, str]:
             "OMP_NUM_THREADS": "1", **extra}
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_submit_runs_a_two_rank_topr_job_through_fake_slurm(fake_slurm, demo_inputs, monkeypatch):
-    monkeypatch.setenv("NEMO_TOPR_MASTER_PORT", _job_env()["NEMO_TOPR_MASTER_PORT"])
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    run_dir = fake_slurm / "run"
-    answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
-                             "--gpus-per-node", "2", "--run-dir", str(run_dir), *_tiny_run_overrides(demo_inputs)],
-                            cwd=REPO, capture_output=True, text=True)
-    batch_log = (fake_slurm / "batch.out").read_text() if (fake_slurm / "batch.out").exists() else ""
-    assert answer.returncode == 0 and "Submitted batch job 4242" in answer.stdout, answer.stderr + batch_log
-    assert (run_dir / "COMPLETED").exists(), batch_log
-    # srun started the ranks themselves: task.sh execs `nemo_topr.cli train`, one per "GPU"
-    assert "slurm/task.sh" in (fake_slurm / "srun_commands").read_text()
-    logs = run_dir / "logs" / "job-4242-start-0"
-    rank_logs = [(logs / f"rank-{rank}.log").read_text() for rank in (0, 1)]
-    assert "[nemo-topr] data:" in rank_logs[0] and "[nemo-topr] data:" not in rank_logs[1]  # rank 0 reports
-    assert not (fake_slurm / "requeued").exists()
-    trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
-    assert sorted(trained) == list(range(48))  # 2 DP ranks split the data once
-
-
 def _step_processes(fake_slurm: Path) -> list[int]:
     """The job step's processes: the tasks srun started and all their descendants (what
     slurmstepd's process tracking (cgroup) holds and signals)."""
@@ -430,12 +397,13 @@ def _real_job_state(job_id: str) -> str:
     return re.search(r"JobState=(\S+)", _real_job(job_id)).group(1)
 
 
-def _submit_tiny_real_job(run_dir: Path, demo_inputs: tuple[Path, Path]) -> str:
-    """`nemo-topr submit` of the tiny 2-rank CPU run to the real Slurm; returns the job id."""
+def _submit_tiny_real_job(run_dir: Path, demo_inputs: tuple[Path, Path], *options: str) -> str:
+    """`nemo-topr submit` of the tiny 2-rank CPU run to the real Slurm; returns the job id.
+    `options`: more of submit's options (default --time 00:30:00, no pre-emption warning in it)."""
     answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
-                             "--gpus-per-node", "2", "--time", "00:30:00", "--run-dir", str(run_dir),
+                             "--gpus-per-node", "2", "--run-dir", str(run_dir),
                              "--venv", sys.prefix,  # this one, also from a worktree or a copy without .venv
-                             *_tiny_run_overrides(demo_inputs)],
+                             *(options or ("--time", "00:30:00")), *_tiny_run_overrides(demo_inputs)],
                             cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert answer.returncode == 0, answer.stderr
     return re.search(r"Submitted batch job (\d+)", answer.stdout).group(1)
@@ -447,6 +415,10 @@ def _wait_for_real_ranks(job_id: str, logs: Path) -> None:
     while len(list(logs.glob("rank-*.log"))) < 2:
         assert time.monotonic() < deadline and _real_job_state(job_id) in ("PENDING", "RUNNING")
         time.sleep(0.1)
+
+
+# JobState of a job not yet ended; SIGNALING shows while slurmctld sends the --signal warning.
+UNFINISHED = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "SIGNALING")
 
 
 def _wait_while_real_job(job_id: str, states: tuple[str, ...], timeout: float = 600) -> str:
@@ -471,7 +443,7 @@ def test_a_warning_while_the_ranks_import_requeues_on_real_slurm(slurm_cluster, 
         # may find no step left to signal (the ranks are gone): then nothing is to be requeued
         scancel = subprocess.run(["scancel", "--signal=USR1", job_id], capture_output=True, text=True)
         context += f"scancel: {scancel.returncode} {scancel.stderr.strip()}\n"
-        state = _wait_while_real_job(job_id, ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"))
+        state = _wait_while_real_job(job_id, UNFINISHED)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     batch_log = (run_dir / f"topr-tiny_cpu-{job_id}.out").read_text()
@@ -578,7 +550,7 @@ def test_the_shipped_8b_sbatch_requeues_after_a_warning_at_a_random_moment(slurm
         # may find no step left to signal (the ranks are gone): then nothing is to be requeued
         scancel = subprocess.run(["scancel", "--signal=USR1", job_id], capture_output=True, text=True)
         context += f"scancel: {scancel.returncode} {scancel.stderr.strip()}\n"
-        state = _wait_while_real_job(job_id, ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"))
+        state = _wait_while_real_job(job_id, UNFINISHED)
         job = _real_job(job_id)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
@@ -597,3 +569,30 @@ def test_the_shipped_8b_sbatch_requeues_after_a_warning_at_a_random_moment(slurm
     trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
     assert sorted(trained) == list(range(48)), context + batch_log  # exactly once, across the starts
 
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_real_time_limit_preempts_with_its_warning_and_the_job_completes(slurm_cluster, demo_inputs, tmp_path):
+    """`nemo-topr submit --time 00:02:00 --preemption-warning 100` with nothing sent by the test:
+    Slurm's own warning (#SBATCH --signal=USR1@100, which slurmctld sends 5-60 s early, so in the
+    first 15 s of every start, while the ranks still import) must make them train one iteration,
+    save and requeue the job before the limit kills them, start after start, until the run is
+    COMPLETED -- never TIMEOUT -- with every sample trained exactly once. Global batch 12: two
+    iterations. (A one-minute limit is shorter than a start-up here: 30-70 s on 2 shared cores.)"""
+    run_dir = tmp_path / "run"
+    job_id = _submit_tiny_real_job(run_dir, demo_inputs, "--time", "00:02:00", "--preemption-warning", "100",
+                                   "train.global_batch_size=12")
+    try:
+        state = _wait_while_real_job(job_id, UNFINISHED)
+        job = _real_job(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    batch_log = (run_dir / f"topr-tiny_cpu-{job_id}.out").read_text()
+    assert state == "COMPLETED" and (run_dir / "COMPLETED").exists(), job + batch_log
+    assert _check_every_start_kept(run_dir, job_id, batch_log, job, "") >= 1, batch_log  # pre-empted
+    first = run_dir / "logs" / f"job-{job_id}-start-0"
+    # rank 0 alone reports the data (srun ran the two ranks of slurm/task.sh)
+    assert "[nemo-topr] data:" in (first / "rank-0.log").read_text()
+    assert "[nemo-topr] data:" not in (first / "rank-1.log").read_text()
+    trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
+    assert sorted(trained) == list(range(48)), batch_log
