@@ -18,6 +18,7 @@ What the fakes model (tests/fake_slurm/srun.py cites SchedMD Slurm's source for 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -322,7 +323,7 @@ def test_preemption_warning_checkpoints_at_that_iteration_requeues_and_resumes(f
     """Two ranks, 48 samples packed into rows, 4 rows per step; periodic saves every 100 (never)."""
     run_dir = fake_slurm / "run"
     script = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
-                             "--gpus-per-node", "2", "--run-dir", str(run_dir), "--dry-run",
+                             "--gpus-per-node", "2", "--run-dir", str(run_dir), "--dry-run", "--venv", sys.prefix,
                              *_tiny_run_overrides(demo_inputs)],
                             cwd=REPO, capture_output=True, text=True, check=True).stdout
     (fake_slurm / "job.sbatch").write_text(script)
@@ -430,6 +431,21 @@ def _wait_while_real_job(job_id: str, states: tuple[str, ...], timeout: float = 
     return state
 
 
+@contextlib.contextmanager
+def _cancelled_at_exit(job_id: str):
+    """No job of a failed test keeps the node (the jobs ask for it whole: --exclusive)."""
+    try:
+        yield
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+
+
+def _real_job_end(job_id: str, batch_output: Path) -> tuple[str, str, str]:
+    """Waits for the job to end; returns its JobState, `scontrol show job` and its batch output."""
+    state = _wait_while_real_job(job_id, UNFINISHED)
+    return state, _real_job(job_id), batch_output.read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_warning_while_the_ranks_import_requeues_on_real_slurm(slurm_cluster, demo_inputs, tmp_path):
@@ -438,15 +454,10 @@ def test_a_warning_while_the_ranks_import_requeues_on_real_slurm(slurm_cluster, 
     every sample trained once -- not in ranks killed by SIGUSR1's default action and a FAILED job."""
     run_dir = tmp_path / "run"
     job_id = _submit_tiny_real_job(run_dir, demo_inputs)
-    try:
+    with _cancelled_at_exit(job_id):
         _wait_for_real_ranks(job_id, run_dir / "logs" / f"job-{job_id}-start-0")
-        # may find no step left to signal (the ranks are gone): then nothing is to be requeued
-        scancel = subprocess.run(["scancel", "--signal=USR1", job_id], capture_output=True, text=True)
-        context += f"scancel: {scancel.returncode} {scancel.stderr.strip()}\n"
-        state = _wait_while_real_job(job_id, UNFINISHED)
-    finally:
-        subprocess.run(["scancel", job_id], capture_output=True)
-    batch_log = (run_dir / f"topr-tiny_cpu-{job_id}.out").read_text()
+        subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+        state, _, batch_log = _real_job_end(job_id, run_dir / f"topr-tiny_cpu-{job_id}.out")
     assert state == "COMPLETED", batch_log
     assert "requeueing job" in batch_log and (run_dir / "logs" / f"job-{job_id}-start-1").is_dir(), batch_log
     assert (run_dir / "COMPLETED").exists()
@@ -478,7 +489,7 @@ def test_a_killed_rank_fails_the_real_job_without_a_requeue(slurm_cluster, demo_
     run_dir = tmp_path / "run"
     job_id = _submit_tiny_real_job(run_dir, demo_inputs)
     logs = run_dir / "logs" / f"job-{job_id}-start-0"
-    try:
+    with _cancelled_at_exit(job_id):
         _wait_for_real_ranks(job_id, logs)
         deadline = time.monotonic() + 300
         while not (run_dir / "config.yaml").exists() or not (rank_1 := _rank_processes(job_id, 1)):
@@ -489,8 +500,6 @@ def test_a_killed_rank_fails_the_real_job_without_a_requeue(slurm_cluster, demo_
         # a requeue shows at once as PENDING/REQUEUED: no need to wait for a second start
         state = _wait_while_real_job(job_id, ("RUNNING", "COMPLETING"), timeout=120)
         job = _real_job(job_id)
-    finally:
-        subprocess.run(["scancel", job_id], capture_output=True)
     batch_log = (run_dir / f"topr-tiny_cpu-{job_id}.out").read_text()
     assert state == "FAILED" and "Restarts=0 " in job, job + batch_log
     assert re.search(r"srun: error: \S+: task 1: Killed", batch_log), batch_log
@@ -535,7 +544,8 @@ def test_the_shipped_8b_sbatch_requeues_after_a_warning_at_a_random_moment(slurm
     run_dir = tmp_path / "run"
     run_dir.mkdir()  # for --output: slurmd does not create directories
     answer = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=2", "--gpus-per-node=2",
-                             f"--output={run_dir}/%x-%j.out", "slurm/llama31_8b.sbatch", *_tiny_run_overrides(demo_inputs)],
+                             f"--output={run_dir}/%x-%j.out", "slurm/llama31_8b.sbatch",
+                             *_tiny_run_overrides(demo_inputs)],
                             cwd=REPO, capture_output=True, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "NEMO_TOPR_CONFIG": "tiny_cpu",
                                  "NEMO_TOPR_RUN_DIR": str(run_dir), "NEMO_TOPR_VENV": sys.prefix,
@@ -543,18 +553,14 @@ def test_the_shipped_8b_sbatch_requeues_after_a_warning_at_a_random_moment(slurm
                                  "NEMO_TOPR_GPUS_PER_NODE": "2"})
     assert answer.returncode == 0, answer.stderr
     job_id = answer.stdout.strip()
-    try:
+    with _cancelled_at_exit(job_id):
         _wait_for_real_ranks(job_id, run_dir / "logs" / f"job-{job_id}-start-0")
         time.sleep(delay)
         begun_before = max((entry["iteration"] for entry in _ledger(run_dir)), default=-1)
         # may find no step left to signal (the ranks are gone): then nothing is to be requeued
         scancel = subprocess.run(["scancel", "--signal=USR1", job_id], capture_output=True, text=True)
         context += f"scancel: {scancel.returncode} {scancel.stderr.strip()}\n"
-        state = _wait_while_real_job(job_id, UNFINISHED)
-        job = _real_job(job_id)
-    finally:
-        subprocess.run(["scancel", job_id], capture_output=True)
-    batch_log = (run_dir / f"topr-llama31-8b-{job_id}.out").read_text()
+        state, job, batch_log = _real_job_end(job_id, run_dir / f"topr-llama31-8b-{job_id}.out")
     assert state == "COMPLETED" and (run_dir / "COMPLETED").exists(), context + batch_log
     restarts = _check_every_start_kept(run_dir, job_id, batch_log, job, context)
     train_iters = _train_iters(run_dir)
@@ -582,12 +588,8 @@ def test_a_real_time_limit_preempts_with_its_warning_and_the_job_completes(slurm
     run_dir = tmp_path / "run"
     job_id = _submit_tiny_real_job(run_dir, demo_inputs, "--time", "00:02:00", "--preemption-warning", "100",
                                    "train.global_batch_size=12")
-    try:
-        state = _wait_while_real_job(job_id, UNFINISHED)
-        job = _real_job(job_id)
-    finally:
-        subprocess.run(["scancel", job_id], capture_output=True)
-    batch_log = (run_dir / f"topr-tiny_cpu-{job_id}.out").read_text()
+    with _cancelled_at_exit(job_id):
+        state, job, batch_log = _real_job_end(job_id, run_dir / f"topr-tiny_cpu-{job_id}.out")
     assert state == "COMPLETED" and (run_dir / "COMPLETED").exists(), job + batch_log
     assert _check_every_start_kept(run_dir, job_id, batch_log, job, "") >= 1, batch_log  # pre-empted
     first = run_dir / "logs" / f"job-{job_id}-start-0"
