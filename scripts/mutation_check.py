@@ -111,8 +111,8 @@ MUTANTS = (
            "missing = [name for name in ITERATION_FILES if not (checkpoint / name).is_file()]", "missing = []",
            SOURCE_TESTS, "a checkpoint cut short by a kill loaded as a model"),
     Mutant("export_all_from_latest", "nemo_topr/training/export.py",
-           "bridge.export_ckpt(str(checkpoint.checkpoint), str(out), show_progress=False)",
-           "bridge.export_ckpt(str(source.checkpoint), str(out), show_progress=False)",
+           "bridge.export_ckpt(str(checkpoint.checkpoint), str(partial), show_progress=False)",
+           "bridge.export_ckpt(str(source.checkpoint), str(partial), show_progress=False)",
            ("tests/test_run_iterations.py",), "--all-iterations writes the latest weights under every iteration"),
     # training/checkpoints.py
     Mutant("repair_to_oldest", "nemo_topr/training/checkpoints.py",
@@ -133,7 +133,8 @@ MUTANTS = (
            SLURM_TESTS, "the warning goes to the batch shell, not the training ranks"),
     Mutant("failures_requeued", "slurm/topr_job.sh",
            'if [[ -f $run_dir/STOPPED ]]; then', "if true; then",
-           SLURM_TESTS, "every unfinished run requeued, failures included"),
+           (*SLURM_TESTS, "tests/test_slurm.py::test_a_killed_rank_fails_the_real_job_without_a_requeue"),
+           "every unfinished run requeued, failures included"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

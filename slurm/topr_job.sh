@@ -104,5 +104,5 @@ if [[ -f $run_dir/STOPPED ]]; then
     scontrol requeue "$job_id"
     exit 0
 fi
-echo "[topr_job] training failed (srun status $status); not requeued, see $log_dir" >&2
+echo "[topr_job] training failed (srun status $status); not requeued; rank logs: $log_dir" >&2
 exit "$status"

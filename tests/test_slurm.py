@@ -1,7 +1,8 @@
-"""Cluster scripts without a cluster: shellcheck, `nemo-topr submit`'s pre-flight checks and
-rendered script, and real TOPR runs through fakes of `sbatch`/`srun`/`scontrol` that behave like
-Slurm's -- including a pre-emption warning that must leave a checkpoint, requeue the job and
-resume from it.
+"""Cluster scripts: shellcheck, `nemo-topr submit`'s pre-flight checks and rendered script, a real
+TOPR run through fakes of `srun`/`scontrol` that behave like Slurm's (a pre-emption warning at a
+chosen iteration must leave a checkpoint there, requeue the job and resume from it), and TOPR
+jobs on a real one-node Slurm (marked `slurm`: a killed rank, a warning at a random moment, a
+time limit's own warning).
 
 What the fakes model (tests/fake_slurm/srun.py cites SchedMD Slurm's source for srun, and
 tests/test_srun.py checks it against the real srun):
@@ -19,8 +20,10 @@ tests/test_srun.py checks it against the real srun):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -35,18 +38,6 @@ from test_plan import MISTYPED_OVERRIDES
 
 SCRIPTS = sorted([*REPO.glob("slurm/*.sh"), *REPO.glob("slurm/*.sbatch"), *REPO.glob("launchers/*.sh")])
 FAKE_SRUN = REPO / "tests" / "fake_slurm" / "srun.py"
-
-# sbatch(1) runs the script as the batch step with the allocation's environment (including
-# SLURM_PROCID=0 for the batch shell) and prints "Submitted batch job ID". This one runs it at
-# once, to the end, as job 4242 on one node.
-FAKE_SBATCH = """#!/usr/bin/env bash
-script=${@: -1}
-export SLURM_JOB_ID=4242 SLURM_JOB_NUM_NODES=1 SLURM_JOB_NODELIST=localhost SLURM_SUBMIT_DIR=$PWD
-export SLURM_PROCID=0 SLURM_LOCALID=0
-export SLURM_JOB_NAME=$(sed -n 's/^#SBATCH --job-name=//p' "$script")
-bash "$script" > "$FAKE_SLURM_DIR/batch.out" 2>&1
-echo "Submitted batch job $SLURM_JOB_ID"
-"""
 
 # scontrol(1): `show hostnames LIST` prints one host per line (comma lists only here);
 # `requeue ID` is recorded for the test.
@@ -63,7 +54,7 @@ esac
 def fake_slurm(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    fakes = {"sbatch": FAKE_SBATCH, "scontrol": FAKE_SCONTROL,
+    fakes = {"scontrol": FAKE_SCONTROL,
              "srun": f'#!/usr/bin/env bash\nexec "{sys.executable}" "{FAKE_SRUN}" "$@"\n'}
     for name, body in fakes.items():
         (bin_dir / name).write_text(body)
@@ -269,28 +260,6 @@ def _job_env(**extra: str) -> dict[str, str]:
             "OMP_NUM_THREADS": "1", **extra}
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_submit_runs_a_two_rank_topr_job_through_fake_slurm(fake_slurm, demo_inputs, monkeypatch):
-    monkeypatch.setenv("NEMO_TOPR_MASTER_PORT", _job_env()["NEMO_TOPR_MASTER_PORT"])
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    run_dir = fake_slurm / "run"
-    answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
-                             "--gpus-per-node", "2", "--run-dir", str(run_dir), *_tiny_run_overrides(demo_inputs)],
-                            cwd=REPO, capture_output=True, text=True)
-    batch_log = (fake_slurm / "batch.out").read_text() if (fake_slurm / "batch.out").exists() else ""
-    assert answer.returncode == 0 and "Submitted batch job 4242" in answer.stdout, answer.stderr + batch_log
-    assert (run_dir / "COMPLETED").exists(), batch_log
-    # srun started the ranks themselves: task.sh execs `nemo_topr.cli train`, one per "GPU"
-    assert "slurm/task.sh" in (fake_slurm / "srun_commands").read_text()
-    logs = run_dir / "logs" / "job-4242-start-0"
-    rank_logs = [(logs / f"rank-{rank}.log").read_text() for rank in (0, 1)]
-    assert "[nemo-topr] data:" in rank_logs[0] and "[nemo-topr] data:" not in rank_logs[1]  # rank 0 reports
-    assert not (fake_slurm / "requeued").exists()
-    trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
-    assert sorted(trained) == list(range(48))  # 2 DP ranks split the data once
-
-
 def _step_processes(fake_slurm: Path) -> list[int]:
     """The job step's processes: the tasks srun started and all their descendants (what
     slurmstepd's process tracking (cgroup) holds and signals)."""
@@ -321,7 +290,7 @@ def test_preemption_warning_checkpoints_at_that_iteration_requeues_and_resumes(f
     """Two ranks, 48 samples packed into rows, 4 rows per step; periodic saves every 100 (never)."""
     run_dir = fake_slurm / "run"
     script = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
-                             "--gpus-per-node", "2", "--run-dir", str(run_dir), "--dry-run",
+                             "--gpus-per-node", "2", "--run-dir", str(run_dir), "--dry-run", "--venv", sys.prefix,
                              *_tiny_run_overrides(demo_inputs)],
                             cwd=REPO, capture_output=True, text=True, check=True).stdout
     (fake_slurm / "job.sbatch").write_text(script)
@@ -388,9 +357,60 @@ def test_warning_during_start_up_is_held_until_training_and_then_saves(tmp_path,
     assert [entry["iteration"] for entry in _ledger(run_dir)] == [0, 0]  # 4 rows, micro-batch 2
 
 
+def _real_job(job_id: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+
+
 def _real_job_state(job_id: str) -> str:
-    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
-    return re.search(r"JobState=(\S+)", out).group(1)
+    return re.search(r"JobState=(\S+)", _real_job(job_id)).group(1)
+
+
+def _submit_tiny_real_job(run_dir: Path, demo_inputs: tuple[Path, Path], *options: str) -> str:
+    """`nemo-topr submit` of the tiny 2-rank CPU run to the real Slurm; returns the job id.
+    `options`: more of submit's options (default --time 00:30:00, no pre-emption warning in it)."""
+    answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
+                             "--gpus-per-node", "2", "--run-dir", str(run_dir),
+                             "--venv", sys.prefix,  # this one, also from a worktree or a copy without .venv
+                             *(options or ("--time", "00:30:00")), *_tiny_run_overrides(demo_inputs)],
+                            cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert answer.returncode == 0, answer.stderr
+    return re.search(r"Submitted batch job (\d+)", answer.stdout).group(1)
+
+
+def _wait_for_real_ranks(job_id: str, logs: Path) -> None:
+    """Until srun has started both ranks of this start (their log files exist)."""
+    deadline = time.monotonic() + 120
+    while len(list(logs.glob("rank-*.log"))) < 2:
+        assert time.monotonic() < deadline and _real_job_state(job_id) in ("PENDING", "RUNNING")
+        time.sleep(0.1)
+
+
+# JobState of a job not yet ended; SIGNALING shows while slurmctld sends the --signal warning.
+UNFINISHED = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "SIGNALING")
+
+
+def _wait_while_real_job(job_id: str, states: tuple[str, ...], timeout: float = 600) -> str:
+    """Polls until the job leaves `states`; returns the state it reached."""
+    deadline = time.monotonic() + timeout
+    while (state := _real_job_state(job_id)) in states:
+        assert time.monotonic() < deadline, f"job {job_id} still {state}"
+        time.sleep(1)
+    return state
+
+
+@contextlib.contextmanager
+def _cancelled_at_exit(job_id: str):
+    """No job of a failed test keeps the node (the jobs ask for it whole: --exclusive)."""
+    try:
+        yield
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+
+
+def _real_job_end(job_id: str, batch_output: Path) -> tuple[str, str, str]:
+    """Waits for the job to end; returns its JobState, `scontrol show job` and its batch output."""
+    state = _wait_while_real_job(job_id, UNFINISHED)
+    return state, _real_job(job_id), batch_output.read_text()
 
 
 @pytest.mark.slow
@@ -400,28 +420,148 @@ def test_a_warning_while_the_ranks_import_requeues_on_real_slurm(slurm_cluster, 
     are still importing (before train() runs) must end in a requeue and a COMPLETED job in which
     every sample trained once -- not in ranks killed by SIGUSR1's default action and a FAILED job."""
     run_dir = tmp_path / "run"
-    answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
-                             "--gpus-per-node", "2", "--time", "00:30:00", "--run-dir", str(run_dir),
-                             *_tiny_run_overrides(demo_inputs)],
-                            cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert answer.returncode == 0, answer.stderr
-    job_id = re.search(r"Submitted batch job (\d+)", answer.stdout).group(1)
-    first_logs = run_dir / "logs" / f"job-{job_id}-start-0"
-    try:
-        deadline = time.monotonic() + 120
-        while len(list(first_logs.glob("rank-*.log"))) < 2:  # srun has started both ranks
-            assert time.monotonic() < deadline and _real_job_state(job_id) in ("PENDING", "RUNNING")
-            time.sleep(0.1)
+    job_id = _submit_tiny_real_job(run_dir, demo_inputs)
+    with _cancelled_at_exit(job_id):
+        _wait_for_real_ranks(job_id, run_dir / "logs" / f"job-{job_id}-start-0")
         subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
-        deadline = time.monotonic() + 600
-        while (state := _real_job_state(job_id)) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-            assert time.monotonic() < deadline, f"job {job_id} still {state}"
-            time.sleep(1)
-    finally:
-        subprocess.run(["scancel", job_id], capture_output=True)
-    batch_log = (run_dir / f"topr-tiny_cpu-{job_id}.out").read_text()
+        state, _, batch_log = _real_job_end(job_id, run_dir / f"topr-tiny_cpu-{job_id}.out")
     assert state == "COMPLETED", batch_log
     assert "requeueing job" in batch_log and (run_dir / "logs" / f"job-{job_id}-start-1").is_dir(), batch_log
     assert (run_dir / "COMPLETED").exists()
     trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
     assert sorted(trained) == list(range(48)), batch_log  # one epoch: every sample exactly once
+
+
+def _rank_processes(job_id: str, rank: int) -> list[int]:
+    """The training processes of one rank of a real job: `nemo_topr.cli train` (and its forks)
+    whose environment holds this job's id and that task id (slurmstepd sets both)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = set((proc / "environ").read_bytes().split(b"\0"))
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if (b"nemo_topr.cli" in cmdline and f"SLURM_JOB_ID={job_id}".encode() in environ
+                and f"SLURM_PROCID={rank}".encode() in environ):
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_killed_rank_fails_the_real_job_without_a_requeue(slurm_cluster, demo_inputs, tmp_path):
+    """Rank 1 killed (SIGKILL, as the OOM killer would) while both ranks run: a failure, not a
+    pre-emption. The job must end FAILED, never requeued, and its output must name the rank."""
+    run_dir = tmp_path / "run"
+    job_id = _submit_tiny_real_job(run_dir, demo_inputs)
+    logs = run_dir / "logs" / f"job-{job_id}-start-0"
+    with _cancelled_at_exit(job_id):
+        _wait_for_real_ranks(job_id, logs)
+        deadline = time.monotonic() + 300
+        while not (run_dir / "config.yaml").exists() or not (rank_1 := _rank_processes(job_id, 1)):
+            assert time.monotonic() < deadline and _real_job_state(job_id) == "RUNNING"
+            time.sleep(0.1)
+        for pid in rank_1:
+            os.kill(pid, signal.SIGKILL)
+        # a requeue shows at once as PENDING/REQUEUED: no need to wait for a second start
+        state = _wait_while_real_job(job_id, ("RUNNING", "COMPLETING"), timeout=120)
+        job = _real_job(job_id)
+    batch_log = (run_dir / f"topr-tiny_cpu-{job_id}.out").read_text()
+    assert state == "FAILED" and "Restarts=0 " in job, job + batch_log
+    assert re.search(r"srun: error: \S+: task 1: Killed", batch_log), batch_log
+    # srun exits with the worst task status (here task 0's SIGTERM from --kill-on-bad-exit: 143)
+    failed = re.search(rf"training failed \(srun status (\d+)\); not requeued; rank logs: {logs}\n", batch_log)
+    assert failed and int(failed.group(1)) > 0 and re.search(rf"\sExitCode={failed.group(1)}:0\s", job), job + batch_log
+    assert [path.name for path in (run_dir / "logs").iterdir()] == [logs.name]
+    assert not (run_dir / "COMPLETED").exists()
+
+
+# Seconds from srun's start of the ranks over which the random warning falls: a tiny run's ranks
+# live 25-55 s on 2 shared cores (imports and set-up all but ~3 s of it; six iterations), so most
+# draws land in start-up, some in training and some after the ranks are gone (no requeue due).
+PREEMPT_WINDOW_S = 40.0
+
+
+def _check_every_start_kept(run_dir: Path, job_id: str, batch_log: str, job: str, context: str) -> int:
+    """Each start of a requeued job left its rank logs and its lines in the batch output (which
+    real slurmd appends to, --open-mode=append); returns the number of restarts."""
+    restarts = int(re.search(r"\sRestarts=(\d+)\s", job).group(1))
+    starts = [f"job-{job_id}-start-{k}" for k in range(restarts + 1)]
+    assert sorted(path.name for path in (run_dir / "logs").iterdir()) == starts, context + batch_log
+    assert all(len(list((run_dir / "logs" / start).glob("rank-*.log"))) == 2 for start in starts), context
+    assert batch_log.count(f"[topr_job] job {job_id}: 1 node(s) x 2 rank(s)") == restarts + 1, context + batch_log
+    assert batch_log.count(f"requeueing job {job_id}") == restarts, context + batch_log
+    return restarts
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_the_shipped_8b_sbatch_requeues_after_a_warning_at_a_random_moment(slurm_cluster, demo_inputs, tmp_path):
+    """slurm/llama31_8b.sbatch itself, made the tiny 2-rank CPU run the way a user overrides a
+    shipped script (sbatch options beat #SBATCH lines; NEMO_TOPR_CONFIG picks the config; the
+    script's arguments are the run's overrides). SIGUSR1 to the ranks at a random moment from
+    srun's start (rank start-up included) on: the job must end COMPLETED, requeued once if the
+    warning came before the last iteration, with every sample trained once and every start's
+    logs kept."""
+    seed = int(os.environ.get("NEMO_TOPR_TEST_SEED", random.randrange(2**32)))
+    delay = random.Random(seed).uniform(0, PREEMPT_WINDOW_S)
+    context = f"seed {seed} (NEMO_TOPR_TEST_SEED), warning {delay:.1f} s after srun started the ranks\n"
+    print(context)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()  # for --output: slurmd does not create directories
+    answer = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=2", "--gpus-per-node=2",
+                             f"--output={run_dir}/%x-%j.out", "slurm/llama31_8b.sbatch",
+                             *_tiny_run_overrides(demo_inputs)],
+                            cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "NEMO_TOPR_CONFIG": "tiny_cpu",
+                                 "NEMO_TOPR_RUN_DIR": str(run_dir), "NEMO_TOPR_VENV": sys.prefix,
+                                 # Slurm 22.05 sets no SLURM_GPUS_ON_NODE in the batch step here
+                                 "NEMO_TOPR_GPUS_PER_NODE": "2"})
+    assert answer.returncode == 0, answer.stderr
+    job_id = answer.stdout.strip()
+    with _cancelled_at_exit(job_id):
+        _wait_for_real_ranks(job_id, run_dir / "logs" / f"job-{job_id}-start-0")
+        time.sleep(delay)
+        begun_before = max((entry["iteration"] for entry in _ledger(run_dir)), default=-1)
+        # may find no step left to signal (the ranks are gone): then nothing is to be requeued
+        scancel = subprocess.run(["scancel", "--signal=USR1", job_id], capture_output=True, text=True)
+        context += f"scancel: {scancel.returncode} {scancel.stderr.strip()}\n"
+        state, job, batch_log = _real_job_end(job_id, run_dir / f"topr-llama31-8b-{job_id}.out")
+    assert state == "COMPLETED" and (run_dir / "COMPLETED").exists(), context + batch_log
+    restarts = _check_every_start_kept(run_dir, job_id, batch_log, job, context)
+    train_iters = _train_iters(run_dir)
+    context += f"iteration {begun_before} had begun (-1: none), {train_iters} in all\n"
+    assert restarts <= 1, context + batch_log  # one warning
+    if begun_before + 2 < train_iters:  # the ranks were still to begin another iteration
+        assert restarts == 1, context + batch_log
+        # saved at the first iteration boundary after the warning (Bridge checks after every step;
+        # one more iteration may begin between reading the ledger and scancel)
+        stopped = int(re.search(rf"stopped at iteration (\d+) of {train_iters} ", batch_log).group(1))
+        assert begun_before + 1 <= stopped <= begun_before + 2, context + batch_log
+    trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
+    assert sorted(trained) == list(range(48)), context + batch_log  # exactly once, across the starts
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_real_time_limit_preempts_with_its_warning_and_the_job_completes(slurm_cluster, demo_inputs, tmp_path):
+    """`nemo-topr submit --time 00:02:00 --preemption-warning 100` with nothing sent by the test:
+    Slurm's own warning (#SBATCH --signal=USR1@100, which slurmctld sends 5-60 s early, so in the
+    first 15 s of every start, while the ranks still import) must make them train one iteration,
+    save and requeue the job before the limit kills them, start after start, until the run is
+    COMPLETED -- never TIMEOUT -- with every sample trained exactly once. Global batch 12: two
+    iterations. (A one-minute limit is shorter than a start-up here: 30-70 s on 2 shared cores.)"""
+    run_dir = tmp_path / "run"
+    job_id = _submit_tiny_real_job(run_dir, demo_inputs, "--time", "00:02:00", "--preemption-warning", "100",
+                                   "train.global_batch_size=12")
+    with _cancelled_at_exit(job_id):
+        state, job, batch_log = _real_job_end(job_id, run_dir / f"topr-tiny_cpu-{job_id}.out")
+    assert state == "COMPLETED" and (run_dir / "COMPLETED").exists(), job + batch_log
+    assert _check_every_start_kept(run_dir, job_id, batch_log, job, "") >= 1, batch_log  # pre-empted
+    first = run_dir / "logs" / f"job-{job_id}-start-0"
+    # rank 0 alone reports the data (srun ran the two ranks of slurm/task.sh)
+    assert "[nemo-topr] data:" in (first / "rank-0.log").read_text()
+    assert "[nemo-topr] data:" not in (first / "rank-1.log").read_text()
+    trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
+    assert sorted(trained) == list(range(48)), batch_log
