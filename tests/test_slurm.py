@@ -36,7 +36,8 @@ import pytest
 from conftest import REPO
 from test_plan import MISTYPED_OVERRIDES
 
-SCRIPTS = sorted([*REPO.glob("slurm/*.sh"), *REPO.glob("slurm/*.sbatch"), *REPO.glob("launchers/*.sh")])
+SCRIPTS = sorted([*REPO.glob("slurm/*.sh"), *REPO.glob("slurm/*.sbatch"), *REPO.glob("launchers/*.sh"),
+                  *REPO.glob("scripts/*.sh")])
 FAKE_SRUN = REPO / "tests" / "fake_slurm" / "srun.py"
 
 # scontrol(1): `show hostnames LIST` prints one host per line (comma lists only here);

@@ -47,7 +47,6 @@ def main() -> int:
     options, command = parse(sys.argv[1:])
     ntasks = int(options.get("ntasks-per-node", "1"))
     state = Path(os.environ["FAKE_SLURM_DIR"])
-    (state / "srun_commands").open("a").write(" ".join(command) + "\n")
     tasks = []
 
     def kill_all(reason: str) -> None:
