@@ -61,30 +61,34 @@ def test_data_sections_write_results(tmp_path):
     assert set(packing) == {"gsm8k_qa", "gsm8k_8shot", "math500_boxed", "math500_reasoning"}
 
 
-@pytest.mark.slow
-def test_make_bench_quick_writes_every_section(tmp_path):
-    """The whole suite at tiny sizes, as `make bench` runs it (subprocesses, Megatron models)."""
-    proc = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--out", str(tmp_path)], cwd=REPO,
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory):
+    """The whole suite at tiny sizes, as `make bench` runs it (subprocesses, Megatron models): one
+    run shared by the tests of its sections."""
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    headline = _check_results(tmp_path, ("step", "logprob", "packing", "pipeline", "startup", "gpu"))
+    return out
+
+
+@pytest.mark.slow
+def test_make_bench_quick_writes_every_section(quick_bench):
+    headline = _check_results(quick_bench, ("step", "logprob", "packing", "pipeline", "startup", "gpu"))
     sections = {row["section"] for row in headline}
     assert {"1 step cost", "2 log-prob path", "3 packing", "4 μ scoring", "5 data pipeline", "6 start-up",
             "GPU"} <= sections
-    startup = json.loads((tmp_path / "startup.json").read_text())["results"][0]
+    startup = json.loads((quick_bench / "startup.json").read_text())["results"][0]
     assert startup["model"] == "tiny" and startup["cpu"]["hf_start_seconds"]["median"] > 1  # Megatron's start alone
-    logprob = json.loads((tmp_path / "logprob.json").read_text())["results"][0]
+    logprob = json.loads((quick_bench / "logprob.json").read_text())["results"][0]
     assert logprob["relative_logprob_difference"] < 1e-5  # both paths compute the same log-probs
 
 
 @pytest.mark.slow
-def test_shared_prefix_section_writes_results(tmp_path):
-    """Section 7 at tiny sizes (about a minute: rows of 2,048 positions through a Megatron model):
-    rows for every workload, the 8-shot ones judged against the targets."""
-    from bench.run import main
-
-    assert main(["--quick", "--sections", "shared_prefix", "--out", str(tmp_path)]) == 0
-    headline = _check_results(tmp_path, ("shared_prefix",))
+def test_shared_prefix_section_writes_results(quick_bench):
+    """Section 7 at tiny sizes (rows of 2,048 positions through a Megatron model), from the quick
+    run: rows for every workload, the 8-shot ones judged against the targets."""
+    headline = _check_results(quick_bench, ("shared_prefix",))
     rows = [row for row in headline if row["section"] == "7 shared prefix"]
     assert len(rows) == 5 * 3  # positions, padding, step, scoring, FlexCoreAttention step per workload
     assert {row["status"] for row in rows if "zero_shot" in row["figure"]} == {"info"}
@@ -92,7 +96,7 @@ def test_shared_prefix_section_writes_results(tmp_path):
     assert len(flex) == 3 and {row["status"] for row in flex} == {"info"}  # CPU eager: reported, not judged
     judged = [row for row in rows if "8shot" in row["figure"] and "scoring" not in row["figure"] and row not in flex]
     assert len(judged) == 2 * 3 and all(row["status"] in ("met", "MISSED") for row in judged)
-    section = json.loads((tmp_path / "shared_prefix.json").read_text())
+    section = json.loads((quick_bench / "shared_prefix.json").read_text())
     for name in ("gsm8k_8shot", "gsm8k_8shot_completions_x2", "gsm8k_zero_shot_chat"):
         timing = section[name]["timing"]
         assert timing["scoring_max_relative_difference"] < 1e-6  # both layouts score the same

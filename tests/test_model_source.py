@@ -2,8 +2,11 @@
 model (the Megatron kinds, from a real `nemo-topr import`, are in test_checkpoint_route.py)."""
 
 import shutil
+import subprocess
+import sys
 
 import pytest
+from conftest import REPO
 
 from nemo_topr.model_source import ModelSourceError, resolve
 from nemo_topr.training.config import ConfigError, compose
@@ -83,3 +86,18 @@ def test_hf_model_is_an_alias_of_base_model(tiny_hf, tmp_path):
     with pytest.raises(ConfigError, match="base_model=/other and hf_model=.* disagree"):
         compose("both", [], tmp_path)
 
+
+
+def test_resume_from_base_without_training_state_is_refused_before_training(tiny_hf, tmp_path):
+    """`nemo-topr train`'s config check refuses it in one line, before Megatron's import, the data
+    (absent here) or the run directory."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "nemo_topr.cli", "train", "--config-name",
+                           "tiny_cpu", f"base_model={tiny_hf}", "resume_from_base=true", f"run_dir={tmp_path / 'run'}",
+                           f"dataset.train_path={tmp_path / 'absent.jsonl'}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 1 and lines == [
+        "nemo-topr train: resume_from_base=true needs a checkpoint saved by training, with optimizer state; "
+        f"Hugging Face directory {tiny_hf} has none (start from it without resume_from_base)"], lines
+    assert "| megatron" not in proc.stderr  # -X importtime lists every module imported
+    assert not (tmp_path / "run").exists()

@@ -155,8 +155,8 @@ def replace_meta(record, **values):
 # Training the verifier with the TOPR recipe
 
 
-def nemo_topr(*args):
-    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *map(str, args)], cwd=REPO,
+def nemo_topr(*args, module="nemo_topr.cli"):
+    proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -173,15 +173,16 @@ def test_the_verifier_trains_with_the_topr_recipe(model_dir, tmp_path):
     # 8 GSM8K train questions, each with its gold solution and two wrong ones: 24 candidates
     graded_path = tmp_path / "graded.jsonl"
     graded_path.write_text("".join(json.dumps(row) + "\n" for row in build_graded_records(8)))
-    judge, judge_scored, run_dir, trained = (tmp_path / name for name in ("judge.jsonl", "judge_scored.jsonl",
+    judge, judge_scored, run_dir, exports = (tmp_path / name for name in ("judge.jsonl", "judge_scored.jsonl",
                                                                           "run", "verifier_hf"))
     nemo_topr("verifier", "build", "--graded", graded_path, "--out", judge)
     nemo_topr("verifier", "score", "--model", model_dir, "--records", graded_path, "--out", tmp_path / "before.jsonl", "--device", "cpu")
     nemo_topr("score-logprobs", "--model", model_dir, "--data", judge, "--out", judge_scored, "--seq-length", 512,
               "--device", "cpu")
-    nemo_topr("train", "--config-name", "tiny_cpu", f"hf_model={model_dir}", f"run_dir={run_dir}",
-              f"dataset.train_path={judge_scored}", "dataset.epochs=2")
-    nemo_topr("export", "--ckpt", run_dir, "--hf-out", trained, "--device", "cpu")
+    # `nemo-topr train`, then its checkpoints exported, in one process (one start-up)
+    nemo_topr(exports, "--config-name", "tiny_cpu", f"hf_model={model_dir}", f"run_dir={run_dir}",
+              f"dataset.train_path={judge_scored}", "dataset.epochs=2", module="nemo_topr.training.train_export")
+    trained = max(exports.iterdir())  # the final iteration's
     nemo_topr("verifier", "score", "--model", trained, "--records", graded_path, "--out", tmp_path / "after.jsonl", "--device", "cpu")
 
     report = json.loads((run_dir / "data_report.json").read_text())

@@ -1,9 +1,10 @@
 """`python -m nemo_topr.miniature` (`make miniature`): the CPU miniature of the TOPR paper.
 
-Every stage uses the project's real pipeline: `nemo-topr train` (Megatron-Bridge finetune loop),
-`nemo-topr score-logprobs` and `nemo-topr export` run as subprocesses exactly as a user runs
-them; generation + grading (`sample_and_grade`, the code behind `nemo-topr generate` / `eval`)
-run in this process to save the start-up per command.
+Every stage uses the project's real pipeline: `nemo-topr train` (Megatron-Bridge finetune loop)
+followed by `nemo-topr export`'s code in one subprocess per run (`training/train_export.py`), and
+`nemo-topr score-logprobs` as a subprocess exactly as a user runs it; generation + grading
+(`sample_and_grade`, the code behind `nemo-topr generate` / `eval`) run in this process to save
+the start-up per command.
 
 1. task: synthetic 2-3 step arithmetic word problems (`task.py`), splits pretrain / train / test;
    a byte-level BPE tokenizer trained on the task text and a tiny Llama, both built offline;
@@ -129,34 +130,30 @@ def _run_logged(command: list[str], log_path: Path, what: str, env: dict[str, st
             raise SystemExit(f"{what} failed; full log: {log_path}")
 
 
-def export_all(run_dir: Path, hf_root: Path) -> dict[int, Path]:
-    """`nemo-topr export --all-iterations` in a subprocess (Megatron's process-group state is per
-    process): every saved checkpoint of the run -> {iteration: HF directory}."""
-    from nemo_topr.training.checkpoints import iteration_dir_name, saved_iterations
-
-    shutil.rmtree(hf_root, ignore_errors=True)
-    _run_logged([sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(run_dir), "--hf-out", str(hf_root),
-                 "--all-iterations", "--device", "cpu"], run_dir / "export.log", f"export of {run_dir}")
-    return {i: hf_root / iteration_dir_name(i) for i in saved_iterations(run_dir / "checkpoints")}
-
-
 def telemetry(run_dir: Path) -> dict[str, list[float]]:
     from nemo_topr.demo import _tensorboard_series
 
     return {tag: _tensorboard_series(run_dir, tag) for tag in TELEMETRY}
 
 
-def train(name: str, hf_model: Path, data: Path, overrides: list[str], out: Path, threads: int | None = None) -> Path:
+def train(name: str, hf_model: Path, data: Path, overrides: list[str], out: Path, hf_root: Path,
+          threads: int | None = None) -> tuple[Path, dict[int, Path]]:
+    """`nemo-topr train --config-name miniature` into out/runs/NAME, then every saved checkpoint
+    exported to hf_root/iter_NNNNNNN (recreated), in one subprocess (`train_export.py`; Megatron's
+    process-group state is per process). Returns (run directory, {iteration: HF directory})."""
+    from nemo_topr.training.checkpoints import iteration_dir_name, saved_iterations
+
     run_dir = out / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)
+    shutil.rmtree(hf_root, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    command = [sys.executable, "-m", "nemo_topr.cli", "train", "--config-name", "miniature",
+    command = [sys.executable, "-m", "nemo_topr.training.train_export", str(hf_root), "--config-name", "miniature",
                f"hf_model={hf_model}", f"run_dir={run_dir}", f"dataset.train_path={data}", *overrides]
     log("$ " + " ".join(command))
     _run_logged(command, run_dir / "train.log", f"training {name}",
                 env={**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})})
-    log(f"trained {name}")
-    return run_dir
+    log(f"trained and exported {name}")
+    return run_dir, {i: hf_root / iteration_dir_name(i) for i in saved_iterations(run_dir / "checkpoints")}
 
 
 def results_file(path: Path, results: dict, started: float):
@@ -203,11 +200,12 @@ def pretrain_mus(out: Path, splits: dict, model: Path, *, lr: float, epochs: int
     train prompts x 8 samples until every target is met; each target's mu is the first checkpoint
     with train pass@1 >= target. Returns ({target met: mu}, probes, the last probed checkpoint)."""
     sft_data = _write_jsonl(_records(splits["pretrain"], "pre"), out / "data" / "pretrain.jsonl")
-    run_dir = train("pretrain", model, sft_data,
-                    ["objective.variant=sft_positive", f"optimizer.lr={lr}", f"optimizer.min_lr={lr}",
-                     f"dataset.epochs={epochs}", f"checkpoint.save_interval={save_interval}"], out)
+    run_dir, exports = train("pretrain", model, sft_data,
+                             ["objective.variant=sft_positive", f"optimizer.lr={lr}", f"optimizer.min_lr={lr}",
+                              f"dataset.epochs={epochs}", f"checkpoint.save_interval={save_interval}"], out,
+                             out / "pretrain_hf")
     probes, mus = [], {}
-    for iteration, hf in export_all(run_dir, out / "pretrain_hf").items():
+    for iteration, hf in exports.items():
         probe = evaluate(hf, splits["train"][:probe_prompts], "train", 8, 0, max_new_tokens)
         probes.append({"iteration": iteration, **probe["metrics"]})
         log(f"pretraining iteration {iteration}: train pass@1 {probe['metrics']['pass@1']:.3f}; "
@@ -257,12 +255,11 @@ def train_variant(name: str, mu: Path, data: Path, overrides: list[str], out: Pa
     """One run from mu: `epochs` over `data` at lr (linear warm-up from 0 over `warmup` iterations,
     constant after), seed for init RNG and data order; exported checkpoints {iteration: HF dir}.
     The run's OpenMP threads are the cores shared out over `jobs` concurrent runs."""
-    run_dir = train(name, mu, data,
-                    [*overrides, f"dataset.epochs={epochs}", f"optimizer.lr={lr}", f"optimizer.min_lr={lr}",
-                     f"scheduler.lr_warmup_iters={warmup}", f"checkpoint.save_interval={save_interval}",
-                     f"rng.seed={seed}", f"dataset.shuffle_seed={seed}"], out,
-                    threads=max(1, (os.cpu_count() or 1) // max(1, jobs)))
-    return run_dir, export_all(run_dir, out / "exports" / name)
+    return train(name, mu, data,
+                 [*overrides, f"dataset.epochs={epochs}", f"optimizer.lr={lr}", f"optimizer.min_lr={lr}",
+                  f"scheduler.lr_warmup_iters={warmup}", f"checkpoint.save_interval={save_interval}",
+                  f"rng.seed={seed}", f"dataset.shuffle_seed={seed}"], out, out / "exports" / name,
+                 threads=max(1, (os.cpu_count() or 1) // max(1, jobs)))
 
 
 def variant_overrides(variant: str) -> list[str]:

@@ -272,7 +272,8 @@ class TrainingRun:
 
 def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, ObjectiveConfig]:
     """The checks that need no Megatron import (a second, not the ~25 s of Bridge's): required
-    keys, train.train_iters, `base_model`, `objective` keys and types, `device`. Returns the
+    keys, train.train_iters, `base_model` (with training state to resume if resume_from_base),
+    `objective` keys and types, `device`. Returns the
     resolved values, the base model and the objective. `build_training_run` runs it first, then
     `check_values` (Bridge's sections, which need Bridge's classes); `nemo-topr train` runs it
     before importing Megatron and loading the data."""
@@ -290,6 +291,8 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
         base_model = model_source.resolve(values["base_model"])
     except model_source.ModelSourceError as error:
         raise ConfigError(str(error)) from None
+    if values.get("resume_from_base"):
+        check_resumable(base_model)
     objective = objective_from(values.get("objective") or {})
     # the value only: whether this machine has CUDA is checked where the process starts
     # (`use_device` in `nemo-topr train`), so a GPU preset still builds on a login node (plan, tests)
@@ -330,11 +333,16 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     return TrainingRun(container, objective, run_dir, base_model, raw)
 
 
-def resume_from(checkpoint: Any, base_model: ModelSource) -> None:
-    """`resume_from_base=true`: until this run saves its own checkpoint, load the base run's full
-    training state (optimizer, scheduler, iteration, consumed samples) as a resume would."""
+def check_resumable(base_model: ModelSource) -> None:
+    """`resume_from_base=true` needs a base with training state to resume (`check_config`)."""
     if not base_model.is_megatron or not base_model.run_config().get("checkpoint", {}).get("save_optim"):
         raise ConfigError(f"resume_from_base=true needs a checkpoint saved by training, with optimizer state; "
                           f"{base_model.describe()} has none (start from it without resume_from_base)")
+
+
+def resume_from(checkpoint: Any, base_model: ModelSource) -> None:
+    """`resume_from_base=true` (checked by `check_resumable`): until this run saves its own
+    checkpoint, load the base run's full training state (optimizer, scheduler, iteration, consumed
+    samples) as a resume would."""
     if latest_iteration(Path(checkpoint.save)) is None:
         checkpoint.load = str(base_model.checkpoint)
