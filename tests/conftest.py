@@ -9,6 +9,7 @@ wherever the venv's editable install points -- another checkout when the venv is
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -96,3 +97,22 @@ def run_distributed(worker: str, nproc: int, *args: str, timeout: float = 600) -
     if proc.returncode != 0:
         raise AssertionError(f"{worker} x{nproc} exited {proc.returncode}:\n{out[-6000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+@pytest.fixture(scope="session")
+def demo_inputs(tmp_path_factory):
+    """A tiny HF Llama and a scored dataset (the demo's first three stages): 48 samples; built
+    once for the Slurm tests of every module."""
+    from nemo_topr.demo import build_graded_records
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("slurm_inputs")
+    model_dir = build_tiny_hf_llama(root / "tiny", build_tiny_tokenizer())
+    graded = root / "graded.jsonl"
+    graded.write_text("".join(json.dumps(r) + "\n" for r in build_graded_records(16)))
+    subprocess.run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(model_dir),
+                    "--data", str(graded), "--out", str(root / "scored.jsonl"), "--seq-length", "512",
+                    "--device", "cpu"],
+                   cwd=REPO, check=True, capture_output=True)
+    return model_dir, root / "scored.jsonl"

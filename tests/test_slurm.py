@@ -21,6 +21,7 @@ tests/test_srun.py checks it against the real srun):
 from __future__ import annotations
 
 import contextlib
+import collections
 import json
 import os
 import random
@@ -219,24 +220,6 @@ def _tiny_run_overrides(demo_inputs: tuple[Path, Path]) -> list[str]:
             "checkpoint.save_interval=100"]
 
 
-@pytest.fixture(scope="module")
-def demo_inputs(tmp_path_factory):
-    """A tiny HF Llama and a scored dataset (the demo's first three stages): 48 samples."""
-    from nemo_topr.demo import build_graded_records
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
-
-    root = tmp_path_factory.mktemp("slurm_inputs")
-    model_dir = build_tiny_hf_llama(root / "tiny", build_tiny_tokenizer())
-    graded = root / "graded.jsonl"
-    graded.write_text("".join(json.dumps(r) + "\n" for r in build_graded_records(16)))
-    subprocess.run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(model_dir),
-                    "--data", str(graded), "--out", str(root / "scored.jsonl"), "--seq-length", "512",
-                    "--device", "cpu"],
-                   cwd=REPO, check=True, capture_output=True)
-    return model_dir, root / "scored.jsonl"
-
-
 def _ledger(run_dir: Path, skip: dict[str, int] | None = None) -> list[dict]:
     """Every data-parallel rank's (iteration, sample ids) entries (nemo_topr/training/step.py),
     after the first skip[file name] entries of each rank's file."""
@@ -366,13 +349,15 @@ def _real_job_state(job_id: str) -> str:
     return re.search(r"JobState=(\S+)", _real_job(job_id)).group(1)
 
 
-def _submit_tiny_real_job(run_dir: Path, demo_inputs: tuple[Path, Path], *options: str) -> str:
+def _submit_tiny_real_job(run_dir: Path, demo_inputs: tuple[Path, Path], *options: str,
+                          overrides: tuple[str, ...] = ()) -> str:
     """`nemo-topr submit` of the tiny 2-rank CPU run to the real Slurm; returns the job id.
-    `options`: more of submit's options (default --time 00:30:00, no pre-emption warning in it)."""
+    `options`: more of submit's options (default --time 00:30:00, no pre-emption warning in it);
+    `overrides` come after the tiny run's, so they win."""
     answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
                              "--gpus-per-node", "2", "--run-dir", str(run_dir),
                              "--venv", sys.prefix,  # this one, also from a worktree or a copy without .venv
-                             *(options or ("--time", "00:30:00")), *_tiny_run_overrides(demo_inputs)],
+                             *(options or ("--time", "00:30:00")), *_tiny_run_overrides(demo_inputs), *overrides],
                             cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert answer.returncode == 0, answer.stderr
     return re.search(r"Submitted batch job (\d+)", answer.stdout).group(1)
@@ -547,15 +532,19 @@ def test_the_shipped_8b_sbatch_requeues_after_a_warning_at_a_random_moment(slurm
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_real_time_limit_preempts_with_its_warning_and_the_job_completes(slurm_cluster, demo_inputs, tmp_path):
-    """`nemo-topr submit --time 00:02:00 --preemption-warning 100` with nothing sent by the test:
-    Slurm's own warning (#SBATCH --signal=USR1@100, which slurmctld sends 5-60 s early, so in the
-    first 15 s of every start, while the ranks still import) must make them train one iteration,
-    save and requeue the job before the limit kills them, start after start, until the run is
-    COMPLETED -- never TIMEOUT -- with every sample trained exactly once. Global batch 12: two
-    iterations. (A one-minute limit is shorter than a start-up here: 30-70 s on 2 shared cores.)"""
-    run_dir = tmp_path / "run"
-    job_id = _submit_tiny_real_job(run_dir, demo_inputs, "--time", "00:02:00", "--preemption-warning", "100",
-                                   "train.global_batch_size=12")
+    """`nemo-topr submit --time 00:02:00 --preemption-warning 30` with nothing sent by the test:
+    Slurm's own warning must make the ranks save and requeue the job before the limit kills
+    them, start after start, until the run is COMPLETED -- never TIMEOUT -- with every sample
+    trained exactly its epochs.
+
+    When the warning comes: slurmctld checks time limits every PERIODIC_TIMEOUT = 30 s and sends
+    it once `now + 30 + 30 >= end` (send_job_warn_signal, src/slurmctld/job_mgr.c, 22.05), so 60
+    to 90 s into each start: after srun has started the ranks (a warning with no step to signal
+    is lost) and while they train, since 250 epochs of the 48 samples (500 iterations) take
+    longer than one start here (about 0.17 s per iteration once started, ~12 s start-up)."""
+    run_dir, epochs = tmp_path / "run", 250
+    job_id = _submit_tiny_real_job(run_dir, demo_inputs, "--time", "00:02:00", "--preemption-warning", "30",
+                                   overrides=("train.global_batch_size=24", f"dataset.epochs={epochs}"))
     with _cancelled_at_exit(job_id):
         state, job, batch_log = _real_job_end(job_id, run_dir / f"topr-tiny_cpu-{job_id}.out")
     assert state == "COMPLETED" and (run_dir / "COMPLETED").exists(), job + batch_log
@@ -564,5 +553,5 @@ def test_a_real_time_limit_preempts_with_its_warning_and_the_job_completes(slurm
     # rank 0 alone reports the data (srun ran the two ranks of slurm/task.sh)
     assert "[nemo-topr] data:" in (first / "rank-0.log").read_text()
     assert "[nemo-topr] data:" not in (first / "rank-1.log").read_text()
-    trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
-    assert sorted(trained) == list(range(48)), batch_log
+    trained = collections.Counter(sample for entry in _ledger(run_dir) for sample in entry["sample_ids"])
+    assert trained == {sample: epochs for sample in range(48)}, batch_log

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import REPO
-from test_slurm import _ledger, _real_job_state, _tiny_run_overrides, demo_inputs  # noqa: F401 (fixture)
+from test_slurm import _ledger, _real_job_state, _tiny_run_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -168,10 +169,26 @@ def train(run: TrainingRun) -> int:
         if _is_rank_zero():
             (run.run_dir / STOPPED_MARKER).write_text(message + "\n")
             print(f"[nemo-topr] {message}", flush=True)
+        else:
+            wait_for_marker(run.run_dir / STOPPED_MARKER)
         return EXIT_REQUEUE
     if _is_rank_zero():
         (run.run_dir / COMPLETED_MARKER).write_text(f"{reached}\n")
     return 0
+
+
+def wait_for_marker(marker: Path, timeout: float = 120.0) -> bool:
+    """Whether rank 0 has left `marker`, waiting up to `timeout` seconds. A rank that exits 75
+    first would have srun's --kill-on-bad-exit SIGTERM rank 0 (seen on real Slurm: "task 1: Exited
+    with exit code 75", then "task 0: Terminated"), and without the marker the job script reads a
+    failure and does not requeue."""
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if time.monotonic() >= deadline:
+            print(f"[nemo-topr] {marker} not written by rank 0 within {timeout:.0f} s", file=sys.stderr, flush=True)
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _start_checkpoint_writer_queue(exit_signal: signal.Signals) -> None:
