@@ -20,8 +20,8 @@ tests/test_srun.py checks it against the real srun):
 
 from __future__ import annotations
 
-import contextlib
 import collections
+import contextlib
 import json
 import os
 import random
@@ -350,12 +350,13 @@ def _real_job_state(job_id: str) -> str:
 
 
 def _submit_tiny_real_job(run_dir: Path, demo_inputs: tuple[Path, Path], *options: str,
-                          overrides: tuple[str, ...] = ()) -> str:
-    """`nemo-topr submit` of the tiny 2-rank CPU run to the real Slurm; returns the job id.
-    `options`: more of submit's options (default --time 00:30:00, no pre-emption warning in it);
-    `overrides` come after the tiny run's, so they win."""
+                          overrides: tuple[str, ...] = (), nodes: int = 1, ranks_per_node: int = 2) -> str:
+    """`nemo-topr submit` of the tiny CPU run (2 ranks: one node, or one each on two) to the real
+    Slurm that SLURM_CONF names; returns the job id. `options`: more of submit's options (default
+    --time 00:30:00, no pre-emption warning in it); `overrides` come after the tiny run's, so
+    they win."""
     answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
-                             "--gpus-per-node", "2", "--run-dir", str(run_dir),
+                             "--nodes", str(nodes), "--gpus-per-node", str(ranks_per_node), "--run-dir", str(run_dir),
                              "--venv", sys.prefix,  # this one, also from a worktree or a copy without .venv
                              *(options or ("--time", "00:30:00")), *_tiny_run_overrides(demo_inputs), *overrides],
                             cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -469,14 +470,15 @@ def test_a_killed_rank_fails_the_real_job_without_a_requeue(slurm_cluster, demo_
 PREEMPT_WINDOW_S = 40.0
 
 
-def _check_every_start_kept(run_dir: Path, job_id: str, batch_log: str, job: str, context: str) -> int:
+def _check_every_start_kept(run_dir: Path, job_id: str, batch_log: str, job: str, context: str,
+                            layout: str = "1 node(s) x 2 rank(s)") -> int:
     """Each start of a requeued job left its rank logs and its lines in the batch output (which
     real slurmd appends to, --open-mode=append); returns the number of restarts."""
     restarts = int(re.search(r"\sRestarts=(\d+)\s", job).group(1))
     starts = [f"job-{job_id}-start-{k}" for k in range(restarts + 1)]
     assert sorted(path.name for path in (run_dir / "logs").iterdir()) == starts, context + batch_log
     assert all(len(list((run_dir / "logs" / start).glob("rank-*.log"))) == 2 for start in starts), context
-    assert batch_log.count(f"[topr_job] job {job_id}: 1 node(s) x 2 rank(s)") == restarts + 1, context + batch_log
+    assert batch_log.count(f"[topr_job] job {job_id}: {layout}") == restarts + 1, context + batch_log
     assert batch_log.count(f"requeueing job {job_id}") == restarts, context + batch_log
     return restarts
 
@@ -540,8 +542,8 @@ def test_a_real_time_limit_preempts_with_its_warning_and_the_job_completes(slurm
     When the warning comes: slurmctld checks time limits every PERIODIC_TIMEOUT = 30 s and sends
     it once `now + 30 + 30 >= end` (send_job_warn_signal, src/slurmctld/job_mgr.c, 22.05), so 60
     to 90 s into each start: after srun has started the ranks (a warning with no step to signal
-    is lost) and while they train, since 250 epochs of the 48 samples (500 iterations) take
-    longer than one start here (about 0.17 s per iteration once started, ~12 s start-up)."""
+    is lost) and while they train, since 250 epochs of the 48 samples take longer than one start
+    here (measured: the first start stopped at iteration 160 of 240, the second completed)."""
     run_dir, epochs = tmp_path / "run", 250
     job_id = _submit_tiny_real_job(run_dir, demo_inputs, "--time", "00:02:00", "--preemption-warning", "30",
                                    overrides=("train.global_batch_size=24", f"dataset.epochs={epochs}"))

@@ -1,6 +1,6 @@
 """`python -m nemo_topr.training.train_export HF_ROOT [nemo-topr train args]`: `nemo-topr train`,
-then every saved checkpoint of its run exported to HF_ROOT/iter_NNNNNNN as `nemo-topr export
---all-iterations` does, in one process.
+then `nemo-topr export --all-iterations` of its run to HF_ROOT (HF_ROOT/iter_NNNNNNN), in one
+process.
 
 Two commands pay Python's and Megatron's start-up (~15 s on 2 cores) twice; Bridge's finetune()
 destroys its process group when it ends, so the export's own temporary one starts cleanly in the
@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
     from nemo_topr import cli
-    from nemo_topr.model_source import resolve
     from nemo_topr.training.config import compose
-    from nemo_topr.training.export import export
     from nemo_topr.training.recipe import parse_args
 
-    hf_root, train_argv = Path(argv[0]), argv[1:]
+    hf_root, train_argv = argv[0], argv[1:]
     rendezvous = {key: os.environ.get(key) for key in ("MASTER_ADDR", "MASTER_PORT")}
     code = cli.main(["train", *train_argv])
     if code:
@@ -34,9 +31,8 @@ def main(argv: list[str]) -> int:
             os.environ.pop(key, None)
     args = parse_args(train_argv)
     raw = compose(args.config_name, args.overrides, args.config_path)
-    for checkpoint, out in export(raw.run_dir, hf_root, resolve(raw.run_dir).saved_iterations(), raw.device).items():
-        print(f"exported {checkpoint} -> {out}")
-    return 0
+    return cli.main(["export", "--ckpt", str(raw.run_dir), "--hf-out", hf_root, "--all-iterations",
+                     "--device", raw.device])
 
 
 if __name__ == "__main__":
