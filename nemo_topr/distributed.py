@@ -15,6 +15,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class RendezvousError(RuntimeError):
+    """The launcher's rendezvous variables cannot work; raised before any process group exists."""
+
+
+def check_rendezvous(environ=os.environ) -> None:  # noqa: B008 - the process environment by default
+    """Under a launcher (WORLD_SIZE set), MASTER_ADDR must resolve and MASTER_PORT be a port:
+    otherwise torch's TCP store retries the name until its timeout (30 minutes or more) with no
+    word of why, on every rank."""
+    if "WORLD_SIZE" not in environ:
+        return
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(name)]
+    if missing:
+        raise RendezvousError(f"WORLD_SIZE is set but {' and '.join(missing)} is not: the launcher (torchrun, "
+                              "slurm/topr_job.sh) sets both")
+    addr, port = environ["MASTER_ADDR"], environ["MASTER_PORT"]
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise RendezvousError(f"MASTER_PORT={port!r} is not a port number (1-65535)")
+    try:
+        socket.getaddrinfo(addr, int(port), type=socket.SOCK_STREAM)
+    except OSError as error:
+        raise RendezvousError(f"MASTER_ADDR={addr!r} does not resolve on {socket.gethostname()} ({error}); "
+                              "slurm/topr_job.sh sets it to the job's first node") from None
+
+
 def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, *, seed: int = 1234) -> None:
     """Join (or create) the default process group and Megatron's model-parallel groups.
 
@@ -32,6 +56,7 @@ def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int =
     if not torch.distributed.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if "WORLD_SIZE" in os.environ:  # torchrun / srun: rendezvous from the environment
+            check_rendezvous()
             if torch.cuda.is_available():
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             torch.distributed.init_process_group(backend)

@@ -73,3 +73,25 @@ def test_an_interrupted_export_leaves_nothing_under_the_target_name(checkpoint, 
     monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge())
     assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "model"), "--device", "cpu"]) == 0
     assert not (tmp_path / ".model.partial").exists()
+
+
+def test_bad_inputs_are_refused_before_megatron_is_imported(tmp_path):
+    """A refusal costs no Megatron start-up (10-20 s): the inputs are checked first."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    ckpt = _fake_checkpoint(tmp_path / "ckpt")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "model.safetensors").write_text("the base weights")
+    for args, message in ((["--ckpt", str(tmp_path / "missing"), "--hf-out", str(tmp_path / "out")], str(tmp_path / "missing")),
+                          (["--ckpt", str(ckpt), "--hf-out", str(taken)], f"{taken}: exists and is not empty"),
+                          (["--ckpt", str(ckpt), "--hf-out", str(tmp_path / "out"), "--iteration", "7"], "7")):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "nemo_topr.cli", "export", *args, "--device", "cpu"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+        assert proc.returncode == 1 and lines[-1].startswith("nemo-topr export: ") and message in lines[-1], lines
+        assert "| megatron" not in proc.stderr  # -X importtime lists every module imported
+    assert not (tmp_path / "out").exists()

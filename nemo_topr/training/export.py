@@ -57,10 +57,10 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
     Each goes to a sibling `.NAME.partial` directory first and replaces its target only once
     complete, so an interrupted export leaves no half-written model under the target's name.
     Returns {checkpoint directory: HF directory}."""
-    use_device(device, where="--device")
     source = resolve(ckpt)
     targets = export_targets(source, Path(hf_out), iterations)  # every checkpoint checked before any work
     check_outputs(targets.values(), overwrite)
+    use_device(device, where="--device")  # imports Megatron (10-20 s): only once the inputs are known good
     from nemo_topr.model import config_only_bridge
 
     bridge = config_only_bridge(source.hf_dir)

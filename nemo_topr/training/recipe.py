@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 
 from nemo_topr.data.positives import no_negatives_warning
 from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
-from nemo_topr.distributed import free_port, launcher_rank
+from nemo_topr.distributed import RendezvousError, check_rendezvous, free_port, launcher_rank
 from nemo_topr.model_source import write_hf_artifacts
 from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
 from nemo_topr.data.records import DataError, RecordSet, load_records
@@ -269,11 +269,13 @@ def main(argv: list[str]) -> int:
         select_device(raw.get("device"), where="device", choices=DEVICES)
         check_config(raw)
         records = _records_of(raw)
+        check_rendezvous()
         use_device(raw.get("device"), where="device", choices=DEVICES)  # imports Megatron
         run = build_training_run(raw)
         run.container.dataset.use_records(records)
         return train(run)
-    except (ConfigError, DeviceError, DataError, RunStateError, DamagedCheckpointError, NonFiniteTrainingError) as error:
+    except (ConfigError, DeviceError, DataError, RunStateError, DamagedCheckpointError, NonFiniteTrainingError,
+            RendezvousError) as error:
         raise SystemExit(f"nemo-topr train: {error}") from None
 
 

@@ -1,0 +1,60 @@
+"""nemo_topr/distributed.py: a launcher's rendezvous that cannot work is refused at once, naming the
+variable, instead of every rank retrying an unresolvable MASTER_ADDR until torch's store times out."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from nemo_topr.distributed import RendezvousError, check_rendezvous
+
+# RFC 6761: names under .invalid never resolve
+UNRESOLVABLE = "node-0042.invalid"
+
+
+def test_a_plain_process_needs_no_rendezvous():
+    check_rendezvous({})
+    check_rendezvous({"MASTER_ADDR": UNRESOLVABLE})  # not launched: the variables are not used
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1", "localhost"])
+def test_a_resolvable_rendezvous_passes(addr):
+    check_rendezvous({"WORLD_SIZE": "2", "MASTER_ADDR": addr, "MASTER_PORT": "29500"})
+
+
+@pytest.mark.parametrize(("environ", "message"), [
+    ({"MASTER_ADDR": UNRESOLVABLE, "MASTER_PORT": "29500"}, f"MASTER_ADDR='{UNRESOLVABLE}' does not resolve on "),
+    ({"MASTER_PORT": "29500"}, "WORLD_SIZE is set but MASTER_ADDR is not"),
+    ({"MASTER_ADDR": "127.0.0.1"}, "WORLD_SIZE is set but MASTER_PORT is not"),
+    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "port"}, "MASTER_PORT='port' is not a port number"),
+    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not a port number"),
+])
+def test_a_rendezvous_that_cannot_work_is_named(environ, message):
+    with pytest.raises(RendezvousError) as error:
+        check_rendezvous({"WORLD_SIZE": "2", **environ})
+    assert str(error.value).startswith(message)
+
+
+def test_train_refuses_an_unresolvable_master_addr_before_importing_megatron(tmp_path):
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    tiny_hf = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer(corpus=["The answer is 7."] * 20, vocab_size=300))
+    environ = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": UNRESOLVABLE,
+               "MASTER_PORT": "29500"}
+    data = REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl"
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "nemo_topr.cli", "train", "--config-name",
+                           "tiny_cpu", f"hf_model={tiny_hf}", f"run_dir={tmp_path / 'run'}",
+                           f"dataset.train_path={data}"],
+                          cwd=REPO, env=environ, capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 1 and len(lines) == 1, lines
+    assert lines[0].startswith(f"nemo-topr train: MASTER_ADDR='{UNRESOLVABLE}' does not resolve on {socket.gethostname()} (")
+    assert lines[0].endswith("slurm/topr_job.sh sets it to the job's first node")
+    assert "| megatron" not in proc.stderr  # -X importtime lists every module imported
+    assert not (tmp_path / "run").exists()
