@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -360,14 +361,19 @@ def test_readme_states_each_claims_status_as_the_study_decided():
         assert not any(f"**{status}**" in line for status in others), line
 
 
-def test_figures_in_the_study_results_section_come_from_the_report():
-    """Every three-decimal figure the docs quote from the study is in the committed report."""
+def figures_not_in_report(heading: str, ends_at: str, report: Path) -> list[str]:
+    """The three-decimal figures that docs/miniature.md quotes in the section from `heading` up to the
+    next `ends_at` and that `report` does not contain (asserting that the section quotes some)."""
     text = (REPO / "docs" / "miniature.md").read_text()
-    start = text.index("### Results of the pre-registered study")
-    end = text.find("\n#", start + 1)
+    start = text.index(heading)
+    end = text.find(ends_at, start + 1)
     section = text[start:end if end != -1 else None]
-    report = (STUDY_DOCS / "results.md").read_text()
     figures = set(re.findall(r"(?<![\d.])[+−-]?\d\.\d{3}(?!\d)", section))
     assert figures, "the section quotes no figures"
-    missing = sorted(f for f in figures if f.replace("−", "-") not in report)
-    assert not missing, missing
+    quoted = report.read_text()
+    return sorted(f for f in figures if f.replace("−", "-") not in quoted)
+
+
+def test_figures_in_the_study_results_section_come_from_the_report():
+    """Every three-decimal figure the docs quote from the study is in the committed report."""
+    assert not figures_not_in_report("### Results of the pre-registered study", "\n#", STUDY_DOCS / "results.md")

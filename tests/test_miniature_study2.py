@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 from conftest import REPO
-from test_miniature_study import KilledRun, fake_pipeline
+from test_miniature_study import KilledRun, fake_pipeline, figures_not_in_report
 
 from nemo_topr.miniature import stats, study, study2, study2_report
 
@@ -376,3 +376,61 @@ def test_study2_smoke(tmp_path):
     assert text.startswith("**Not the pre-registered design**") and "| H4 (gap grows as mu weakens) |" in text
     assert "| 0 | 1 |" in text and "**Deviation**: strength 2 dropped: no checkpoint reached it." in text
     assert (tmp_path / "docs" / study2_report.PLOT).is_file() and (tmp_path / "docs" / "results.md").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# The committed study 2: its design as registered, its report, the README's claim lines, the docs' figures
+
+STUDY2_DOCS = REPO / "docs" / "miniature" / "study2"
+
+
+def committed_study2() -> dict:
+    return json.loads((STUDY2_DOCS / "results.json").read_text())
+
+
+def test_committed_study2_ran_the_preregistered_design():
+    results = committed_study2()
+    design = results["design"]
+    assert results["deviations"] == {} and design["seeds"] == [1, 2, 3, 4, 5, 6] and design["k"] == 16
+    assert design["mu_targets"] == [0.2, 0.4, 0.6] and design["p_tilde"] == [0.1, 0.8]
+    # each kept strength's mu is the first probed checkpoint at or above its target (the registered rule)
+    probes = results["pretrain"]
+    for strength, mu in results["mus"].items():
+        first = next(p for p in probes if p["pass@1"] >= float(strength))
+        assert (mu["iteration"], mu["probe_pass@1"]) == (first["iteration"], first["pass@1"]), strength
+    assert set(results["mus"]) | set(results.get("dropped", {})) == {"0.2", "0.4", "0.6"}
+    # one dataset per strength and seed, each sampled anew (8,192 records; no two alike in their counts)
+    expected = {f"{strength}/{s}" for strength in results["mus"] for s in design["seeds"]}
+    assert set(results["datasets"]) == expected
+    assert {d["records"] for d in results["datasets"].values()} == {512 * 16}
+    counts = {(d["correct"], d["wrong"], d["prompts_with_both"]) for d in results["datasets"].values()}
+    assert len(counts) == len(expected)
+    study_runs = [run for run in results["runs"].values() if run["stage"] == "study"]
+    skipped = len(results.get("skipped", []))
+    assert len(study_runs) + skipped == 6 * len(expected)
+    assert all({"test", "validation"} <= set(run) for run in study_runs)
+    assert {(run["lr"], run["warmup"]) for run in study_runs} == {(1e-4, 0)}
+
+
+def test_committed_study2_report_is_the_rendering_of_its_results():
+    assert (STUDY2_DOCS / "results.md").read_text() == study2_report.table(committed_study2())
+    assert (STUDY2_DOCS / study2_report.PLOT).is_file()
+
+
+def test_readme_states_each_study2_claim_as_the_rules_decided():
+    """README's H4-H7 lines give, for every strength, the status the registered rules decided."""
+    analysis = study2_report.analyse(committed_study2())
+    lines = (REPO / "README.md").read_text().splitlines()
+    statuses = {stats.SUPPORTED, stats.REFUTED, stats.INCONCLUSIVE}
+    [h4] = [line for line in lines if line.startswith("- **H4**")]
+    assert f"**{analysis['H4'].status}**" in h4 and not any(f"**{s}**" in h4 for s in statuses - {analysis["H4"].status})
+    for h in ("H5", "H6", "H7"):
+        [line] = [line for line in lines if line.startswith(f"- **{h}**")]
+        for strength, decision in analysis[h].items():
+            assert f"{strength}: **{decision.status}**" in line, (h, strength, decision, line)
+        assert line.count("**") == 2 + 2 * len(analysis[h]), line
+
+
+def test_figures_in_the_study2_results_section_come_from_the_report():
+    """Every three-decimal figure the docs quote from study 2 is in its committed report."""
+    assert not figures_not_in_report("### Results of study 2", "\n## ", STUDY2_DOCS / "results.md")
