@@ -28,7 +28,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from nemo_topr.device import DeviceError, add_device_argument, use_device
+from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
 from nemo_topr.model_source import ModelSource, ModelSourceError, resolve
 from nemo_topr.training.checkpoints import iteration_dir_name
 
@@ -57,6 +57,7 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
     Each goes to a sibling `.NAME.partial` directory first and replaces its target only once
     complete, so an interrupted export leaves no half-written model under the target's name.
     Returns {checkpoint directory: HF directory}."""
+    select_device(device, where="--device")
     source = resolve(ckpt)
     targets = export_targets(source, Path(hf_out), iterations)  # every checkpoint checked before any work
     check_outputs(targets.values(), overwrite)
