@@ -21,8 +21,8 @@ class RendezvousError(RuntimeError):
 
 def check_rendezvous(environ=os.environ) -> None:  # noqa: B008 - the process environment by default
     """Under a launcher (WORLD_SIZE set), MASTER_ADDR must resolve and MASTER_PORT be a port:
-    otherwise torch's TCP store retries the name until its timeout (30 minutes or more) with no
-    word of why, on every rank."""
+    otherwise torch's TCP store retries the name until its timeout, with no word of why, on every
+    rank."""
     if "WORLD_SIZE" not in environ:
         return
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(name)]

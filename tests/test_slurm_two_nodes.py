@@ -26,7 +26,7 @@ def test_a_two_node_job_is_preempted_requeued_and_completes_with_every_sample_on
     with _cancelled_at_exit(job_id):
         _wait_for_real_ranks(job_id, run_dir / "logs" / f"job-{job_id}-start-0")  # one log per node's rank
         subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
-        # ~60 s when it works; a rank that cannot resolve MASTER_ADDR retries, it does not fail
+        # ~60 s when it works; a rank that cannot resolve MASTER_ADDR fails at once (check_rendezvous)
         state, job, batch_log = _real_job_end(job_id, run_dir / f"topr-tiny_cpu-{job_id}.out")
     rank_logs = "".join(p.read_text()[-3000:] for p in sorted(run_dir.glob("logs/*/rank-*.log")))
     assert state == "COMPLETED", batch_log + rank_logs
