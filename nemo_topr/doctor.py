@@ -17,7 +17,8 @@ on them, each in its own process with its own time limit, and prints one pass/fa
     packed parity     Transformer Engine's THD attention against local layers on packed rows (TE only)
 
 A step whose prerequisite failed is skipped, naming it; a failure names what to fix; no failure
-stops the others. Exit status 0 when nothing failed. `--json` writes the same table.
+stops the others. Exit status 0 when nothing failed. `--json` writes the same table, rewritten after
+every check, so that a doctor killed from outside (a job's time limit) still leaves what it found.
 
 On CPU it runs in the test suite. The cuda path is written for a GPU node and has NOT run on one
 yet (docs/cluster.md says what was verified where).
@@ -78,6 +79,8 @@ class Doctor:
     device: str
     work: Path
     timeout: float
+    deadline: float | None = None  # time.monotonic() by which every check must end (a lent machine)
+    after_check: Callable[[Doctor], None] | None = None  # e.g. rewrite the JSON table
     checks: list[Check] = field(default_factory=list)
     done: set[str] = field(default_factory=set)
 
@@ -111,25 +114,43 @@ class Doctor:
         check.seconds = round(time.monotonic() - started, 1)
         self.checks.append(check)
         print(f"[doctor] {check.name}: {check.status} ({check.seconds} s) {check.detail}", flush=True)
+        if self.after_check:
+            self.after_check(self)
+
+    def time_limit(self) -> float:
+        """Seconds the next command may take: the per-check limit, cut to what the deadline leaves."""
+        if self.deadline is None:
+            return self.timeout
+        left = self.deadline - time.monotonic()
+        if left < 1:
+            raise CheckFailed("no time left before the deadline", "rerun this check alone with more time")
+        return min(self.timeout, left)
 
     def command(self, name: str, args: list[str], *, env: dict[str, str] | None = None,
                 expect: tuple[int, ...] = (0,)) -> str:
         """Run `nemo-topr ARGS` with this check's time limit; its output goes to WORK/NAME.log."""
+        return self.python(name, ["-m", "nemo_topr.cli", *args], env=env, expect=expect)
+
+    def python(self, name: str, args: list[str], *, env: dict[str, str] | None = None,
+               expect: tuple[int, ...] = (0,)) -> str:
+        """Run `python ARGS` with this check's time limit; its output goes to WORK/NAME.log."""
         log = self.work / f"{name.replace(' ', '_')}.log"
+        limit = self.time_limit()
         with log.open("w") as out:
-            process = subprocess.Popen([sys.executable, "-m", "nemo_topr.cli", *args], stdout=out,
+            process = subprocess.Popen([sys.executable, *args], stdout=out,
                                        stderr=subprocess.STDOUT, env=env or self.env(), start_new_session=True)
             try:
-                code = process.wait(timeout=self.timeout)
+                code = process.wait(timeout=limit)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-                raise CheckFailed(f"no result within {self.timeout:.0f} s (log: {log})",
+                raise CheckFailed(f"no result within {limit:.0f} s (log: {log})",
                                   "a hang: look at the log's last lines (NCCL, a compile, a download); "
                                   "raise --timeout on a slow node") from None
         if code not in expect:
             tail = log.read_text().strip().splitlines()[-3:]
-            raise CheckFailed(f"`nemo-topr {args[0]}` exited {code} (log: {log}): {' | '.join(tail)[-600:]}",
+            what = f"nemo-topr {args[2]}" if args[:2] == ["-m", "nemo_topr.cli"] else "python " + " ".join(args[:2])
+            raise CheckFailed(f"`{what}` exited {code} (log: {log}): {' | '.join(tail)[-600:]}",
                               f"the log names the failing call; fix it and rerun `nemo-topr doctor --device "
                               f"{self.device}`")
         return str(log)
@@ -155,9 +176,30 @@ def versions() -> dict[str, str | None]:
             "megatron_bridge": installed("megatron-bridge", "megatron_bridge")}
 
 
-def _scores(path: Path) -> dict[tuple[str, int], float]:
+def scores_by_record(path: Path) -> dict[tuple[str, int], float]:
     return {(r["prompt_id"], r["sample_id"]): r["behavior_logprob"]
             for r in map(json.loads, path.read_text().splitlines())}
+
+
+class Files:
+    """What the doctor builds and makes in its work directory (bench/gpu_verbs.py reuses them)."""
+
+    def __init__(self, work: Path) -> None:
+        self.work, self.model_dir, self.run_dir = work, work / "tiny_llama_hf", work / "run"
+        self.graded, self.scored, self.hf_export = work / "graded.jsonl", work / "scored.jsonl", work / "hf_export"
+
+
+def per_token_difference(scored_a: Path, scored_b: Path, files: Files) -> float:
+    """Mean |difference| per completion token (incl. EOS) between two scorings of files.graded."""
+    from nemo_topr.data.tokenization import load_tokenizer
+
+    a, b = scores_by_record(scored_a), scores_by_record(scored_b)
+    if a.keys() != b.keys():
+        raise CheckFailed(f"{scored_a} and {scored_b} score different records", "see the scoring logs")
+    tokenizer = load_tokenizer(files.model_dir)
+    tokens = sum(len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"]) + 1
+                 for r in map(json.loads, files.graded.read_text().splitlines()))
+    return sum(abs(a[k] - b[k]) for k in a) / tokens
 
 
 def _tensorboard(run_dir: Path, tag: str) -> list[float]:
@@ -168,15 +210,16 @@ def _tensorboard(run_dir: Path, tag: str) -> list[float]:
     return [e.value for e in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
 
 
-def diagnose(device: str, work: Path, timeout: float) -> Doctor:
+def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None = None,
+             after_check: Callable[[Doctor], None] | None = None) -> Doctor:
     """Every check, in order; returns the doctor with its table."""
     from nemo_topr.model_settings import transformer_engine_available
     from nemo_topr.training.recipe import EXIT_REQUEUE
 
-    doctor = Doctor(device, work, timeout)
+    doctor = Doctor(device, work, timeout, deadline, after_check)
     work.mkdir(parents=True, exist_ok=True)
-    model_dir, graded, scored = work / "tiny_llama_hf", work / "graded.jsonl", work / "scored.jsonl"
-    run_dir = work / "run"
+    files = Files(work)
+    model_dir, graded, scored, run_dir = files.model_dir, files.graded, files.scored, files.run_dir
     te = transformer_engine_available()
     no_te = "Transformer Engine is not installed (pip install -r requirements-gpu.txt, or the NGC container)"
     seq = ["--seq-length", "512"]
@@ -201,7 +244,7 @@ def diagnose(device: str, work: Path, timeout: float) -> Doctor:
     def score() -> str:
         doctor.command("score", ["score-logprobs", "--model", str(model_dir), "--data", str(graded), "--out",
                                  str(scored), *seq, "--device", device])
-        values = list(_scores(scored).values())
+        values = list(scores_by_record(scored).values())
         if len(values) != PROMPTS * TRAIN_RECORDS_PER_PROMPT or not all(math.isfinite(v) for v in values):
             raise CheckFailed(f"{len(values)} scores, finite: {all(map(math.isfinite, values))}",
                               "scores must be finite for every record: check the model build in the log")
@@ -213,13 +256,7 @@ def diagnose(device: str, work: Path, timeout: float) -> Doctor:
         on_cpu = work / "scored_cpu.jsonl"
         doctor.command("score_cpu", ["score-logprobs", "--model", str(model_dir), "--data", str(graded), "--out",
                                      str(on_cpu), *seq, "--device", "cpu"], env={**doctor.env(), "CUDA_VISIBLE_DEVICES": ""})
-        from nemo_topr.data.tokenization import load_tokenizer
-
-        device_scores, cpu_scores = _scores(scored), _scores(on_cpu)
-        tokenizer = load_tokenizer(model_dir)
-        tokens = sum(len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"]) + 1  # + EOS
-                     for r in map(json.loads, graded.read_text().splitlines()))
-        per_token = sum(abs(device_scores[k] - cpu_scores[k]) for k in cpu_scores) / tokens
+        per_token = per_token_difference(scored, on_cpu, files)
         bound = PER_TOKEN_SCORE_BOUND[doctor.precision]
         if per_token > bound:
             raise CheckFailed(f"device and CPU scores differ by {per_token:.2e} per token (bound {bound})",
@@ -265,7 +302,7 @@ def diagnose(device: str, work: Path, timeout: float) -> Doctor:
     def export() -> str:
         from transformers import AutoModelForCausalLM
 
-        hf_out = work / "hf_export"
+        hf_out = files.hf_export
         doctor.command("export", ["export", "--ckpt", str(run_dir), "--hf-out", str(hf_out), "--device", device])
         exported = AutoModelForCausalLM.from_pretrained(str(hf_out), torch_dtype=torch.float32)
         base = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
@@ -281,14 +318,12 @@ def diagnose(device: str, work: Path, timeout: float) -> Doctor:
     def parity() -> str:
         if not te:
             raise Skipped(f"compares TE's THD attention with local layers: {no_te}")
-        log = work / "packed_parity.log"
-        with log.open("w") as out:
-            code = subprocess.run([sys.executable, "-m", "nemo_topr.doctor_parity"],
-                                  stdout=out, stderr=subprocess.STDOUT, env=doctor.env(), timeout=timeout).returncode
-        lines = log.read_text().strip().splitlines()
-        if code != 0:
-            raise CheckFailed(f"exit {code}: {' | '.join(lines[-3:])[-600:]}",
-                              "TE attention crosses or drops packed boundaries: check the TE version in the table")
+        try:
+            log = doctor.python("packed parity", ["-m", "nemo_topr.doctor_parity"])
+        except CheckFailed as failure:
+            raise CheckFailed(str(failure), "TE attention crosses or drops packed boundaries: check the TE "
+                                            "version in the table") from None
+        lines = Path(log).read_text().strip().splitlines()
         return lines[-1] if lines else ""
 
     doctor.run("versions", check_versions)
@@ -313,6 +348,20 @@ def table(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
+def report(doctor: Doctor, finished: bool) -> dict:
+    """The table as JSON; `passed` only once every check has run and none failed."""
+    failed = any(c.status == "fail" for c in doctor.checks)
+    return {"device": doctor.device, "finished": finished, "passed": finished and not failed,
+            "versions": versions(), "checks": [asdict(c) for c in doctor.checks]}
+
+
+def write_json(path: Path, content: dict) -> None:
+    """Replace path atomically: a reader (or a kill) never sees half a table."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(content, indent=2) + "\n")
+    partial.replace(path)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nemo-topr doctor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -327,13 +376,13 @@ def main(argv: list[str]) -> int:
     except DeviceError as error:
         raise SystemExit(f"nemo-topr doctor: {error}") from None
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="nemo-topr-doctor-"))
-    doctor = diagnose(device, work.resolve(), args.timeout)
+    progress = (lambda so_far: write_json(args.json, report(so_far, False))) if args.json else None
+    doctor = diagnose(device, work.resolve(), args.timeout, after_check=progress)
     failed = [c.name for c in doctor.checks if c.status == "fail"]
     print(f"\nnemo-topr doctor --device {device}: {'FAILED: ' + ', '.join(failed) if failed else 'all passed'}")
     print(table(doctor.checks))
     if args.json:
-        args.json.write_text(json.dumps({"device": device, "passed": not failed, "versions": versions(),
-                                         "checks": [asdict(c) for c in doctor.checks]}, indent=2) + "\n")
+        write_json(args.json, report(doctor, True))
     if args.work_dir is None and not failed:
         shutil.rmtree(work, ignore_errors=True)
     elif failed:

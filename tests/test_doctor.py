@@ -8,11 +8,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from conftest import REPO
-from nemo_topr.doctor import CheckFailed, Doctor
+from nemo_topr.doctor import CheckFailed, Doctor, Files, per_token_difference, report, write_json
 
 
 def _doctor(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -68,3 +69,52 @@ def test_a_check_past_its_time_limit_is_killed_and_reported(tmp_path):
     doctor.timeout = 0.01
     doctor.run("hang", lambda: doctor.command("hang", ["data", "--help"]))
     assert doctor.checks[-1].status == "fail" and "no result within" in doctor.checks[-1].detail
+
+
+def test_a_check_stops_at_the_deadline_and_after_each_check_the_table_so_far_is_reported(tmp_path):
+    seen = []
+    doctor = Doctor("cpu", tmp_path, timeout=60, deadline=time.monotonic() + 2,
+                    after_check=lambda so_far: seen.append([(c.name, c.status) for c in so_far.checks]))
+    started = time.monotonic()
+    doctor.run("hang", lambda: doctor.python("hang", ["-c", "import time; time.sleep(60)"]))
+    assert time.monotonic() - started < 10  # the deadline's 2 s, not the check's 60
+    doctor.run("late", lambda: doctor.python("late", ["-c", "pass"]))
+    assert [(c.status, c.detail.split(" (")[0]) for c in doctor.checks] == [
+        ("fail", "no result within 2 s"), ("fail", "no time left before the deadline")]
+    assert doctor.checks[1].fix == "rerun this check alone with more time"
+    assert seen == [[("hang", "fail")], [("hang", "fail"), ("late", "fail")]]
+
+
+def test_the_json_table_passes_only_when_finished_and_is_replaced_whole(tmp_path):
+    doctor = Doctor("cpu", tmp_path, timeout=5)
+    doctor.run("versions", lambda: "torch x")
+    path = tmp_path / "doctor.json"
+    write_json(path, report(doctor, finished=False))
+    assert json.loads(path.read_text())["passed"] is False  # a killed doctor has not passed
+    write_json(path, report(doctor, finished=True))
+    table = json.loads(path.read_text())
+    assert (table["passed"], table["finished"], [c["name"] for c in table["checks"]]) == (True, True, ["versions"])
+    assert [p.name for p in tmp_path.iterdir()] == ["doctor.json"]  # no partial file left behind
+    doctor.run("crash", lambda: 1 / 0)
+    assert report(doctor, finished=True)["passed"] is False
+
+
+def test_per_token_difference_divides_by_completion_tokens_with_eos(tmp_path):
+    from nemo_topr.data.tokenization import load_tokenizer
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    files = Files(tmp_path)
+    build_tiny_hf_llama(files.model_dir, build_tiny_tokenizer())
+    records = [{"prompt": "Q: 1+1?", "completion": " two", "reward": 1.0, "prompt_id": "p", "sample_id": 0},
+               {"prompt": "Q: 1+1?", "completion": " three, surely", "reward": -1.0, "prompt_id": "p", "sample_id": 1}]
+    files.graded.write_text("".join(json.dumps(r) + "\n" for r in records))
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps({**r, "behavior_logprob": -1.0}) + "\n" for r in records))
+    b.write_text("".join(json.dumps({**r, "behavior_logprob": v}) + "\n" for r, v in zip(records, (-1.5, -2.0))))
+    tokenizer = load_tokenizer(files.model_dir)
+    tokens = sum(len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"]) + 1 for r in records)
+    assert per_token_difference(a, b, files) == pytest.approx((0.5 + 1.0) / tokens)
+    b.write_text(json.dumps({**records[0], "behavior_logprob": -1.0}) + "\n")
+    with pytest.raises(CheckFailed, match="score different records"):
+        per_token_difference(a, b, files)

@@ -1,0 +1,192 @@
+"""The recipe's verbs on a GPU node, in one call of a lent GPU machine (issue 27; 10 minutes a
+call, and /tmp goes with the machine). Without Transformer Engine this is issue 27's stage 1
+(Megatron's local layers, BF16); with it, the doctor's FP8 and packed-parity checks and the bench's
+FP8 run join in by themselves.
+
+    bash .gpu/kit/install-base.sh && source .gpu/kit/env.sh && \
+        python3 -m bench.gpu_verbs --out "$OUT" --commit SHA      # the GPU machine
+    python -m bench.gpu_verbs --device cpu --out /tmp/gpu_verbs      # the dry run, on a CPU machine
+
+1. `nemo-topr doctor` in this process (versions, score, score vs cpu, train through finetune()
+   with NCCL and the distributed optimizer, resume, export, and with TE train fp8 and packed
+   parity; docs/cluster.md), its work directory kept;
+2. what the doctor does not cover, each in its own process with a time limit:
+     import         `nemo-topr import` of the doctor's HF model; scoring the Megatron checkpoint
+                    gives the HF directory's scores
+     shared prefix  `score-logprobs --shared-prefix` gives the plain scores
+     score run      `score-logprobs` from the trained run directory (it must differ from the
+                    starting model's scores: the trained weights were loaded)
+     export scores  the Hugging Face export scores as the run directory does
+     eval           `eval --backend transformers` of the export on a few GSM8K problems
+     bench gpu      `python -m bench.run --sections gpu` (8B-shaped, 16 layers; BF16, and FP8 with TE)
+
+OUT/gpu_verbs.json (device, versions, date, commit, every check so far) is rewritten after every
+check and the logs are copied to OUT/logs, so that a call cut off at its limit still returns what
+ran. Every check ends by --deadline seconds from the start. `--only` runs the named checks, e.g.
+`--only "bench gpu"` in a later call; the checks that need the doctor's files are then skipped,
+naming what they need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from nemo_topr.device import DeviceError, add_device_argument, resolve_device
+from nemo_topr.doctor import (PER_TOKEN_SCORE_BOUND, CheckFailed, Doctor, Files, diagnose, per_token_difference,
+                              report, scores_by_record, write_json)
+
+EXTRA_CHECKS = ("import", "shared prefix", "score run", "export scores", "eval", "bench gpu")
+EVAL_PROBLEMS = 4
+
+
+def commit_of_checkout() -> str | None:
+    """HEAD, with "-dirty" when the tree has changes git would commit; None without git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+
+    try:
+        return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None  # the GPU machine gets the work tree without .git: pass --commit
+
+
+def bench_gpu_summary(gpu: dict, path: Path) -> str:
+    """One line from bench/gpu.py's results; a failed precision or TOPR step fails the check."""
+    if gpu.get("skipped"):
+        return f"not measured: {gpu['reason']}"
+    def last_line(error: str) -> str:  # of a traceback; the whole of it is in gpu.json
+        return error.strip().splitlines()[-1]
+
+    failed = [f"{precision}: {last_line(error)}" for precision, error in gpu["errors"].items()
+              if not error.startswith("skipped")]
+    failed += [f"{run['precision']}: TOPR step: {last_line(run['topr_error'])}" for run in gpu["runs"] if run["topr_error"]]
+    if failed:
+        raise CheckFailed("; ".join(failed)[:600], f"see {path}")
+    keys = ("precision", "topr_over_sft_time", "sft_mfu", "topr_mfu", "max_memory_allocated_gib")
+    return json.dumps([{key: run.get(key) for key in keys} for run in gpu["runs"]])
+
+
+def extras(doctor: Doctor, out: Path, wanted: set[str]) -> None:
+    """The checks that `nemo-topr doctor` does not make, on the doctor's files."""
+    files, device = Files(doctor.work), doctor.device
+    bound = PER_TOKEN_SCORE_BOUND[doctor.precision]
+
+    def score(name: str, model: Path, *options: str) -> Path:
+        scored = doctor.work / f"scored_{name.replace(' ', '_')}.jsonl"
+        doctor.command(name, ["score-logprobs", "--model", str(model), "--data", str(files.graded), "--out",
+                              str(scored), "--seq-length", "512", "--device", device, *options])
+        values = list(scores_by_record(scored).values())
+        if not values or not all(map(math.isfinite, values)):
+            raise CheckFailed(f"scores of {model}: {len(values)}, not all finite", "see the scoring log")
+        return scored
+
+    def agree(scored: Path, reference: Path, what: str) -> str:
+        per_token = per_token_difference(scored, reference, files)
+        if per_token > bound:
+            raise CheckFailed(f"{what}: {per_token:.2e} per token apart (bound {bound})", "see the scoring logs")
+        return f"{what}: {per_token:.2e} per token apart (bound {bound} for {doctor.precision})"
+
+    def import_checkpoint() -> str:
+        megatron = doctor.work / "imported"
+        shutil.rmtree(megatron, ignore_errors=True)
+        doctor.command("import", ["import", str(files.model_dir), str(megatron)])
+        return agree(score("score imported", megatron), files.scored, "Megatron checkpoint vs HF directory")
+
+    def shared_prefix() -> str:
+        return agree(score("score shared prefix", files.model_dir, "--shared-prefix"), files.scored,
+                     "--shared-prefix vs plain")
+
+    def score_run() -> str:
+        moved = per_token_difference(score("score run", files.run_dir), files.scored, files)
+        if moved == 0:
+            raise CheckFailed("the run directory scores exactly as the starting model: its trained weights were "
+                              "not loaded", "see the score run log: which checkpoint did it load?")
+        return f"{moved:.2e} per token from the starting model's scores (the trained weights)"
+
+    def export_scores() -> str:
+        return agree(score("score export", files.hf_export), doctor.work / "scored_score_run.jsonl",
+                     "Hugging Face export vs run directory")
+
+    def evaluate() -> str:
+        result = doctor.work / "eval.json"
+        doctor.command("eval", ["eval", "--benchmark", "gsm8k", "--model", str(files.hf_export), "--backend",
+                                "transformers", "--device", device, "--limit", str(EVAL_PROBLEMS),
+                                "--num-samples", "2", "--max-new-tokens", "48", "--seed", "0", "--out", str(result)])
+        found = json.loads(result.read_text())
+        return json.dumps({key: found[key] for key in ("num_problems", "num_samples", "metrics", "grader_errors")})
+
+    def bench_gpu() -> str:
+        results = out / "bench"
+        doctor.python("bench gpu", ["-m", "bench.run", "--sections", "gpu", "--out", str(results)])
+        return bench_gpu_summary(json.loads((results / "gpu.json").read_text()), results / "gpu.json")
+
+    for name, check, needs in (("import", import_checkpoint, ("score",)), ("shared prefix", shared_prefix, ("score",)),
+                               ("score run", score_run, ("resume",)),
+                               ("export scores", export_scores, ("export", "score run")),
+                               ("eval", evaluate, ("export",)), ("bench gpu", bench_gpu, ())):
+        if name in wanted:
+            doctor.run(name, check, needs=needs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_verbs", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_device_argument(parser)
+    parser.add_argument("--out", type=Path, required=True, help="results: gpu_verbs.json, logs/, bench/")
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/nemo_topr_gpu_verbs"),
+                        help="the doctor's model, data, runs (default: %(default)s; kept)")
+    parser.add_argument("--deadline", type=float, default=540, help="seconds by which every check ends")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per check at most")
+    parser.add_argument("--only", nargs="+", choices=("doctor", *EXTRA_CHECKS), help="run only these")
+    parser.add_argument("--commit", default=commit_of_checkout(), help="the project's commit (default: git's)")
+    args = parser.parse_args(argv)
+    try:
+        device = resolve_device(args.device, cuda_available=torch.cuda.is_available(), where="--device")
+    except DeviceError as error:
+        raise SystemExit(f"bench.gpu_verbs: {error}") from None
+    started = time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    from nemo_topr.model_settings import transformer_engine_available
+
+    header = {"commit": args.commit, "date_utc": datetime.datetime.now(datetime.UTC).isoformat(
+        timespec="seconds"), "transformer_engine": transformer_engine_available(), "python": sys.version.split()[0],
+        "command": "python -m bench.gpu_verbs " + shlex.join(argv if argv is not None else sys.argv[1:])}
+
+    def save(doctor: Doctor, finished: bool = False) -> None:
+        write_json(args.out / "gpu_verbs.json", {**header, **report(doctor, finished),
+                                                  "wall_s": round(time.monotonic() - started, 1)})
+        logs = args.out / "logs"
+        logs.mkdir(exist_ok=True)
+        for log in doctor.work.glob("*.log"):
+            shutil.copy(log, logs / log.name)
+
+    deadline = started + args.deadline
+    wanted = set(args.only or ("doctor", *EXTRA_CHECKS))
+    if "doctor" in wanted:
+        shutil.rmtree(args.work_dir, ignore_errors=True)
+        doctor = diagnose(device, args.work_dir.resolve(), args.timeout, deadline=deadline, after_check=save)
+    else:  # the checks that need the doctor's files are skipped, naming what they need
+        args.work_dir.mkdir(parents=True, exist_ok=True)
+        doctor = Doctor(device, args.work_dir.resolve(), args.timeout, deadline, save)
+    extras(doctor, args.out, wanted)
+    save(doctor, finished=True)
+    failed = [c.name for c in doctor.checks if c.status == "fail"]
+    print(f"\nbench.gpu_verbs on {device}: {'FAILED: ' + ', '.join(failed) if failed else 'all passed'} "
+          f"({time.monotonic() - started:.0f} s); {args.out / 'gpu_verbs.json'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
