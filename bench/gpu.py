@@ -1,5 +1,7 @@
 """GPU section: an 8B-shaped Llama (Llama 3 8B widths, reduced depth), TOPR step vs Bridge's
-SFT step, BF16 and FP8, tokens/s and MFU. Runs only with CUDA; otherwise it records why not.
+SFT step, BF16 and FP8 (current and delayed scaling), tokens/s and MFU, and each FP8 recipe's
+TOPR loss and gradient norm against BF16's from the same weights. Runs only with CUDA; otherwise
+it records why not.
 
 NOT YET MEASURED on a GPU by this project (the CPU machines that run `make bench` have none):
 the code is written for one H100/H200 with Transformer Engine (NGC PyTorch container). Without
@@ -23,6 +25,10 @@ import torch
 LLAMA3_8B = dict(hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32, num_query_groups=8,
                  vocab_size=128_256)
 DENSE_PEAK_TFLOPS = {"bf16": {"H100": 989.4, "H200": 989.4}, "fp8": {"H100": 1978.9, "H200": 1978.9}}
+# precision -> Megatron's fp8_recipe (None: BF16); FP8 in the "hybrid" format (E4M3 forward, E5M2
+# gradients). Current scaling ("tensorwise") takes each tensor's amax as it is cast; delayed
+# scaling takes it from the amax history of earlier steps, so its first step has no history.
+PRECISIONS = {"bf16": None, "fp8_current": "tensorwise", "fp8_delayed": "delayed"}
 
 
 def skip_reason() -> str | None:
@@ -45,8 +51,8 @@ def build_model(layers: int, seq_length: int, precision: str):
     provider = tiny_llama_provider(num_layers=layers, seq_length=seq_length, **LLAMA3_8B)
     provider.bf16, provider.fp16 = True, False
     provider.params_dtype = provider.pipeline_dtype = torch.bfloat16
-    if precision == "fp8":
-        provider.fp8, provider.fp8_recipe = "hybrid", "tensorwise"
+    if PRECISIONS[precision]:
+        provider.fp8, provider.fp8_recipe = "hybrid", PRECISIONS[precision]
     provider.tensor_model_parallel_size = provider.pipeline_model_parallel_size = 1
     device_model_settings(provider, wrapped_in_ddp=False)  # built without DDP: no main_grad to fuse into
     provider.finalize()
@@ -69,7 +75,8 @@ def model_flops(chunk, batches, layers: int, hidden: int) -> float:
 
 def peak_tflops(precision: str) -> float | None:
     name = torch.cuda.get_device_name(0)
-    return next((peak for gpu, peak in DENSE_PEAK_TFLOPS[precision].items() if gpu in name), None)
+    peaks = DENSE_PEAK_TFLOPS["fp8" if PRECISIONS[precision] else "bf16"]
+    return next((peak for gpu, peak in peaks.items() if gpu in name), None)
 
 
 def timed_step(step) -> None:
@@ -81,15 +88,15 @@ def timed_step(step) -> None:
 def measure_precision(precision: str, layers: int, seq_length: int, rows: int, microbatches: int, reps: int) -> dict:
     """SFT and TOPR steps interleaved; if the TOPR step fails, SFT alone and the error."""
     from bench.common import interleaved, summary
-    from bench.step import packed_microbatches, run_step, sft_forward_step
+    from bench.step import first_step_numbers, packed_microbatches, run_step, sft_forward_step
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.step import ToprForwardStep
 
     chunks = build_model(layers, seq_length, precision)
     batches = packed_microbatches(seq_length, rows, microbatches)
+    topr_step = functools.partial(ToprForwardStep(ObjectiveConfig()), None)
     sft = functools.partial(timed_step, functools.partial(run_step, chunks, sft_forward_step, batches))
-    topr = functools.partial(timed_step, functools.partial(
-        run_step, chunks, functools.partial(ToprForwardStep(ObjectiveConfig()), None), batches))
+    topr = functools.partial(timed_step, functools.partial(run_step, chunks, topr_step, batches))
     flops = model_flops(chunks[0], batches, layers, LLAMA3_8B["hidden_size"])
     positions = sum(b["tokens"].numel() for b in batches)
     peak = peak_tflops(precision)
@@ -97,8 +104,8 @@ def measure_precision(precision: str, layers: int, seq_length: int, rows: int, m
            "microbatches": microbatches, "positions_per_step": positions, "model_tflop_per_step": flops / 1e12,
            "transformer_engine": has_te(), "topr_error": None}
     torch.cuda.reset_peak_memory_stats()
-    try:
-        topr()
+    try:  # twice from the seeded weights (no optimizer): the second with an amax history
+        out["steps"] = [first_step_numbers(chunks, topr_step, batches) for _ in range(2)]
     except Exception:  # noqa: BLE001 - keep the SFT numbers, record why TOPR did not run
         out["topr_error"] = traceback.format_exc()[-3000:]
     if out["topr_error"] is None:
@@ -184,12 +191,25 @@ def measure(layers: int = 16, seq_length: int = 4096, rows: int = 1, microbatche
     cpu_runtime.import_bridge(("megatron.bridge", "megatron.bridge.training.gpt_step"))
     initialize_model_parallel(1, 1)  # with CUDA it also seeds the RNG tracker, as Bridge's setup does
     results = {"skipped": False, "device": torch.cuda.get_device_name(0), "runs": [], "errors": {}}
-    for precision in ("bf16", "fp8"):
-        if precision == "fp8" and not has_te():
+    for precision, recipe in PRECISIONS.items():
+        if recipe and not has_te():
             results["errors"][precision] = "skipped: FP8 needs Transformer Engine, not installed"
             continue
         try:
             results["runs"].append(measure_precision(precision, layers, seq_length, rows, microbatches, reps))
         except Exception:  # noqa: BLE001 - one precision failing must not hide the other
             results["errors"][precision] = traceback.format_exc()[-3000:]
+    results["fp8_minus_bf16"] = fp8_minus_bf16(results["runs"])
     return results
+
+
+def fp8_minus_bf16(runs: list[dict]) -> dict:
+    """Per FP8 run and step: its TOPR loss minus BF16's and its gradient norm over BF16's, minus 1
+    (the same seeded weights and batches); empty without a BF16 run's steps to compare with."""
+    bf16 = next((run["steps"] for run in runs if run["precision"] == "bf16" and run.get("steps")), None)
+    if bf16 is None:
+        return {}
+    return {run["precision"]: [{"topr_loss": fp8["topr_loss"] - base["topr_loss"],
+                                "grad_norm_relative": fp8["grad_norm"] / base["grad_norm"] - 1}
+                               for fp8, base in zip(run["steps"], bf16)]
+            for run in runs if run["precision"] != "bf16" and run.get("steps")}

@@ -74,8 +74,9 @@ def bench_gpu_summary(gpu: dict, path: Path) -> str:
     failed += [f"{run['precision']}: TOPR step: {last_line(run['topr_error'])}" for run in gpu["runs"] if run["topr_error"]]
     if failed:
         raise CheckFailed("; ".join(failed)[:600], f"see {path}")
-    keys = ("precision", "topr_over_sft_time", "sft_mfu", "topr_mfu", "max_memory_allocated_gib")
-    return json.dumps([{key: run.get(key) for key in keys} for run in gpu["runs"]])
+    runs = [{"precision": run["precision"], "topr_over_sft_time": run["topr_over_sft_time"]["median"],
+             **{key: run[key] for key in ("sft_mfu", "topr_mfu", "max_memory_allocated_gib")}} for run in gpu["runs"]]
+    return json.dumps({"runs": runs, "fp8_minus_bf16": gpu.get("fp8_minus_bf16", {})})
 
 
 def extras(doctor: Doctor, out: Path, wanted: set[str]) -> None:

@@ -82,7 +82,8 @@ def sft_forward_step(data_iterator, model):
     return output, _create_loss_function(batch["loss_mask"], check_for_nan_in_loss=True, check_for_spiky_loss=False)
 
 
-def run_step(chunks, forward_step, batches, *, forward_only: bool = False) -> None:
+def run_step(chunks, forward_step, batches, *, forward_only: bool = False) -> list:
+    """One step through Megatron's schedule; returns what each micro-batch's loss reported."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     for chunk in chunks:
@@ -91,10 +92,21 @@ def run_step(chunks, forward_step, batches, *, forward_only: bool = False) -> No
         for param in chunks[0].parameters():
             param.grad = None
     with torch.set_grad_enabled(not forward_only):
-        get_forward_backward_func()(
+        return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(batches), model=chunks,
             num_microbatches=len(batches), seq_length=batches[0]["tokens"].shape[1],
             micro_batch_size=batches[0]["tokens"].shape[0], forward_only=forward_only)
+
+
+def first_step_numbers(chunks, forward_step, batches) -> dict:
+    """One TOPR step from the model as it is: its loss (the micro-batches' reported sums over
+    their denominators, as Bridge reduces `topr_loss`) and the norm of the gradient it leaves.
+    Two precisions built from the same seed are compared on these (bench/gpu.py)."""
+    stored = run_step(chunks, forward_step, batches)
+    loss_sum, denominator = torch.stack([out["topr_loss"].double().cpu() for out in stored]).sum(0).tolist()
+    squares = sum(float(p.grad.double().pow(2).sum()) for chunk in chunks for p in chunk.parameters()
+                  if p.grad is not None)
+    return {"topr_loss": loss_sum / denominator, "grad_norm": squares ** 0.5}
 
 
 def batch_shape(batches) -> dict:

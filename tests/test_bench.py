@@ -103,3 +103,52 @@ def test_shared_prefix_section_writes_results(quick_bench):
         assert timing["flex_scoring_max_relative_difference"] < 1e-6  # and so does FlexCoreAttention
         # the 8-shot prompt dominates: sharing it pays even for 2 questions x 4 samples
         assert section[name]["tokens"]["positions_ratio"] > (1.0 if "8shot" in name else 0.99)
+
+
+def test_fp8_is_compared_with_bf16_step_by_step():
+    from bench.gpu import fp8_minus_bf16
+
+    bf16 = {"precision": "bf16", "steps": [{"topr_loss": 2.0, "grad_norm": 4.0}, {"topr_loss": 2.0, "grad_norm": 4.0}]}
+    delayed = {"precision": "fp8_delayed",
+               "steps": [{"topr_loss": 2.5, "grad_norm": 5.0}, {"topr_loss": 2.125, "grad_norm": 3.0}]}
+    failed = {"precision": "fp8_current", "topr_error": "RuntimeError"}  # no steps: nothing to compare
+    assert fp8_minus_bf16([bf16, delayed, failed]) == {"fp8_delayed": [
+        {"topr_loss": 0.5, "grad_norm_relative": 0.25}, {"topr_loss": 0.125, "grad_norm_relative": -0.25}]}
+    assert fp8_minus_bf16([delayed]) == {}  # no BF16 run to compare with
+
+
+def test_a_first_step_reports_the_reduced_loss_and_the_gradient_it_leaves(megatron_world):
+    import functools
+
+    import torch
+
+    from bench.step import MODELS, build_model, first_step_numbers, packed_microbatches, run_step
+    from nemo_topr.objective import ObjectiveConfig
+    from nemo_topr.training.step import ToprForwardStep
+
+    tiny = MODELS["tiny"]
+    chunks = build_model(tiny["shape"], tiny["seq_length"])
+    batches = packed_microbatches(tiny["seq_length"], tiny["rows"], tiny["microbatches"])
+    step = functools.partial(ToprForwardStep(ObjectiveConfig()), None)
+    first = first_step_numbers(chunks, step, batches)
+    assert first == first_step_numbers(chunks, step, batches)  # gradients are reset, not accumulated
+    # the same step by hand: each micro-batch's reported pair, and every parameter's gradient
+    pairs = [out["topr_loss"] for out in run_step(chunks, step, batches)]
+    assert first["topr_loss"] == pytest.approx(float(sum(p[0] for p in pairs) / sum(p[1] for p in pairs)), rel=1e-6)
+    grads = torch.cat([p.grad.flatten() for p in chunks[0].parameters()])
+    assert first["grad_norm"] == pytest.approx(float(grads.norm()), rel=1e-5) and first["grad_norm"] > 0
+
+
+def test_the_report_states_fp8_against_bf16(tmp_path):
+    from bench.report import write_markdown
+
+    development = json.loads((REPO / "bench/results/gpu_h100_development.json").read_text())
+    gpu = {**development["reduction_pairs_on_device_4_layers"], "fp8_minus_bf16": {"fp8_delayed": [
+        {"topr_loss": 0.5, "grad_norm_relative": 0.25}, {"topr_loss": 0.125, "grad_norm_relative": -0.25}]}}
+    environment = {"date_utc": "2026-11-25", "cpu_model": "x", "cpu_count": 16, "memory_total_bytes": 2**37,
+                   "git_commit": "abc", "git_dirty_tracked_files": False, "torch": "2.11.0", "megatron_core": "0.19.2",
+                   "megatron_bridge": "0.6.2", "python": "3.12", "threads_per_process": 1, "load_average": [0.0],
+                   "load_average_end": [0.0], "total_seconds": 1.0, "quick": False}
+    text = write_markdown({"environment": environment, "gpu": gpu, "headline": []}, tmp_path / "RESULTS.md")
+    assert ("fp8_delayed − bf16, same weights and batches, steps 1 and 2: TOPR loss +0.5000, +0.1250; "
+            "gradient norm +25.00 %, -25.00 %") in text

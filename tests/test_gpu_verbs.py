@@ -73,16 +73,18 @@ def test_the_bench_line_fails_on_a_failed_precision_or_topr_step_not_on_a_skippe
     from bench.gpu_verbs import bench_gpu_summary
     from nemo_topr.doctor import CheckFailed
 
-    run = {"precision": "bf16", "topr_error": None, "topr_over_sft_time": 0.997, "sft_mfu": 0.246, "topr_mfu": 0.247,
-           "max_memory_allocated_gib": 51.8, "sft_step_seconds": 1.63}
-    no_te = {"fp8": "skipped: FP8 needs Transformer Engine, not installed"}
-    assert json.loads(bench_gpu_summary({"skipped": False, "runs": [run], "errors": no_te}, tmp_path)) == [
-        {"precision": "bf16", "topr_over_sft_time": 0.997, "sft_mfu": 0.246, "topr_mfu": 0.247,
-         "max_memory_allocated_gib": 51.8}]
+    run = {"precision": "bf16", "topr_error": None, "topr_over_sft_time": {"median": 0.997, "iqr": [0.996, 0.998]},
+           "sft_mfu": 0.246, "topr_mfu": 0.247, "max_memory_allocated_gib": 51.8, "sft_step_seconds": 1.63}
+    no_te = {"fp8_current": "skipped: FP8 needs Transformer Engine, not installed"}
+    assert json.loads(bench_gpu_summary({"skipped": False, "runs": [run], "errors": no_te, "fp8_minus_bf16": {}},
+                                        tmp_path)) == {
+        "runs": [{"precision": "bf16", "topr_over_sft_time": 0.997, "sft_mfu": 0.246, "topr_mfu": 0.247,
+                  "max_memory_allocated_gib": 51.8}], "fp8_minus_bf16": {}}
     assert bench_gpu_summary({"skipped": True, "reason": "CUDA not available"}, tmp_path) == "not measured: CUDA not available"
     raised = {**run, "topr_error": "Traceback ...\nRuntimeError: Expected all tensors to be on the same device\n"}
     with pytest.raises(CheckFailed, match="^bf16: TOPR step: RuntimeError: Expected all tensors to be on the same device$"):
         bench_gpu_summary({"skipped": False, "runs": [raised], "errors": no_te}, tmp_path)
-    with pytest.raises(CheckFailed, match="^fp8: torch.OutOfMemoryError: CUDA out of memory$"):
+    with pytest.raises(CheckFailed, match="^fp8_delayed: torch.OutOfMemoryError: CUDA out of memory$"):
         bench_gpu_summary({"skipped": False, "runs": [run],
-                           "errors": {"fp8": "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory"}}, tmp_path)
+                           "errors": {"fp8_delayed": "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory"}},
+                          tmp_path)
