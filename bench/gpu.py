@@ -47,7 +47,12 @@ def build_model(layers: int, seq_length: int, precision: str):
     from nemo_topr.model import tiny_llama_provider
     from nemo_topr.model_settings import device_model_settings
 
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    # Megatron draws the weights on the GPU from its RNG tracker, which each build advances:
+    # reset it, so that every precision starts from the same weights (`weights_checksum`)
     torch.manual_seed(1234)
+    model_parallel_cuda_manual_seed(1234)
     provider = tiny_llama_provider(num_layers=layers, seq_length=seq_length, **LLAMA3_8B)
     provider.bf16, provider.fp16 = True, False
     provider.params_dtype = provider.pipeline_dtype = torch.bfloat16
@@ -102,7 +107,8 @@ def measure_precision(precision: str, layers: int, seq_length: int, rows: int, m
     peak = peak_tflops(precision)
     out = {"precision": precision, "layers": layers, "seq_length": seq_length, "rows": rows,
            "microbatches": microbatches, "positions_per_step": positions, "model_tflop_per_step": flops / 1e12,
-           "transformer_engine": has_te(), "topr_error": None}
+           "transformer_engine": has_te(), "topr_error": None,
+           "weights_checksum": sum(float(p.double().abs().sum()) for p in chunks[0].parameters())}
     torch.cuda.reset_peak_memory_stats()
     try:  # twice from the seeded weights (no optimizer): the second with an amax history
         out["steps"] = [first_step_numbers(chunks, topr_step, batches) for _ in range(2)]
@@ -204,12 +210,15 @@ def measure(layers: int = 16, seq_length: int = 4096, rows: int = 1, microbatche
 
 
 def fp8_minus_bf16(runs: list[dict]) -> dict:
-    """Per FP8 run and step: its TOPR loss minus BF16's and its gradient norm over BF16's, minus 1
-    (the same seeded weights and batches); empty without a BF16 run's steps to compare with."""
+    """Per FP8 run and step: its TOPR loss minus BF16's and its gradient norm over BF16's, minus 1,
+    on the same batches, and whether the two started from the same weights (their checksums);
+    empty without a BF16 run's steps to compare with."""
     bf16 = next((run["steps"] for run in runs if run["precision"] == "bf16" and run.get("steps")), None)
     if bf16 is None:
         return {}
-    return {run["precision"]: [{"topr_loss": fp8["topr_loss"] - base["topr_loss"],
-                                "grad_norm_relative": fp8["grad_norm"] / base["grad_norm"] - 1}
-                               for fp8, base in zip(run["steps"], bf16)]
+    weights = next(run["weights_checksum"] for run in runs if run["precision"] == "bf16")
+    return {run["precision"]: {"same_weights": run["weights_checksum"] == weights, "steps": [
+                {"topr_loss": fp8["topr_loss"] - base["topr_loss"],
+                 "grad_norm_relative": fp8["grad_norm"] / base["grad_norm"] - 1}
+                for fp8, base in zip(run["steps"], bf16)]}
             for run in runs if run["precision"] != "bf16" and run.get("steps")}

@@ -295,8 +295,10 @@ def write_markdown(results: dict, path: Path) -> str:
         lines += _table(["precision", "layers", "tokens/step", "model TFLOP/step", "SFT s/step", "TOPR s/step",
                          "SFT MFU", "TOPR MFU", "max GiB", "TOPR − SFT loss ms/micro-batch",
                          "host syncs per micro-batch SFT / TOPR"], rows)
-        for precision, steps in results["gpu"].get("fp8_minus_bf16", {}).items():
-            lines.append(f"\n{precision} − bf16, same weights and batches, steps 1 and 2: TOPR loss "
+        for precision, compared in results["gpu"].get("fp8_minus_bf16", {}).items():
+            steps = compared["steps"]
+            weights = "same weights" if compared["same_weights"] else "DIFFERENT weights (not comparable)"
+            lines.append(f"\n{precision} − bf16, {weights}, same batches, steps 1 and 2: TOPR loss "
                          + ", ".join(f"{step['topr_loss']:+.4f}" for step in steps) + "; gradient norm "
                          + ", ".join(f"{100 * step['grad_norm_relative']:+.2f} %" for step in steps))
     text = "\n".join(lines) + "\n"

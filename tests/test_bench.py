@@ -105,15 +105,18 @@ def test_shared_prefix_section_writes_results(quick_bench):
         assert section[name]["tokens"]["positions_ratio"] > (1.0 if "8shot" in name else 0.99)
 
 
-def test_fp8_is_compared_with_bf16_step_by_step():
+def test_fp8_is_compared_with_bf16_step_by_step_and_says_whether_the_weights_were_the_same():
     from bench.gpu import fp8_minus_bf16
 
-    bf16 = {"precision": "bf16", "steps": [{"topr_loss": 2.0, "grad_norm": 4.0}, {"topr_loss": 2.0, "grad_norm": 4.0}]}
-    delayed = {"precision": "fp8_delayed",
+    bf16 = {"precision": "bf16", "weights_checksum": 7.0,
+            "steps": [{"topr_loss": 2.0, "grad_norm": 4.0}, {"topr_loss": 2.0, "grad_norm": 4.0}]}
+    delayed = {"precision": "fp8_delayed", "weights_checksum": 7.0,
                "steps": [{"topr_loss": 2.5, "grad_norm": 5.0}, {"topr_loss": 2.125, "grad_norm": 3.0}]}
-    failed = {"precision": "fp8_current", "topr_error": "RuntimeError"}  # no steps: nothing to compare
-    assert fp8_minus_bf16([bf16, delayed, failed]) == {"fp8_delayed": [
-        {"topr_loss": 0.5, "grad_norm_relative": 0.25}, {"topr_loss": 0.125, "grad_norm_relative": -0.25}]}
+    current = {"precision": "fp8_current", "weights_checksum": 7.5, "steps": bf16["steps"]}
+    failed = {"precision": "fp8_current", "weights_checksum": 7.0, "topr_error": "RuntimeError"}  # no steps
+    assert fp8_minus_bf16([bf16, delayed, failed]) == {"fp8_delayed": {"same_weights": True, "steps": [
+        {"topr_loss": 0.5, "grad_norm_relative": 0.25}, {"topr_loss": 0.125, "grad_norm_relative": -0.25}]}}
+    assert fp8_minus_bf16([bf16, current])["fp8_current"]["same_weights"] is False
     assert fp8_minus_bf16([delayed]) == {}  # no BF16 run to compare with
 
 
@@ -143,12 +146,15 @@ def test_the_report_states_fp8_against_bf16(tmp_path):
     from bench.report import write_markdown
 
     development = json.loads((REPO / "bench/results/gpu_h100_development.json").read_text())
-    gpu = {**development["reduction_pairs_on_device_4_layers"], "fp8_minus_bf16": {"fp8_delayed": [
-        {"topr_loss": 0.5, "grad_norm_relative": 0.25}, {"topr_loss": 0.125, "grad_norm_relative": -0.25}]}}
+    gpu = {**development["reduction_pairs_on_device_4_layers"], "fp8_minus_bf16": {
+        "fp8_delayed": {"same_weights": True, "steps": [{"topr_loss": 0.5, "grad_norm_relative": 0.25},
+                                                        {"topr_loss": 0.125, "grad_norm_relative": -0.25}]},
+        "fp8_current": {"same_weights": False, "steps": [{"topr_loss": 0.0, "grad_norm_relative": 0.0}]}}}
     environment = {"date_utc": "2026-11-25", "cpu_model": "x", "cpu_count": 16, "memory_total_bytes": 2**37,
                    "git_commit": "abc", "git_dirty_tracked_files": False, "torch": "2.11.0", "megatron_core": "0.19.2",
                    "megatron_bridge": "0.6.2", "python": "3.12", "threads_per_process": 1, "load_average": [0.0],
                    "load_average_end": [0.0], "total_seconds": 1.0, "quick": False}
     text = write_markdown({"environment": environment, "gpu": gpu, "headline": []}, tmp_path / "RESULTS.md")
-    assert ("fp8_delayed − bf16, same weights and batches, steps 1 and 2: TOPR loss +0.5000, +0.1250; "
+    assert ("fp8_delayed − bf16, same weights, same batches, steps 1 and 2: TOPR loss +0.5000, +0.1250; "
             "gradient norm +25.00 %, -25.00 %") in text
+    assert "fp8_current − bf16, DIFFERENT weights (not comparable)" in text
