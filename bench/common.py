@@ -121,7 +121,7 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _git(*args: str) -> str | None:
+def git_output(*args: str) -> str | None:
     try:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
@@ -132,7 +132,7 @@ def environment() -> dict:
     """What the numbers depend on: machine, load, library versions, date, commit."""
     import torch
 
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    dirty = git_output("status", "--porcelain", "--untracked-files=no")
     mem_total = None
     try:
         mem_total = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
@@ -140,7 +140,7 @@ def environment() -> dict:
         pass
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": _git("rev-parse", "HEAD"),
+        "git_commit": git_output("rev-parse", "HEAD"),
         "git_dirty_tracked_files": bool(dirty) if dirty is not None else None,
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),

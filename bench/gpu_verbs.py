@@ -35,13 +35,13 @@ import json
 import math
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from bench.common import git_output
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.doctor import (PER_TOKEN_SCORE_BOUND, CheckFailed, Doctor, Files, diagnose, per_token_difference,
                               report, scores_by_record, write_json)
@@ -51,15 +51,10 @@ EVAL_PROBLEMS = 4
 
 
 def commit_of_checkout() -> str | None:
-    """HEAD, with "-dirty" when the tree has changes git would commit; None without git."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-
-    try:
-        return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None  # the GPU machine gets the work tree without .git: pass --commit
+    """HEAD, with "-dirty" when the tree has changes git would commit; None without git (the GPU
+    machine gets the work tree without .git: pass --commit)."""
+    head = git_output("rev-parse", "HEAD")
+    return head and head + ("-dirty" if git_output("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def bench_gpu_summary(gpu: dict, path: Path) -> str:
@@ -84,8 +79,11 @@ def extras(doctor: Doctor, out: Path, wanted: set[str]) -> None:
     files, device = Files(doctor.work), doctor.device
     bound = PER_TOKEN_SCORE_BOUND[doctor.precision]
 
+    def scored_by(name: str) -> Path:
+        return doctor.work / f"scored_{name.replace(' ', '_')}.jsonl"
+
     def score(name: str, model: Path, *options: str) -> Path:
-        scored = doctor.work / f"scored_{name.replace(' ', '_')}.jsonl"
+        scored = scored_by(name)
         doctor.command(name, ["score-logprobs", "--model", str(model), "--data", str(files.graded), "--out",
                               str(scored), "--seq-length", "512", "--device", device, *options])
         values = list(scores_by_record(scored).values())
@@ -117,7 +115,7 @@ def extras(doctor: Doctor, out: Path, wanted: set[str]) -> None:
         return f"{moved:.2e} per token from the starting model's scores (the trained weights)"
 
     def export_scores() -> str:
-        return agree(score("score export", files.hf_export), doctor.work / "scored_score_run.jsonl",
+        return agree(score("score export", files.hf_export), scored_by("score run"),
                      "Hugging Face export vs run directory")
 
     def evaluate() -> str:

@@ -28,6 +28,7 @@ yet (docs/cluster.md says what was verified where).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import json
 import math
@@ -189,18 +190,22 @@ class Files:
         self.work, self.model_dir, self.run_dir = work, work / "tiny_llama_hf", work / "run"
         self.graded, self.scored, self.hf_export = work / "graded.jsonl", work / "scored.jsonl", work / "hf_export"
 
+    @functools.cached_property
+    def completion_tokens(self) -> int:
+        """Completion tokens of the graded records, EOS included (read once they are built)."""
+        from nemo_topr.data.tokenization import load_tokenizer
+
+        tokenizer = load_tokenizer(self.model_dir)
+        return sum(len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"]) + 1
+                   for r in map(json.loads, self.graded.read_text().splitlines()))
+
 
 def per_token_difference(scored_a: Path, scored_b: Path, files: Files) -> float:
     """Mean |difference| per completion token (incl. EOS) between two scorings of files.graded."""
-    from nemo_topr.data.tokenization import load_tokenizer
-
     a, b = scores_by_record(scored_a), scores_by_record(scored_b)
     if a.keys() != b.keys():
         raise CheckFailed(f"{scored_a} and {scored_b} score different records", "see the scoring logs")
-    tokenizer = load_tokenizer(files.model_dir)
-    tokens = sum(len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"]) + 1
-                 for r in map(json.loads, files.graded.read_text().splitlines()))
-    return sum(abs(a[k] - b[k]) for k in a) / tokens
+    return sum(abs(a[k] - b[k]) for k in a) / files.completion_tokens
 
 
 def _tensorboard(run_dir: Path, tag: str) -> list[float]:
@@ -367,9 +372,9 @@ def report(doctor: Doctor, finished: bool) -> dict:
 
 def write_json(path: Path, content: dict) -> None:
     """Replace path atomically: a reader (or a kill) never sees half a table."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(content, indent=2) + "\n")
-    partial.replace(path)
+    from nemo_topr.training.checkpoints import replace_atomically
+
+    replace_atomically(path, (json.dumps(content, indent=2) + "\n").encode())
 
 
 def main(argv: list[str]) -> int:

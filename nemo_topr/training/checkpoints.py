@@ -91,8 +91,8 @@ def ensure_latest_complete(checkpoint_dir: str | Path) -> str | None:
         (checkpoint_dir / TRAIN_STATE_TRACKER).unlink(missing_ok=True)
         return f"checkpoint iter {latest} was incomplete and no earlier one exists: starting from the pretrained model"
     iteration, path = complete[-1]
-    _replace_atomically(checkpoint_dir / TRAIN_STATE_TRACKER, (path / "train_state.pt").read_bytes())
-    _replace_atomically(tracker, str(iteration).encode())
+    replace_atomically(checkpoint_dir / TRAIN_STATE_TRACKER, (path / "train_state.pt").read_bytes())
+    replace_atomically(tracker, str(iteration).encode())
     return f"checkpoint iter {latest} was incomplete (set aside as {latest_dir.name}.incomplete); resuming from iter {iteration}"
 
 
@@ -141,7 +141,8 @@ def _check_intact(checkpoint_dir: Path, latest: int, latest_dir: Path) -> None:
                                  f"iteration cannot be resumed; {fix}")
 
 
-def _replace_atomically(path: Path, content: bytes) -> None:
+def replace_atomically(path: Path, content: bytes) -> None:
+    """Write a sibling PATH.partial, then rename it over path: a reader (or a kill) never sees half."""
     partial = path.with_name(path.name + ".partial")
     partial.write_bytes(content)
     os.replace(partial, path)

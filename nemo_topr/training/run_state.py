@@ -26,6 +26,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from nemo_topr.training.checkpoints import replace_atomically
+
 LOCK_FILE = "LOCK"
 FINGERPRINT_FILE = "fingerprint.json"
 START_CONFIGS_DIR = "configs"
@@ -177,7 +179,5 @@ def truncate_ledgers(run_dir: Path, resume_iteration: int) -> int:
             if complete:
                 kept.append(line)
         dropped += len(lines) - len(kept)
-        partial = ledger.with_name(ledger.name + ".partial")
-        partial.write_text("".join(kept))
-        os.replace(partial, ledger)
+        replace_atomically(ledger, "".join(kept).encode())
     return dropped
