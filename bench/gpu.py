@@ -213,12 +213,11 @@ def fp8_minus_bf16(runs: list[dict]) -> dict:
     """Per FP8 run and step: its TOPR loss minus BF16's and its gradient norm over BF16's, minus 1,
     on the same batches, and whether the two started from the same weights (their checksums);
     empty without a BF16 run's steps to compare with."""
-    bf16 = next((run["steps"] for run in runs if run["precision"] == "bf16" and run.get("steps")), None)
+    bf16 = next((run for run in runs if run["precision"] == "bf16" and run.get("steps")), None)
     if bf16 is None:
         return {}
-    weights = next(run["weights_checksum"] for run in runs if run["precision"] == "bf16")
-    return {run["precision"]: {"same_weights": run["weights_checksum"] == weights, "steps": [
+    return {run["precision"]: {"same_weights": run["weights_checksum"] == bf16["weights_checksum"], "steps": [
                 {"topr_loss": fp8["topr_loss"] - base["topr_loss"],
                  "grad_norm_relative": fp8["grad_norm"] / base["grad_norm"] - 1}
-                for fp8, base in zip(run["steps"], bf16)]}
+                for fp8, base in zip(run["steps"], bf16["steps"])]}
             for run in runs if run["precision"] != "bf16" and run.get("steps")}

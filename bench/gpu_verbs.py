@@ -84,8 +84,7 @@ def extras(doctor: Doctor, out: Path, wanted: set[str]) -> None:
 
     def score(name: str, model: Path, *options: str) -> Path:
         scored = scored_by(name)
-        doctor.command(name, ["score-logprobs", "--model", str(model), "--data", str(files.graded), "--out",
-                              str(scored), "--seq-length", "512", "--device", device, *options])
+        doctor.command(name, files.score_args(model, scored, device, *options))
         values = list(scores_by_record(scored).values())
         if not values or not all(map(math.isfinite, values)):
             raise CheckFailed(f"scores of {model}: {len(values)}, not all finite", "see the scoring log")

@@ -55,6 +55,9 @@ STOP_AT = 1  # the first training process stops (with a checkpoint) after this i
 LOG_RATIO_BOUND = {"fp32": 1e-3, "bf16": 0.1}
 # mean |difference| per completion token between device and CPU scores
 PER_TOKEN_SCORE_BOUND = {"fp32": 1e-4, "bf16": 0.05}
+SCORE_SEQ_LENGTH = 512  # every scoring of the graded records, so that any two compare
+# the FP8 model settings of `train fp8`: mu is scored with them (a YAML) and training uses them
+FP8_MODEL = {"fp8": "hybrid", "fp8_recipe": "tensorwise"}
 
 
 @dataclass
@@ -199,6 +202,11 @@ class Files:
         return sum(len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"]) + 1
                    for r in map(json.loads, self.graded.read_text().splitlines()))
 
+    def score_args(self, model: Path, out: Path, device: str, *options: str) -> list[str]:
+        """`nemo-topr score-logprobs` of the graded records by model, written to out."""
+        return ["score-logprobs", "--model", str(model), "--data", str(self.graded), "--out", str(out),
+                "--seq-length", str(SCORE_SEQ_LENGTH), "--device", device, *options]
+
 
 def per_token_difference(scored_a: Path, scored_b: Path, files: Files) -> float:
     """Mean |difference| per completion token (incl. EOS) between two scorings of files.graded."""
@@ -228,7 +236,6 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
     model_dir, graded, scored, run_dir = files.model_dir, files.graded, files.scored, files.run_dir
     te = transformer_engine_available()
     no_te = "Transformer Engine is not installed (pip install -r requirements-gpu.txt, or the NGC container)"
-    seq = ["--seq-length", "512"]
 
     def check_versions() -> str:
         found = versions()
@@ -248,8 +255,7 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
         return f"2-layer Llama ({model_dir}), {len(records)} graded records"
 
     def score() -> str:
-        doctor.command("score", ["score-logprobs", "--model", str(model_dir), "--data", str(graded), "--out",
-                                 str(scored), *seq, "--device", device])
+        doctor.command("score", files.score_args(model_dir, scored, device))
         values = list(scores_by_record(scored).values())
         if len(values) != PROMPTS * TRAIN_RECORDS_PER_PROMPT or not all(math.isfinite(v) for v in values):
             raise CheckFailed(f"{len(values)} scores, finite: {all(map(math.isfinite, values))}",
@@ -260,8 +266,8 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
         if device == "cpu":
             raise Skipped("the device is the CPU: nothing to compare")
         on_cpu = work / "scored_cpu.jsonl"
-        doctor.command("score_cpu", ["score-logprobs", "--model", str(model_dir), "--data", str(graded), "--out",
-                                     str(on_cpu), *seq, "--device", "cpu"], env={**doctor.env(), "CUDA_VISIBLE_DEVICES": ""})
+        doctor.command("score_cpu", files.score_args(model_dir, on_cpu, "cpu"),
+                       env={**doctor.env(), "CUDA_VISIBLE_DEVICES": ""})
         per_token = per_token_difference(scored, on_cpu, files)
         bound = PER_TOKEN_SCORE_BOUND[doctor.precision]
         if per_token > bound:
@@ -300,12 +306,11 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
             raise Skipped(f"FP8 needs Transformer Engine: {no_te}")
         # mu scored with the FP8 numerics training uses (docs/training.md, "mu and rho")
         fp8_config, scored_fp8, run_fp8 = work / "fp8.yaml", work / "scored_fp8.jsonl", work / "run_fp8"
-        fp8_config.write_text("model:\n  fp8: hybrid\n  fp8_recipe: tensorwise\n")
-        doctor.command("score_fp8", ["score-logprobs", "--model", str(model_dir), "--data", str(graded), "--out",
-                                     str(scored_fp8), *seq, "--device", device, "--train-config", str(fp8_config)])
-        doctor.command("train_fp8", [*train_args(scored_fp8), f"run_dir={run_fp8}", "model.fp8=hybrid",
-                                     "model.fp8_recipe=tensorwise", f"train.exit_interval={STOP_AT}"],
-                       expect=(EXIT_REQUEUE,))
+        fp8_config.write_text("model:\n" + "".join(f"  {key}: {value}\n" for key, value in FP8_MODEL.items()))
+        doctor.command("score_fp8", files.score_args(model_dir, scored_fp8, device, "--train-config", str(fp8_config)))
+        doctor.command("train_fp8", [*train_args(scored_fp8), f"run_dir={run_fp8}",
+                                     *(f"model.{key}={value}" for key, value in FP8_MODEL.items()),
+                                     f"train.exit_interval={STOP_AT}"], expect=(EXIT_REQUEUE,))
         losses, log_ratio = _tensorboard(run_fp8, "topr_loss"), _tensorboard(run_fp8, "log_ratio_abs_mean")
         if not losses or not all(map(math.isfinite, losses)) or not log_ratio:
             raise CheckFailed(f"FP8 losses {losses}, |log rho| {log_ratio}", "see the FP8 log")
