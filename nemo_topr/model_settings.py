@@ -51,6 +51,17 @@ def gradient_accumulation_fusion_available() -> bool:
     return _importable("fused_weight_gradient_mlp_cuda")
 
 
+def fused_adam_available() -> bool:
+    """Whether Megatron's optimizers get Transformer Engine's or Apex's FusedAdam (Megatron's own
+    flag). Without either, Megatron-Core 0.19.2 falls back to torch's Adam, and its distributed
+    optimizer then cannot load a checkpoint: `state_dict()` reads the step from the optimizer
+    state, empty before the first step (megatron/core/optimizer/distrib_optimizer.py:836-839,
+    `assert len(steps) == 1`; the resume of issue 27's first GPU run)."""
+    from megatron.core.optimizer import distrib_optimizer
+
+    return distrib_optimizer.HAVE_APEX_OR_TE
+
+
 def masked_softmax_kernel_available() -> bool:
     return _importable("scaled_masked_softmax_cuda")
 

@@ -198,3 +198,29 @@ def test_train_reports_config_and_data_errors_in_one_line_before_importing_megat
         assert len(lines) == 1 and lines[0].startswith(message), lines
         assert "| megatron" not in proc.stderr  # -X importtime lists every module imported
     assert not (tmp_path / "run").exists()  # nothing written for a refused start
+
+
+def test_the_distributed_optimizer_is_refused_where_it_cannot_train_or_resume(tiny_hf, tmp_path, monkeypatch):
+    """Megatron's distributed optimizer needs CUDA tensors (on CPU its set-up raises a TypeError),
+    and without TE's or Apex's FusedAdam (Megatron-Core's HAVE_APEX_OR_TE) it falls back to torch's
+    Adam, whose checkpoint it cannot load: on an H200 without TE the first run saved and its resume
+    stopped at distrib_optimizer.py:839 (bench/results/gpu_verbs_h200_2026-11-26.json). Refused before
+    the first step; on such a GPU the default is off."""
+    import torch
+    from megatron.core.optimizer import distrib_optimizer
+
+    on = ("optimizer.use_distributed_optimizer=true", "ddp.use_distributed_optimizer=true")
+    assert not _run(tiny_hf, tmp_path).container.optimizer.use_distributed_optimizer  # CPU default
+    with pytest.raises(ConfigError, match=r"optimizer.use_distributed_optimizer=true with device=cpu: .*needs CUDA"):
+        _run(tiny_hf, tmp_path, *on)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for fused_adam in (True, False):
+        monkeypatch.setattr(distrib_optimizer, "HAVE_APEX_OR_TE", fused_adam)
+        container = _run(tiny_hf, tmp_path, "device=cuda").container
+        assert container.optimizer.use_distributed_optimizer is container.ddp.use_distributed_optimizer is fused_adam
+    with pytest.raises(ConfigError, match=r"optimizer.use_distributed_optimizer and ddp.use_distributed_optimizer=true "
+                                          r"on a GPU without Transformer Engine or Apex.*could not resume"):
+        _run(tiny_hf, tmp_path, "device=cuda", *on)
+    with pytest.raises(ConfigError, match=r"^ddp.use_distributed_optimizer=true on a GPU"):
+        _run(tiny_hf, tmp_path, "device=cuda", on[1])

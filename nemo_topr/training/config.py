@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_topr import model_source
 from nemo_topr.device import DEVICES, resolve_device
-from nemo_topr.model_settings import device_model_settings
+from nemo_topr.model_settings import device_model_settings, fused_adam_available
 from nemo_topr.model_source import ModelSource
 from nemo_topr.objective import ObjectiveConfig
 from nemo_topr.training.checkpoints import latest_iteration
@@ -201,6 +201,7 @@ def default_container(provider: Any, dataset: Any):
     from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
     on_gpu = torch.cuda.is_available()
+    distributed_optimizer = on_gpu and fused_adam_available()  # `_check_distributed_optimizer`
     # The step returns (sum, denominator): Megatron divides by the global denominator.
     provider.calculate_per_token_loss = True
     if on_gpu:  # AutoBridge builds fp32 providers; train in bf16 unless the YAML says otherwise
@@ -213,10 +214,10 @@ def default_container(provider: Any, dataset: Any):
         optimizer=OptimizerConfig(optimizer="adam", lr=5e-7, min_lr=5e-7, weight_decay=0.0, clip_grad=1.0,
                                   bf16=on_gpu, fp16=False,
                                   params_dtype=torch.bfloat16 if on_gpu else torch.float32,
-                                  use_distributed_optimizer=on_gpu),
+                                  use_distributed_optimizer=distributed_optimizer),
         scheduler=SchedulerConfig(lr_decay_style="constant", lr_warmup_iters=0, start_weight_decay=0.0,
                                   end_weight_decay=0.0, weight_decay_incr_style="constant"),
-        ddp=DistributedDataParallelConfig(use_distributed_optimizer=on_gpu, grad_reduce_in_fp32=True,
+        ddp=DistributedDataParallelConfig(use_distributed_optimizer=distributed_optimizer, grad_reduce_in_fp32=True,
                                           overlap_grad_reduce=on_gpu, overlap_param_gather=on_gpu,
                                           average_in_collective=False),  # required by per-token loss
         dataset=dataset,
@@ -245,6 +246,25 @@ def _check_packed_stream_pipeline(container: Any) -> None:
                           "Transformer Engine as one packed stream, which pipeline stages would receive in "
                           "[seq_length, micro_batch_size, hidden] order. Use train.micro_batch_size=1 (a packed "
                           "row already holds many sequences; raise train.global_batch_size for more per step)")
+
+
+def _check_distributed_optimizer(container: Any, device: str) -> None:
+    """Megatron's distributed optimizer on the machine that trains: it needs CUDA tensors
+    (megatron/core/optimizer/distrib_optimizer.py:470-480), and to resume, TE's or Apex's FusedAdam
+    (`fused_adam_available`): refused before the first step, not at the first requeue."""
+    keys = [f"{section}.use_distributed_optimizer" for section in ("optimizer", "ddp")
+            if getattr(container, section).use_distributed_optimizer]
+    if not keys:
+        return
+    if device == "cpu":
+        raise ConfigError(f"{keys[0]}=true with device=cpu: Megatron's distributed optimizer needs CUDA "
+                          "tensors; set optimizer.use_distributed_optimizer=false ddp.use_distributed_optimizer=false")
+    if not fused_adam_available():
+        raise ConfigError(f"{' and '.join(keys)}=true on a GPU without Transformer Engine or Apex: Megatron-Core "
+                          "then uses torch's Adam, whose distributed-optimizer checkpoint it cannot load (the run "
+                          "could not resume: megatron/core/optimizer/distrib_optimizer.py:839). Install Transformer "
+                          "Engine (requirements-gpu.txt, or the NGC container), or set optimizer.use_distributed_"
+                          "optimizer=false ddp.use_distributed_optimizer=false (Adam state then unsharded)")
 
 
 def _check_shared_prefix(container: Any) -> None:
@@ -330,6 +350,8 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
                           f"({container.model.seq_length})")
     _check_packed_stream_pipeline(container)
     _check_shared_prefix(container)
+    if values["device"] == "cpu" or torch.cuda.is_available():  # this machine trains; a login node may not
+        _check_distributed_optimizer(container, values["device"])
     return TrainingRun(container, objective, run_dir, base_model, raw)
 
 
