@@ -67,17 +67,35 @@ def figures_block(results_dir: Path = RESULTS) -> str:
                       f"run of {env['date_utc']} on {env['cpu_model']}, commit `{(env['git_commit'] or 'unknown')[:12]}`"
                       f"{' (tracked files modified)' if env['git_dirty_tracked_files'] else ''}:", ""]
         lines += _table([[r[k] for k in HEADER] for r in shared_prefix_rows(section)])
-    development = results_dir / "gpu_h100_development.json"
-    if development.exists():
-        probe = json.loads(development.read_text())
-        probe_rows = []
-        for name, section in probe.items():
-            if isinstance(section, dict) and "runs" in section:
-                probe_rows += [[name, r["figure"], r["value"], r["spread"], r["notes"]] for r in _gpu_rows(section)]
-        lines += ["", f"Development probe on {probe['environment']['gpu']} ({probe['environment']['date_utc'][:10]}), "
-                      "not part of `make bench` or CI (`bench/results/gpu_h100_development.json`):", ""]
-        lines += _table(probe_rows, ["probe", "figure", "value", "spread", "notes"])
+    lines += gpu_tables(results_dir)
     return "\n".join(lines + ["", END])
+
+
+def gpu_tables(results_dir: Path) -> list[str]:
+    """The runs on lent GPU machines, not part of `make bench` or CI: each GPU bench file (an
+    environment and bench/gpu.py sections) and each `bench.gpu_verbs` table, as committed."""
+    lines = []
+    for path in sorted(results_dir.glob("gpu_*.json")):
+        if path.name.startswith("gpu_verbs_"):
+            continue
+        found = json.loads(path.read_text())
+        env, rows = found["environment"], []
+        for name, section in found.items():
+            if isinstance(section, dict) and "runs" in section:
+                rows += [[name, r["figure"], r["value"], r["spread"], r["notes"]] for r in _gpu_rows(section)]
+        commit = f", commit `{env['git_commit'][:12]}`" if env.get("git_commit") else ""
+        lines += ["", f"GPU bench on {env['gpu']} ({env['date_utc'][:10]}{commit}), not part of `make bench` or CI "
+                      f"(`bench/results/{path.name}`):", ""]
+        lines += _table(rows, ["run", "figure", "value", "spread", "notes"])
+    for path in sorted(results_dir.glob("gpu_verbs_*.json"), key=lambda p: json.loads(p.read_text())["date_utc"]):
+        found = json.loads(path.read_text())
+        versions = ", ".join(f"{k} {v}" for k, v in found["versions"].items() if v and k != "gpu")
+        lines += ["", f"`python -m bench.gpu_verbs` on {found['versions']['gpu']} ({found['date_utc']}), commit "
+                      f"`{found['commit'][:12]}`, Transformer Engine {found['transformer_engine']}; {versions} "
+                      f"(`bench/results/{path.name}`):", ""]
+        lines += _table([[c["name"], c["status"], c["seconds"], c["detail"][:240] + ("…" if len(c["detail"]) > 240 else "")]
+                         for c in found["checks"]], ["check", "status", "seconds", "detail"])
+    return lines
 
 
 def replace_block(page_text: str, block: str) -> str:

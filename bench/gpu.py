@@ -3,9 +3,9 @@ SFT step, BF16 and FP8 (current and delayed scaling), tokens/s and MFU, and each
 TOPR loss and gradient norm against BF16's from the same weights. Runs only with CUDA; otherwise
 it records why not.
 
-NOT YET MEASURED on a GPU by this project (the CPU machines that run `make bench` have none):
-the code is written for one H100/H200 with Transformer Engine (NGC PyTorch container). Without
-TE it falls back to Megatron's local spec in BF16 and records FP8 as skipped.
+Measured once, on one H200 without Transformer Engine (Megatron's local spec, BF16, FP8 recorded
+as skipped: bench/results/gpu_bench_h200_2026-11-26.json). With TE (the NGC PyTorch container) and
+in FP8 it has NOT run; the CPU machines that run `make bench` have no GPU.
 
 Model FLOPs per step (for MFU) count matrix multiplies only, forward + backward = 3x forward:
     6 * N_matmul * positions  +  6 * layers * hidden * sum_i len_i^2   (causal attention)

@@ -20,9 +20,10 @@ FP8 run join in by themselves.
      eval           `eval --backend transformers` of the export on a few GSM8K problems
      bench gpu      `python -m bench.run --sections gpu` (8B-shaped, 16 layers; BF16, and FP8 with TE)
 
-OUT/gpu_verbs.json (device, versions, date, commit, every check so far) is rewritten after every
-check and the logs are copied to OUT/logs, so that a call cut off at its limit still returns what
-ran. Every check ends by --deadline seconds from the start. `--only` runs the named checks, e.g.
+OUT/gpu_verbs.json (device, versions, date, commit, every check so far) and OUT/logs.tar.gz (the
+checks' logs) are rewritten after every check, so that a call cut off at its limit still returns
+what ran; the bench's result is OUT/gpu_bench.json. Three files: a lent machine returns at most 8
+(the first GPU call copied each log on its own, and they did not come back). Every check ends by --deadline seconds from the start. `--only` runs the named checks, e.g.
 `--only "bench gpu"` in a later call; the checks that need the doctor's files are then skipped,
 naming what they need.
 """
@@ -31,11 +32,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import math
 import shlex
 import shutil
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -45,7 +48,10 @@ from bench.common import git_output
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.doctor import (PER_TOKEN_SCORE_BOUND, CheckFailed, Doctor, Files, diagnose, per_token_difference,
                               report, scores_by_record, write_json)
+from nemo_topr.training.checkpoints import replace_atomically
 
+BENCH_NOTE = ("bench/gpu.py as `python -m bench.run --sections gpu`, the 'bench gpu' check of `python -m "
+              "bench.gpu_verbs`: the bench's environment.json and gpu.json as they came")
 EXTRA_CHECKS = ("import", "shared prefix", "score run", "export scores", "eval", "bench gpu")
 EVAL_PROBLEMS = 4
 
@@ -126,9 +132,12 @@ def extras(doctor: Doctor, out: Path, wanted: set[str]) -> None:
         return json.dumps({key: found[key] for key in ("num_problems", "num_samples", "metrics", "grader_errors")})
 
     def bench_gpu() -> str:
-        results = out / "bench"
+        results = doctor.work / "bench"
         doctor.python("bench gpu", ["-m", "bench.run", "--sections", "gpu", "--out", str(results)])
-        return bench_gpu_summary(json.loads((results / "gpu.json").read_text()), results / "gpu.json")
+        gpu = json.loads((results / "gpu.json").read_text())
+        write_json(out / "gpu_bench.json", {"note": BENCH_NOTE, "environment": json.loads(
+            (results / "environment.json").read_text()), "bench_gpu": gpu})
+        return bench_gpu_summary(gpu, out / "gpu_bench.json")
 
     for name, check, needs in (("import", import_checkpoint, ("score",)), ("shared prefix", shared_prefix, ("score",)),
                                ("score run", score_run, ("resume",)),
@@ -142,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_verbs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_argument(parser)
-    parser.add_argument("--out", type=Path, required=True, help="results: gpu_verbs.json, logs/, bench/")
+    parser.add_argument("--out", type=Path, required=True, help="results: gpu_verbs.json, logs.tar.gz, gpu_bench.json")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/nemo_topr_gpu_verbs"),
                         help="the doctor's model, data, runs (default: %(default)s; kept)")
     parser.add_argument("--deadline", type=float, default=540, help="seconds by which every check ends")
@@ -165,10 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     def save(doctor: Doctor, finished: bool = False) -> None:
         write_json(args.out / "gpu_verbs.json", {**header, **report(doctor, finished),
                                                   "wall_s": round(time.monotonic() - started, 1)})
-        logs = args.out / "logs"
-        logs.mkdir(exist_ok=True)
-        for log in doctor.work.glob("*.log"):
-            shutil.copy(log, logs / log.name)
+        logs = io.BytesIO()
+        with tarfile.open(fileobj=logs, mode="w:gz") as tar:
+            for log in sorted(doctor.work.glob("*.log")):
+                tar.add(log, arcname=log.name)
+        replace_atomically(args.out / "logs.tar.gz", logs.getvalue())
 
     deadline = started + args.deadline
     wanted = set(args.only or ("doctor", *EXTRA_CHECKS))

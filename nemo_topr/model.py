@@ -95,7 +95,8 @@ def source_provider(source: ModelSource, *, seq_length: int | None = None):
 
 def load_model(source: ModelSource, provider, *, cpu_init: bool = True) -> list:
     """Build the (finalized) provider's model chunks at its TP/PP layout with the source's weights
-    (`cpu_init=False`: built on the current CUDA device; never run on a GPU yet).
+    (`cpu_init=False`: built on the current CUDA device, as `score-logprobs --device cuda` does; run on one
+    H200 without Transformer Engine, bench/results/gpu_verbs_h200_2026-11-26_0e4bf37.json).
 
     A Megatron checkpoint goes through Bridge's ``build_and_load_model``: the distributed
     checkpoint reshards to this layout on load, whatever layout it was saved at."""

@@ -204,7 +204,7 @@ def test_the_distributed_optimizer_is_refused_where_it_cannot_train_or_resume(ti
     """Megatron's distributed optimizer needs CUDA tensors (on CPU its set-up raises a TypeError),
     and without TE's or Apex's FusedAdam (Megatron-Core's HAVE_APEX_OR_TE) it falls back to torch's
     Adam, whose checkpoint it cannot load: on an H200 without TE the first run saved and its resume
-    stopped at distrib_optimizer.py:839 (bench/results/gpu_verbs_h200_2026-11-26.json). Refused before
+    stopped at distrib_optimizer.py:839 (bench/results/gpu_verbs_h200_2026-11-26_968e888.json). Refused before
     the first step; on such a GPU the default is off."""
     import torch
     from megatron.core.optimizer import distrib_optimizer

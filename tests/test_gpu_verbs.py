@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -49,7 +50,12 @@ def test_every_verb_passes_on_cpu_and_the_copies_of_the_model_score_alike(tmp_pa
     evaluation = json.loads(detail["eval"])
     assert (evaluation["num_problems"], evaluation["num_samples"], evaluation["grader_errors"]["grader_errors"]) == (4, 8, 0)
     assert detail["bench gpu"].startswith("not measured: CUDA not available")
-    assert {"train.log", "resume.log", "import.log", "eval.log", "bench_gpu.log"} <= {p.name for p in (out / "logs").iterdir()}
+    with tarfile.open(out / "logs.tar.gz") as logs:
+        assert {"train.log", "resume.log", "import.log", "eval.log", "bench_gpu.log"} <= set(logs.getnames())
+    # what a lent machine returns: at most 8 files; the bench's, without CUDA, says why it measured nothing
+    assert sorted(p.name for p in out.rglob("*")) == ["gpu_bench.json", "gpu_verbs.json", "logs.tar.gz"]
+    bench = json.loads((out / "gpu_bench.json").read_text())
+    assert bench["bench_gpu"]["skipped"] and bench["environment"]["cuda_available"] is False
 
 
 def test_only_some_checks_skip_what_needs_the_doctor_and_the_table_says_so(tmp_path):
