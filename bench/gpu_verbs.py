@@ -23,9 +23,9 @@ FP8 run join in by themselves.
 OUT/gpu_verbs.json (device, versions, date, commit, every check so far) and OUT/logs.tar.gz (the
 checks' logs) are rewritten after every check, so that a call cut off at its limit still returns
 what ran; the bench's result is OUT/gpu_bench.json. Three files: a lent machine returns at most 8
-(the first GPU call copied each log on its own, and they did not come back). Every check ends by --deadline seconds from the start. `--only` runs the named checks, e.g.
-`--only "bench gpu"` in a later call; the checks that need the doctor's files are then skipped,
-naming what they need.
+(the first GPU call copied each log on its own, and they did not come back). Every check ends by
+--deadline seconds from the start. `--only` runs the named checks, e.g. `--only "bench gpu"` in a
+later call; the checks that need the doctor's files are then skipped, naming what they need.
 """
 
 from __future__ import annotations
