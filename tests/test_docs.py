@@ -14,6 +14,7 @@ are not repository paths and are left alone. Globs must match a file; a
 from __future__ import annotations
 
 import functools
+import json
 import re
 import subprocess
 import unicodedata
@@ -260,6 +261,23 @@ def test_performance_page_agrees_with_results_md():
         else:
             assert page[figure][2:] == [value, spread, target, status], figure
     assert len(page) == len(results) + sum(r[0] == "1 step cost" for r in results.values())
+
+
+def test_every_gpu_run_committed_is_on_the_performance_page_as_it_came():
+    """Read independently of the generator: each `bench.gpu_verbs` table on the page has the
+    committed JSON's checks with their status and seconds, and each GPU bench's TOPR / SFT ratio
+    is on the page at the JSON's median."""
+    results = REPO / "bench" / "results"
+    tables = _tables(_generated((REPO / "docs" / "performance.md").read_text()))
+    verbs = sorted(results.glob("gpu_verbs_*.json"))
+    assert verbs, "no GPU verbs run committed"
+    for path in verbs:
+        checks = [(c["name"], c["status"], str(c["seconds"])) for c in json.loads(path.read_text())["checks"]]
+        assert checks in [[tuple(row[:3]) for row in table] for table in tables], path.name
+    ratios = {row[2] for table in tables for row in table if len(row) > 2 and "TOPR / SFT step time, bf16" in row[1]}
+    for path in results.glob("gpu_bench_*.json"):
+        for run in json.loads(path.read_text())["bench_gpu"]["runs"]:
+            assert f"{run['topr_over_sft_time']['median']:.3f}" in ratios, path.name
 
 
 def test_the_two_figures_issue_14_found_wrong():
