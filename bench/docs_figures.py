@@ -87,8 +87,8 @@ def gpu_tables(results_dir: Path) -> list[str]:
         lines += ["", f"GPU bench on {env['gpu']} ({env['date_utc'][:10]}{commit}), not part of `make bench` or CI "
                       f"(`bench/results/{path.name}`):", ""]
         lines += _table(rows, ["run", "figure", "value", "spread", "notes"])
-    for path in sorted(results_dir.glob("gpu_verbs_*.json"), key=lambda p: json.loads(p.read_text())["date_utc"]):
-        found = json.loads(path.read_text())
+    verbs_runs = [(json.loads(path.read_text()), path) for path in results_dir.glob("gpu_verbs_*.json")]
+    for found, path in sorted(verbs_runs, key=lambda run: run[0]["date_utc"]):
         versions = ", ".join(f"{k} {v}" for k, v in found["versions"].items() if v and k != "gpu")
         lines += ["", f"`python -m bench.gpu_verbs` on {found['versions']['gpu']} ({found['date_utc']}), commit "
                       f"`{found['commit'][:12]}`, Transformer Engine {found['transformer_engine']}; {versions} "

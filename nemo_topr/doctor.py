@@ -59,8 +59,6 @@ PER_TOKEN_SCORE_BOUND = {"fp32": 1e-4, "bf16": 0.05}
 SCORE_SEQ_LENGTH = 512  # every scoring of the graded records, so that any two compare
 # the FP8 model settings of `train fp8`: mu is scored with them (a YAML) and training uses them
 FP8_MODEL = {"fp8": "hybrid", "fp8_recipe": "tensorwise"}
-
-
 RERUN_ALONE = "rerun this check alone with more time"
 
 

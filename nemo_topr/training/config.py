@@ -256,15 +256,16 @@ def _check_distributed_optimizer(container: Any, device: str) -> None:
             if getattr(container, section).use_distributed_optimizer]
     if not keys:
         return
+    turn_off = "optimizer.use_distributed_optimizer=false ddp.use_distributed_optimizer=false"
     if device == "cpu":
         raise ConfigError(f"{keys[0]}=true with device=cpu: Megatron's distributed optimizer needs CUDA "
-                          "tensors; set optimizer.use_distributed_optimizer=false ddp.use_distributed_optimizer=false")
+                          f"tensors; set {turn_off}")
     if not fused_adam_available():
         raise ConfigError(f"{' and '.join(keys)}=true on a GPU without Transformer Engine or Apex: Megatron-Core "
                           "then uses torch's Adam, whose distributed-optimizer checkpoint it cannot load (the run "
                           "could not resume: megatron/core/optimizer/distrib_optimizer.py:839). Install Transformer "
-                          "Engine (requirements-gpu.txt, or the NGC container), or set optimizer.use_distributed_"
-                          "optimizer=false ddp.use_distributed_optimizer=false (Adam state then unsharded)")
+                          f"Engine (requirements-gpu.txt, or the NGC container), or set {turn_off} (Adam state then "
+                          "unsharded)")
 
 
 def _check_shared_prefix(container: Any) -> None:
