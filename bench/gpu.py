@@ -3,9 +3,11 @@ SFT step, BF16 and FP8 (current and delayed scaling), tokens/s and MFU, and each
 TOPR loss and gradient norm against BF16's from the same weights. Runs only with CUDA; otherwise
 it records why not.
 
-Measured once, on one H200 without Transformer Engine (Megatron's local spec, BF16, FP8 recorded
-as skipped: bench/results/gpu_bench_h200_2026-11-26.json). With TE (the NGC PyTorch container) and
-in FP8 it has NOT run; the CPU machines that run `make bench` have no GPU.
+Measured on one H200 without Transformer Engine (Megatron's local spec, BF16, FP8 recorded as
+skipped: bench/results/gpu_bench_h200_2026-11-26.json), and with TE 2.17.1 in BF16 and both FP8
+recipes at one layer with unfused attention only (TE's cuDNN attention backward failed there:
+bench/results/gpu_bench_h200_2026-11-26_te.json). At 16 layers with TE it has NOT run; the CPU
+machines that run `make bench` have no GPU.
 
 Model FLOPs per step (for MFU) count matrix multiplies only, forward + backward = 3x forward:
     6 * N_matmul * positions  +  6 * layers * hidden * sum_i len_i^2   (causal attention)
@@ -29,6 +31,10 @@ DENSE_PEAK_TFLOPS = {"bf16": {"H100": 989.4, "H200": 989.4}, "fp8": {"H100": 197
 # gradients). Current scaling ("tensorwise") takes each tensor's amax as it is cast; delayed
 # scaling takes it from the amax history of earlier steps, so its first step has no history.
 PRECISIONS = {"bf16": None, "fp8_current": "tensorwise", "fp8_delayed": "delayed"}
+# Megatron's AttnBackend names (model.attention_backend). "auto" lets TE choose (cuDNN fused attention
+# on THD); "unfused" is the way round a cuDNN that TE's fused backward refuses (H200, 2026-11-26:
+# bench/README.md), at the cost of TE padding every packed sequence to the longest one.
+ATTENTION_BACKENDS = ("auto", "fused", "flash", "unfused", "local")
 
 
 def skip_reason() -> str | None:
@@ -43,11 +49,12 @@ def has_te() -> bool:
     return transformer_engine_available()
 
 
-def build_model(layers: int, seq_length: int, precision: str):
+def build_model(layers: int, seq_length: int, precision: str, attention_backend: str = "auto"):
     from nemo_topr.model import tiny_llama_provider
     from nemo_topr.model_settings import device_model_settings
 
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.enums import AttnBackend
 
     # Megatron draws the weights on the GPU from its RNG tracker, which each build advances:
     # reset it, so that every precision starts from the same weights (`weights_checksum`)
@@ -55,6 +62,7 @@ def build_model(layers: int, seq_length: int, precision: str):
     model_parallel_cuda_manual_seed(1234)
     provider = tiny_llama_provider(num_layers=layers, seq_length=seq_length, **LLAMA3_8B)
     provider.bf16, provider.fp16 = True, False
+    provider.attention_backend = AttnBackend[attention_backend]
     provider.params_dtype = provider.pipeline_dtype = torch.bfloat16
     if PRECISIONS[precision]:
         provider.fp8, provider.fp8_recipe = "hybrid", PRECISIONS[precision]
@@ -90,14 +98,15 @@ def timed_step(step) -> None:
     torch.cuda.synchronize()
 
 
-def measure_precision(precision: str, layers: int, seq_length: int, rows: int, microbatches: int, reps: int) -> dict:
+def measure_precision(precision: str, layers: int, seq_length: int, rows: int, microbatches: int, reps: int,
+                      attention_backend: str = "auto") -> dict:
     """SFT and TOPR steps interleaved; if the TOPR step fails, SFT alone and the error."""
     from bench.common import interleaved, summary
     from bench.step import first_step_numbers, packed_microbatches, run_step, sft_forward_step
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.step import ToprForwardStep
 
-    chunks = build_model(layers, seq_length, precision)
+    chunks = build_model(layers, seq_length, precision, attention_backend)
     batches = packed_microbatches(seq_length, rows, microbatches)
     topr_step = functools.partial(ToprForwardStep(ObjectiveConfig()), None)
     sft = functools.partial(timed_step, functools.partial(run_step, chunks, sft_forward_step, batches))
@@ -105,9 +114,9 @@ def measure_precision(precision: str, layers: int, seq_length: int, rows: int, m
     flops = model_flops(chunks[0], batches, layers, LLAMA3_8B["hidden_size"])
     positions = sum(b["tokens"].numel() for b in batches)
     peak = peak_tflops(precision)
-    out = {"precision": precision, "layers": layers, "seq_length": seq_length, "rows": rows,
-           "microbatches": microbatches, "positions_per_step": positions, "model_tflop_per_step": flops / 1e12,
-           "transformer_engine": has_te(), "topr_error": None,
+    out = {"precision": precision, "layers": layers, "attention_backend": attention_backend, "seq_length": seq_length,
+           "rows": rows, "microbatches": microbatches, "positions_per_step": positions,
+           "model_tflop_per_step": flops / 1e12, "transformer_engine": has_te(), "topr_error": None,
            "weights_checksum": sum(float(p.double().abs().sum()) for p in chunks[0].parameters())}
     torch.cuda.reset_peak_memory_stats()
     try:  # twice from the seeded weights (no optimizer): the second with an amax history
@@ -185,7 +194,10 @@ def loss_only(batches, reps: int) -> dict:
             "syncs": syncs}
 
 
-def measure(layers: int = 16, seq_length: int = 4096, rows: int = 1, microbatches: int = 4, reps: int = 5) -> dict:
+def measure(layers: int = 16, seq_length: int = 4096, rows: int = 1, microbatches: int = 4, reps: int = 5,
+            attention_backend: str = "auto") -> dict:
+    if attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention backend {attention_backend!r}: choose from {ATTENTION_BACKENDS}")
     reason = skip_reason()
     if reason:
         return {"skipped": True, "reason": reason}
@@ -202,7 +214,8 @@ def measure(layers: int = 16, seq_length: int = 4096, rows: int = 1, microbatche
             results["errors"][precision] = "skipped: FP8 needs Transformer Engine, not installed"
             continue
         try:
-            results["runs"].append(measure_precision(precision, layers, seq_length, rows, microbatches, reps))
+            results["runs"].append(measure_precision(precision, layers, seq_length, rows, microbatches, reps,
+                                                     attention_backend))
         except Exception:  # noqa: BLE001 - one precision failing must not hide the other
             results["errors"][precision] = traceback.format_exc()[-3000:]
     results["fp8_minus_bf16"] = fp8_minus_bf16(results["runs"])

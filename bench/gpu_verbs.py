@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from bench.common import git_output
+from bench.gpu import ATTENTION_BACKENDS
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.doctor import (PER_TOKEN_SCORE_BOUND, CheckFailed, Doctor, Files, diagnose, per_token_difference,
                               report, scores_by_record, write_json)
@@ -80,7 +81,7 @@ def bench_gpu_summary(gpu: dict, path: Path) -> str:
     return json.dumps({"runs": runs, "fp8_minus_bf16": gpu.get("fp8_minus_bf16", {})})
 
 
-def extras(doctor: Doctor, out: Path, wanted: set[str]) -> None:
+def extras(doctor: Doctor, out: Path, wanted: set[str], bench_args: tuple[str, ...] = ()) -> None:
     """The checks that `nemo-topr doctor` does not make, on the doctor's files."""
     files, device = Files(doctor.work), doctor.device
     bound = PER_TOKEN_SCORE_BOUND[doctor.precision]
@@ -133,7 +134,7 @@ def extras(doctor: Doctor, out: Path, wanted: set[str]) -> None:
 
     def bench_gpu() -> str:
         results = doctor.work / "bench"
-        doctor.python("bench gpu", ["-m", "bench.run", "--sections", "gpu", "--out", str(results)])
+        doctor.python("bench gpu", ["-m", "bench.run", "--sections", "gpu", "--out", str(results), *bench_args])
         gpu = json.loads((results / "gpu.json").read_text())
         write_json(out / "gpu_bench.json", {"note": BENCH_NOTE, "environment": json.loads(
             (results / "environment.json").read_text()), "bench_gpu": gpu})
@@ -158,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per check at most")
     parser.add_argument("--only", nargs="+", choices=("doctor", *EXTRA_CHECKS), help="run only these")
     parser.add_argument("--commit", default=commit_of_checkout(), help="the project's commit (default: git's)")
+    parser.add_argument("--bench-layers", type=int, default=16, help="bench gpu: the 8B-shaped model's depth")
+    parser.add_argument("--bench-attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+                        help="bench gpu: Megatron's attention backend (unfused: round a cuDNN that TE's fused "
+                             "backward refuses, bench/README.md)")
     args = parser.parse_args(argv)
     try:
         device = resolve_device(args.device, cuda_available=torch.cuda.is_available(), where="--device")
@@ -188,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     else:  # the checks that need the doctor's files are skipped, naming what they need
         args.work_dir.mkdir(parents=True, exist_ok=True)
         doctor = Doctor(device, args.work_dir.resolve(), args.timeout, deadline, save)
-    extras(doctor, args.out, wanted)
+    extras(doctor, args.out, wanted, ("--gpu-layers", str(args.bench_layers),
+                                      "--gpu-attention-backend", args.bench_attention_backend))
     save(doctor, finished=True)
     failed = [c.name for c in doctor.checks if c.status == "fail"]
     print(f"\nbench.gpu_verbs on {device}: {'FAILED: ' + ', '.join(failed) if failed else 'all passed'} "

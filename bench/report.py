@@ -133,7 +133,9 @@ def _gpu_rows(g: dict) -> list[dict]:
                      f"≤ {STEP_TARGET}", None, g["reason"])]
     rows = []
     for r in g.get("runs", []):
-        shape = f"{r['precision']}, {r['layers']}-layer 8B-shaped, {r['rows']}×{r['seq_length']} × {r['microbatches']} mb"
+        attention = f", {r['attention_backend']} attention" if r.get("attention_backend", "auto") != "auto" else ""
+        shape = (f"{r['precision']}, {r['layers']}-layer 8B-shaped{attention}, {r['rows']}×{r['seq_length']} × "
+                 f"{r['microbatches']} mb")
         sft = f"SFT {r['sft_tokens_per_s']:,.0f} tokens/s, MFU {_pct(r['sft_mfu'])}; TE {r['transformer_engine']}"
         if r["topr_error"]:
             error = r["topr_error"].strip().splitlines()[-1]

@@ -74,6 +74,8 @@ def run_workers(module: str, configs: list[dict], tmp: Path, threads: int) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.gpu import ATTENTION_BACKENDS
+
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
@@ -82,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads per process (1: ratios robust to other load on the cores)")
     parser.add_argument("--llama3-tokenizer", default=os.environ.get("NEMO_TOPR_LLAMA3_TOKENIZER"),
                         help="a Llama 3 tokenizer.json: packing also with real Llama 3 token counts")
+    parser.add_argument("--gpu-layers", type=int, default=16, help="gpu section: the 8B-shaped model's depth")
+    parser.add_argument("--gpu-attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+                        help="gpu section: Megatron's attention backend (model.attention_backend)")
     args = parser.parse_args(argv)
     import torch
 
@@ -124,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             elif section == "gpu":
                 from bench import gpu
 
-                results["gpu"] = gpu.measure() if not args.quick else {"skipped": True, "reason": "--quick"}
+                results["gpu"] = (gpu.measure(layers=args.gpu_layers, attention_backend=args.gpu_attention_backend)
+                                  if not args.quick else {"skipped": True, "reason": "--quick"})
             seconds[section] = time.perf_counter() - begin
             print(f"[bench] {section} done in {seconds[section]:.0f} s", flush=True)
     results["environment"].update(section_seconds=seconds, total_seconds=time.perf_counter() - started,

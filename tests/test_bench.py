@@ -158,3 +158,29 @@ def test_the_report_states_fp8_against_bf16(tmp_path):
     assert ("fp8_delayed − bf16, same weights, same batches, steps 1 and 2: TOPR loss +0.5000, +0.1250; "
             "gradient norm +25.00 %, -25.00 %") in text
     assert "fp8_current − bf16, DIFFERENT weights (not comparable)" in text
+
+
+def test_the_gpu_sections_depth_and_attention_backend_reach_the_bench_and_its_table(tmp_path, monkeypatch):
+    """`bench.run --gpu-layers/--gpu-attention-backend` (what `bench.gpu_verbs --bench-*` forwards):
+    the H200's TE run of 2026-11-26 needed unfused attention at one layer (bench/README.md)."""
+    from bench import gpu, run
+    from bench.report import _gpu_rows
+
+    called = {}
+    monkeypatch.setattr(gpu, "measure", lambda **kwargs: called.update(kwargs) or {"skipped": True, "reason": "x"})
+    assert run.main(["--sections", "gpu", "--out", str(tmp_path), "--gpu-layers", "2",
+                     "--gpu-attention-backend", "unfused"]) == 0
+    assert called == {"layers": 2, "attention_backend": "unfused"}
+    with pytest.raises(SystemExit):
+        run.main(["--sections", "gpu", "--out", str(tmp_path), "--gpu-attention-backend", "cudnn"])
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="attention backend 'cudnn'"):
+        gpu.measure(attention_backend="cudnn")  # refused before it looks for CUDA
+    run_row = {"precision": "bf16", "layers": 1, "attention_backend": "unfused", "rows": 1, "seq_length": 4096,
+               "microbatches": 4, "sft_tokens_per_s": 22716.7, "sft_mfu": 0.1026, "transformer_engine": True,
+               "topr_error": None, "topr_over_sft_time": {"median": 0.9966, "q1": 0.9929, "q3": 0.9975, "n": 5},
+               "topr_tokens_per_s": 22870.1, "topr_mfu": 0.1033}
+    assert _gpu_rows({"runs": [run_row]})[0]["figure"] == (
+        "TOPR / SFT step time, bf16, 1-layer 8B-shaped, unfused attention, 1×4096 × 4 mb")
+    del run_row["attention_backend"]  # the runs committed before the option: the backend TE chose
+    assert _gpu_rows({"runs": [run_row]})[0]["figure"] == "TOPR / SFT step time, bf16, 1-layer 8B-shaped, 1×4096 × 4 mb"
