@@ -5,7 +5,9 @@
 Builds a small Llama-shaped model and a graded dataset in code, then runs the user-facing verbs
 on them, each in its own process with its own time limit, and prints one pass/fail table:
 
-    versions          torch, CUDA, cuDNN, NCCL, Transformer Engine, Apex, Megatron-Core, Bridge
+    versions          torch, CUDA, cuDNN, NCCL, Transformer Engine, Apex, Megatron-Core, Bridge; fails
+                      when torch loaded a cuDNN other than its own
+    te attention      TE's attention forward and backward on packed THD, as the step calls it (TE only)
     score             `score-logprobs` on the device
     score vs cpu      the same scores on the CPU; per-token agreement within the precision's bound
     train             `train` through Bridge's finetune() (BF16 on cuda, fp32 on cpu), stopped after
@@ -60,6 +62,11 @@ SCORE_SEQ_LENGTH = 512  # every scoring of the graded records, so that any two c
 # the FP8 model settings of `train fp8`: mu is scored with them (a YAML) and training uses them
 FP8_MODEL = {"fp8": "hybrid", "fp8_recipe": "tensorwise"}
 RERUN_ALONE = "rerun this check alone with more time"
+# The H200's failure (2026-11-26): TE's library set an attribute that cuDNN has only since 9.22
+CUDNN_TOO_OLD = ("Transformer Engine was built against a newer cuDNN than the one loaded (CUDNN_ATTR_OPERATION_"
+                 "RESHAPE_MODE exists since cuDNN 9.22): install nvidia-cudnn-cu13 (or -cu12) >= 9.22 and put its "
+                 "nvidia/cudnn/lib first on LD_LIBRARY_PATH; or train with model.attention_backend=unfused (slower, "
+                 "and TE pads every packed sequence to the longest)")
 
 
 @dataclass
@@ -179,11 +186,37 @@ def versions() -> dict[str, str | None]:
 
     cuda = torch.cuda.is_available()
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else None
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": str(torch.backends.cudnn.version()),
+    try:
+        cudnn = torch.backends.cudnn.version()
+    except RuntimeError as error:  # torch found a cuDNN other than its own: recorded, the versions check fails
+        cudnn = f"error: {str(error).splitlines()[0]}"
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": None if cudnn is None else str(cudnn),
             "nccl": nccl, "gpu": torch.cuda.get_device_name(0) if cuda else None,
             "transformer_engine": installed("transformer_engine", "transformer-engine"),
             "apex": installed("apex"), "megatron_core": installed("megatron-core", "megatron_core"),
             "megatron_bridge": installed("megatron-bridge", "megatron_bridge")}
+
+
+def check_versions(found: dict[str, str | None], device: str) -> str:
+    """The versions check's verdict on what `versions()` found."""
+    if device == "cuda" and not found["cuda"]:
+        raise CheckFailed("torch has no CUDA build", "install the CUDA build of torch (requirements-gpu.txt)")
+    if (found["cudnn"] or "").startswith("error:"):
+        own = Path(torch.__file__).parents[1] / "nvidia" / "cudnn" / "lib"
+        where = str(own) if own.is_dir() else "the directory of the cuDNN torch was built with"
+        # seen on an H200: TE's import loaded the system's libcudnn 9.14 (ld.so's cache) before torch's 9.19
+        raise CheckFailed(f"cuDNN {found['cudnn']}", f"put torch's own cuDNN first: export LD_LIBRARY_PATH={where}:"
+                                                      "$LD_LIBRARY_PATH (another libcudnn, e.g. a system one, loaded "
+                                                      "first)")
+    return ", ".join(f"{k} {v}" for k, v in found.items() if v)
+
+
+def attention_fix(detail: str) -> str:
+    """What to do when TE's attention fails on the node, from the failure's text."""
+    if "RESHAPE_MODE" in detail:
+        return CUDNN_TOO_OLD
+    return ("check the TE and cuDNN versions in the table (NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 shows TE's choice of "
+            "backend); model.attention_backend=unfused avoids cuDNN attention")
 
 
 def scores_by_record(path: Path) -> dict[tuple[str, int], float]:
@@ -242,11 +275,17 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
     te = transformer_engine_available()
     no_te = "Transformer Engine is not installed (pip install -r requirements-gpu.txt, or the NGC container)"
 
-    def check_versions() -> str:
-        found = versions()
-        if device == "cuda" and not found["cuda"]:
-            raise CheckFailed("torch has no CUDA build", "install the CUDA build of torch (requirements-gpu.txt)")
-        return ", ".join(f"{k} {v}" for k, v in found.items() if v)
+    def te_attention() -> str:
+        if not te:
+            raise Skipped(f"TE's attention on packed THD: {no_te}")
+        if device != "cuda":
+            raise Skipped("TE's attention needs CUDA")
+        try:
+            log = doctor.python("te attention", ["-m", "nemo_topr.doctor_attention"])
+        except CheckFailed as failure:
+            raise CheckFailed(str(failure), attention_fix(str(failure))) from None
+        lines = Path(log).read_text().strip().splitlines()
+        return lines[-1] if lines else ""
 
     def build() -> str:
         from nemo_topr.demo import build_graded_records
@@ -351,7 +390,8 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
         lines = Path(log).read_text().strip().splitlines()
         return lines[-1] if lines else ""
 
-    doctor.run("versions", check_versions)
+    doctor.run("versions", lambda: check_versions(versions(), device))
+    doctor.run("te attention", te_attention, needs=("versions",))
     doctor.run("build", build)
     doctor.run("score", score, needs=("build",))
     doctor.run("score vs cpu", score_vs_cpu, needs=("score",))

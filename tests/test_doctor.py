@@ -29,11 +29,13 @@ def test_doctor_on_cpu_passes_and_writes_its_table(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     table = json.loads(report.read_text())
     status = {c["name"]: c["status"] for c in table["checks"]}
-    assert status == {"versions": "pass", "build": "pass", "score": "pass", "score vs cpu": "skipped",
+    assert status == {"versions": "pass", "te attention": "skipped", "build": "pass", "score": "pass",
+                      "score vs cpu": "skipped",
                       "train": "pass", "resume": "pass", "train fp8": "skipped", "export": "pass",
                       "packed parity": "skipped"}
     details = {c["name"]: c["detail"] for c in table["checks"]}
     assert "Transformer Engine is not installed" in details["train fp8"] and "Transformer Engine" in details["packed parity"]
+    assert details["te attention"].startswith("TE's attention on packed THD: Transformer Engine is not installed")
     assert "resumed from iteration 1, completed at 2" in details["resume"]
     assert table["versions"]["megatron_core"] == "0.19.2" and table["versions"]["megatron_bridge"] == "0.6.2"
     assert "nemo-topr doctor --device cpu: all passed" in proc.stdout
@@ -120,3 +122,47 @@ def test_per_token_difference_divides_by_completion_tokens_with_eos(tmp_path):
     b.write_text(json.dumps({**records[0], "behavior_logprob": -1.0}) + "\n")
     with pytest.raises(CheckFailed, match="score different records"):
         per_token_difference(a, b, files)
+
+
+# torch's refusal and TE's failure as the H200 printed them (2026-11-26, bench/README.md)
+TORCH_CUDNN_REFUSAL = ("cuDNN version incompatibility: PyTorch was compiled  against (9, 19, 0) but found runtime "
+                       "version (9, 14, 0). PyTorch already comes bundled with cuDNN.")
+TE_BACKWARD_FAILURE = ("`python -m nemo_topr.doctor_attention` exited 1 (log: x): FAILED: RuntimeError: /Transformer"
+                       "Engine/transformer_engine/common/fused_attn/fused_attn_f16_arbitrary_seqlen.cu:934 in function "
+                       "operator(): cuDNN Error: detail::set_attribute(reshape_operation.get_raw_desc(), "
+                       "CUDNN_ATTR_OPERATION_RESHAPE_MODE, CUDNN_TYPE_RESHAPE_MODE, 1, &cudnn_reshape_mode) failed")
+
+
+def test_a_foreign_cudnn_is_recorded_and_fails_the_versions_check_naming_torchs_own(monkeypatch, tmp_path):
+    """On the H200, TE's import loaded the system's cuDNN 9.14 before torch's 9.19: torch then raised
+    from `cudnn.version()`, which took the whole report down with it; now the table records it and
+    the versions check fails with the directory to put first."""
+    import torch
+
+    from nemo_topr.doctor import check_versions, versions
+
+    def refuse():
+        raise RuntimeError(TORCH_CUDNN_REFUSAL + "\nOne option ...")
+
+    monkeypatch.setattr(torch.backends.cudnn, "version", refuse)
+    found = {**versions(), "cuda": "13.0"}  # as on a CUDA build of torch, whatever this machine's is
+    assert found["cudnn"] == "error: " + TORCH_CUDNN_REFUSAL
+    doctor = Doctor("cpu", tmp_path, timeout=5)
+    doctor.run("versions", lambda: check_versions(found, "cuda"))
+    doctor.run("versions again", lambda: check_versions(found, "cpu"))
+    assert [c.status for c in doctor.checks] == ["fail", "fail"]
+    assert report(doctor, finished=True)["versions"]["cudnn"].startswith("error: cuDNN version incompatibility")
+    fix = doctor.checks[0].fix
+    assert fix.startswith("put torch's own cuDNN first: export LD_LIBRARY_PATH=") and fix.count("$LD_LIBRARY_PATH") == 1
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91900)
+    assert "cudnn 91900" in check_versions(versions(), "cpu")
+
+
+def test_te_attention_failing_for_an_old_cudnn_names_the_version_and_the_way_round():
+    from nemo_topr.doctor import CUDNN_TOO_OLD, attention_fix
+
+    assert attention_fix(TE_BACKWARD_FAILURE) == CUDNN_TOO_OLD
+    assert ">= 9.22" in CUDNN_TOO_OLD and "LD_LIBRARY_PATH" in CUDNN_TOO_OLD
+    assert "model.attention_backend=unfused" in CUDNN_TOO_OLD
+    other = attention_fix("FAILED: RuntimeError: no dot product attention backend is available")
+    assert other != CUDNN_TOO_OLD and "NVTE_DEBUG=1" in other
