@@ -85,17 +85,22 @@ def gpu_tables(results_dir: Path) -> list[str]:
                 rows += [[name, r["figure"], r["value"], r["spread"], r["notes"]] for r in _gpu_rows(section)]
         commit = f", commit `{env['git_commit'][:12]}`" if env.get("git_commit") else ""
         lines += ["", f"GPU bench on {env['gpu']} ({env['date_utc'][:10]}{commit}), not part of `make bench` or CI "
-                      f"(`bench/results/{path.name}`):", ""]
+                      f"(`bench/results/{path.name}`){conditions(found)}:", ""]
         lines += _table(rows, ["run", "figure", "value", "spread", "notes"])
     verbs_runs = [(json.loads(path.read_text()), path) for path in results_dir.glob("gpu_verbs_*.json")]
     for found, path in sorted(verbs_runs, key=lambda run: run[0]["date_utc"]):
         versions = ", ".join(f"{k} {v}" for k, v in found["versions"].items() if v and k != "gpu")
         lines += ["", f"`python -m bench.gpu_verbs` on {found['versions']['gpu']} ({found['date_utc']}), commit "
                       f"`{found['commit'][:12]}`, Transformer Engine {found['transformer_engine']}; {versions} "
-                      f"(`bench/results/{path.name}`):", ""]
+                      f"(`bench/results/{path.name}`){conditions(found)}:", ""]
         lines += _table([[c["name"], c["status"], c["seconds"], c["detail"][:240] + ("…" if len(c["detail"]) > 240 else "")]
                          for c in found["checks"]], ["check", "status", "seconds", "detail"])
     return lines
+
+
+def conditions(found: dict) -> str:
+    """A run's conditions, where its file records any (what differed from the commit it names)."""
+    return f". {found['conditions'].rstrip('.')}" if found.get("conditions") else ""
 
 
 def replace_block(page_text: str, block: str) -> str:

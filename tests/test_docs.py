@@ -274,10 +274,12 @@ def test_every_gpu_run_committed_is_on_the_performance_page_as_it_came():
     for path in verbs:
         checks = [(c["name"], c["status"], str(c["seconds"])) for c in json.loads(path.read_text())["checks"]]
         assert checks in [[tuple(row[:3]) for row in table] for table in tables], path.name
-    ratios = {row[2] for table in tables for row in table if len(row) > 2 and "TOPR / SFT step time, bf16" in row[1]}
+    ratios = {(row[1].split(", ")[1], row[2]) for table in tables for row in table
+              if len(row) > 2 and row[1].startswith("TOPR / SFT step time, ")}
     for path in results.glob("gpu_bench_*.json"):
         for run in json.loads(path.read_text())["bench_gpu"]["runs"]:
-            assert f"{run['topr_over_sft_time']['median']:.3f}" in ratios, path.name
+            figure = (run["precision"], f"{run['topr_over_sft_time']['median']:.3f}")
+            assert figure in ratios, (path.name, figure)
 
 
 def test_the_two_figures_issue_14_found_wrong():
