@@ -367,3 +367,7 @@ def test_the_transformer_engine_pin_builds_against_this_torch_and_megatron():
     assert cudnn >= Version("9.12") or te_version < Version("2.20"), (te_version, cudnn)
     assert frontend > Version("1.26.0") or te_version < Version("2.19"), (te_version, frontend)
     assert te_version >= Version("2.17.1")  # the TE that Megatron-Core 0.19 and Bridge 0.6 are released against
+    # TE 2.17.1's PyPI library sets a cuDNN 9.22 attribute in attention's backward (H200, 2026-11-26;
+    # docs/cluster.md): while torch brings an older cuDNN, the route's install steps replace it
+    route = (REPO / "requirements-gpu.txt").read_text() + (REPO / "docs" / "cluster.md").read_text()
+    assert cudnn >= Version("9.22") or route.count('pip install --no-deps "nvidia-cudnn-cu12>=9.22"') == 2, cudnn
