@@ -45,6 +45,46 @@ def transformer_engine_available() -> bool:
     return _importable("transformer_engine.pytorch")
 
 
+# cudnn-frontend sets this cuDNN 9.22 attribute in attention's backward only when built against
+# cuDNN >= 9.22 headers, and its error text names it: its presence in TE's library marks a build
+# that needs cuDNN 9.22 at run time (TE 2.17.1's PyPI wheels, cu12 and cu13; on an H200 with 9.19,
+# 2026-11-26, every attention backward failed: docs/cluster.md, "Which Transformer Engine")
+CUDNN_922_MARKER = b"CUDNN_ATTR_OPERATION_RESHAPE_MODE"
+CUDNN_922 = 92200
+
+
+def te_core_library():
+    """TE's core shared library, where TE itself finds it (None if it cannot say)."""
+    try:
+        from transformer_engine.common import _get_shared_object_file
+        return _get_shared_object_file("core")
+    except Exception:  # noqa: BLE001 - a private TE function: a TE without it is not judged
+        return None
+
+
+def te_attention_cudnn_problem() -> str | None:
+    """Why a backward through TE's cuDNN attention would fail in this process, or None: torch
+    loaded a cuDNN other than its own, or TE's library needs cuDNN 9.22 and an older one is loaded."""
+    if not transformer_engine_available():
+        return None
+    try:
+        cudnn = torch.backends.cudnn.version()
+    except RuntimeError as error:  # torch's own check: a cuDNN other than the one it was built with
+        return (f"torch found a cuDNN other than its own ({str(error).splitlines()[0]}); put torch's "
+                "nvidia/cudnn/lib first on LD_LIBRARY_PATH")
+    library = te_core_library()
+    if not cudnn or cudnn >= CUDNN_922 or library is None:
+        return None
+    import mmap
+
+    with open(library, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image:
+        if image.find(CUDNN_922_MARKER) < 0:
+            return None
+    return (f"Transformer Engine's library ({library}) was built against cuDNN >= 9.22 and sets a 9.22 attribute "
+            f"in attention's backward, but this process loaded cuDNN {cudnn}: every backward through cuDNN "
+            "attention would fail (CUDNN_STATUS_BAD_PARAM)")
+
+
 def gradient_accumulation_fusion_available() -> bool:
     """Whether Apex's fused_weight_gradient_mlp_cuda (the kernel Megatron's linear layers need
     for gradient-accumulation fusion) is importable."""

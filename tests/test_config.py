@@ -224,3 +224,64 @@ def test_the_distributed_optimizer_is_refused_where_it_cannot_train_or_resume(ti
         _run(tiny_hf, tmp_path, "device=cuda", *on)
     with pytest.raises(ConfigError, match=r"^ddp.use_distributed_optimizer=true on a GPU"):
         _run(tiny_hf, tmp_path, "device=cuda", on[1])
+
+
+def test_te_attention_is_refused_at_set_up_where_its_backward_needs_a_newer_cudnn(tiny_hf, tmp_path, monkeypatch):
+    """On an H200 (2026-11-26) TE 2.17.1's PyPI library, built against cuDNN >= 9.22, failed every
+    attention backward with the cuDNN 9.19 torch brought; its library holds the 9.22 attribute's
+    name. `train` refuses that pairing on the GPU before it loads the model; scoring (forward only),
+    unfused/flash attention, local layers, a newer cuDNN or a library without the name pass."""
+    import types
+
+    import torch
+    from megatron.core.optimizer import distrib_optimizer
+    from megatron.core.transformer.enums import AttnBackend
+
+    from nemo_topr import model_settings
+    from nemo_topr.training import config
+
+    needs_922, older = tmp_path / "needs_922.so", tmp_path / "older.so"
+    needs_922.write_bytes(b"\0" * 4096 + b"detail::set_attribute(op, CUDNN_ATTR_OPERATION_RESHAPE_MODE, ...)\0")
+    older.write_bytes(b"\0" * 4096 + b"CUDNN_ATTR_OPERATION_RESHAPE_XDESC\0")  # an attribute cuDNN 9.0 has
+    found = {"library": needs_922, "cudnn": 91900}
+
+    def cudnn_version():
+        if isinstance(found["cudnn"], Exception):
+            raise found["cudnn"]
+        return found["cudnn"]
+
+    monkeypatch.setattr(model_settings, "transformer_engine_available", lambda: True)
+    monkeypatch.setattr(model_settings, "te_core_library", lambda: found["library"])
+    monkeypatch.setattr(torch.backends.cudnn, "version", cudnn_version)
+
+    def check(impl="transformer_engine", backend=AttnBackend.auto):
+        model = types.SimpleNamespace(transformer_impl=impl, attention_backend=backend)
+        config._check_te_attention_cudnn(types.SimpleNamespace(model=model))
+
+    for backend in (AttnBackend.auto, AttnBackend.fused, "fused"):
+        with pytest.raises(ConfigError, match=rf"\({needs_922}\) was built against cuDNN >= 9.22 .* loaded cuDNN 91900"
+                                              r".*nvidia-cudnn-cu12 \(or -cu13\) >= 9.22.*model.attention_backend=unfused"):
+            check(backend=backend)
+    for impl, backend in (("transformer_engine", AttnBackend.unfused), ("transformer_engine", "flash"),
+                          ("local", AttnBackend.auto)):
+        check(impl, backend)
+    for library, cudnn in ((needs_922, 92200), (older, 91900), (None, 91900)):
+        found.update(library=library, cudnn=cudnn)
+        check()
+    found["cudnn"] = RuntimeError("cuDNN version incompatibility: PyTorch was compiled  against (9, 19, 0) but found "
+                                  "runtime version (9, 14, 0).\nOne option ...")
+    with pytest.raises(ConfigError, match=r"cuDNN other than its own \(cuDNN version incompatibility.*\(9, 14, 0\)\.\); "
+                                          r"put torch's nvidia/cudnn/lib first on LD_LIBRARY_PATH"):
+        check()
+    monkeypatch.setattr(model_settings, "transformer_engine_available", lambda: False)
+    check()
+
+    # `train` on a GPU asks it of the container it built; a login node (no CUDA) does not
+    asked = []
+    monkeypatch.setattr(config, "_check_te_attention_cudnn", asked.append)
+    _run(tiny_hf, tmp_path)
+    assert asked == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(distrib_optimizer, "HAVE_APEX_OR_TE", True)
+    run = _run(tiny_hf, tmp_path, "device=cuda")
+    assert asked == [run.container]

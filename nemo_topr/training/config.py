@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_topr import model_source
 from nemo_topr.device import DEVICES, resolve_device
-from nemo_topr.model_settings import device_model_settings, fused_adam_available
+from nemo_topr.model_settings import device_model_settings, fused_adam_available, te_attention_cudnn_problem
 from nemo_topr.model_source import ModelSource
 from nemo_topr.objective import ObjectiveConfig
 from nemo_topr.training.checkpoints import latest_iteration
@@ -268,6 +268,21 @@ def _check_distributed_optimizer(container: Any, device: str) -> None:
                           "unsharded)")
 
 
+def _check_te_attention_cudnn(container: Any) -> None:
+    """TE's cuDNN attention must be able to run its backward with the cuDNN this process loaded
+    (`te_attention_cudnn_problem`): refused at set-up, not after the model loaded, at the first
+    backward. Scoring runs only the forward and is not refused."""
+    model = container.model
+    backend = str(model.attention_backend).split(".")[-1]  # an AttnBackend, or its name from an override
+    if model.transformer_impl != "transformer_engine" or backend not in ("auto", "fused"):
+        return
+    problem = te_attention_cudnn_problem()
+    if problem:
+        raise ConfigError(f"{problem}. Install nvidia-cudnn-cu12 (or -cu13) >= 9.22 into the environment (the venv "
+                          "route in docs/cluster.md does), or set model.attention_backend=unfused (slower; TE pads every "
+                          "packed sequence to the longest) or flash (with flash-attn installed)")
+
+
 def _check_shared_prefix(container: Any) -> None:
     """Shared-prefix rows need an attention that honours their blocks: the local spec's, or
     FlexCoreAttention swapped into any other spec (nemo_topr/training/flex_attention.py)."""
@@ -353,6 +368,8 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     _check_shared_prefix(container)
     if values["device"] == "cpu" or torch.cuda.is_available():  # this machine trains; a login node may not
         _check_distributed_optimizer(container, values["device"])
+    if torch.cuda.is_available():
+        _check_te_attention_cudnn(container)
     return TrainingRun(container, objective, run_dir, base_model, raw)
 
 
