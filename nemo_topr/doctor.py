@@ -49,6 +49,7 @@ from typing import Callable
 import torch
 
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
+from nemo_topr.model_settings import CUDNN_922_FIX, loaded_cudnn, own_cudnn_fix
 
 TRAIN_RECORDS_PER_PROMPT = 3  # build_graded_records: a gold and two wrong completions
 PROMPTS = 4  # 12 records packed into 512-token rows, global batch 4 rows: 2 iterations
@@ -64,9 +65,7 @@ FP8_MODEL = {"fp8": "hybrid", "fp8_recipe": "tensorwise"}
 RERUN_ALONE = "rerun this check alone with more time"
 # The H200's failure (2026-11-26): TE's library set an attribute that cuDNN has only since 9.22
 CUDNN_TOO_OLD = ("Transformer Engine was built against a newer cuDNN than the one loaded (CUDNN_ATTR_OPERATION_"
-                 "RESHAPE_MODE exists since cuDNN 9.22): install nvidia-cudnn-cu13 (or -cu12) >= 9.22 and put its "
-                 "nvidia/cudnn/lib first on LD_LIBRARY_PATH; or train with model.attention_backend=unfused (slower, "
-                 "and TE pads every packed sequence to the longest)")
+                 f"RESHAPE_MODE exists since cuDNN 9.22): {CUDNN_922_FIX}")
 
 
 @dataclass
@@ -186,11 +185,9 @@ def versions() -> dict[str, str | None]:
 
     cuda = torch.cuda.is_available()
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else None
-    try:
-        cudnn = torch.backends.cudnn.version()
-    except RuntimeError as error:  # torch found a cuDNN other than its own: recorded, the versions check fails
-        cudnn = f"error: {str(error).splitlines()[0]}"
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": None if cudnn is None else str(cudnn),
+    cudnn, refusal = loaded_cudnn()  # a refusal is recorded, and the versions check fails
+    return {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": f"error: {refusal}" if refusal else None if cudnn is None else str(cudnn),
             "nccl": nccl, "gpu": torch.cuda.get_device_name(0) if cuda else None,
             "transformer_engine": installed("transformer_engine", "transformer-engine"),
             "apex": installed("apex"), "megatron_core": installed("megatron-core", "megatron_core"),
@@ -202,12 +199,7 @@ def check_versions(found: dict[str, str | None], device: str) -> str:
     if device == "cuda" and not found["cuda"]:
         raise CheckFailed("torch has no CUDA build", "install the CUDA build of torch (requirements-gpu.txt)")
     if (found["cudnn"] or "").startswith("error:"):
-        own = Path(torch.__file__).parents[1] / "nvidia" / "cudnn" / "lib"
-        where = str(own) if own.is_dir() else "the directory of the cuDNN torch was built with"
-        # seen on an H200: TE's import loaded the system's libcudnn 9.14 (ld.so's cache) before torch's 9.19
-        raise CheckFailed(f"cuDNN {found['cudnn']}", f"put torch's own cuDNN first: export LD_LIBRARY_PATH={where}:"
-                                                      "$LD_LIBRARY_PATH (another libcudnn, e.g. a system one, loaded "
-                                                      "first)")
+        raise CheckFailed(f"cuDNN {found['cudnn']}", own_cudnn_fix())
     return ", ".join(f"{k} {v}" for k, v in found.items() if v)
 
 
@@ -217,6 +209,12 @@ def attention_fix(detail: str) -> str:
         return CUDNN_TOO_OLD
     return ("check the TE and cuDNN versions in the table (NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 shows TE's choice of "
             "backend); model.attention_backend=unfused avoids cuDNN attention")
+
+
+def last_line(log: str) -> str:
+    """A check's result as its process printed it: the log's last line."""
+    lines = Path(log).read_text().strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def scores_by_record(path: Path) -> dict[tuple[str, int], float]:
@@ -284,8 +282,7 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
             log = doctor.python("te attention", ["-m", "nemo_topr.doctor_attention"])
         except CheckFailed as failure:
             raise CheckFailed(str(failure), attention_fix(str(failure))) from None
-        lines = Path(log).read_text().strip().splitlines()
-        return lines[-1] if lines else ""
+        return last_line(log)
 
     def build() -> str:
         from nemo_topr.demo import build_graded_records
@@ -387,8 +384,7 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
         except CheckFailed as failure:
             raise CheckFailed(str(failure), "TE attention crosses or drops packed boundaries: check the TE "
                                             "version in the table") from None
-        lines = Path(log).read_text().strip().splitlines()
-        return lines[-1] if lines else ""
+        return last_line(log)
 
     doctor.run("versions", lambda: check_versions(versions(), device))
     doctor.run("te attention", te_attention, needs=("versions",))

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import mmap
+from pathlib import Path
 
 import torch
 
@@ -51,6 +53,27 @@ def transformer_engine_available() -> bool:
 # 2026-11-26, every attention backward failed: docs/cluster.md, "Which Transformer Engine")
 CUDNN_922_MARKER = b"CUDNN_ATTR_OPERATION_RESHAPE_MODE"
 CUDNN_922 = 92200
+# what to do about it, for `train`'s refusal and the doctor's `te attention` check alike
+CUDNN_922_FIX = ("install nvidia-cudnn-cu12 (or -cu13) >= 9.22 with its nvidia/cudnn/lib first on LD_LIBRARY_PATH (the "
+                 "venv route in docs/cluster.md does), or set model.attention_backend=unfused (slower; TE pads every "
+                 "packed sequence to the longest) or flash (with flash-attn installed)")
+
+
+def loaded_cudnn() -> tuple[int | None, str | None]:
+    """The cuDNN version torch sees in this process, and torch's refusal (its first line) when the
+    cuDNN loaded is not torch's own (on the H200, TE's import had loaded a system 9.14 first)."""
+    try:
+        return torch.backends.cudnn.version(), None
+    except RuntimeError as error:
+        return None, str(error).splitlines()[0]
+
+
+def own_cudnn_fix() -> str:
+    """How to make torch's own cuDNN the one a process loads."""
+    own = Path(torch.__file__).parents[1] / "nvidia" / "cudnn" / "lib"
+    where = str(own) if own.is_dir() else "the directory of the cuDNN torch was built with"
+    return (f"put torch's own cuDNN first: export LD_LIBRARY_PATH={where}:$LD_LIBRARY_PATH (another libcudnn, e.g. a "
+            "system one, loaded first)")
 
 
 def te_core_library():
@@ -67,16 +90,12 @@ def te_attention_cudnn_problem() -> str | None:
     loaded a cuDNN other than its own, or TE's library needs cuDNN 9.22 and an older one is loaded."""
     if not transformer_engine_available():
         return None
-    try:
-        cudnn = torch.backends.cudnn.version()
-    except RuntimeError as error:  # torch's own check: a cuDNN other than the one it was built with
-        return (f"torch found a cuDNN other than its own ({str(error).splitlines()[0]}); put torch's "
-                "nvidia/cudnn/lib first on LD_LIBRARY_PATH")
+    cudnn, refusal = loaded_cudnn()
+    if refusal:
+        return f"torch found a cuDNN other than its own ({refusal}); {own_cudnn_fix()}"
     library = te_core_library()
     if not cudnn or cudnn >= CUDNN_922 or library is None:
         return None
-    import mmap
-
     with open(library, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image:
         if image.find(CUDNN_922_MARKER) < 0:
             return None

@@ -271,7 +271,7 @@ def test_te_attention_is_refused_at_set_up_where_its_backward_needs_a_newer_cudn
     found["cudnn"] = RuntimeError("cuDNN version incompatibility: PyTorch was compiled  against (9, 19, 0) but found "
                                   "runtime version (9, 14, 0).\nOne option ...")
     with pytest.raises(ConfigError, match=r"cuDNN other than its own \(cuDNN version incompatibility.*\(9, 14, 0\)\.\); "
-                                          r"put torch's nvidia/cudnn/lib first on LD_LIBRARY_PATH"):
+                                          r"put torch's own cuDNN first: export LD_LIBRARY_PATH=\S+:\$LD_LIBRARY_PATH"):
         check()
     monkeypatch.setattr(model_settings, "transformer_engine_available", lambda: False)
     check()

@@ -32,7 +32,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_topr import model_source
 from nemo_topr.device import DEVICES, resolve_device
-from nemo_topr.model_settings import device_model_settings, fused_adam_available, te_attention_cudnn_problem
+from nemo_topr.model_settings import (CUDNN_922_FIX, device_model_settings, fused_adam_available,
+                                      te_attention_cudnn_problem)
 from nemo_topr.model_source import ModelSource
 from nemo_topr.objective import ObjectiveConfig
 from nemo_topr.training.checkpoints import latest_iteration
@@ -278,9 +279,7 @@ def _check_te_attention_cudnn(container: Any) -> None:
         return
     problem = te_attention_cudnn_problem()
     if problem:
-        raise ConfigError(f"{problem}. Install nvidia-cudnn-cu12 (or -cu13) >= 9.22 into the environment (the venv "
-                          "route in docs/cluster.md does), or set model.attention_backend=unfused (slower; TE pads every "
-                          "packed sequence to the longest) or flash (with flash-attn installed)")
+        raise ConfigError(f"{problem}. To train with it: {CUDNN_922_FIX}")
 
 
 def _check_shared_prefix(container: Any) -> None:
