@@ -49,7 +49,7 @@ from typing import Callable
 import torch
 
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
-from nemo_topr.model_settings import CUDNN_922_FIX, loaded_cudnn, own_cudnn_fix
+from nemo_topr.model_settings import CUDNN_922_ATTRIBUTE, CUDNN_922_FIX, loaded_cudnn, own_cudnn_fix
 
 TRAIN_RECORDS_PER_PROMPT = 3  # build_graded_records: a gold and two wrong completions
 PROMPTS = 4  # 12 records packed into 512-token rows, global batch 4 rows: 2 iterations
@@ -64,8 +64,8 @@ SCORE_SEQ_LENGTH = 512  # every scoring of the graded records, so that any two c
 FP8_MODEL = {"fp8": "hybrid", "fp8_recipe": "tensorwise"}
 RERUN_ALONE = "rerun this check alone with more time"
 # The H200's failure (2026-11-26): TE's library set an attribute that cuDNN has only since 9.22
-CUDNN_TOO_OLD = ("Transformer Engine was built against a newer cuDNN than the one loaded (CUDNN_ATTR_OPERATION_"
-                 f"RESHAPE_MODE exists since cuDNN 9.22): {CUDNN_922_FIX}")
+CUDNN_TOO_OLD = (f"Transformer Engine was built against a newer cuDNN than the one loaded ({CUDNN_922_ATTRIBUTE} "
+                 f"exists since cuDNN 9.22): {CUDNN_922_FIX}")
 
 
 @dataclass
@@ -205,7 +205,7 @@ def check_versions(found: dict[str, str | None], device: str) -> str:
 
 def attention_fix(detail: str) -> str:
     """What to do when TE's attention fails on the node, from the failure's text."""
-    if "RESHAPE_MODE" in detail:
+    if CUDNN_922_ATTRIBUTE in detail:
         return CUDNN_TOO_OLD
     return ("check the TE and cuDNN versions in the table (NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 shows TE's choice of "
             "backend); model.attention_backend=unfused avoids cuDNN attention")

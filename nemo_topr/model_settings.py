@@ -50,8 +50,9 @@ def transformer_engine_available() -> bool:
 # cudnn-frontend sets this cuDNN 9.22 attribute in attention's backward only when built against
 # cuDNN >= 9.22 headers, and its error text names it: its presence in TE's library marks a build
 # that needs cuDNN 9.22 at run time (TE 2.17.1's PyPI wheels, cu12 and cu13; on an H200 with 9.19,
-# 2026-11-26, every attention backward failed: docs/cluster.md, "Which Transformer Engine")
-CUDNN_922_MARKER = b"CUDNN_ATTR_OPERATION_RESHAPE_MODE"
+# 2026-11-26, every attention backward failed: docs/cluster.md, "Which Transformer Engine"); the
+# doctor knows that failure by the same name
+CUDNN_922_ATTRIBUTE = "CUDNN_ATTR_OPERATION_RESHAPE_MODE"
 CUDNN_922 = 92200
 # what to do about it, for `train`'s refusal and the doctor's `te attention` check alike
 CUDNN_922_FIX = ("install nvidia-cudnn-cu12 (or -cu13) >= 9.22 with its nvidia/cudnn/lib first on LD_LIBRARY_PATH (the "
@@ -97,7 +98,7 @@ def te_attention_cudnn_problem() -> str | None:
     if not cudnn or cudnn >= CUDNN_922 or library is None:
         return None
     with open(library, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image:
-        if image.find(CUDNN_922_MARKER) < 0:
+        if image.find(CUDNN_922_ATTRIBUTE.encode()) < 0:
             return None
     return (f"Transformer Engine's library ({library}) was built against cuDNN >= 9.22 and sets a 9.22 attribute "
             f"in attention's backward, but this process loaded cuDNN {cudnn}: every backward through cuDNN "
