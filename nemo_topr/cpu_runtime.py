@@ -10,8 +10,11 @@ Two entry points, both explicit (importing this module patches nothing):
   module top level; when (and only when) such a package is absent, a stub is served to exactly
   those importing modules and removed from ``sys.modules`` afterwards, so Megatron-Core's own
   ``try: import transformer_engine`` probes still conclude "not installed" (``HAVE_TE`` stays
-  False). On a cluster image with TE and NVRx installed nothing is stubbed. It also makes
-  Bridge use the prebuilt dataset helpers (:func:`use_prebuilt_dataset_helpers`), on every device.
+  False). On a cluster image with TE and NVRx installed nothing is stubbed. In a process without
+  CUDA (``--device cpu``, a login node), the installed packages whose kernels need CUDA
+  (:data:`CUDA_ONLY_PACKAGES`) are hidden for the rest of the process, so that Megatron-Core
+  builds what the CPU machines this project is tested on build. It also makes Bridge use the
+  prebuilt dataset helpers (:func:`use_prebuilt_dataset_helpers`), on every device.
 * :func:`enable_cpu_runtime` applies the CUDA-to-CPU patches listed in :data:`PATCHES`, each
   documented with the upstream ``file:line`` it works around (paths relative to
   ``site-packages/megatron``). It is a no-op when ``torch.cuda.is_available()``, idempotent,
@@ -122,18 +125,25 @@ class _StubLoader(importlib.abc.Loader):
 
 
 class _ScopedStubFinder(importlib.abc.MetaPathFinder):
-    def __init__(self, stubs: tuple[_ImportStub, ...]) -> None:
+    """Serves each stub to its importers only; any other import of a `hidden` package fails as
+    if it were not installed."""
+
+    def __init__(self, stubs: tuple[_ImportStub, ...], hidden: tuple[str, ...] = ()) -> None:
         self.stubs = {stub.package: stub for stub in stubs}
+        self.hidden = hidden
 
     def find_spec(self, name, path, target=None):  # noqa: ANN001 - importlib protocol
-        stub = self.stubs.get(name.split(".")[0])
-        if stub is None or _importing_module() not in stub.importers:
-            return None
-        if name == stub.package:
-            return importlib.util.spec_from_loader(name, _StubLoader(None), is_package=True)
-        if name in stub.submodules:
-            return importlib.util.spec_from_loader(name, _StubLoader(stub.submodules[name]),
-                                                   is_package=True)
+        package = name.split(".")[0]
+        stub = self.stubs.get(package)
+        if stub is not None and _importing_module() in stub.importers:
+            if name == stub.package:
+                return importlib.util.spec_from_loader(name, _StubLoader(None), is_package=True)
+            if name in stub.submodules:
+                return importlib.util.spec_from_loader(name, _StubLoader(stub.submodules[name]),
+                                                       is_package=True)
+        if package in self.hidden:
+            raise ModuleNotFoundError(f"No module named {name!r} ({package} is hidden without CUDA: "
+                                      "nemo_topr.cpu_runtime.CUDA_ONLY_PACKAGES)", name=name)
         return None
 
 
@@ -141,14 +151,33 @@ BRIDGE_MODULES = ("megatron.bridge", "megatron.bridge.training.pretrain",
                   "megatron.bridge.training.finetune")
 
 
-def import_bridge(modules: tuple[str, ...] = BRIDGE_MODULES) -> list[str]:
-    """Import Megatron-Bridge, stubbing only absent GPU-only packages for their importers.
+# Installed packages whose kernels need CUDA, hidden in a process without it. With TE importable,
+# Megatron-Core gives even a block of local layers TE's norm as its final norm
+# (core/transformer/transformer_block.py:53-56, used at :253), and Apex's where only Apex imports
+# (:57-59); on CPU tensors TE's kernel raises "CUDAGuardImpl initialized with non-CUDA DeviceType:
+# cpu" (`nemo-topr doctor` on an H200 node with TE, 2026-11-26: its CPU scoring failed so).
+CUDA_ONLY_PACKAGES = ("transformer_engine", "apex")
 
-    Returns the names of the stubbed packages (empty on a full GPU image). Raises if any
-    Megatron-Core module ends up believing Transformer Engine is installed when it is not.
+
+def _installed(package: str) -> bool:
+    return package in sys.modules or importlib.util.find_spec(package) is not None
+
+
+def import_bridge(modules: tuple[str, ...] = BRIDGE_MODULES) -> list[str]:
+    """Import Megatron-Bridge, stubbing absent or hidden GPU-only packages for their importers.
+
+    Without CUDA, :data:`CUDA_ONLY_PACKAGES` are hidden from then on: importing them fails and
+    ``importlib.util.find_spec`` finds nothing, as where they are not installed. Returns the names
+    of the stubbed packages (empty on a full GPU image). Raises if any Megatron-Core module ends
+    up believing Transformer Engine is installed when it is absent or hidden.
     """
-    missing = tuple(s for s in _IMPORT_STUBS if importlib.util.find_spec(s.package) is None)
-    finder = _ScopedStubFinder(missing)
+    hidden = () if torch.cuda.is_available() else tuple(p for p in CUDA_ONLY_PACKAGES if _installed(p))
+    if any(sys.modules.get(p) is not None for p in hidden):
+        raise RuntimeError(f"{[p for p in hidden if sys.modules.get(p) is not None]} imported in a process without "
+                           "CUDA before nemo_topr.cpu_runtime.import_bridge() could hide it: Megatron would build "
+                           "CUDA kernels for the CPU")
+    missing = tuple(s for s in _IMPORT_STUBS if s.package in hidden or not _installed(s.package))
+    finder = _ScopedStubFinder(missing, hidden)
     sys.meta_path.insert(0, finder)
     try:
         for module in modules:
@@ -157,11 +186,13 @@ def import_bridge(modules: tuple[str, ...] = BRIDGE_MODULES) -> list[str]:
     finally:
         sys.meta_path.remove(finder)
         for name in [n for n, m in list(sys.modules.items())
-                     if vars(m).get("__version__") == _STUB_VERSION]:
+                     if m is not None and vars(m).get("__version__") == _STUB_VERSION]:
             del sys.modules[name]
+        for package in hidden:  # from now on `import` raises and find_spec() returns None
+            sys.modules[package] = None
     if any(s.package == "transformer_engine" for s in missing):
         fooled = [n for n, m in list(sys.modules.items())
-                  if n.startswith("megatron.core") and vars(m).get("HAVE_TE", False)]
+                  if n.startswith("megatron.core") and m is not None and vars(m).get("HAVE_TE", False)]
         if fooled:
             raise RuntimeError(f"Transformer Engine stub leaked into Megatron-Core: {fooled}")
     return [s.package for s in missing]

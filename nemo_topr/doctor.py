@@ -273,11 +273,14 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
     te = transformer_engine_available()
     no_te = "Transformer Engine is not installed (pip install -r requirements-gpu.txt, or the NGC container)"
 
-    def te_attention() -> str:
+    def needs_te_on_cuda(what: str) -> None:
         if not te:
-            raise Skipped(f"TE's attention on packed THD: {no_te}")
+            raise Skipped(f"{what}: {no_te}")
         if device != "cuda":
-            raise Skipped("TE's attention needs CUDA")
+            raise Skipped(f"{what}: Transformer Engine's kernels need CUDA")
+
+    def te_attention() -> str:
+        needs_te_on_cuda("TE's attention on packed THD")
         try:
             log = doctor.python("te attention", ["-m", "nemo_topr.doctor_attention"])
         except CheckFailed as failure:
@@ -343,8 +346,7 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
         return f"resumed from iteration {STOP_AT}, completed at {completed}"
 
     def train_fp8() -> str:
-        if not te:
-            raise Skipped(f"FP8 needs Transformer Engine: {no_te}")
+        needs_te_on_cuda("FP8 training")
         # mu scored with the FP8 numerics training uses (docs/training.md, "mu and rho")
         fp8_config, scored_fp8, run_fp8 = work / "fp8.yaml", work / "scored_fp8.jsonl", work / "run_fp8"
         fp8_config.write_text("model:\n" + "".join(f"  {key}: {value}\n" for key, value in FP8_MODEL.items()))
@@ -377,8 +379,7 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
         return f"{len(shapes)} tensors reloaded with transformers, finite logits"
 
     def parity() -> str:
-        if not te:
-            raise Skipped(f"compares TE's THD attention with local layers: {no_te}")
+        needs_te_on_cuda("compares TE's THD attention with local layers")
         try:
             log = doctor.python("packed parity", ["-m", "nemo_topr.doctor_parity"])
         except CheckFailed as failure:

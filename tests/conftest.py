@@ -74,6 +74,25 @@ def checkout_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
+def with_cuda_only_packages(root: Path) -> dict[str, str]:
+    """`checkout_env` in which Transformer Engine 2.17.1 and Apex are installed (in `root`) and no GPU
+    is visible, as on a GPU node's CPU run. Using either raises: `transformer_engine` itself imports
+    (and has its dist-info, as the doctor reads versions) but `transformer_engine.pytorch`, which
+    Megatron-Core's probe imports, raises, as does `apex`. The real ones import on such a node and
+    fail later, in their kernels, on CPU tensors."""
+    te = root / "transformer_engine"
+    (te / "pytorch").mkdir(parents=True)
+    (te / "__init__.py").write_text('__version__ = "2.17.1"\n')
+    (te / "pytorch" / "__init__.py").write_text("raise RuntimeError('transformer_engine.pytorch was imported')\n")
+    (root / "transformer_engine-2.17.1.dist-info").mkdir()
+    (root / "transformer_engine-2.17.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: transformer_engine\nVersion: 2.17.1\n")
+    (root / "apex").mkdir()
+    (root / "apex" / "__init__.py").write_text("raise RuntimeError('apex was imported')\n")
+    return checkout_env(PYTHONPATH=os.pathsep.join([str(REPO), str(root)]), CUDA_VISIBLE_DEVICES="",
+                        OMP_NUM_THREADS="1")
+
+
 def run_distributed(worker: str, nproc: int, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``tests/workers/<worker>`` under ``torch.distributed.run`` on a free port.
 

@@ -1,14 +1,17 @@
 """The CPU runtime: explicit, documented, scoped, reversible, and a no-op with CUDA."""
 
+import json
 import re
 import subprocess
 import sys
+import textwrap
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO, WORKERS, checkout_env
+from conftest import REPO, WORKERS, checkout_env, with_cuda_only_packages
 from nemo_topr import cpu_runtime
 
 
@@ -78,3 +81,71 @@ def test_every_patch_names_upstream_lines_that_exist():
             source = site / path
             assert source.is_file(), f"{patch.name}: {source} missing"
             assert int(line) <= len(source.read_text().splitlines()), f"{patch.name}: {path}:{line} past EOF"
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_without_cuda_installed_te_and_apex_are_hidden_so_megatron_builds_torch_norms(tmp_path):
+    """With TE importable, Megatron-Core gives a block of local layers TE's norm as its final norm
+    (core/transformer/transformer_block.py:53-56): on an H200 node with TE 2.17.1 the doctor's CPU
+    scoring failed there ("CUDAGuardImpl initialized with non-CUDA DeviceType: cpu"). Without CUDA,
+    both packages look absent to every importer and to find_spec, as on this project's CPU machines."""
+    env = with_cuda_only_packages(tmp_path)
+    hidden = _python("""
+        import importlib.util
+        from nemo_topr.device import use_device
+        assert use_device("cpu", where="--device") == "cpu"
+        from megatron.core.transformer import transformer_block
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+        from nemo_topr.model_settings import transformer_engine_available
+        for name in ("transformer_engine", "apex"):
+            assert importlib.util.find_spec(name) is None, name
+            try:
+                __import__(name)
+            except ModuleNotFoundError as error:
+                assert "hidden" in str(error) or "halted" in str(error), error
+            else:
+                raise AssertionError(f"{name} imported")
+        assert not transformer_engine_available()
+        assert transformer_block.LayerNormImpl is WrappedTorchNorm, transformer_block.LayerNormImpl
+        print("hidden")
+    """, env)
+    assert hidden.returncode == 0 and "hidden" in hidden.stdout, hidden.stderr[-3000:]
+    # where CUDA is there, nothing is hidden: Megatron's own probe imports the installed package
+    seen = _python("""
+        import torch
+        torch.cuda.is_available = lambda: True
+        from nemo_topr import cpu_runtime
+        cpu_runtime.import_bridge()
+    """, env)
+    assert seen.returncode != 0 and "RuntimeError: transformer_engine.pytorch was imported" in seen.stderr, seen.stderr[-3000:]
+
+
+def test_a_cuda_only_package_imported_before_it_could_be_hidden_is_an_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "transformer_engine", types.ModuleType("transformer_engine"))
+    with pytest.raises(RuntimeError, match=r"\['transformer_engine'\] imported in a process without CUDA before "
+                                           r"nemo_topr.cpu_runtime.import_bridge\(\) could hide it"):
+        cpu_runtime.import_bridge(modules=())
+
+
+def test_cpu_scoring_on_a_node_with_te_and_apex_installed_never_imports_them(tmp_path):
+    """The H200 doctor's `score vs cpu` route: `score-logprobs --device cpu` with both installed
+    must not let Megatron import either (it imported Megatron before hiding them, and failed)."""
+    from nemo_topr.demo import build_graded_records
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    env = with_cuda_only_packages(tmp_path / "site")
+    model_dir = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer())
+    graded, scored = tmp_path / "graded.jsonl", tmp_path / "scored.jsonl"
+    graded.write_text("".join(json.dumps(r) + "\n" for r in build_graded_records(2)))
+    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(model_dir),
+                           "--data", str(graded), "--out", str(scored), "--seq-length", "512", "--device", "cpu"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in scored.read_text().splitlines()]
+    assert len(rows) == len(graded.read_text().splitlines()) and all(r["behavior_logprob"] < 0 for r in rows)

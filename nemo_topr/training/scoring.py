@@ -111,13 +111,13 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), with either layer spec.
     `train_config`: score with that training config's model section (`apply_training_model_section`:
     its precision, FP8 recipe and TP/PP/SP replace `precision`, `tensor_parallel`, `pipeline_parallel`)."""
+    device = use_device(device, where="--device")  # first: on CPU it hides CUDA-only packages from Megatron
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from nemo_topr.distributed import initialize_model_parallel
     from nemo_topr.model import load_model, source_provider
 
-    device = use_device(device, where="--device")
     source_model = model_source.resolve(model_dir)
     precision = precision or ("bf16" if device == "cuda" else "fp32")
     _, provider = source_provider(source_model, seq_length=seq_length)
