@@ -285,3 +285,24 @@ def test_te_attention_is_refused_at_set_up_where_its_backward_needs_a_newer_cudn
     monkeypatch.setattr(distrib_optimizer, "HAVE_APEX_OR_TE", True)
     run = _run(tiny_hf, tmp_path, "device=cuda")
     assert asked == [run.container]
+
+
+def test_fp8_is_refused_where_no_transformer_engine_layer_would_run_it(tiny_hf, tmp_path, monkeypatch):
+    """FP8 runs only in TE's layers on a GPU. The CPU runtime (fp32, local layers) and a GPU
+    without TE (local layers) would train without it and say nothing: on a CPU copy of an H200
+    node's stack (TE 2.17.1 installed), the doctor's `train fp8` on CPU trained fp32 and reported
+    its scores 0.00e+00 apart from BF16's. Refused at set-up, naming the key."""
+    import torch
+
+    from nemo_topr import model_settings
+
+    with pytest.raises(ConfigError, match=r"^model.fp8=hybrid with device=cpu: FP8 runs only in Transformer Engine's "
+                                          r"layers on a GPU.*model.fp8=null"):
+        _run(tiny_hf, tmp_path, "model.fp8=hybrid")
+    assert _run(tiny_hf, tmp_path).container.model.fp8 is None  # the CPU default trains
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(model_settings, "transformer_engine_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^model.fp8=e4m3 with model.transformer_impl='local': .*TE not installed"):
+        _run(tiny_hf, tmp_path, "device=cuda", "model.fp8=e4m3")
+    _run(tiny_hf, tmp_path, "device=cuda")  # BF16 on such a GPU is not refused

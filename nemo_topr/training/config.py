@@ -269,6 +269,21 @@ def _check_distributed_optimizer(container: Any, device: str) -> None:
                           "unsharded)")
 
 
+def _check_fp8(model: Any, device: str) -> None:
+    """FP8 runs only in Transformer Engine's layers on a GPU; Megatron's local layers (the CPU
+    runtime's, and a GPU's without TE) would train in fp32 or BF16 and ignore model.fp8."""
+    if not model.fp8:
+        return
+    drop = "drop it (model.fp8=null)"
+    if device == "cpu":
+        raise ConfigError(f"model.fp8={model.fp8} with device=cpu: FP8 runs only in Transformer Engine's layers on a "
+                          f"GPU; the CPU runtime trains in fp32 and would ignore it. To train on the CPU, {drop}")
+    if model.transformer_impl != "transformer_engine":
+        raise ConfigError(f"model.fp8={model.fp8} with model.transformer_impl={model.transformer_impl!r}: FP8 runs only "
+                          "in Transformer Engine's layers, which this run does not build (TE not installed, or "
+                          f"transformer_impl=local); install Transformer Engine (requirements-gpu.txt) or {drop}")
+
+
 def _check_te_attention_cudnn(container: Any) -> None:
     """TE's cuDNN attention must be able to run its backward with the cuDNN this process loaded
     (`te_attention_cudnn_problem`): refused at set-up, not after the model loaded, at the first
@@ -367,6 +382,7 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     _check_shared_prefix(container)
     if values["device"] == "cpu" or torch.cuda.is_available():  # this machine trains; a login node may not
         _check_distributed_optimizer(container, values["device"])
+        _check_fp8(container.model, values["device"])
     if torch.cuda.is_available():
         _check_te_attention_cudnn(container)
     return TrainingRun(container, objective, run_dir, base_model, raw)
