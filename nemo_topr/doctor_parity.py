@@ -5,7 +5,10 @@ through Megatron's local layers (rows with the dense block mask) must give the s
 cross-entropy on packed rows: if TE dropped the boundaries, its tokens would attend across
 sequences and the two would disagree. Run in its own process by the doctor; prints one line.
 
-Written for a GPU node with TE; it has NOT run on one yet (no GPU in this project's checks).
+On an H200 with TE 2.17.1 (2026-11-26) it stopped before comparing: the BF16 wrapper's
+load_state_dict returns nothing. Now the weights load into the unwrapped model; on CPU, with TE
+2.17.1's real layer spec built under mocked CUDA, every local weight maps (no missing or unexpected
+key). The comparison itself has not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ def _as_te_state(local_state: dict) -> dict:
 
 
 def main() -> None:
+    from megatron.core.utils import unwrap_model
+
     from nemo_topr.device import use_device
     from nemo_topr.distributed import initialize_model_parallel
     from nemo_topr.training.step import forward_packed, to_device, with_thd_boundaries
@@ -69,7 +74,8 @@ def main() -> None:
     initialize_model_parallel(1, 1)
     local, te = _build("local"), _build("transformer_engine")
     state = {k: v for k, v in local.state_dict().items() if not k.endswith("_extra_state")}
-    missing, unexpected = te.load_state_dict(_as_te_state(state), strict=False)
+    # the BF16 wrapper's load_state_dict returns nothing (core/transformer/module.py:535-538)
+    missing, unexpected = unwrap_model(te).load_state_dict(_as_te_state(state), strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
         sys.exit(f"weights do not map between the local and TE layer specs: missing {missing[:4]}, "
