@@ -23,9 +23,11 @@ A step whose prerequisite failed is skipped, naming it; a failure names what to 
 stops the others. Exit status 0 when nothing failed. `--json` writes the same table, rewritten after
 every check, so that a doctor killed from outside (a job's time limit) still leaves what it found.
 
-On CPU it runs in the test suite. On cuda it ran on one H200 without Transformer Engine (every
-check passed; train fp8 and packed parity skipped, bench/results/gpu_verbs_h200_2026-11-26_0e4bf37.json);
-with TE it has NOT run (docs/cluster.md says what was verified where).
+On CPU it runs in the test suite, with TE absent and with it installed. On cuda it ran on one H200
+without Transformer Engine (every check passed; train fp8 and packed parity skipped,
+bench/results/gpu_verbs_h200_2026-11-26_0e4bf37.json) and with TE 2.17.1 (score vs cpu and packed
+parity failed on faults fixed since, not rerun: bench/results/gpu_verbs_h200_2026-11-26_d17baf8_te.json;
+docs/cluster.md says what ran where).
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ with TE choosing the backend. Run in its own process by the doctor; prints one l
 Why a check of its own: on an H200 (2026-11-26, bench/README.md) TE 2.17.1 from PyPI ran the
 forward and failed every backward with `CUDNN_ATTR_OPERATION_RESHAPE_MODE ... CUDNN_STATUS_BAD_PARAM`
 (an attribute of cuDNN 9.22, loaded 9.19): `train` would fail at its first backward, far from the cause.
-This module has not run on a GPU itself; the same TE calls did, in that session's probe (its log:
-bench/results/gpu_h200_2026-11-26_stage2_log.txt).
+With cuDNN 9.28.1.4 on the same H200 it passed (bench/results/gpu_verbs_h200_2026-11-26_d17baf8_te.json).
 """
 
 from __future__ import annotations
