@@ -172,10 +172,10 @@ def import_bridge(modules: tuple[str, ...] = BRIDGE_MODULES) -> list[str]:
     up believing Transformer Engine is installed when it is absent or hidden.
     """
     hidden = () if torch.cuda.is_available() else tuple(p for p in CUDA_ONLY_PACKAGES if _installed(p))
-    if any(sys.modules.get(p) is not None for p in hidden):
-        raise RuntimeError(f"{[p for p in hidden if sys.modules.get(p) is not None]} imported in a process without "
-                           "CUDA before nemo_topr.cpu_runtime.import_bridge() could hide it: Megatron would build "
-                           "CUDA kernels for the CPU")
+    imported = [p for p in hidden if sys.modules.get(p) is not None]
+    if imported:
+        raise RuntimeError(f"{imported} imported in a process without CUDA before nemo_topr.cpu_runtime.import_bridge() "
+                           "could hide it: Megatron would build CUDA kernels for the CPU")
     missing = tuple(s for s in _IMPORT_STUBS if s.package in hidden or not _installed(s.package))
     finder = _ScopedStubFinder(missing, hidden)
     sys.meta_path.insert(0, finder)

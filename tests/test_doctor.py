@@ -17,8 +17,7 @@ from nemo_topr.doctor import CheckFailed, Doctor, Files, per_token_difference, r
 
 
 def _doctor(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**(env or os.environ), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2"}
-    env.setdefault("PYTHONPATH", str(REPO))
+    env = {**(env or {**os.environ, "PYTHONPATH": str(REPO)}), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2"}
     return subprocess.run([sys.executable, "-m", "nemo_topr.cli", "doctor", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
