@@ -17,7 +17,8 @@ on them, each in its own process with its own time limit, and prints one pass/fa
     train fp8         mu scored in FP8 (`--train-config`), then one FP8 iteration: a finite loss;
                       |log rho| at step 0 and FP8 - BF16 scores recorded (Transformer Engine only)
     export            `export` to Hugging Face, reloaded with transformers: same tensors, finite logits
-    packed parity     Transformer Engine's THD attention against local layers on packed rows (TE only)
+    packed parity     Transformer Engine's THD attention against local layers on packed rows: per-token
+                      cross-entropy, per-sequence log pi, TOPR gradients (TE only)
 
 A step whose prerequisite failed is skipped, naming it; a failure names what to fix; no failure
 stops the others. Exit status 0 when nothing failed. `--json` writes the same table, rewritten after
@@ -25,8 +26,8 @@ every check, so that a doctor killed from outside (a job's time limit) still lea
 
 On CPU it runs in the test suite, with TE absent and with it installed. On cuda it ran on one H200
 without Transformer Engine (every check passed; train fp8 and packed parity skipped,
-bench/results/gpu_verbs_h200_2026-11-26_0e4bf37.json) and with TE 2.17.1 (score vs cpu and packed
-parity failed on faults fixed since, not rerun: bench/results/gpu_verbs_h200_2026-11-26_d17baf8_te.json;
+bench/results/gpu_verbs_h200_2026-11-26_0e4bf37.json) and with TE 2.17.1 (every check passed:
+bench/results/gpu_verbs_h200_2026-11-26_f0673b4_te.json, before packed parity compared gradients;
 docs/cluster.md says what ran where).
 """
 
@@ -213,10 +214,21 @@ def attention_fix(detail: str) -> str:
             "backend); model.attention_backend=unfused avoids cuDNN attention")
 
 
-def last_line(log: str) -> str:
-    """A check's result as its process printed it: the log's last line."""
-    lines = Path(log).read_text().strip().splitlines()
-    return lines[-1] if lines else ""
+# marks the line a check's own process prints as its result: other lines may follow it (torch's
+# NCCL warning at exit came last in packed parity's log on the H200, and the table showed it)
+RESULT_PREFIX = "doctor result: "
+
+
+def report_result(line: str) -> None:
+    print(RESULT_PREFIX + line, flush=True)
+
+
+def result_line(log: str) -> str:
+    """A check's result as its process printed it with `report_result`."""
+    results = [line for line in Path(log).read_text().splitlines() if line.startswith(RESULT_PREFIX)]
+    if not results:
+        raise CheckFailed(f"the check's process printed no result line (log: {log})", "see the log")
+    return results[-1][len(RESULT_PREFIX):]
 
 
 def scores_by_record(path: Path) -> dict[tuple[str, int], float]:
@@ -287,7 +299,7 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
             log = doctor.python("te attention", ["-m", "nemo_topr.doctor_attention"])
         except CheckFailed as failure:
             raise CheckFailed(str(failure), attention_fix(str(failure))) from None
-        return last_line(log)
+        return result_line(log)
 
     def build() -> str:
         from nemo_topr.demo import build_graded_records
@@ -387,7 +399,7 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
         except CheckFailed as failure:
             raise CheckFailed(str(failure), "TE attention crosses or drops packed boundaries: check the TE "
                                             "version in the table") from None
-        return last_line(log)
+        return result_line(log)
 
     doctor.run("versions", lambda: check_versions(versions(), device))
     doctor.run("te attention", te_attention, needs=("versions",))

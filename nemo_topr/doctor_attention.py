@@ -1,7 +1,7 @@
 """`nemo-topr doctor`'s "te attention" check (CUDA and Transformer Engine only): one forward and
 backward of TE's DotProductAttention as the TOPR step calls it (BF16, Llama 3 heads: 32 query heads
 in 8 groups of 128 dimensions, two packed sequences as THD with cu_seqlens, causal within each),
-with TE choosing the backend. Run in its own process by the doctor; prints one line.
+with TE choosing the backend. Run in its own process by the doctor; prints its result line.
 
 Why a check of its own: on an H200 (2026-11-26, bench/README.md) TE 2.17.1 from PyPI ran the
 forward and failed every backward with `CUDNN_ATTR_OPERATION_RESHAPE_MODE ... CUDNN_STATUS_BAD_PARAM`
@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 
 import torch
+
+from nemo_topr.doctor import report_result
 
 HEADS, GROUPS, HEAD_DIM = 32, 8, 128
 LENGTHS = (1000, 3096)  # one 4,096-token row holding two sequences
@@ -46,8 +48,8 @@ def main() -> int:
     if not all(g is not None and bool(torch.isfinite(g).all()) for g in grads):
         print("FAILED: non-finite or missing gradients", flush=True)
         return 1
-    print(f"TE {transformer_engine.__version__}, cuDNN {torch.backends.cudnn.version()}: forward and backward on "
-          f"THD ({'+'.join(map(str, LENGTHS))} tokens, {HEADS}/{GROUPS} heads), finite gradients", flush=True)
+    report_result(f"TE {transformer_engine.__version__}, cuDNN {torch.backends.cudnn.version()}: forward and "
+                  f"backward on THD ({'+'.join(map(str, LENGTHS))} tokens, {HEADS}/{GROUPS} heads), finite gradients")
     return 0
 
 

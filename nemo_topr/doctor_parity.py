@@ -2,25 +2,34 @@
 
 The same weights through Transformer Engine layers (rows as one THD stream with cu_seqlens) and
 through Megatron's local layers (rows with the dense block mask) must give the same per-token
-cross-entropy on packed rows: if TE dropped the boundaries, its tokens would attend across
-sequences and the two would disagree. Run in its own process by the doctor; prints one line.
+cross-entropy, the same per-sequence log pi and the same TOPR gradients on packed rows: if TE
+dropped the boundaries, its tokens would attend across sequences and the two would disagree. The
+batch has positives and negatives, one of each negative's ratio below 1 and one truncated at 1,
+so the gradient goes through both of TOPR's weights. Run in its own process by the doctor; prints
+its result line.
 
-On an H200 with TE 2.17.1 (2026-11-26) it stopped before comparing: the BF16 wrapper's
-load_state_dict returns nothing. Now the weights load into the unwrapped model; on CPU, with TE
-2.17.1's real layer spec built under mocked CUDA, every local weight maps (no missing or unexpected
-key). The comparison itself has not run on a GPU yet.
+On an H200 with TE 2.17.1 (2026-11-26, bench/results/gpu_verbs_h200_2026-11-26_f0673b4_te.json)
+the per-token comparison passed: max |CE difference| 2.01e-03 on 235 packed tokens. The
+per-sequence log pi and gradient comparisons were added after it and have not run on a GPU.
 """
 
 from __future__ import annotations
 
+import math
 import sys
+from dataclasses import dataclass
 
 import torch
 
 SEQ_LENGTH = 128
 LENGTHS = ([40, 30, 50], [70, 45])  # two rows, each with several sequences and a padding tail
-# bf16 activations: per-token cross-entropy of a random model agrees to a few hundredths
-BOUND = 0.05
+REWARDS = (1.0, -1.0, 1.0, -1.0, -1.0)  # in the order of LENGTHS, flattened
+# log mu - log pi of each sequence: the negatives' ratios are e^0.5 (truncated to 1) and e^-0.5 twice
+BEHAVIOR_OFFSETS = (0.0, -0.5, 0.0, 0.5, 0.5)
+# BF16 bounds, calibrated on CPU (local layers in BF16 against the same weights in fp32, TOPR batch
+# above; TE against local compares two BF16 runs): CROSS_ENTROPY per token, LOG_PI per sequence
+# (exp(0.1): rho within 11 %), GRADIENT relative, ||g_te - g_local|| / ||g_local|| over all weights
+BOUNDS = {"per-token CE": 0.05, "per-sequence log pi": 0.1, "TOPR gradient": 0.05}
 
 
 def _packed_batch():
@@ -33,7 +42,8 @@ def _packed_batch():
         for n in row_lengths:
             ids = torch.randint(1, 500, (n,), generator=generator).tolist()
             rows[-1].append(len(seqs))
-            seqs.append(TokenizedSequence(ids, [0] * 5 + [1] * (n - 5), 1.0, 0.0, len(seqs), len(seqs)))
+            seqs.append(TokenizedSequence(ids, [0] * 5 + [1] * (n - 5), REWARDS[len(seqs)], 0.0, len(seqs),
+                                          len(seqs)))
     return collate_packed(seqs, rows, SEQ_LENGTH, 0)
 
 
@@ -63,12 +73,70 @@ def _as_te_state(local_state: dict) -> dict:
     return renamed
 
 
+def _local_name(te_name: str) -> str:
+    suffix = next((local for local, te in _TE_NAMES.items() if te_name.endswith(te)), None)
+    return te_name[: -len(_TE_NAMES[suffix])] + suffix if suffix else te_name
+
+
+@dataclass
+class Measured:
+    """One model's pass over the batch: per-token CE [R, L] (0 on padding), per-sequence
+    log pi [N] and the TOPR loss's gradient per weight, named as in the local layer spec."""
+
+    cross_entropy: torch.Tensor
+    log_pi: torch.Tensor
+    gradients: dict[str, torch.Tensor]
+
+
+def measure(model, batch: dict[str, torch.Tensor]) -> Measured:  # noqa: ANN001
+    """Forward and backward of the TOPR step's loss (`topr_loss`, the default objective)."""
+    from megatron.core.utils import unwrap_model
+
+    from nemo_topr.objective import ObjectiveConfig
+    from nemo_topr.training.step import (check_batch, completion_logprob_table, forward_packed, to_device, topr_loss,
+                                         with_thd_boundaries)
+
+    objective = ObjectiveConfig()
+    summary = check_batch(batch, objective)
+    model.zero_grad(set_to_none=True)
+    device_batch = to_device(with_thd_boundaries(batch, model.config))
+    ce = forward_packed(model, device_batch, model.config).reshape(batch["tokens"].shape)
+    loss_sum, denominator, _ = topr_loss(ce, device_batch, objective, summary)
+    (loss_sum / denominator).backward()
+    table, _ = completion_logprob_table(ce.detach(), device_batch, summary.max_length)
+    gradients = {_local_name(name): param.grad.float().cpu()
+                 for name, param in unwrap_model(model).named_parameters() if param.grad is not None}
+    real = batch["seq_index"] >= 0
+    return Measured(torch.where(real, ce.detach().float().cpu(), 0.0), table.sum(1).cpu(), gradients)
+
+
+def compare(reference: Measured, candidate: Measured) -> dict[str, float | str]:
+    """The differences BOUNDS bounds, and the weight whose gradient differs most (relatively)."""
+    if reference.gradients.keys() != candidate.gradients.keys():
+        missing = sorted(reference.gradients.keys() ^ candidate.gradients.keys())
+        raise ValueError(f"the two models' gradients are not of the same weights: {missing[:4]}")
+    names = sorted(reference.gradients)
+    apart = [float((reference.gradients[n] - candidate.gradients[n]).norm()) for n in names]
+    size = [float(reference.gradients[n].norm()) for n in names]
+    worst = max(range(len(names)), key=lambda i: apart[i] / max(size[i], 1e-30))
+    return {"per-token CE": float((reference.cross_entropy - candidate.cross_entropy).abs().max()),
+            "per-sequence log pi": float((reference.log_pi - candidate.log_pi).abs().max()),
+            "TOPR gradient": math.hypot(*apart) / math.hypot(*size),
+            "worst weight": f"{names[worst]} {apart[worst] / max(size[worst], 1e-30):.2e}"}
+
+
+def with_behavior(batch: dict[str, torch.Tensor], log_pi: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The batch with log mu = log pi + BEHAVIOR_OFFSETS (log pi from the reference model)."""
+    offsets = torch.tensor(BEHAVIOR_OFFSETS, dtype=torch.float64)
+    return {**batch, "behavior_logprobs": (log_pi.to(torch.float64) + offsets).to(batch["behavior_logprobs"].dtype)}
+
+
 def main() -> None:
     from megatron.core.utils import unwrap_model
 
     from nemo_topr.device import use_device
-    from nemo_topr.distributed import initialize_model_parallel
-    from nemo_topr.training.step import forward_packed, to_device, with_thd_boundaries
+    from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
+    from nemo_topr.doctor import report_result
 
     use_device("cuda", where="doctor --device")
     initialize_model_parallel(1, 1)
@@ -81,17 +149,16 @@ def main() -> None:
         sys.exit(f"weights do not map between the local and TE layer specs: missing {missing[:4]}, "
                  f"unexpected {unexpected[:4]}")
     batch = _packed_batch()
-    real = batch["seq_index"] >= 0
-    with torch.no_grad():
-        ce = {}
-        for name, model in (("local", local), ("te", te)):
-            device_batch = to_device(with_thd_boundaries(batch, model.config))
-            ce[name] = forward_packed(model, device_batch, model.config).float().reshape(batch["tokens"].shape).cpu()
-    difference = float((ce["local"] - ce["te"])[real].abs().max())
-    if not difference <= BOUND:
-        sys.exit(f"TE THD and local attention differ by {difference:.3g} per token (bound {BOUND})")
-    print(f"TE THD vs local layers on {int(real.sum())} packed tokens: max |CE difference| {difference:.2e} "
-          f"(bound {BOUND})")
+    batch = with_behavior(batch, measure(local, batch).log_pi)  # log mu around the reference's log pi
+    differences = compare(measure(local, batch), measure(te, batch))
+    destroy_model_parallel()
+    found = ", ".join(f"{name} {differences[name]:.2e} (bound {bound})" for name, bound in BOUNDS.items())
+    tokens = int((batch["seq_index"] >= 0).sum())
+    over = [name for name, bound in BOUNDS.items() if not differences[name] <= bound]
+    if over:
+        sys.exit(f"TE THD and local layers differ beyond the bounds on {', '.join(over)}: {found}; "
+                 f"worst weight {differences['worst weight']}")
+    report_result(f"TE THD vs local layers on {tokens} packed tokens: {found}")
 
 
 if __name__ == "__main__":
