@@ -47,12 +47,17 @@ def _packed_batch():
     return collate_packed(seqs, rows, SEQ_LENGTH, 0)
 
 
-def _build(transformer_impl: str):
+def _build(transformer_impl: str, attention_backend: str):
+    from megatron.core.transformer.enums import AttnBackend
+
     from nemo_topr.model import tiny_llama_provider
     from nemo_topr.model_settings import device_model_settings
 
     provider = tiny_llama_provider(seq_length=SEQ_LENGTH)
     provider.transformer_impl = transformer_impl
+    # the same for both models: building one sets TE's NVTE_*_ATTN variables from it, and the next
+    # build refuses other values (megatron/core/models/common/language_module/language_module.py:108-142)
+    provider.attention_backend = AttnBackend[attention_backend]
     provider.bf16, provider.params_dtype, provider.pipeline_dtype = True, torch.bfloat16, torch.bfloat16
     device_model_settings(provider, wrapped_in_ddp=False)
     provider.finalize()
@@ -131,16 +136,24 @@ def with_behavior(batch: dict[str, torch.Tensor], log_pi: torch.Tensor) -> dict[
     return {**batch, "behavior_logprobs": (log_pi.to(torch.float64) + offsets).to(batch["behavior_logprobs"].dtype)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
     from megatron.core.utils import unwrap_model
 
     from nemo_topr.device import use_device
     from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
     from nemo_topr.doctor import report_result
 
+    parser = argparse.ArgumentParser(prog="python -m nemo_topr.doctor_parity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--attention-backend", choices=("auto", "unfused"), default="auto",
+                        help="TE's attention: auto (TE chooses; cuDNN fused attention on THD, the doctor's) or "
+                             "unfused (no cuDNN attention, for a cuDNN that TE's fused backward refuses)")
+    backend = parser.parse_args(argv).attention_backend
     use_device("cuda", where="doctor --device")
     initialize_model_parallel(1, 1)
-    local, te = _build("local"), _build("transformer_engine")
+    local, te = _build("local", backend), _build("transformer_engine", backend)
     state = {k: v for k, v in local.state_dict().items() if not k.endswith("_extra_state")}
     # the BF16 wrapper's load_state_dict returns nothing (core/transformer/module.py:535-538)
     missing, unexpected = unwrap_model(te).load_state_dict(_as_te_state(state), strict=False)
@@ -158,7 +171,8 @@ def main() -> None:
     if over:
         sys.exit(f"TE THD and local layers differ beyond the bounds on {', '.join(over)}: {found}; "
                  f"worst weight {differences['worst weight']}")
-    report_result(f"TE THD vs local layers on {tokens} packed tokens: {found}")
+    attention = "" if backend == "auto" else f" ({backend} attention)"
+    report_result(f"TE THD{attention} vs local layers on {tokens} packed tokens: {found}")
 
 
 if __name__ == "__main__":

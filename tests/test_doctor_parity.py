@@ -6,6 +6,7 @@ the check exists to catch)."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -123,3 +124,16 @@ def test_attention_across_sequences_breaks_every_bound(fp32_and_bf16, monkeypatc
     found = compare(exact, doctor_parity.measure(reference, batch))
     for name, bound in BOUNDS.items():
         assert found[name] > bound, (name, found)
+
+
+def test_both_models_get_the_same_attention_backend(megatron_world, monkeypatch):
+    """`--attention-backend unfused` (TE without cuDNN attention): Megatron sets TE's NVTE_*_ATTN
+    variables when a model is built and refuses a build that asks for other values, so the local
+    model is built with the TE model's backend."""
+    for variable in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
+        monkeypatch.delenv(variable, raising=False)  # restored after the test: Megatron writes them
+    doctor_parity._build("local", "unfused")
+    assert [os.environ[v] for v in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")] == ["0", "0", "1"]
+    doctor_parity._build("local", "unfused")
+    with pytest.raises(AssertionError, match="NVTE_FLASH_ATTN set to 0"):
+        doctor_parity._build("local", "auto")
