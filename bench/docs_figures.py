@@ -73,10 +73,11 @@ def figures_block(results_dir: Path = RESULTS) -> str:
 
 def gpu_tables(results_dir: Path) -> list[str]:
     """The runs on lent GPU machines, not part of `make bench` or CI: each GPU bench file (an
-    environment and bench/gpu.py sections) and each `bench.gpu_verbs` table, as committed."""
+    environment and bench/gpu.py sections), each `bench.gpu_verbs` table and each packed parity
+    run, as committed."""
     lines = []
     for path in sorted(results_dir.glob("gpu_*.json")):
-        if path.name.startswith("gpu_verbs_"):
+        if path.name.startswith(("gpu_verbs_", "gpu_parity_")):
             continue
         found = json.loads(path.read_text())
         env, rows = found["environment"], []
@@ -95,6 +96,13 @@ def gpu_tables(results_dir: Path) -> list[str]:
                       f"(`bench/results/{path.name}`){conditions(found)}:", ""]
         lines += _table([[c["name"], c["status"], c["seconds"], c["detail"][:240] + ("…" if len(c["detail"]) > 240 else "")]
                          for c in found["checks"]], ["check", "status", "seconds", "detail"])
+    for path in sorted(results_dir.glob("gpu_parity_*.json")):  # the doctor's packed parity, run alone
+        found = json.loads(path.read_text())
+        versions = ", ".join(f"{k} {v}" for k, v in found["versions"].items() if v and k != "gpu")
+        lines += ["", f"`{found['command']}` on {found['versions']['gpu']} ({found['date_utc']}), commit "
+                      f"`{found['commit'][:12]}`; {versions} (`bench/results/{path.name}`){conditions(found)}:", ""]
+        lines += _table([[name, f"{value:.2e}", found["bounds"][name]] for name, value in found["differences"].items()],
+                        ["TE vs local", "max difference", "bound"])
     return lines
 
 

@@ -27,8 +27,8 @@ every check, so that a doctor killed from outside (a job's time limit) still lea
 On CPU it runs in the test suite, with TE absent and with it installed. On cuda it ran on one H200
 without Transformer Engine (every check passed; train fp8 and packed parity skipped,
 bench/results/gpu_verbs_h200_2026-11-26_0e4bf37.json) and with TE 2.17.1 (every check passed:
-bench/results/gpu_verbs_h200_2026-11-26_f0673b4_te.json, before packed parity compared gradients;
-docs/cluster.md says what ran where).
+bench/results/gpu_verbs_h200_2026-11-26_f0673b4_te.json, before packed parity compared gradients,
+which it did since with TE's unfused attention only; docs/cluster.md says what ran where).
 """
 
 from __future__ import annotations

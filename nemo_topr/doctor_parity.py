@@ -10,7 +10,9 @@ its result line.
 
 On an H200 with TE 2.17.1 (2026-11-26, bench/results/gpu_verbs_h200_2026-11-26_f0673b4_te.json)
 the per-token comparison passed: max |CE difference| 2.01e-03 on 235 packed tokens. The
-per-sequence log pi and gradient comparisons were added after it and have not run on a GPU.
+per-sequence log pi and gradient comparisons came after it; they passed on the same H200 with TE's
+unfused attention (bench/results/gpu_parity_h200_2026-11-26_5e86852_unfused.json) and have not run
+through TE's cuDNN fused attention, the default.
 """
 
 from __future__ import annotations
