@@ -397,8 +397,10 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
         try:
             log = doctor.python("packed parity", ["-m", "nemo_topr.doctor_parity"])
         except CheckFailed as failure:
-            raise CheckFailed(str(failure), "TE attention crosses or drops packed boundaries: check the TE "
-                                            "version in the table") from None
+            raise CheckFailed(str(failure), "TE and local layers disagree on packed rows (attention across "
+                                            "sequences, or its gradients): check the TE version in the table; "
+                                            "`python -m nemo_topr.doctor_parity --attention-backend unfused` "
+                                            "tells TE's cuDNN attention apart") from None
         return result_line(log)
 
     doctor.run("versions", lambda: check_versions(versions(), device))
