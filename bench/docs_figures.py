@@ -71,6 +71,10 @@ def figures_block(results_dir: Path = RESULTS) -> str:
     return "\n".join(lines + ["", END])
 
 
+def _versions(found: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in found["versions"].items() if v and k != "gpu")
+
+
 def gpu_tables(results_dir: Path) -> list[str]:
     """The runs on lent GPU machines, not part of `make bench` or CI: each GPU bench file (an
     environment and bench/gpu.py sections), each `bench.gpu_verbs` table and each packed parity
@@ -90,17 +94,15 @@ def gpu_tables(results_dir: Path) -> list[str]:
         lines += _table(rows, ["run", "figure", "value", "spread", "notes"])
     verbs_runs = [(json.loads(path.read_text()), path) for path in results_dir.glob("gpu_verbs_*.json")]
     for found, path in sorted(verbs_runs, key=lambda run: run[0]["date_utc"]):
-        versions = ", ".join(f"{k} {v}" for k, v in found["versions"].items() if v and k != "gpu")
         lines += ["", f"`python -m bench.gpu_verbs` on {found['versions']['gpu']} ({found['date_utc']}), commit "
-                      f"`{found['commit'][:12]}`, Transformer Engine {found['transformer_engine']}; {versions} "
+                      f"`{found['commit'][:12]}`, Transformer Engine {found['transformer_engine']}; {_versions(found)} "
                       f"(`bench/results/{path.name}`){conditions(found)}:", ""]
         lines += _table([[c["name"], c["status"], c["seconds"], c["detail"][:240] + ("…" if len(c["detail"]) > 240 else "")]
                          for c in found["checks"]], ["check", "status", "seconds", "detail"])
     for path in sorted(results_dir.glob("gpu_parity_*.json")):  # the doctor's packed parity, run alone
         found = json.loads(path.read_text())
-        versions = ", ".join(f"{k} {v}" for k, v in found["versions"].items() if v and k != "gpu")
         lines += ["", f"`{found['command']}` on {found['versions']['gpu']} ({found['date_utc']}), commit "
-                      f"`{found['commit'][:12]}`; {versions} (`bench/results/{path.name}`){conditions(found)}:", ""]
+                      f"`{found['commit'][:12]}`; {_versions(found)} (`bench/results/{path.name}`){conditions(found)}:", ""]
         lines += _table([[name, f"{value:.2e}", found["bounds"][name]] for name, value in found["differences"].items()],
                         ["TE vs local", "max difference", "bound"])
     return lines

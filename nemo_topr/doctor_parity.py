@@ -4,8 +4,8 @@ The same weights through Transformer Engine layers (rows as one THD stream with 
 through Megatron's local layers (rows with the dense block mask) must give the same per-token
 cross-entropy, the same per-sequence log pi and the same TOPR gradients on packed rows: if TE
 dropped the boundaries, its tokens would attend across sequences and the two would disagree. The
-batch has positives and negatives, one of each negative's ratio below 1 and one truncated at 1,
-so the gradient goes through both of TOPR's weights. Run in its own process by the doctor; prints
+batch has positives and negatives, two negatives' ratios below 1 and one truncated at 1, so the
+gradient goes through both of TOPR's weights. Run in its own process by the doctor; prints
 its result line.
 
 On an H200 with TE 2.17.1 (2026-11-26, bench/results/gpu_verbs_h200_2026-11-26_f0673b4_te.json)
@@ -29,8 +29,8 @@ REWARDS = (1.0, -1.0, 1.0, -1.0, -1.0)  # in the order of LENGTHS, flattened
 # log mu - log pi of each sequence: the negatives' ratios are e^0.5 (truncated to 1) and e^-0.5 twice
 BEHAVIOR_OFFSETS = (0.0, -0.5, 0.0, 0.5, 0.5)
 # BF16 bounds, calibrated on CPU (local layers in BF16 against the same weights in fp32, TOPR batch
-# above; TE against local compares two BF16 runs): CROSS_ENTROPY per token, LOG_PI per sequence
-# (exp(0.1): rho within 11 %), GRADIENT relative, ||g_te - g_local|| / ||g_local|| over all weights
+# above; TE against local compares two BF16 runs): cross-entropy per token, log pi per sequence
+# (exp(0.1): rho within 11 %), gradient relative, ||g_te - g_local|| / ||g_local|| over all weights
 BOUNDS = {"per-token CE": 0.05, "per-sequence log pi": 0.1, "TOPR gradient": 0.05}
 
 
@@ -81,8 +81,10 @@ def _as_te_state(local_state: dict) -> dict:
 
 
 def _local_name(te_name: str) -> str:
-    suffix = next((local for local, te in _TE_NAMES.items() if te_name.endswith(te)), None)
-    return te_name[: -len(_TE_NAMES[suffix])] + suffix if suffix else te_name
+    for local, te in _TE_NAMES.items():
+        if te_name.endswith(te):
+            return te_name[: -len(te)] + local
+    return te_name
 
 
 @dataclass
