@@ -98,25 +98,23 @@ class Measured:
 
 
 def measure(model, batch: dict[str, torch.Tensor]) -> Measured:  # noqa: ANN001
-    """Forward and backward of the TOPR step's loss (`topr_loss`, the default objective)."""
+    """Forward and backward through the training step itself (`ToprForwardStep`, the default
+    objective), outside Bridge's loop."""
     from megatron.core.utils import unwrap_model
 
     from nemo_topr.objective import ObjectiveConfig
-    from nemo_topr.training.step import (check_batch, completion_logprob_table, forward_packed, to_device, topr_loss,
-                                         with_thd_boundaries)
+    from nemo_topr.training.step import ToprForwardStep, completion_logprob_table
 
-    objective = ObjectiveConfig()
-    summary = check_batch(batch, objective)
     model.zero_grad(set_to_none=True)
-    device_batch = to_device(with_thd_boundaries(batch, model.config))
-    ce = forward_packed(model, device_batch, model.config).reshape(batch["tokens"].shape)
-    loss_sum, denominator, _ = topr_loss(ce, device_batch, objective, summary)
+    output, loss_func = ToprForwardStep(ObjectiveConfig())(None, iter([batch]), model)
+    loss_sum, denominator, _ = loss_func(output)
     (loss_sum / denominator).backward()
-    table, _ = completion_logprob_table(ce.detach(), device_batch, summary.max_length)
+    ce = output.detach().cpu().reshape(batch["tokens"].shape)
+    table, _ = completion_logprob_table(ce, batch, int(batch["seq_len"].max()))
     gradients = {_local_name(name): param.grad.float().cpu()
                  for name, param in unwrap_model(model).named_parameters() if param.grad is not None}
     real = batch["seq_index"] >= 0
-    return Measured(torch.where(real, ce.detach().float().cpu(), 0.0), table.sum(1).cpu(), gradients)
+    return Measured(torch.where(real, ce.float(), 0.0), table.sum(1), gradients)
 
 
 def compare(reference: Measured, candidate: Measured) -> dict[str, float | str]:
@@ -127,11 +125,12 @@ def compare(reference: Measured, candidate: Measured) -> dict[str, float | str]:
     names = sorted(reference.gradients)
     apart = [float((reference.gradients[n] - candidate.gradients[n]).norm()) for n in names]
     size = [float(reference.gradients[n].norm()) for n in names]
-    worst = max(range(len(names)), key=lambda i: apart[i] / max(size[i], 1e-30))
+    relative = [a / max(s, 1e-30) for a, s in zip(apart, size)]
+    worst = max(range(len(names)), key=relative.__getitem__)
     return {"per-token CE": float((reference.cross_entropy - candidate.cross_entropy).abs().max()),
             "per-sequence log pi": float((reference.log_pi - candidate.log_pi).abs().max()),
             "TOPR gradient": math.hypot(*apart) / math.hypot(*size),
-            "worst weight": f"{names[worst]} {apart[worst] / max(size[worst], 1e-30):.2e}"}
+            "worst weight": f"{names[worst]} {relative[worst]:.2e}"}
 
 
 def with_behavior(batch: dict[str, torch.Tensor], log_pi: torch.Tensor) -> dict[str, torch.Tensor]:
