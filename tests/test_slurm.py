@@ -345,8 +345,13 @@ def _real_job(job_id: str) -> str:
     return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
 
 
+def _job_state(job: str) -> str:
+    """The JobState in `scontrol show job`'s text."""
+    return re.search(r"JobState=(\S+)", job).group(1)
+
+
 def _real_job_state(job_id: str) -> str:
-    return re.search(r"JobState=(\S+)", _real_job(job_id)).group(1)
+    return _job_state(_real_job(job_id))
 
 
 def _submit_tiny_real_job(run_dir: Path, demo_inputs: tuple[Path, Path], *options: str,
@@ -389,7 +394,7 @@ def _wait_for_restart(job_id: str, timeout: float = 300) -> None:
     """Polls until the job has been requeued once (its Restarts count is 1)."""
     deadline = time.monotonic() + timeout
     while not re.search(r"\sRestarts=1\s", job := _real_job(job_id)):
-        assert time.monotonic() < deadline and re.search(r"JobState=(\S+)", job).group(1) in UNFINISHED, job
+        assert time.monotonic() < deadline and _job_state(job) in UNFINISHED, job
         time.sleep(1)
 
 
