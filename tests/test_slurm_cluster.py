@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
+
+from test_slurm import UNFINISHED, _real_job_state, _wait_while_real_job
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,11 +22,6 @@ srun bash -c 'echo task=$SLURM_PROCID'
 """
 
 
-def _job_state(job_id: str) -> str:
-    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True)
-    return next(f.split("=", 1)[1] for f in out.stdout.split() if f.startswith("JobState="))
-
-
 def test_sbatch_honours_sbatch_lines_and_stand_in_gpus(slurm_cluster, tmp_path):
     """The #SBATCH lines are read (2 tasks) and --gpus-per-node=8 is accepted by the node."""
     script = tmp_path / "job.sbatch"
@@ -35,16 +31,8 @@ def test_sbatch_honours_sbatch_lines_and_stand_in_gpus(slurm_cluster, tmp_path):
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert sub.returncode == 0, sub.stderr
     job_id = sub.stdout.strip().split(";")[0]
-    assert _job_state(job_id) == "COMPLETED"
+    assert _real_job_state(job_id) == "COMPLETED"
     assert sorted(out.read_text().split()) == ["task=0", "task=1"]
-
-
-def _wait_for_end(job_id: str, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    while (state := _job_state(job_id)) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-        assert time.monotonic() < deadline, f"job {job_id} still {state} after {timeout} s"
-        time.sleep(1)
-    return state
 
 
 def _rendered_script(run_dir: Path) -> str:
@@ -69,7 +57,7 @@ def test_a_requeued_job_keeps_every_start_in_its_output(slurm_cluster, tmp_path,
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert sub.returncode == 0, sub.stderr
     job_id = sub.stdout.strip().split(";")[0]
-    assert _wait_for_end(job_id) == "COMPLETED"
+    assert _wait_while_real_job(job_id, UNFINISHED, timeout=120) == "COMPLETED"
     output = (tmp_path / f"requeue-{job_id}.out").read_text().splitlines()
     assert [line for line in output if line.startswith("start")] == ["start 0", "start 1"], output
 
