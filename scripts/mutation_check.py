@@ -48,6 +48,7 @@ CHECKPOINT_TESTS = ("tests/test_checkpoints.py::test_consistent_directory_is_lef
                     "tests/test_checkpoint_repair.py")
 SOURCE_TESTS = ("tests/test_run_iterations.py", "tests/test_model_source.py")
 SLURM_TESTS = ("tests/test_job_signal.py", "tests/test_slurm.py::test_scripts_pass_bash_n_and_shellcheck")
+EARLY_WARNING_TEST = "tests/test_slurm.py::test_a_warning_before_the_ranks_hold_it_requeues_unless_a_rank_held_it"
 
 MUTANTS = (
     # objective.py
@@ -135,6 +136,12 @@ MUTANTS = (
            'if [[ -f $run_dir/STOPPED ]]; then', "if true; then",
            (*SLURM_TESTS, "tests/test_slurm.py::test_a_killed_rank_fails_the_real_job_without_a_requeue"),
            "every unfinished run requeued, failures included"),
+    Mutant("early_warning_fails", "slurm/topr_job.sh",
+           "if ((status == 128 + $(kill -l USR1))); then", "if false; then",
+           (*SLURM_TESTS, EARLY_WARNING_TEST), "ranks killed by a warning they could not hold yet fail the job"),
+    Mutant("signal_deaths_requeued", "slurm/topr_job.sh",
+           "if ((status == 128 + $(kill -l USR1))); then", "if ((status > 128)); then",
+           (*SLURM_TESTS, EARLY_WARNING_TEST), "a rank killed by any signal requeued, not only by the warning"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

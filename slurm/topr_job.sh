@@ -23,7 +23,8 @@
 # then requeues the job, whose next start resumes from that checkpoint. Nothing here signals srun:
 # SIGTERM to srun makes it SIGKILL every task (Slurm, src/srun/libsrun/srun_job.c,
 # _srun_signal_mgr), which is exactly what must not happen before the save.
-# A run that finished leaves RUN_DIR/COMPLETED; any other failure is not requeued.
+# A run that finished leaves RUN_DIR/COMPLETED. A rank that died of SIGUSR1 itself (the warning came
+# before it could hold it) is requeued too; any other failure is not.
 set -euo pipefail
 
 if (($# < 1)); then
@@ -101,6 +102,17 @@ if [[ -f $run_dir/COMPLETED ]]; then
 fi
 if [[ -f $run_dir/STOPPED ]]; then
     echo "[topr_job] $(cat "$run_dir/STOPPED"); requeueing job $job_id"
+    scontrol requeue "$job_id"
+    exit 0
+fi
+# A rank killed by SIGUSR1 took the warning before `nemo-topr train` could hold it (bash or Python
+# still starting; nemo_topr/cli.py blocks it first thing). It is still the warning: requeue, and
+# the next start resumes from the last checkpoint. srun's status is 128 + the highest signal that
+# killed a task (Slurm's launch_slurm.c, `_task_finish`), so this is seen only when no rank died of
+# a higher one: a rank already holding it that --kill-on-bad-exit terminates (SIGTERM) makes it 143.
+if ((status == 128 + $(kill -l USR1))); then
+    echo "[topr_job] a rank died of the warning (SIGUSR1) before it could hold it (srun status $status);" \
+         "requeueing job $job_id to resume from the last checkpoint"
     scontrol requeue "$job_id"
     exit 0
 fi

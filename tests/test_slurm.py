@@ -341,6 +341,62 @@ def test_warning_during_start_up_is_held_until_training_and_then_saves(tmp_path,
     assert [entry["iteration"] for entry in _ledger(run_dir)] == [0, 0]  # 4 rows, micro-batch 2
 
 
+def _venv_of_ranks_that_do_not_hold_the_warning_yet(root: Path, holding_rank: int | None = None) -> Path:
+    """A stand-in for NEMO_TOPR_VENV whose `python` is a training rank still starting, before
+    nemo_topr/cli.py blocks SIGUSR1 (a window of 0.1 s to seconds, too short to hit on purpose):
+    it leaves RUN_DIR/ready-RANK and waits, and a warning kills it by SIGUSR1's default action;
+    `holding_rank` ignores it instead (a rank past the mask). Once requeued (SLURM_RESTART_COUNT
+    1) it ends as a finished run does: rank 0 leaves RUN_DIR/COMPLETED."""
+    python = root / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"""#!/usr/bin/env bash
+for arg; do [[ $arg == run_dir=* ]] && run_dir=${{arg#run_dir=}}; done
+if ((${{SLURM_RESTART_COUNT:-0}} == 0)); then
+    if [[ $SLURM_PROCID == {holding_rank} ]]; then trap '' USR1; fi
+    touch "$run_dir/ready-$SLURM_PROCID"
+    while :; do sleep 0.2; done
+fi
+if [[ $SLURM_PROCID == 0 ]]; then echo 0 > "$run_dir/COMPLETED"; fi
+""")
+    python.chmod(0o755)
+    return python.parent.parent
+
+
+def _wait_for_ready_ranks(run_dir: Path, alive) -> None:
+    deadline = time.monotonic() + 120
+    while not all((run_dir / f"ready-{rank}").exists() for rank in (0, 1)):
+        assert time.monotonic() < deadline and alive()
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("holding_rank", [None, 1], ids=["no-rank-holds-it", "rank-1-holds-it"])
+def test_a_warning_before_the_ranks_hold_it_requeues_unless_a_rank_held_it(fake_slurm, holding_rank):
+    """Ranks killed by the warning itself (srun status 128 + 10) are requeued: it was a warning,
+    not a failure. If rank 1 already held it, --kill-on-bad-exit's SIGTERM kills rank 1, srun
+    exits 128 + 15, and the job fails as any terminated rank does (known, not fixed)."""
+    run_dir = fake_slurm / "run"
+    venv = _venv_of_ranks_that_do_not_hold_the_warning_yet(fake_slurm, holding_rank)
+    job = subprocess.Popen(["bash", str(REPO / "slurm" / "topr_job.sh"), "tiny_cpu"], cwd=REPO, text=True,
+                           env=_job_env(SLURM_JOB_ID="77", NEMO_TOPR_VENV=str(venv), NEMO_TOPR_RUN_DIR=str(run_dir),
+                                        NEMO_TOPR_GPUS_PER_NODE="2"),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_ready_ranks(run_dir, lambda: job.poll() is None)
+        for pid in _step_processes(fake_slurm):  # slurmstepd, for scancel --signal=USR1
+            os.kill(pid, signal.SIGUSR1)
+        output, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    if holding_rank is None:
+        assert job.returncode == 0 and (fake_slurm / "requeued").read_text().split() == ["77"], output
+        assert "a rank died of the warning (SIGUSR1) before it could hold it (srun status 138); " \
+               "requeueing job 77" in output, output
+    else:
+        assert job.returncode == 128 + signal.SIGTERM and not (fake_slurm / "requeued").exists(), output
+        assert "training failed (srun status 143); not requeued" in output, output
+
+
 def _real_job(job_id: str) -> str:
     return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
 
@@ -432,6 +488,32 @@ def test_a_warning_while_the_ranks_import_requeues_on_real_slurm(slurm_cluster, 
     assert sorted(trained) == list(range(48)), batch_log  # one epoch: every sample exactly once
 
 
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_warning_before_the_ranks_hold_it_requeues_the_real_job(slurm_cluster, tmp_path):
+    """The shipped 8B sbatch on real Slurm, with ranks still starting (above) when `scancel
+    --signal=USR1` comes: real srun reports both killed by it, and the job script requeues
+    instead of failing; the next start completes."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()  # for --output: slurmd does not create directories
+    venv = _venv_of_ranks_that_do_not_hold_the_warning_yet(tmp_path)
+    answer = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=2", "--gpus-per-node=2",
+                             f"--output={run_dir}/%x-%j.out", "slurm/llama31_8b.sbatch"],
+                            cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "NEMO_TOPR_CONFIG": "tiny_cpu", "NEMO_TOPR_RUN_DIR": str(run_dir),
+                                 "NEMO_TOPR_VENV": str(venv), "NEMO_TOPR_GPUS_PER_NODE": "2"})
+    assert answer.returncode == 0, answer.stderr
+    job_id = answer.stdout.strip()
+    with _cancelled_at_exit(job_id):
+        _wait_for_ready_ranks(run_dir, lambda: _real_job_state(job_id) in ("PENDING", "RUNNING"))
+        subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+        state, job, batch_log = _real_job_end(job_id, run_dir / f"topr-llama31-8b-{job_id}.out")
+    assert state == "COMPLETED" and (run_dir / "COMPLETED").exists(), job + batch_log
+    assert re.search(r"srun: error: \S+: tasks 0-1: User defined signal 1", batch_log), batch_log
+    assert "a rank died of the warning (SIGUSR1) before it could hold it (srun status 138)" in batch_log
+    assert _check_every_start_kept(run_dir, job_id, batch_log, job, "") == 1, batch_log
+
+
 def _rank_processes(job_id: str, rank: int) -> list[int]:
     """The training processes of one rank of a real job: `nemo_topr.cli train` (and its forks)
     whose environment holds this job's id and that task id (slurmstepd sets both)."""
@@ -448,7 +530,6 @@ def _rank_processes(job_id: str, rank: int) -> list[int]:
     return found
 
 
-
 def _blocks_the_warning(pid: int) -> bool:
     """Whether the process holds SIGUSR1 pending (its SigBlk mask in /proc)."""
     try:
@@ -461,13 +542,15 @@ def _blocks_the_warning(pid: int) -> bool:
 
 def _wait_until_ranks_hold_the_warning(job_id: str, ranks: int = 2) -> None:
     """Until every rank's `nemo-topr train` blocks SIGUSR1, which nemo_topr/cli.py does before its
-    imports. A warning sent earlier, while slurm/task.sh or Python itself starts, meets SIGUSR1's
-    default action and kills the rank: known, not fixed. Sending it once the rank logs exist lost
-    that race on 2026-11-27 (the two-node test, with another xdist worker loading the cores)."""
+    imports, so that the warning tests the save at an iteration boundary. Earlier, while
+    slurm/task.sh or Python itself starts, SIGUSR1 kills the rank and the job requeues without a
+    save (test_a_warning_before_the_ranks_hold_it_requeues_the_real_job). Sending it once the rank
+    logs exist met that window on 2026-11-27 (the two-node test, on loaded cores)."""
     deadline = time.monotonic() + 120
     while not all(any(map(_blocks_the_warning, _rank_processes(job_id, rank))) for rank in range(ranks)):
         assert time.monotonic() < deadline and _real_job_state(job_id) in ("PENDING", "RUNNING")
         time.sleep(0.05)
+
 
 @pytest.mark.slow
 @pytest.mark.slurm
@@ -523,9 +606,9 @@ def test_the_shipped_8b_sbatch_requeues_after_a_warning_at_a_random_moment(slurm
     """slurm/llama31_8b.sbatch itself, made the tiny 2-rank CPU run the way a user overrides a
     shipped script (sbatch options beat #SBATCH lines; NEMO_TOPR_CONFIG picks the config; the
     script's arguments are the run's overrides). SIGUSR1 to the ranks at a random moment from
-    the moment both hold it (their imports and set-up included) on: the job must end COMPLETED, requeued once if the
-    warning came before the last iteration, with every sample trained once and every start's
-    logs kept."""
+    the moment both hold it (their imports and set-up included) on: the job must end COMPLETED,
+    requeued once if the warning came before the last iteration, with every sample trained once
+    and every start's logs kept."""
     seed = int(os.environ.get("NEMO_TOPR_TEST_SEED", random.randrange(2**32)))
     delay = random.Random(seed).uniform(0, PREEMPT_WINDOW_S)
     context = f"seed {seed} (NEMO_TOPR_TEST_SEED), warning {delay:.1f} s after both ranks held it\n"

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 def test_a_two_node_job_is_preempted_requeued_and_completes_with_every_sample_once(slurm_two_nodes, demo_inputs,
                                                                                 tmp_path, monkeypatch):
     """The checks of the one-node tests, across two nodes: the warning (`scancel --signal=USR1`)
-    once both ranks have started, while they import, must end in a checkpoint, a requeue and a
+    once both ranks hold it, while they import, must end in a checkpoint, a requeue and a
     COMPLETED job, every sample trained once, both starts' logs kept."""
     monkeypatch.setenv("SLURM_CONF", slurm_two_nodes)  # this cluster's clients, here and in the job
     run_dir = tmp_path / "run"

@@ -91,3 +91,20 @@ def test_kill_on_bad_exit_sends_sigkill_killwait_seconds_after_sigterm(srun, tmp
     assert (tmp_path / "got-0").read_text() == "TERM\n"
     assert proc.returncode == 128 + signal.SIGKILL
     assert time.time() - term_at >= srun.kill_wait - 0.5  # SIGKILL came KillWait after SIGTERM
+
+
+def test_tasks_killed_by_sigusr1_make_srun_exit_128_plus_10(srun, tmp_path):
+    """What slurm/topr_job.sh requeues on: ranks that took the warning before they could hold it
+    die of SIGUSR1's default action, and srun exits 128 + 10."""
+    proc = srun.start(tmp_path, 2, LOOP, "--kill-on-bad-exit=1")
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=60) == 128 + signal.SIGUSR1
+
+
+def test_a_task_terminated_after_another_died_of_sigusr1_makes_srun_exit_128_plus_15(srun, tmp_path):
+    """The case topr_job.sh still fails: rank 0 dies of SIGUSR1 while rank 1 holds it (ignores it
+    here), and --kill-on-bad-exit's SIGTERM kills rank 1; srun takes the higher signal."""
+    body = 'if [ "$SLURM_PROCID" = 1 ]; then trap "" USR1; fi; ' + LOOP
+    proc = srun.start(tmp_path, 2, body, "--kill-on-bad-exit=1")
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
