@@ -3,6 +3,11 @@
 SHELL := /bin/bash
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
+# Run serially, the suite leaves the 2 cores 35% idle (imports, Megatron's start-up, Slurm waits),
+# so `make test` runs it on pytest-xdist workers; each test module, and all the real-Slurm modules,
+# stay on one worker (tests/conftest.py). TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 .PHONY: venv test test-fast demo clean bench miniature miniature-study miniature-study2
 
@@ -10,10 +15,10 @@ venv:
 	@scripts/setup_venv.sh
 
 test: venv
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	$(PYTHON) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: venv
-	$(PYTHON) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 demo: venv
 	$(PYTHON) -m nemo_topr.demo

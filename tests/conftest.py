@@ -23,6 +23,46 @@ REPO = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).parent / "workers"
 
 
+# The modules whose tests start a real Slurm (the `slurm_cluster` or `slurm_two_nodes` fixture):
+# one unit of work, so that a single xdist worker starts and stops those clusters.
+REAL_SLURM_MODULES = ("tests/test_slurm.py", "tests/test_slurm_cluster.py", "tests/test_slurm_two_nodes.py",
+                      "tests/test_srun.py")
+
+
+def xdist_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to on `make test`'s xdist workers: its module, so that the
+    module's fixtures are built once, or "real_slurm" for REAL_SLURM_MODULES."""
+    module = nodeid.split("::")[0]
+    return "real_slurm" if module in REAL_SLURM_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadscope`` with xdist_unit as the scope. (xdist's ``loadgroup`` cannot group under
+    pytest 9: it renames items through ``item._nodeid``, which pytest 9's ``nodeid`` ignores.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: the units with the most `slow` tests first, since xdist hands units out in
+    collection order (``--no-loadscope-reorder``) and a long unit started last leaves a worker idle."""
+    if not hasattr(config, "workerinput"):
+        return  # serial: collection order unchanged
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        units.setdefault(xdist_unit(item.nodeid), []).append(item)
+    ranked = sorted(units.values(), key=lambda unit: -sum(bool(item.get_closest_marker("slow")) for item in unit))
+    items[:] = [item for unit in ranked for item in unit]
+
+
 @contextlib.contextmanager
 def _real_slurm(*options: str):
     """``scripts/slurm_cluster.sh [options] start``, yielding its output; stopped at the end if
