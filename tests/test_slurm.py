@@ -463,9 +463,9 @@ def _cancelled_at_exit(job_id: str):
         subprocess.run(["scancel", job_id], capture_output=True)
 
 
-def _real_job_end(job_id: str, batch_output: Path) -> tuple[str, str, str]:
+def _real_job_end(job_id: str, batch_output: Path, timeout: float = 600) -> tuple[str, str, str]:
     """Waits for the job to end; returns its JobState, `scontrol show job` and its batch output."""
-    state = _wait_while_real_job(job_id, UNFINISHED)
+    state = _wait_while_real_job(job_id, UNFINISHED, timeout)
     return state, _real_job(job_id), batch_output.read_text()
 
 
@@ -664,14 +664,16 @@ def test_a_real_time_limit_preempts_with_its_warning_and_the_job_completes(slurm
     day). Once the first start has requeued the job, the test gives it 30 minutes, as an
     administrator can: the next start then resumes and completes in one go, so the test's length
     is one pre-emption plus the rest of the training, not one 2-minute start per 60-160
-    iterations (5 starts and 434 s on the slower day, near the 600 s wait's end)."""
+    iterations (5 starts and 434 s on the slower day). That rest is slow while the other xdist
+    worker of `make test` loads both cores: on 2026-11-27 the first start stopped at iteration 9
+    and the second took 580 s for the other 231, so the end is awaited up to 20 minutes."""
     run_dir, epochs = tmp_path / "run", 250
     job_id = _submit_tiny_real_job(run_dir, demo_inputs, "--time", "00:02:00", "--preemption-warning", "30",
                                    overrides=("train.global_batch_size=24", f"dataset.epochs={epochs}"))
     with _cancelled_at_exit(job_id):
         _wait_for_restart(job_id)
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=00:30:00"], check=True)
-        state, job, batch_log = _real_job_end(job_id, run_dir / f"topr-tiny_cpu-{job_id}.out")
+        state, job, batch_log = _real_job_end(job_id, run_dir / f"topr-tiny_cpu-{job_id}.out", timeout=1200)
     assert state == "COMPLETED" and (run_dir / "COMPLETED").exists(), job + batch_log
     assert _check_every_start_kept(run_dir, job_id, batch_log, job, "") == 1, batch_log  # pre-empted once
     first = run_dir / "logs" / f"job-{job_id}-start-0"
