@@ -366,7 +366,7 @@ def _wait_for_ready_ranks(run_dir: Path, alive) -> None:
     deadline = time.monotonic() + 120
     while not all((run_dir / f"ready-{rank}").exists() for rank in (0, 1)):
         assert time.monotonic() < deadline and alive()
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("holding_rank", [None, 1], ids=["no-rank-holds-it", "rank-1-holds-it"])
@@ -549,7 +549,7 @@ def _wait_until_ranks_hold_the_warning(job_id: str, ranks: int = 2) -> None:
     deadline = time.monotonic() + 120
     while not all(any(map(_blocks_the_warning, _rank_processes(job_id, rank))) for rank in range(ranks)):
         assert time.monotonic() < deadline and _real_job_state(job_id) in ("PENDING", "RUNNING")
-        time.sleep(0.05)
+        time.sleep(0.1)  # as _wait_for_real_ranks: each poll scans /proc and runs scontrol
 
 
 @pytest.mark.slow
