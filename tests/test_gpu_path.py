@@ -332,6 +332,43 @@ def test_scoring_takes_the_training_presets_model_section(megatron_world, tmp_pa
         apply_training_model_section(provider, str(typo))
 
 
+@pytest.mark.parametrize("te", [True, False])
+def test_scoring_refuses_a_training_configs_fp8_on_a_gpu_without_te(megatron_world, gpu, tmp_path, te):
+    """Without Transformer Engine the GPU route has local layers, which ignore model.fp8: scoring
+    `--train-config llama31_8b_fp8` would write BF16 scores as if they were the FP8 ones. Training
+    refuses that config there (`check_fp8`); scoring must refuse it too, and say how to go on."""
+    from nemo_topr.model import build_tiny_hf_llama, hf_llama_provider
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.training.config import ConfigError
+    from nemo_topr.training.scoring import apply_training_model_section, scoring_model_settings
+
+    gpu(te=te, apex=False)
+    hf_dir = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer())
+
+    def provider(train_config):
+        _, built = hf_llama_provider(hf_dir, load_weights=False, seq_length=512)
+        if train_config:
+            apply_training_model_section(built, train_config)
+        return built
+
+    fp8 = provider("llama31_8b_fp8")
+    if te:
+        scoring_model_settings(fp8, "llama31_8b_fp8")
+        assert (fp8.transformer_impl, fp8.fp8) == ("transformer_engine", "hybrid")
+    else:
+        with pytest.raises(ConfigError) as refused:
+            scoring_model_settings(fp8, "llama31_8b_fp8")
+        assert str(refused.value) == (
+            "--train-config llama31_8b_fp8: model.fp8=hybrid with model.transformer_impl='local': FP8 runs only in "
+            "Transformer Engine's layers, which this run does not build (TE not installed, or transformer_impl=local); "
+            "install Transformer Engine (requirements-gpu.txt) or score in BF16 on purpose: --precision bf16 without "
+            "--train-config")
+    for bf16_config in ("llama31_8b_bf16", None):  # BF16 needs no TE: local layers score it
+        built = provider(bf16_config)
+        scoring_model_settings(built, bf16_config)
+        assert built.transformer_impl == ("transformer_engine" if te else "local") and not built.fp8
+
+
 def test_an_unknown_attention_is_refused_even_under_a_known_name():
     """Transformer Engine has its own class named DotProductAttention (inside its full-layer spec);
     it is not Megatron's local attention and takes no dense mask: only registered kinds pass."""

@@ -269,19 +269,19 @@ def _check_distributed_optimizer(container: Any, device: str) -> None:
                           "unsharded)")
 
 
-def _check_fp8(model: Any, device: str) -> None:
+def check_fp8(model: Any, device: str, *, without_fp8: str = "drop it (model.fp8=null)") -> None:
     """FP8 runs only in Transformer Engine's layers on a GPU; Megatron's local layers (the CPU
-    runtime's, and a GPU's without TE) would train in fp32 or BF16 and ignore model.fp8."""
+    runtime's, and a GPU's without TE) would compute in fp32 or BF16 and ignore model.fp8.
+    `without_fp8`: how the calling command goes on without FP8, on purpose."""
     if not model.fp8:
         return
-    drop = "drop it (model.fp8=null)"
     if device == "cpu":
         raise ConfigError(f"model.fp8={model.fp8} with device=cpu: FP8 runs only in Transformer Engine's layers on a "
-                          f"GPU; the CPU runtime trains in fp32 and would ignore it. To train on the CPU, {drop}")
+                          f"GPU; the CPU runtime trains in fp32 and would ignore it. To train on the CPU, {without_fp8}")
     if model.transformer_impl != "transformer_engine":
         raise ConfigError(f"model.fp8={model.fp8} with model.transformer_impl={model.transformer_impl!r}: FP8 runs only "
                           "in Transformer Engine's layers, which this run does not build (TE not installed, or "
-                          f"transformer_impl=local); install Transformer Engine (requirements-gpu.txt) or {drop}")
+                          f"transformer_impl=local); install Transformer Engine (requirements-gpu.txt) or {without_fp8}")
 
 
 def _check_te_attention_cudnn(container: Any) -> None:
@@ -382,7 +382,7 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     _check_shared_prefix(container)
     if values["device"] == "cpu" or torch.cuda.is_available():  # this machine trains; a login node may not
         _check_distributed_optimizer(container, values["device"])
-        _check_fp8(container.model, values["device"])
+        check_fp8(container.model, values["device"])
     if torch.cuda.is_available():
         _check_te_attention_cudnn(container)
     return TrainingRun(container, objective, run_dir, base_model, raw)

@@ -39,7 +39,7 @@ from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_reco
 from nemo_topr.device import DeviceError, add_device_argument, use_device
 from nemo_topr.model_settings import device_model_settings
 from nemo_topr.progress import Progress
-from nemo_topr.training.config import ConfigError, apply_section, check_values, compose
+from nemo_topr.training.config import ConfigError, apply_section, check_fp8, check_values, compose
 
 
 def scoring_forward_step(scores: dict[int, float], config):
@@ -89,6 +89,18 @@ def apply_training_model_section(provider, train_config: str) -> dict:
     return section
 
 
+def scoring_model_settings(provider, train_config: str | None) -> None:
+    """`device_model_settings` for a forward-only build, then refuse a training config's FP8 that
+    this machine would not run: without Transformer Engine the layers are local and compute in
+    BF16, so mu would not have the numerics `--train-config` asked for."""
+    device_model_settings(provider, wrapped_in_ddp=False)
+    if train_config:
+        try:
+            check_fp8(provider, "cuda", without_fp8="score in BF16 on purpose: --precision bf16 without --train-config")
+        except ConfigError as error:
+            raise ConfigError(f"--train-config {train_config}: {error}") from None
+
+
 def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The batch's tensors on the device of the model's parameters (a no-op on CPU)."""
     device = next(model.parameters()).device
@@ -136,7 +148,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     initialize_model_parallel(tensor_parallel, pipeline_parallel)
     if torch.distributed.get_rank() == 0:
         print(f"[nemo-topr] model: {source_model.describe()}", flush=True)
-    device_model_settings(provider, wrapped_in_ddp=False)
+    scoring_model_settings(provider, train_config if device == "cuda" else None)
     if shared_prefix:  # after the layer spec is settled: the local attention, or FlexCoreAttention in TE's spec
         from nemo_topr.training.flex_attention import prepare_shared_prefix_attention
 
