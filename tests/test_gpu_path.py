@@ -332,6 +332,36 @@ def test_scoring_takes_the_training_presets_model_section(megatron_world, tmp_pa
         apply_training_model_section(provider, str(typo))
 
 
+def test_scoring_flags_that_contradict_the_training_config_are_refused(megatron_world, tmp_path, capsys):
+    """On cuda `--train-config` sets precision and TP/PP; a `--tp`, `--pp` or `--precision` given
+    with it would be silently overridden, so it is refused. On CPU the config is not applied
+    (said on stdout) and the flags hold."""
+    from nemo_topr.model import build_tiny_hf_llama, hf_llama_provider
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.training.config import ConfigError
+    from nemo_topr.training.scoring import apply_scoring_layout
+
+    hf_dir = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer())
+
+    def layout(device, train_config=None, precision=None, tensor_parallel=None, pipeline_parallel=None):
+        _, provider = hf_llama_provider(hf_dir, load_weights=False, seq_length=512)
+        apply_scoring_layout(provider, device, train_config=train_config, precision=precision,
+                             tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
+        return (provider.tensor_model_parallel_size, provider.pipeline_model_parallel_size, provider.params_dtype)
+
+    with pytest.raises(ConfigError, match=r"^--train-config llama31_8b_bf16 takes the precision and TP/PP from its "
+                                          r"model section; drop --tp, or drop --train-config"):
+        layout("cuda", "llama31_8b_bf16", tensor_parallel=1)
+    with pytest.raises(ConfigError, match="; drop --precision, --pp, or"):
+        layout("cuda", "llama31_8b_bf16", precision="fp32", pipeline_parallel=2)
+    assert layout("cuda", "llama31_8b_bf16") == (2, 1, torch.bfloat16)  # conf/llama31_8b_bf16.yaml: TP 2
+    assert capsys.readouterr().out == ""
+    assert layout("cpu", "llama31_8b_bf16", tensor_parallel=2) == (2, 1, torch.float32)
+    assert "--train-config llama31_8b_bf16 is not applied (CPU scoring is fp32)" in capsys.readouterr().out
+    assert layout("cuda") == (1, 1, torch.bfloat16) and layout("cpu") == (1, 1, torch.float32)
+    assert layout("cuda", precision="fp32", pipeline_parallel=2) == (1, 2, torch.float32)
+
+
 @pytest.mark.parametrize("te", [True, False])
 def test_scoring_refuses_a_training_configs_fp8_on_a_gpu_without_te(megatron_world, gpu, tmp_path, te):
     """Without Transformer Engine the GPU route has local layers, which ignore model.fp8: scoring

@@ -89,6 +89,29 @@ def apply_training_model_section(provider, train_config: str) -> dict:
     return section
 
 
+def apply_scoring_layout(provider, device: str, *, train_config: str | None, precision: str | None,
+                         tensor_parallel: int | None, pipeline_parallel: int | None) -> None:
+    """The scoring model's precision and TP/PP: on cuda with `train_config`, that config's model
+    section (`apply_training_model_section`), and a flag that would contradict it is refused
+    rather than silently overridden; otherwise the flags (precision: bf16 on cuda, fp32 on cpu)."""
+    if train_config and device == "cuda":
+        given = [flag for flag, value in (("--precision", precision), ("--tp", tensor_parallel),
+                                          ("--pp", pipeline_parallel)) if value is not None]
+        if given:
+            raise ConfigError(f"--train-config {train_config} takes the precision and TP/PP from its model section; "
+                              f"drop {', '.join(given)}, or drop --train-config to score with the flags")
+        apply_training_model_section(provider, train_config)
+        return
+    if train_config:  # the CPU runtime computes in fp32 with local layers whatever the preset says
+        print(f"[nemo-topr] --device cpu: --train-config {train_config} is not applied (CPU scoring is fp32)",
+              flush=True)
+    provider.tensor_model_parallel_size = 1 if tensor_parallel is None else tensor_parallel
+    provider.pipeline_model_parallel_size = 1 if pipeline_parallel is None else pipeline_parallel
+    if (precision or ("bf16" if device == "cuda" else "fp32")) == "bf16":
+        provider.bf16, provider.params_dtype = True, torch.bfloat16
+    provider.pipeline_dtype = provider.params_dtype
+
+
 def scoring_model_settings(provider, train_config: str | None) -> None:
     """`device_model_settings` for a forward-only build, then refuse a training config's FP8 that
     this machine would not run: without Transformer Engine the layers are local and compute in
@@ -108,7 +131,7 @@ def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> d
 
 
 def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, seq_length: int = 2048,
-                   tensor_parallel: int = 1, pipeline_parallel: int = 1, rows_per_batch: int = 4,
+                   tensor_parallel: int | None = None, pipeline_parallel: int | None = None, rows_per_batch: int = 4,
                    strict: bool = True, precision: str | None = None, device: str = "cuda",
                    source: dict | None = None, shared_prefix: bool = False,
                    train_config: str | None = None) -> dict:
@@ -121,8 +144,8 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     `source`: `load_records`' columns, split and extra_columns, for data in another shape; `out`
     is in our schema. `shared_prefix`: rows hold each prompt once for several of its completions
     (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), with either layer spec.
-    `train_config`: score with that training config's model section (`apply_training_model_section`:
-    its precision, FP8 recipe and TP/PP/SP replace `precision`, `tensor_parallel`, `pipeline_parallel`)."""
+    `train_config`: score with that training config's model section (`apply_scoring_layout`), in place
+    of `precision`, `tensor_parallel` and `pipeline_parallel` (default 1 each)."""
     device = use_device(device, where="--device")  # first: on CPU it hides CUDA-only packages from Megatron
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -131,21 +154,10 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     from nemo_topr.model import load_model, source_provider
 
     source_model = model_source.resolve(model_dir)
-    precision = precision or ("bf16" if device == "cuda" else "fp32")
     _, provider = source_provider(source_model, seq_length=seq_length)
-    if train_config and device == "cuda":
-        apply_training_model_section(provider, train_config)
-        tensor_parallel, pipeline_parallel = provider.tensor_model_parallel_size, provider.pipeline_model_parallel_size
-    else:
-        if train_config:  # the CPU runtime computes in fp32 with local layers whatever the preset says
-            print(f"[nemo-topr] --device cpu: --train-config {train_config} is not applied (CPU scoring is fp32)",
-                  flush=True)
-        provider.tensor_model_parallel_size = tensor_parallel
-        provider.pipeline_model_parallel_size = pipeline_parallel
-        if precision == "bf16":
-            provider.bf16, provider.params_dtype = True, torch.bfloat16
-        provider.pipeline_dtype = provider.params_dtype
-    initialize_model_parallel(tensor_parallel, pipeline_parallel)
+    apply_scoring_layout(provider, device, train_config=train_config, precision=precision,
+                         tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
+    initialize_model_parallel(provider.tensor_model_parallel_size, provider.pipeline_model_parallel_size)
     if torch.distributed.get_rank() == 0:
         print(f"[nemo-topr] model: {source_model.describe()}", flush=True)
     scoring_model_settings(provider, train_config if device == "cuda" else None)
@@ -214,13 +226,13 @@ def main(argv: list[str]) -> int:
                         "save_to_disk directory or hub name (see --columns)")
     parser.add_argument("--out", required=True, help="output JSONL with behavior_logprob set")
     parser.add_argument("--seq-length", type=int, default=2048)
-    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    parser.add_argument("--tp", type=int, help="tensor parallel size (default 1)")
+    parser.add_argument("--pp", type=int, help="pipeline parallel size (default 1)")
     parser.add_argument("--rows-per-batch", type=int, default=4)
     parser.add_argument("--precision", choices=("bf16", "fp32"),
                         help="model precision; match training's (default: bf16 on cuda, fp32 on cpu)")
     parser.add_argument("--train-config", help="score with this training config's model section (a conf/ name such "
-                        "as llama31_8b_fp8, or a YAML path): its precision incl. FP8, TP/PP/SP; replaces --precision, "
+                        "as llama31_8b_fp8, or a YAML path): its precision incl. FP8, TP/PP/SP, instead of --precision, "
                         "--tp and --pp (cuda only; see docs/training.md, 'mu and rho')")
     parser.add_argument("--shared-prefix", action="store_true",
                         help="pack each prompt once for several of its completions (fewer tokens, the same "
