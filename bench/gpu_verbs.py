@@ -49,6 +49,7 @@ from bench.gpu import ATTENTION_BACKENDS
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.doctor import (PER_TOKEN_SCORE_BOUND, CheckFailed, Doctor, Files, diagnose, per_token_difference,
                               report, scores_by_record, write_json)
+from nemo_topr.output_dir import fresh_output_dir
 from nemo_topr.training.checkpoints import replace_atomically
 
 BENCH_NOTE = ("bench/gpu.py as `python -m bench.run --sections gpu`, the 'bench gpu' check of `python -m "
@@ -188,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     deadline = started + args.deadline
     wanted = set(args.only or ("doctor", *EXTRA_CHECKS))
     if "doctor" in wanted:
-        shutil.rmtree(args.work_dir, ignore_errors=True)
-        doctor = diagnose(device, args.work_dir.resolve(), args.timeout, deadline=deadline, after_check=save)
+        work = fresh_output_dir(args.work_dir, "nemo-topr doctor")  # a mistyped --work-dir is refused
+        doctor = diagnose(device, work, args.timeout, deadline=deadline, after_check=save)
     else:  # the checks that need the doctor's files are skipped, naming what they need
         args.work_dir.mkdir(parents=True, exist_ok=True)
         doctor = Doctor(device, args.work_dir.resolve(), args.timeout, deadline, save)

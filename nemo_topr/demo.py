@@ -130,22 +130,24 @@ def _tensorboard_series(run_dir: Path, tag: str) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nemo_topr.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="runs/demo", help="demo directory (recreated)")
+    parser.add_argument("--out", default="runs/demo", help="demo directory (emptied first if an earlier demo made "
+                        "it; another non-empty one is refused)")
     parser.add_argument("--prompts", type=int, default=48, help="GSM8K train questions to use")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=3e-3,
                         help="a randomly initialised tiny model needs a far larger step than the paper's 5e-7")
     args = parser.parse_args(argv)
 
-    import shutil
-
     from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.output_dir import OutputDirError, fresh_output_dir
     from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
 
     started = time.time()
-    out = Path(args.out).resolve()
-    shutil.rmtree(out, ignore_errors=True)
-    (out / "data").mkdir(parents=True)
+    try:
+        out = fresh_output_dir(args.out, "nemo_topr.demo")
+    except OutputDirError as error:
+        raise SystemExit(f"python -m nemo_topr.demo: {error}") from None
+    (out / "data").mkdir()
     nemo_topr = [sys.executable, "-m", "nemo_topr.cli"]
 
     _stage(1, "building a tiny Llama (2 layers, GQA, SwiGLU, RoPE) and a 512-token BPE tokenizer offline")

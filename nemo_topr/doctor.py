@@ -53,6 +53,7 @@ import torch
 
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.model_settings import CUDNN_922_ATTRIBUTE, CUDNN_922_FIX, loaded_cudnn, own_cudnn_fix
+from nemo_topr.output_dir import OutputDirError, fresh_output_dir
 
 TRAIN_RECORDS_PER_PROMPT = 3  # build_graded_records: a gold and two wrong completions
 PROMPTS = 4  # 12 records packed into 512-token rows, global batch 4 rows: 2 iterations
@@ -445,15 +446,20 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_argument(parser)
     parser.add_argument("--json", type=Path, help="also write the table (and versions) as JSON here")
-    parser.add_argument("--work-dir", type=Path, help="keep the model, data, runs and logs here (default: a "
-                                                      "temporary directory, removed when every check passed)")
+    parser.add_argument("--work-dir", type=Path, help="keep the model, data, runs and logs here: a new or empty "
+                        "directory, or an earlier doctor's, emptied first (default: a temporary directory, removed "
+                        "when every check passed)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per check (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         device = resolve_device(args.device, cuda_available=torch.cuda.is_available(), where="--device")
     except DeviceError as error:
         raise SystemExit(f"nemo-topr doctor: {error}") from None
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="nemo-topr-doctor-"))
+    try:  # a rerun in the same --work-dir starts from nothing, as the first run did
+        work = fresh_output_dir(args.work_dir, "nemo-topr doctor") if args.work_dir else \
+            Path(tempfile.mkdtemp(prefix="nemo-topr-doctor-"))
+    except OutputDirError as error:
+        raise SystemExit(f"nemo-topr doctor: --work-dir {error}") from None
     progress = (lambda so_far: write_json(args.json, report(so_far, False))) if args.json else None
     doctor = diagnose(device, work.resolve(), args.timeout, after_check=progress)
     failed = [c.name for c in doctor.checks if c.status == "fail"]

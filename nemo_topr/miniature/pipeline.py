@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from nemo_topr.output_dir import OutputDirError, fresh_output_dir
+
 VARIANTS = ("sft_positive", "reinforce", "tis", "topr", "asymre", "ppo_clip")
 TELEMETRY = ("topr_loss", "positive_nll", "negative_nll", "negative_weight_mean", "positive_weight_mean",
              "effective_positive_share", "negative_truncated_share", "log_ratio_abs_mean")
@@ -269,7 +271,8 @@ def variant_overrides(variant: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nemo_topr.miniature", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="results/miniature", help="results directory (recreated)")
+    parser.add_argument("--out", default="results/miniature", help="results directory (emptied first if an earlier "
+                        "run made it; another non-empty one is refused)")
     parser.add_argument("--docs", default="docs/miniature", help="copy the table and plots here ('' to skip)")
     parser.add_argument("--task-seed", type=int, default=0)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="training seeds of the variant runs")
@@ -303,9 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     from nemo_topr.objective import baseline_for_share
 
     started = time.time()
-    out = Path(args.out).resolve()
-    shutil.rmtree(out, ignore_errors=True)
-    (out / "data").mkdir(parents=True)
+    try:
+        out = fresh_output_dir(args.out, "nemo_topr.miniature")
+    except OutputDirError as error:
+        raise SystemExit(f"python -m nemo_topr.miniature: {error}") from None
+    (out / "data").mkdir()
     results: dict = {"args": vars(args), "pretrain": [], "runs": {}, "stage_seconds": {}}
 
     save, stage_done = results_file(out / "results.json", results, started)

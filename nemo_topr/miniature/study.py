@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nemo_topr.miniature.pipeline import VARIANTS
+from nemo_topr.output_dir import OutputDirError, fresh_output_dir
 
 TIE_TOLERANCE = 0.005  # validation pass@1 within this of the best counts as tied (lr selection)
 FINAL_ONLY = 100_000   # checkpoint.save_interval beyond any run's length: only the final one is saved
@@ -211,8 +212,8 @@ class StudyRun:
             pipeline.log(f"resuming {out}: {len(self.results['datasets'])} datasets and "
                          f"{len(self.results['runs'])} runs kept")
         else:
-            shutil.rmtree(out, ignore_errors=True)
-            (out / "data").mkdir(parents=True)
+            fresh_output_dir(out, "nemo_topr.miniature.study")
+            (out / "data").mkdir()
             self.results = {"design": dataclasses.asdict(design), "deviations": deviations(design), "commit": _commit(),
                             "estimate_s": estimate_s, "stage_seconds": {}, "datasets": {}, "runs": {}}
         self.started = started
@@ -375,7 +376,8 @@ def _parser(design_class: type) -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--design", choices=DESIGNS, default="study1",
                         help="which pre-registered study: study1 (issue 19) or study2 (issue 32)")
-    parser.add_argument("--out", help="results directory (recreated; default results/miniature_study[2])")
+    parser.add_argument("--out", help="results directory (default results/miniature_study[2]; emptied first if an "
+                        "earlier study made it, another non-empty one is refused)")
     parser.add_argument("--docs", help="copy the report and plots here ('' to skip; default docs/miniature/study[2])")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the time estimate; train nothing")
     parser.add_argument("--resume", action="store_true",
@@ -416,7 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown --variants {unknown}; known: {list(VARIANTS)}")
     print(plan(design), flush=True)
     if not dry_run:
-        run(design, out, Path(docs) if docs else None, resume=resume)
+        try:
+            run(design, out, Path(docs) if docs else None, resume=resume)
+        except OutputDirError as error:
+            raise SystemExit(f"python -m nemo_topr.miniature.study: {error}") from None
     return 0
 
 
