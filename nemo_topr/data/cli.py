@@ -107,7 +107,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _curate(args: argparse.Namespace) -> int:
     from nemo_topr.data.curation import Curation, curate
-    from nemo_topr.data.records import write_jsonl
+    from nemo_topr.data.records import refuse_to_overwrite_an_input, write_jsonl
     from nemo_topr.data.stats import write_summary
 
     curation = Curation(
@@ -120,6 +120,7 @@ def _curate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     records = _load(args)
+    refuse_to_overwrite_an_input(args.out, records.report)
     result = curate(records.records, curation)
     result.stats["validation"] = records.report.to_dict()
     stats_path = args.stats or args.out.with_suffix(".stats.json")

@@ -366,6 +366,16 @@ def load_records(
     return RecordSet(records, report)
 
 
+def refuse_to_overwrite_an_input(out: str | Path, report: ValidationReport) -> None:
+    """`out` must not be a file the records were read from (`--out` naming the `--data` file, by
+    a typo or to update it in place): writing it would replace them, and the records that the
+    command drops (curated away, or bad under --no-strict) would be lost from disk."""
+    target = Path(out).resolve()
+    if any(Path(name).resolve() == target for name in report.files):
+        raise DataError(out, 0, "path", "is also this command's input: writing the output there would replace the "
+                        "records it reads; choose another output path")
+
+
 def write_jsonl(records: Sequence[Record], path: str | Path) -> None:
     """Write records in the input schema (readable again by `load_records`)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)

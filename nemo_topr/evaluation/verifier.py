@@ -24,7 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
+from nemo_topr.data.records import (Messages, Record, is_positive, load_records, refuse_to_overwrite_an_input,
+                                    write_jsonl)
 from nemo_topr.device import add_device_argument, select_device
 
 YES, NO = " Yes", " No"
@@ -148,7 +149,9 @@ def with_scores(records: Sequence[Record], scores: Sequence[float]) -> list[Reco
 
 
 def _build(args: argparse.Namespace) -> int:
-    graded = load_records(args.graded).records
+    loaded = load_records(args.graded)
+    refuse_to_overwrite_an_input(args.out, loaded.report)
+    graded = loaded.records
     judge = judge_records(graded)
     write_jsonl(judge, args.out)
     correct = sum(is_positive(record.reward) for record in graded)
@@ -157,7 +160,9 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
-    records = load_records(args.records).records
+    loaded = load_records(args.records)
+    refuse_to_overwrite_an_input(args.out, loaded.report)
+    records = loaded.records
     scores = yes_probabilities(args.model, records, args.batch_size, select_device(args.device, where="--device"))
     write_jsonl(with_scores(records, scores), args.out)
     report = {"model": str(args.model), **judge_accuracy(records, scores)}

@@ -33,7 +33,8 @@ import torch
 from nemo_topr import model_source
 from nemo_topr.data.cli import add_source_arguments, source_options
 from nemo_topr.data.packing import collate_packed, pack_sequences
-from nemo_topr.data.records import load_records, write_jsonl
+from nemo_topr.data.records import load_records, refuse_to_overwrite_an_input, write_jsonl
+from nemo_topr.data.schema import DataError
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.device import DeviceError, add_device_argument, use_device
@@ -154,6 +155,11 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     from nemo_topr.model import load_model, source_provider
 
     source_model = model_source.resolve(model_dir)
+    # the records first: a data error or an --out naming the input stops before the model loads
+    records = load_records(data, strict=strict, **(source or {}))
+    refuse_to_overwrite_an_input(out, records.report)
+    tokenizer = load_tokenizer(source_model.hf_dir)
+    tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict)
     _, provider = source_provider(source_model, seq_length=seq_length)
     apply_scoring_layout(provider, device, train_config=train_config, precision=precision,
                          tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
@@ -173,9 +179,6 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     for chunk in model:
         chunk.eval()
 
-    records = load_records(data, strict=strict, **(source or {}))
-    tokenizer = load_tokenizer(source_model.hf_dir)
-    tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict)
     sequences, pad_id = tokenized.sequences, pad_id_of(tokenizer)
     rows = pack_shared(sequences, seq_length) if shared_prefix else pack_sequences(sequences, seq_length, pad_id)
     collate = collate_shared if shared_prefix else collate_packed
@@ -248,7 +251,7 @@ def main(argv: list[str]) -> int:
                                  strict=args.strict, precision=args.precision, device=args.device,
                                  source=source_options(args), shared_prefix=args.shared_prefix,
                                  train_config=args.train_config)
-    except (DeviceError, model_source.ModelSourceError, ConfigError) as error:
+    except (DeviceError, model_source.ModelSourceError, ConfigError, DataError) as error:
         raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:
         print(json.dumps(summary, indent=2))

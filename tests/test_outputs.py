@@ -1,6 +1,9 @@
-"""Commands that empty their output directory first (`make demo`'s --out, the miniature's results,
-`doctor --work-dir`) empty only one they made: a mistyped path naming a checkout or a model is
-refused and left byte for byte as it was."""
+"""What commands write never replaces what they did not make.
+
+Directories emptied first (`make demo`'s --out, the miniature's results, `doctor --work-dir`):
+only one the same command made; a mistyped path naming a checkout or a model is refused and
+left byte for byte as it was. Record files (`score-logprobs`, `data curate`, `verifier`): never
+the file the records are read from."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import sys
 import pytest
 
 from conftest import REPO
+from nemo_topr.data.records import ValidationReport, refuse_to_overwrite_an_input
+from nemo_topr.data.schema import DataError
 from nemo_topr.output_dir import MARK, OutputDirError, fresh_output_dir
 
 
@@ -77,3 +82,51 @@ def test_each_command_refuses_a_directory_it_did_not_make_before_doing_anything(
     assert f"{model} is not empty and has no {MARK} file" in proc.stderr.strip().splitlines()[-1]
     assert "Traceback" not in proc.stderr
     assert _tree(model) == {"config.json": b'{"model_type": "llama"}'}
+
+
+def test_an_output_that_is_an_input_file_is_refused_by_any_spelling(tmp_path, monkeypatch):
+    data = tmp_path / "runs" / "graded.jsonl"
+    data.parent.mkdir()
+    data.write_text("{}\n")
+    (tmp_path / "link.jsonl").symlink_to(data)
+    report = ValidationReport(files=[str(data), str(tmp_path / "other.jsonl")])
+    monkeypatch.chdir(tmp_path)
+    for spelling in (data, "runs/graded.jsonl", "runs/../runs/graded.jsonl", "link.jsonl"):
+        with pytest.raises(DataError, match=r":0: path: is also this command's input: writing the output there "
+                                            r"would replace the records it reads; choose another output path$"):
+            refuse_to_overwrite_an_input(spelling, report)
+    refuse_to_overwrite_an_input("runs/scored.jsonl", report)  # beside it: fine
+    refuse_to_overwrite_an_input(tmp_path / "runs", ValidationReport(files=[str(tmp_path / "runs" / "a.jsonl")]))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    return build_tiny_hf_llama(tmp_path_factory.mktemp("tiny") / "hf", build_tiny_tokenizer())
+
+
+@pytest.mark.parametrize("verb", [["data", "curate", "{data}", "--target-p", "0.25", "--out", "{data}"],
+                                  ["score-logprobs", "--model", "{model}", "--data", "{data}", "--out", "{data}",
+                                   "--no-strict", "--seq-length", "512", "--device", "cpu"],
+                                  ["verifier", "build", "--graded", "{data}", "--out", "{data}"],
+                                  ["verifier", "score", "--model", "{model}", "--records", "{data}", "--out", "{data}",
+                                   "--device", "cpu"]],
+                         ids=["curate", "score-logprobs", "verifier-build", "verifier-score"])
+def test_each_command_refuses_to_write_its_records_over_its_input(tmp_path, tiny_model, verb):
+    """Curating, or scoring with --no-strict, into the input itself would lose the records it
+    drops; every command that reads records and writes records refuses, before any model loads."""
+    data = tmp_path / "graded.jsonl"
+    data.write_bytes((REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl").read_bytes())
+    before = data.read_bytes()
+    args = [part.format(data=data, model=tiny_model) for part in verb]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        f"{data}:0: path: is also this command's input: writing the output there would replace the records it "
+        "reads; choose another output path")
+    assert "Traceback" not in proc.stderr and "[nemo-topr] model:" not in proc.stdout
+    assert data.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["graded.jsonl"]
