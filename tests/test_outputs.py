@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from nemo_topr.data.records import ValidationReport, refuse_to_overwrite_an_input
+from nemo_topr.data.records import refuse_to_overwrite_an_input
 from nemo_topr.data.schema import DataError
 from nemo_topr.output_dir import MARK, OutputDirError, fresh_output_dir
 
@@ -89,14 +89,14 @@ def test_an_output_that_is_an_input_file_is_refused_by_any_spelling(tmp_path, mo
     data.parent.mkdir()
     data.write_text("{}\n")
     (tmp_path / "link.jsonl").symlink_to(data)
-    report = ValidationReport(files=[str(data), str(tmp_path / "other.jsonl")])
+    inputs = [str(data), tmp_path / "other.jsonl"]
     monkeypatch.chdir(tmp_path)
     for spelling in (data, "runs/graded.jsonl", "runs/../runs/graded.jsonl", "link.jsonl"):
         with pytest.raises(DataError, match=r":0: path: is also this command's input: writing the output there "
                                             r"would replace the records it reads; choose another output path$"):
-            refuse_to_overwrite_an_input(spelling, report)
-    refuse_to_overwrite_an_input("runs/scored.jsonl", report)  # beside it: fine
-    refuse_to_overwrite_an_input(tmp_path / "runs", ValidationReport(files=[str(tmp_path / "runs" / "a.jsonl")]))
+            refuse_to_overwrite_an_input(spelling, inputs)
+    refuse_to_overwrite_an_input("runs/scored.jsonl", inputs)  # beside it: fine
+    refuse_to_overwrite_an_input(tmp_path / "runs", [tmp_path / "runs" / "a.jsonl"])
 
 
 @pytest.fixture(scope="module")
@@ -112,13 +112,19 @@ def tiny_model(tmp_path_factory):
                                    "--no-strict", "--seq-length", "512", "--device", "cpu"],
                                   ["verifier", "build", "--graded", "{data}", "--out", "{data}"],
                                   ["verifier", "score", "--model", "{model}", "--records", "{data}", "--out", "{data}",
-                                   "--device", "cpu"]],
-                         ids=["curate", "score-logprobs", "verifier-build", "verifier-score"])
+                                   "--device", "cpu"],
+                                  ["generate", "--prompts", "{data}", "--task", "gsm8k", "--model", "{model}",
+                                   "--max-new-tokens", "4", "--device", "cpu", "--out", "{data}"]],
+                         ids=["curate", "score-logprobs", "verifier-build", "verifier-score", "generate"])
 def test_each_command_refuses_to_write_its_records_over_its_input(tmp_path, tiny_model, verb):
     """Curating, or scoring with --no-strict, into the input itself would lose the records it
-    drops; every command that reads records and writes records refuses, before any model loads."""
+    drops, and generating into the prompts file would lose the prompts: every command that reads
+    records or prompts and writes records refuses, before any model loads."""
     data = tmp_path / "graded.jsonl"
-    data.write_bytes((REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl").read_bytes())
+    if verb[0] == "generate":  # its input is prompts, which it would replace with graded records
+        data.write_text('{"prompt": "1+1=", "reference_answer": "2", "prompt_id": "p0"}\n')
+    else:
+        data.write_bytes((REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl").read_bytes())
     before = data.read_bytes()
     args = [part.format(data=data, model=tiny_model) for part in verb]
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}

@@ -120,7 +120,7 @@ def _curate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     records = _load(args)
-    refuse_to_overwrite_an_input(args.out, records.report)
+    refuse_to_overwrite_an_input(args.out, records.report.files)
     result = curate(records.records, curation)
     result.stats["validation"] = records.report.to_dict()
     stats_path = args.stats or args.out.with_suffix(".stats.json")

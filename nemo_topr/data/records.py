@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -366,12 +366,12 @@ def load_records(
     return RecordSet(records, report)
 
 
-def refuse_to_overwrite_an_input(out: str | Path, report: ValidationReport) -> None:
-    """`out` must not be a file the records were read from (`--out` naming the `--data` file, by
-    a typo or to update it in place): writing it would replace them, and the records that the
-    command drops (curated away, or bad under --no-strict) would be lost from disk."""
+def refuse_to_overwrite_an_input(out: str | Path, inputs: Iterable[str | Path]) -> None:
+    """`out` must not be one of the `inputs` files (`--out` naming the `--data` file, by a typo or
+    to update it in place): writing it would replace them, and what the command drops (curated
+    away, bad under --no-strict, prompts turned into records) would be lost from disk."""
     target = Path(out).resolve()
-    if any(Path(name).resolve() == target for name in report.files):
+    if any(Path(name).resolve() == target for name in inputs):
         raise DataError(out, 0, "path", "is also this command's input: writing the output there would replace the "
                         "records it reads; choose another output path")
 

@@ -40,7 +40,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nemo_topr.data.records import DataError, Messages, Record, write_jsonl
+from nemo_topr.data.records import DataError, Messages, Record, refuse_to_overwrite_an_input, write_jsonl
 from nemo_topr.device import add_device_argument, select_device
 from nemo_topr.grading import (
     GRADES, MAX_GRADER_ERROR_RATE, TASKS, Grade, GradeResult, GraderErrorRateExceeded, check_grader_errors,
@@ -418,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         problems = load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit)
         source = args.prompts if args.prompts in BENCHMARKS else str(Path(args.prompts).resolve())
+        refuse_to_overwrite_an_input(args.out, [] if args.prompts in BENCHMARKS else [args.prompts])
         settings, graded, errors = logged_sample_and_grade(args, problems, source, args.out, "nemo-topr generate")
     except (OSError, ValueError) as error:  # DataError, DeviceError and GraderErrorRateExceeded are ValueErrors
         print(f"nemo-topr generate: {error}", file=sys.stderr)

@@ -150,7 +150,7 @@ def with_scores(records: Sequence[Record], scores: Sequence[float]) -> list[Reco
 
 def _build(args: argparse.Namespace) -> int:
     loaded = load_records(args.graded)
-    refuse_to_overwrite_an_input(args.out, loaded.report)
+    refuse_to_overwrite_an_input(args.out, loaded.report.files)
     graded = loaded.records
     judge = judge_records(graded)
     write_jsonl(judge, args.out)
@@ -161,7 +161,7 @@ def _build(args: argparse.Namespace) -> int:
 
 def _score(args: argparse.Namespace) -> int:
     loaded = load_records(args.records)
-    refuse_to_overwrite_an_input(args.out, loaded.report)
+    refuse_to_overwrite_an_input(args.out, loaded.report.files)
     records = loaded.records
     scores = yes_probabilities(args.model, records, args.batch_size, select_device(args.device, where="--device"))
     write_jsonl(with_scores(records, scores), args.out)

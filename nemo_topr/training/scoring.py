@@ -157,7 +157,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     source_model = model_source.resolve(model_dir)
     # the records first: a data error or an --out naming the input stops before the model loads
     records = load_records(data, strict=strict, **(source or {}))
-    refuse_to_overwrite_an_input(out, records.report)
+    refuse_to_overwrite_an_input(out, records.report.files)
     tokenizer = load_tokenizer(source_model.hf_dir)
     tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict)
     _, provider = source_provider(source_model, seq_length=seq_length)
