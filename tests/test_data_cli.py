@@ -61,6 +61,17 @@ def test_validate_reports_a_missing_tokenizer(capsys, tmp_path):
     assert "tokenizer: directory does not exist" in capsys.readouterr().err
 
 
+def test_stats_refuses_an_out_that_is_a_file_and_an_unwritable_out_is_one_line(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    assert main(["data", "stats", str(SCORED), "--out", str(notes)]) == 1
+    assert capsys.readouterr().err == (f"error: --out {notes} is a file; `data stats` writes stats.json and "
+                                       "stats.png into a directory\n")
+    assert notes.read_text() == "mine"
+    assert main(["data", "stats", str(SCORED), "--out", str(notes / "stats")]) == 1  # a directory under a file
+    assert capsys.readouterr().err.startswith("error: [Errno 20] Not a directory")
+
+
 def test_stats_writes_json_and_png(tmp_path, tokenizer_dir, capsys):
     out = tmp_path / "stats"
     assert main(["data", "stats", str(SCORED), "--baseline", "0.2", "--tokenizer", str(tokenizer_dir), "--out", str(out)]) == 0

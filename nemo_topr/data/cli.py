@@ -92,6 +92,8 @@ def _warn_without_negatives(records, baseline: float) -> None:
 def _stats(args: argparse.Namespace) -> int:
     from nemo_topr.data.stats import plot_summary, summarize, write_summary
 
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file; `data stats` writes stats.json and stats.png into a directory")
     records = _load(args)
     sequences = _tokenize(args, records)[1].sequences if args.tokenizer is not None else None
     summary = summarize(records.records, baseline=args.baseline, sequences=sequences)
@@ -172,6 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except ValueError as error:  # DataError, and settings the data cannot satisfy
+    except (OSError, ValueError) as error:  # DataError, settings the data cannot satisfy, an unwritable --out
         print(f"error: {error}", file=sys.stderr)
         return 1
