@@ -49,7 +49,7 @@ from bench.gpu import ATTENTION_BACKENDS
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.doctor import (PER_TOKEN_SCORE_BOUND, CheckFailed, Doctor, Files, diagnose, per_token_difference,
                               report, scores_by_record, write_json)
-from nemo_topr.output_dir import fresh_output_dir
+from nemo_topr.outputs import fresh_output_dir
 from nemo_topr.training.checkpoints import replace_atomically
 
 BENCH_NOTE = ("bench/gpu.py as `python -m bench.run --sections gpu`, the 'bench gpu' check of `python -m "

@@ -139,13 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.output_dir import OutputDirError, fresh_output_dir
+    from nemo_topr.outputs import OutputError, fresh_output_dir
     from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
 
     started = time.time()
     try:
         out = fresh_output_dir(args.out, "nemo_topr.demo")
-    except OutputDirError as error:
+    except OutputError as error:
         raise SystemExit(f"python -m nemo_topr.demo: {error}") from None
     (out / "data").mkdir()
     nemo_topr = [sys.executable, "-m", "nemo_topr.cli"]

@@ -53,7 +53,7 @@ import torch
 
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.model_settings import CUDNN_922_ATTRIBUTE, CUDNN_922_FIX, loaded_cudnn, own_cudnn_fix
-from nemo_topr.output_dir import OutputDirError, fresh_output_dir
+from nemo_topr.outputs import OutputError, fresh_output_dir
 
 TRAIN_RECORDS_PER_PROMPT = 3  # build_graded_records: a gold and two wrong completions
 PROMPTS = 4  # 12 records packed into 512-token rows, global batch 4 rows: 2 iterations
@@ -458,7 +458,7 @@ def main(argv: list[str]) -> int:
     try:  # a rerun in the same --work-dir starts from nothing, as the first run did
         work = fresh_output_dir(args.work_dir, "nemo-topr doctor") if args.work_dir else \
             Path(tempfile.mkdtemp(prefix="nemo-topr-doctor-"))
-    except OutputDirError as error:
+    except OutputError as error:
         raise SystemExit(f"nemo-topr doctor: --work-dir {error}") from None
     progress = (lambda so_far: write_json(args.json, report(so_far, False))) if args.json else None
     doctor = diagnose(device, work.resolve(), args.timeout, after_check=progress)

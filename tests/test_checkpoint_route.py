@@ -136,7 +136,7 @@ def test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weigh
     assert back.keys() == original.keys() and all(torch.equal(back[k], original[k]) for k in original)
     assert (tmp_path / "back" / "tokenizer.json").read_text() == (tiny / "hf" / "tokenizer.json").read_text()
     assert nemo_topr("import", tiny / "hf", out, ok=False).stderr.strip().endswith(
-        "exists and is not empty; import writes a new checkpoint directory")
+        "exists and is not an empty directory; import writes a new checkpoint directory")
 
 
 def test_a_bf16_import_stores_bf16_and_loads_into_the_fp32_cpu_runtime(tiny, scored, tmp_path):

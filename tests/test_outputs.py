@@ -14,9 +14,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from nemo_topr.data.records import refuse_to_overwrite_an_input
-from nemo_topr.data.schema import DataError
-from nemo_topr.output_dir import MARK, OutputDirError, fresh_output_dir
+from nemo_topr.outputs import MARK, OutputError, fresh_output_dir, refuse_to_overwrite_an_input, writable_output_file
 
 
 def _tree(root):
@@ -48,7 +46,7 @@ def test_a_directory_the_command_did_not_make_is_refused_and_kept(tmp_path, mark
     if mark is not None:
         (out / MARK).write_text(mark + "\n")
     before = _tree(out)
-    with pytest.raises(OutputDirError) as refused:
+    with pytest.raises(OutputError) as refused:
         fresh_output_dir(out, "nemo_topr.demo")
     origin = f"was made by {mark}" if mark else f"has no {MARK} file from a nemo-topr command"
     assert str(refused.value) == (f"{out.resolve()} is not empty and {origin}: nemo_topr.demo empties its output "
@@ -59,7 +57,7 @@ def test_a_directory_the_command_did_not_make_is_refused_and_kept(tmp_path, mark
 
 def test_a_file_in_the_way_is_refused_and_kept(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(OutputDirError, match="notes.txt exists and is not a directory"):
+    with pytest.raises(OutputError, match="notes.txt exists and is not a directory"):
         fresh_output_dir(tmp_path / "notes.txt", "nemo-topr doctor")
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
@@ -92,8 +90,8 @@ def test_an_output_that_is_an_input_file_is_refused_by_any_spelling(tmp_path, mo
     inputs = [str(data), tmp_path / "other.jsonl"]
     monkeypatch.chdir(tmp_path)
     for spelling in (data, "runs/graded.jsonl", "runs/../runs/graded.jsonl", "link.jsonl"):
-        with pytest.raises(DataError, match=r":0: path: is also this command's input: writing the output there "
-                                            r"would replace the records it reads; choose another output path$"):
+        with pytest.raises(OutputError, match=r" is also this command's input: writing the output there would "
+                                              r"replace what it reads; choose another output path$"):
             refuse_to_overwrite_an_input(spelling, inputs)
     refuse_to_overwrite_an_input("runs/scored.jsonl", inputs)  # beside it: fine
     refuse_to_overwrite_an_input(tmp_path / "runs", [tmp_path / "runs" / "a.jsonl"])
@@ -132,7 +130,48 @@ def test_each_command_refuses_to_write_its_records_over_its_input(tmp_path, tiny
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].endswith(
-        f"{data}:0: path: is also this command's input: writing the output there would replace the records it "
-        "reads; choose another output path")
+        f"{data} is also this command's input: writing the output there would replace what it reads; choose "
+        "another output path")
     assert "Traceback" not in proc.stderr and "[nemo-topr] model:" not in proc.stdout
     assert data.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["graded.jsonl"]
+
+
+def test_an_output_file_in_place_of_a_directory_or_under_a_file_is_refused_and_its_directory_made(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match=r"^--out .*/results is a directory; a file is written there: name the file$"):
+        writable_output_file(tmp_path / "results")
+    with pytest.raises(OutputError, match=r"^--samples-out .*/notes.txt/s.jsonl: its directory cannot be made "
+                                          r"\(File exists: .*/notes.txt\)$"):
+        writable_output_file(tmp_path / "notes.txt" / "s.jsonl", "--samples-out")
+    assert writable_output_file(tmp_path / "new" / "deeper" / "r.json") == tmp_path / "new" / "deeper" / "r.json"
+    assert (tmp_path / "new" / "deeper").is_dir() and not (tmp_path / "new" / "deeper" / "r.json").exists()
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("verb, expected", [
+    (["score-logprobs", "--model", "{model}", "--data", "{data}", "--out", "{file}/scored.jsonl", "--device", "cpu"],
+     "--out {file}/scored.jsonl: its directory cannot be made (File exists: {file})"),
+    (["eval", "--model", "{model}", "--benchmark", "gsm8k", "--limit", "1", "--device", "cpu", "--out", "{dir}"],
+     "--out {dir} is a directory; a file is written there: name the file"),
+    (["generate", "--prompts", "gsm8k-test", "--limit", "1", "--model", "{model}", "--device", "cpu",
+      "--out", "{file}/g.jsonl"], "--out {file}/g.jsonl: its directory cannot be made (File exists: {file})"),
+    (["import", "{model}", "{file}"], "{file}: exists and is not an empty directory; import writes a new checkpoint "
+                                      "directory"),
+], ids=["score-logprobs", "eval", "generate", "import"])
+def test_an_output_path_that_cannot_be_written_stops_the_command_before_its_work(tmp_path, tiny_model, verb,
+                                                                                 expected):
+    """Not after hours of sampling or scoring: a one-line error, nothing written, nothing loaded."""
+    data = tmp_path / "graded.jsonl"
+    data.write_bytes((REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl").read_bytes())
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "results").mkdir()
+    paths = {"data": data, "model": tiny_model, "file": tmp_path / "notes.txt", "dir": tmp_path / "results"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *[part.format(**paths) for part in verb]],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].endswith(expected.format(**paths))
+    assert "Traceback" not in proc.stderr and "[nemo-topr] model:" not in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graded.jsonl", "notes.txt", "results"]
+    assert not any((tmp_path / "results").iterdir()) and (tmp_path / "notes.txt").read_text() == "mine"

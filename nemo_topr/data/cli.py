@@ -109,8 +109,9 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _curate(args: argparse.Namespace) -> int:
     from nemo_topr.data.curation import Curation, curate
-    from nemo_topr.data.records import refuse_to_overwrite_an_input, write_jsonl
+    from nemo_topr.data.records import write_jsonl
     from nemo_topr.data.stats import write_summary
+    from nemo_topr.outputs import refuse_to_overwrite_an_input
 
     curation = Curation(
         dedup=args.dedup,

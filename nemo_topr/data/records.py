@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -364,16 +364,6 @@ def load_records(
         problem = f"no usable records ({report.records_in} read, all dropped: {dict(report.dropped)})"
         raise DataError(spec_name(paths), 0, "dataset", problem)
     return RecordSet(records, report)
-
-
-def refuse_to_overwrite_an_input(out: str | Path, inputs: Iterable[str | Path]) -> None:
-    """`out` must not be one of the `inputs` files (`--out` naming the `--data` file, by a typo or
-    to update it in place): writing it would replace them, and what the command drops (curated
-    away, bad under --no-strict, prompts turned into records) would be lost from disk."""
-    target = Path(out).resolve()
-    if any(Path(name).resolve() == target for name in inputs):
-        raise DataError(out, 0, "path", "is also this command's input: writing the output there would replace the "
-                        "records it reads; choose another output path")
 
 
 def write_jsonl(records: Sequence[Record], path: str | Path) -> None:

@@ -43,6 +43,7 @@ from nemo_topr.evaluation.generate import (
 )
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics
 from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, same_answer
+from nemo_topr.outputs import writable_output_file
 
 EVAL_BENCHMARKS = {"gsm8k": "gsm8k-test", "math500": "math500"}
 
@@ -196,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         print("nemo-topr eval: --benchmark needs --model", file=sys.stderr)
         return 2
     try:
+        writable_output_file(args.out)  # now, not after the sampling
+        if args.samples_out:
+            writable_output_file(args.samples_out, "--samples-out")
         results = _evaluate_model(args) if args.benchmark else _evaluate_records(args)
     except (OSError, ValueError) as error:  # DataError is a ValueError
         print(f"nemo-topr eval: {error}", file=sys.stderr)

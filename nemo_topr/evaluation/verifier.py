@@ -24,9 +24,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nemo_topr.data.records import (Messages, Record, is_positive, load_records, refuse_to_overwrite_an_input,
-                                    write_jsonl)
+from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
 from nemo_topr.device import add_device_argument, select_device
+from nemo_topr.outputs import refuse_to_overwrite_an_input, writable_output_file
 
 YES, NO = " Yes", " No"
 JUDGE_QUESTION = "Is the answer correct? Answer Yes or No."
@@ -162,6 +162,7 @@ def _build(args: argparse.Namespace) -> int:
 def _score(args: argparse.Namespace) -> int:
     loaded = load_records(args.records)
     refuse_to_overwrite_an_input(args.out, loaded.report.files)
+    writable_output_file(args.out)
     records = loaded.records
     scores = yes_probabilities(args.model, records, args.batch_size, select_device(args.device, where="--device"))
     write_jsonl(with_scores(records, scores), args.out)

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from nemo_topr.output_dir import OutputDirError, fresh_output_dir
+from nemo_topr.outputs import OutputError, fresh_output_dir
 
 VARIANTS = ("sft_positive", "reinforce", "tis", "topr", "asymre", "ppo_clip")
 TELEMETRY = ("topr_loss", "positive_nll", "negative_nll", "negative_weight_mean", "positive_weight_mean",
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     try:
         out = fresh_output_dir(args.out, "nemo_topr.miniature")
-    except OutputDirError as error:
+    except OutputError as error:
         raise SystemExit(f"python -m nemo_topr.miniature: {error}") from None
     (out / "data").mkdir()
     results: dict = {"args": vars(args), "pretrain": [], "runs": {}, "stage_seconds": {}}

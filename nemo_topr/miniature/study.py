@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nemo_topr.miniature.pipeline import VARIANTS
-from nemo_topr.output_dir import OutputDirError, fresh_output_dir
+from nemo_topr.outputs import OutputError, fresh_output_dir
 
 TIE_TOLERANCE = 0.005  # validation pass@1 within this of the best counts as tied (lr selection)
 FINAL_ONLY = 100_000   # checkpoint.save_interval beyond any run's length: only the final one is saved
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     if not dry_run:
         try:
             run(design, out, Path(docs) if docs else None, resume=resume)
-        except OutputDirError as error:
+        except OutputError as error:
             raise SystemExit(f"python -m nemo_topr.miniature.study: {error}") from None
     return 0
 

@@ -51,8 +51,12 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
     if source.is_megatron:
         raise ModelSourceError(f"{hf_dir}: already a Megatron checkpoint ({source.describe()}); nothing to import")
     out = Path(out).resolve()
-    if out.exists() and any(out.iterdir()):
-        raise ModelSourceError(f"{out}: exists and is not empty; import writes a new checkpoint directory")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ModelSourceError(f"{out}: exists and is not an empty directory; import writes a new checkpoint directory")
+    try:  # now, not after minutes of loading: a path that cannot be made stops the import here
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ModelSourceError(f"{out}: cannot be made ({error.strerror}: {error.filename})") from None
     dtype = dtype or hf_dtype(source.hf_dir)
     cpu_runtime.enable_cpu_runtime()
     from megatron.bridge import AutoBridge
@@ -70,7 +74,6 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
         parameters = sum(p.numel() for chunk in model for p in chunk.parameters())
         loaded = time.monotonic()
         _progress(f"[2/3] {parameters:,} parameters loaded in {loaded - started:.1f} s; writing {out}")
-        out.mkdir(parents=True, exist_ok=True)
         # the HF files first: the tracker Bridge writes last then marks the whole import complete
         write_hf_artifacts(source, out)
         bridge.save_megatron_model(model, str(out), hf_tokenizer_path=str(source.hf_dir), low_memory_save=True)

@@ -33,12 +33,13 @@ import torch
 from nemo_topr import model_source
 from nemo_topr.data.cli import add_source_arguments, source_options
 from nemo_topr.data.packing import collate_packed, pack_sequences
-from nemo_topr.data.records import load_records, refuse_to_overwrite_an_input, write_jsonl
+from nemo_topr.data.records import load_records, write_jsonl
 from nemo_topr.data.schema import DataError
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.device import DeviceError, add_device_argument, use_device
 from nemo_topr.model_settings import device_model_settings
+from nemo_topr.outputs import OutputError, refuse_to_overwrite_an_input, writable_output_file
 from nemo_topr.progress import Progress
 from nemo_topr.training.config import ConfigError, apply_section, check_fp8, check_values, compose
 
@@ -158,6 +159,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     # the records first: a data error or an --out naming the input stops before the model loads
     records = load_records(data, strict=strict, **(source or {}))
     refuse_to_overwrite_an_input(out, records.report.files)
+    writable_output_file(out)
     tokenizer = load_tokenizer(source_model.hf_dir)
     tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict)
     _, provider = source_provider(source_model, seq_length=seq_length)
@@ -251,7 +253,7 @@ def main(argv: list[str]) -> int:
                                  strict=args.strict, precision=args.precision, device=args.device,
                                  source=source_options(args), shared_prefix=args.shared_prefix,
                                  train_config=args.train_config)
-    except (DeviceError, model_source.ModelSourceError, ConfigError, DataError) as error:
+    except (DeviceError, model_source.ModelSourceError, ConfigError, DataError, OutputError) as error:
         raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:
         print(json.dumps(summary, indent=2))

@@ -1,0 +1,66 @@
+"""What a command writes, checked before it works: nothing it did not make is replaced, and a
+path that cannot be written stops it at once rather than after hours of sampling or scoring.
+
+- Output directories that a command empties before it fills them again (`make demo`'s --out,
+  the miniature's results, `doctor --work-dir`): only ever one that the same command made. A
+  mistyped path could name a checkout, a model or a home directory, so emptying is allowed only
+  where the directory does not exist, is empty, or holds the mark that the command left there
+  (`MARK`, one line: the command's name).
+- Output files: never one of the command's inputs, never a directory, and their directory is
+  made first."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+MARK = ".nemo-topr-output"
+
+
+class OutputError(ValueError):
+    """A directory that the command would have to empty but did not make."""
+
+
+def fresh_output_dir(path: str | Path, command: str) -> Path:
+    """`path` resolved, empty but for `command`'s mark; raises OutputError where emptying it
+    could remove what `command` did not make."""
+    path = Path(path).resolve()
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{path} exists and is not a directory: {command} writes a directory there; "
+                             "choose another path")
+    if path.is_dir() and any(path.iterdir()):
+        mark = path / MARK
+        made_by = mark.read_text(encoding="utf-8").strip() if mark.is_file() else None
+        if made_by != command:
+            origin = f"was made by {made_by}" if made_by else f"has no {MARK} file from a nemo-topr command"
+            raise OutputError(f"{path} is not empty and {origin}: {command} empties its output directory first, "
+                                 "so it leaves this one as it is; choose a new or empty directory (or remove this "
+                                 "one yourself)")
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / MARK).write_text(command + "\n", encoding="utf-8")
+    return path
+
+
+def refuse_to_overwrite_an_input(out: str | Path, inputs: Iterable[str | Path]) -> None:
+    """`out` must not be one of the `inputs` files (`--out` naming the `--data` file, by a typo or
+    to update it in place): writing it would replace them, and what the command drops (curated
+    away, bad under --no-strict, prompts turned into records) would be lost from disk."""
+    target = Path(out).resolve()
+    if any(Path(name).resolve() == target for name in inputs):
+        raise OutputError(f"{out} is also this command's input: writing the output there would replace what it "
+                          "reads; choose another output path")
+
+
+def writable_output_file(path: str | Path, flag: str = "--out") -> Path:
+    """`path`, with its directory made now: a directory in its place, or a parent that cannot be
+    made, is refused before the command's work instead of when it writes."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{flag} {path} is a directory; a file is written there: name the file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"{flag} {path}: its directory cannot be made ({error.strerror}: {error.filename})") from None
+    return path
