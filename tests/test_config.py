@@ -124,6 +124,24 @@ def test_train_iters_is_refused_naming_the_key_to_use(tiny_hf, tmp_path):
             _run(tiny_hf, tmp_path, f"train.train_iters={value}")
 
 
+def test_a_model_given_as_run_dir_is_refused_and_left_as_it_was(tiny_hf, tmp_path):
+    """base_model and run_dir swapped, or an export named as the run: a run would write its
+    checkpoints, configs and ledgers into the model. An empty directory, or one holding only a
+    Slurm job's logs, is a new run's."""
+    before = {path: path.read_bytes() for path in tiny_hf.rglob("*") if path.is_file()}
+    with pytest.raises(ConfigError, match=rf"^run_dir={tiny_hf} is a model, Hugging Face directory {tiny_hf}; a run "
+                                          r"writes its checkpoints, configs and logs into run_dir, so it must be a "
+                                          r"new directory or a run's \(the model goes in base_model=\)$"):
+        _run(tiny_hf, tiny_hf)
+    assert {path: path.read_bytes() for path in tiny_hf.rglob("*") if path.is_file()} == before
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(ConfigError, match=rf"^run_dir={notes} is a file; a run writes a directory there$"):
+        _run(tiny_hf, notes)
+    (tmp_path / "slurm_run" / "logs" / "job-7-start-0").mkdir(parents=True)
+    assert _run(tiny_hf, tmp_path / "slurm_run").run_dir == tmp_path / "slurm_run"
+
+
 def test_negative_sequence_length_is_a_clear_error(tiny_hf, tmp_path):
     with pytest.raises(ConfigError, match="model.seq_length=-8 must be at least 2"):
         _run(tiny_hf, tmp_path, "model.seq_length=-8")

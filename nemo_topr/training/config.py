@@ -320,6 +320,24 @@ class TrainingRun:
     raw: DictConfig  # the composed YAML, saved into run_dir
 
 
+def _check_run_dir(run_dir: Path) -> None:
+    """run_dir is where a run writes its checkpoints, configs and ledgers: an existing model
+    directory there (a Hugging Face or Megatron checkpoint given as run_dir by mistake, say for
+    base_model) is refused before anything is written into it. A run directory is its own resume."""
+    if run_dir.is_file():
+        raise ConfigError(f"run_dir={run_dir} is a file; a run writes a directory there")
+    if not run_dir.is_dir():
+        return
+    try:
+        found = model_source.resolve(run_dir)
+    except model_source.ModelSourceError:
+        return  # no model: an empty directory, Slurm's logs, or anything a run may share
+    if found.kind != "run":
+        raise ConfigError(f"run_dir={run_dir} is a model, {found.describe()}; a run writes its checkpoints, configs "
+                          "and logs into run_dir, so it must be a new directory or a run's (the model goes in "
+                          "base_model=)")
+
+
 def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, ObjectiveConfig]:
     """The checks that need no Megatron import (a second, not the ~25 s of Bridge's): required
     keys, train.train_iters, `base_model` (with training state to resume if resume_from_base),
@@ -341,6 +359,7 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
         base_model = model_source.resolve(values["base_model"])
     except model_source.ModelSourceError as error:
         raise ConfigError(str(error)) from None
+    _check_run_dir(Path(values["run_dir"]))
     if values.get("resume_from_base"):
         check_resumable(base_model)
     objective = objective_from(values.get("objective") or {})
