@@ -190,6 +190,22 @@ def test_submit_without_image_needs_an_existing_venv_and_the_inputs(tmp_path, ca
     assert len(problems) == 3
 
 
+def test_submit_refuses_a_model_as_run_dir_before_writing_its_script_there(tmp_path, capsys):
+    """`train` would refuse it on the cluster (`check_run_dir`); submit says so before queueing."""
+    model = _hf_model_dir(tmp_path / "models")
+    data = tmp_path / "scored.jsonl"
+    data.write_text("{}\n")
+    before = sorted(path.name for path in model.iterdir())
+    status, _, err = _submit(capsys, "--config", "llama31_8b_bf16", "--run-dir", str(model), "--venv", sys.prefix,
+                             "--dry-run", f"base_model={model}", f"dataset.train_path={data}")
+    assert status == 1
+    problems = [line.removeprefix("  - ") for line in err.splitlines() if line.startswith("  - ")]
+    assert problems == [f"run_dir={model} is a model, Hugging Face directory {model}; a run writes its checkpoints, "
+                        "configs and logs into run_dir, so it must be a new directory or a run's (the model goes in "
+                        "base_model=)"]
+    assert sorted(path.name for path in model.iterdir()) == before
+
+
 @pytest.mark.parametrize("limit, seconds", [("30", 1800), ("30:15", 1815), ("04:00:00", 14400),
                                             ("2-00", 172800), ("1-02:03", 93780), ("1-02:03:04", 93784)])
 def test_time_limit_formats_of_sbatch(limit, seconds):

@@ -152,7 +152,9 @@ def check_environment(job: ClusterJob, paths: dict[str, Path], mounts: list[Moun
 def check_inputs(on_host: dict[str, Path], base_model_spec: str) -> list[str]:
     """The starting model is complete (`nemo_topr.model_source`: an HF directory with config and
     tokenizer, or a finished Megatron checkpoint carrying its HF config), the data exists and the
-    run directory can be created."""
+    run directory can be created and is no model."""
+    from nemo_topr.training.config import ConfigError, check_run_dir
+
     problems = []
     model = on_host.get("base_model")
     if model is not None:
@@ -168,6 +170,10 @@ def check_inputs(on_host: dict[str, Path], base_model_spec: str) -> list[str]:
         existing = next(parent for parent in (run_dir, *run_dir.parents) if parent.exists())
         if not (existing.is_dir() and os.access(existing, os.W_OK)):
             problems.append(f"run_dir={run_dir} cannot be created: {existing} is not a writable directory")
+        try:
+            check_run_dir(run_dir)  # train's own refusal, before the job script is written into it
+        except ConfigError as error:
+            problems.append(str(error))
     return problems
 
 

@@ -320,7 +320,7 @@ class TrainingRun:
     raw: DictConfig  # the composed YAML, saved into run_dir
 
 
-def _check_run_dir(run_dir: Path) -> None:
+def check_run_dir(run_dir: Path) -> None:
     """run_dir is where a run writes its checkpoints, configs and ledgers: an existing model
     directory there (a Hugging Face or Megatron checkpoint given as run_dir by mistake, say for
     base_model) is refused before anything is written into it. A run directory is its own resume."""
@@ -359,7 +359,7 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
         base_model = model_source.resolve(values["base_model"])
     except model_source.ModelSourceError as error:
         raise ConfigError(str(error)) from None
-    _check_run_dir(Path(values["run_dir"]))
+    check_run_dir(Path(values["run_dir"]))
     if values.get("resume_from_base"):
         check_resumable(base_model)
     objective = objective_from(values.get("objective") or {})
