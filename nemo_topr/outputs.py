@@ -19,7 +19,7 @@ MARK = ".nemo-topr-output"
 
 
 class OutputError(ValueError):
-    """A directory that the command would have to empty but did not make."""
+    """An output path that the command refuses before it starts its work."""
 
 
 def fresh_output_dir(path: str | Path, command: str) -> Path:
@@ -28,15 +28,15 @@ def fresh_output_dir(path: str | Path, command: str) -> Path:
     path = Path(path).resolve()
     if path.exists() and not path.is_dir():
         raise OutputError(f"{path} exists and is not a directory: {command} writes a directory there; "
-                             "choose another path")
+                          "choose another path")
     if path.is_dir() and any(path.iterdir()):
         mark = path / MARK
         made_by = mark.read_text(encoding="utf-8").strip() if mark.is_file() else None
         if made_by != command:
             origin = f"was made by {made_by}" if made_by else f"has no {MARK} file from a nemo-topr command"
             raise OutputError(f"{path} is not empty and {origin}: {command} empties its output directory first, "
-                                 "so it leaves this one as it is; choose a new or empty directory (or remove this "
-                                 "one yourself)")
+                              "so it leaves this one as it is; choose a new or empty directory (or remove this "
+                              "one yourself)")
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / MARK).write_text(command + "\n", encoding="utf-8")
