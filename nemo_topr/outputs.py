@@ -53,9 +53,11 @@ def refuse_to_overwrite_an_input(out: str | Path, inputs: Iterable[str | Path]) 
                           "reads; choose another output path")
 
 
-def writable_output_file(path: str | Path, flag: str = "--out") -> Path:
-    """`path`, with its directory made now: a directory in its place, or a parent that cannot be
-    made, is refused before the command's work instead of when it writes."""
+def writable_output_file(path: str | Path, flag: str = "--out", *, inputs: Iterable[str | Path] = ()) -> Path:
+    """`path`, with its directory made now: one of the command's `inputs`
+    (`refuse_to_overwrite_an_input`), a directory in its place, or a parent that cannot be made,
+    is refused before the command's work instead of when it writes."""
+    refuse_to_overwrite_an_input(path, inputs)
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{flag} {path} is a directory; a file is written there: name the file")

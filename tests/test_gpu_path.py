@@ -345,8 +345,10 @@ def test_scoring_flags_that_contradict_the_training_config_are_refused(megatron_
 
     def layout(device, train_config=None, precision=None, tensor_parallel=None, pipeline_parallel=None):
         _, provider = hf_llama_provider(hf_dir, load_weights=False, seq_length=512)
-        apply_scoring_layout(provider, device, train_config=train_config, precision=precision,
-                             tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
+        applied = apply_scoring_layout(provider, device, train_config=train_config, precision=precision,
+                                       tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
+        # what scoring_model_settings then checks FP8 against: the config only where it was applied
+        assert applied == (train_config if device == "cuda" else None)
         return (provider.tensor_model_parallel_size, provider.pipeline_model_parallel_size, provider.params_dtype)
 
     with pytest.raises(ConfigError, match=r"^--train-config llama31_8b_bf16 takes the precision and TP/PP from its "

@@ -161,8 +161,7 @@ def _build(args: argparse.Namespace) -> int:
 
 def _score(args: argparse.Namespace) -> int:
     loaded = load_records(args.records)
-    refuse_to_overwrite_an_input(args.out, loaded.report.files)
-    writable_output_file(args.out)
+    writable_output_file(args.out, inputs=loaded.report.files)
     records = loaded.records
     scores = yes_probabilities(args.model, records, args.batch_size, select_device(args.device, where="--device"))
     write_jsonl(with_scores(records, scores), args.out)

@@ -39,7 +39,7 @@ from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.device import DeviceError, add_device_argument, use_device
 from nemo_topr.model_settings import device_model_settings
-from nemo_topr.outputs import OutputError, refuse_to_overwrite_an_input, writable_output_file
+from nemo_topr.outputs import OutputError, writable_output_file
 from nemo_topr.progress import Progress
 from nemo_topr.training.config import ConfigError, apply_section, check_fp8, check_values, compose
 
@@ -92,10 +92,11 @@ def apply_training_model_section(provider, train_config: str) -> dict:
 
 
 def apply_scoring_layout(provider, device: str, *, train_config: str | None, precision: str | None,
-                         tensor_parallel: int | None, pipeline_parallel: int | None) -> None:
+                         tensor_parallel: int | None, pipeline_parallel: int | None) -> str | None:
     """The scoring model's precision and TP/PP: on cuda with `train_config`, that config's model
     section (`apply_training_model_section`), and a flag that would contradict it is refused
-    rather than silently overridden; otherwise the flags (precision: bf16 on cuda, fp32 on cpu)."""
+    rather than silently overridden; otherwise the flags (precision: bf16 on cuda, fp32 on cpu).
+    Returns the training config applied, or None."""
     if train_config and device == "cuda":
         given = [flag for flag, value in (("--precision", precision), ("--tp", tensor_parallel),
                                           ("--pp", pipeline_parallel)) if value is not None]
@@ -103,7 +104,7 @@ def apply_scoring_layout(provider, device: str, *, train_config: str | None, pre
             raise ConfigError(f"--train-config {train_config} takes the precision and TP/PP from its model section; "
                               f"drop {', '.join(given)}, or drop --train-config to score with the flags")
         apply_training_model_section(provider, train_config)
-        return
+        return train_config
     if train_config:  # the CPU runtime computes in fp32 with local layers whatever the preset says
         print(f"[nemo-topr] --device cpu: --train-config {train_config} is not applied (CPU scoring is fp32)",
               flush=True)
@@ -112,6 +113,7 @@ def apply_scoring_layout(provider, device: str, *, train_config: str | None, pre
     if (precision or ("bf16" if device == "cuda" else "fp32")) == "bf16":
         provider.bf16, provider.params_dtype = True, torch.bfloat16
     provider.pipeline_dtype = provider.params_dtype
+    return None
 
 
 def scoring_model_settings(provider, train_config: str | None) -> None:
@@ -158,17 +160,16 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     source_model = model_source.resolve(model_dir)
     # the records first: a data error or an --out naming the input stops before the model loads
     records = load_records(data, strict=strict, **(source or {}))
-    refuse_to_overwrite_an_input(out, records.report.files)
-    writable_output_file(out)
+    writable_output_file(out, inputs=records.report.files)
     tokenizer = load_tokenizer(source_model.hf_dir)
     tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict)
     _, provider = source_provider(source_model, seq_length=seq_length)
-    apply_scoring_layout(provider, device, train_config=train_config, precision=precision,
-                         tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
+    applied = apply_scoring_layout(provider, device, train_config=train_config, precision=precision,
+                                   tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
     initialize_model_parallel(provider.tensor_model_parallel_size, provider.pipeline_model_parallel_size)
     if torch.distributed.get_rank() == 0:
         print(f"[nemo-topr] model: {source_model.describe()}", flush=True)
-    scoring_model_settings(provider, train_config if device == "cuda" else None)
+    scoring_model_settings(provider, applied)
     if shared_prefix:  # after the layer spec is settled: the local attention, or FlexCoreAttention in TE's spec
         from nemo_topr.training.flex_attention import prepare_shared_prefix_attention
 
