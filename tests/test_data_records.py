@@ -222,6 +222,23 @@ def test_written_records_read_back_identically(tmp_path):
     assert [r.to_json() for r in load_records(tmp_path / "out.jsonl").records] == [r.to_json() for r in records]
 
 
+def test_a_write_that_fails_half_way_leaves_the_earlier_file_and_no_part(tmp_path):
+    records = load_records(SCORED).records
+    out = tmp_path / "scored.jsonl"
+    out.write_text("an earlier result\n")
+
+    class Unwritable(Record):
+        def to_json(self):
+            raise OSError("No space left on device")
+
+    broken = Unwritable(prompt="q", completion="c", reward=1.0)
+    with pytest.raises(OSError, match="No space left"):
+        write_jsonl([*records[:5], broken], out)  # five records written before it fails
+    assert out.read_text() == "an earlier result\n" and sorted(p.name for p in tmp_path.iterdir()) == ["scored.jsonl"]
+    write_jsonl(records, out)
+    assert len(out.read_text().splitlines()) == len(records)
+
+
 def test_records_convert_to_a_hugging_face_dataset():
     dataset = load_records(FIXTURES / "math500_chat.jsonl").to_hf_dataset()
     assert len(dataset) == 6 and dataset[0]["prompt"][0]["role"] == "system"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -367,8 +368,17 @@ def load_records(
 
 
 def write_jsonl(records: Sequence[Record], path: str | Path) -> None:
-    """Write records in the input schema (readable again by `load_records`)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with Path(path).open("w", encoding="utf-8") as out:
-        for record in records:
-            out.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+    """Write records in the input schema (readable again by `load_records`), whole or not at all:
+    streamed into PATH.partial, renamed over `path` once complete (as `replace_atomically` does),
+    so a kill or an error half-way leaves neither half a dataset under that name nor the file it
+    was to replace (`--overwrite`) lost."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with partial.open("w", encoding="utf-8") as out:
+            for record in records:
+                out.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
