@@ -53,7 +53,7 @@ import torch
 
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.model_settings import CUDNN_922_ATTRIBUTE, CUDNN_922_FIX, loaded_cudnn, own_cudnn_fix
-from nemo_topr.outputs import OutputError, fresh_output_dir
+from nemo_topr.outputs import OutputError, add_overwrite_argument, fresh_output_dir, writable_output_file
 
 TRAIN_RECORDS_PER_PROMPT = 3  # build_graded_records: a gold and two wrong completions
 PROMPTS = 4  # 12 records packed into 512-token rows, global batch 4 rows: 2 iterations
@@ -446,6 +446,7 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_argument(parser)
     parser.add_argument("--json", type=Path, help="also write the table (and versions) as JSON here")
+    add_overwrite_argument(parser)
     parser.add_argument("--work-dir", type=Path, help="keep the model, data, runs and logs here: a new or empty "
                         "directory, or an earlier doctor's, emptied first (default: a temporary directory, removed "
                         "when every check passed)")
@@ -454,6 +455,11 @@ def main(argv: list[str]) -> int:
     try:
         device = resolve_device(args.device, cuda_available=torch.cuda.is_available(), where="--device")
     except DeviceError as error:
+        raise SystemExit(f"nemo-topr doctor: {error}") from None
+    try:
+        if args.json:
+            writable_output_file(args.json, "--json", overwrite=args.overwrite)
+    except OutputError as error:
         raise SystemExit(f"nemo-topr doctor: {error}") from None
     try:  # a rerun in the same --work-dir starts from nothing, as the first run did
         work = fresh_output_dir(args.work_dir, "nemo-topr doctor") if args.work_dir else \

@@ -8,6 +8,8 @@ takes it): `score` and `train` read that checkpoint directly, weights only (fres
 iteration count and data order), so nothing is converted between rounds. Each round is still
 exported to Hugging Face (OUT/round_r/model) for `eval` and for the next round's `generate`,
 which sample with transformers; a Megatron base model is exported once too, to OUT/start/model.
+OUT must be new, empty or an earlier `iterate`'s (its `.nemo-topr-output` mark): nothing in it is
+deleted, but a stage that is rerun replaces its outputs (it runs with --overwrite).
 The starting model is evaluated too, in OUT/start/. Each stage runs the
 user-facing `nemo-topr` command in a subprocess (`generate` samples and grades in one command).
 A stage that succeeds leaves a done-marker, STAGE.done.json, holding its arguments, outputs and
@@ -44,6 +46,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nemo_topr import model_source
 from nemo_topr.data.records import Record, is_positive
 from nemo_topr.device import DEVICES
+from nemo_topr.outputs import OutputError, claimed_output_dir
 
 CURATION_MODES = ("anna_karenina", "target_p", "target_p_tilde", "none")
 SUBSAMPLING_MODES = ("target_p", "target_p_tilde")  # they need positives and negatives
@@ -163,6 +166,9 @@ class Stage:
     args: tuple[str, ...]  # `nemo-topr` arguments, verb first
     outputs: tuple[Path, ...] = ()
     redo_if_changed: bool = False  # for stages nothing depends on (the plot)
+    # run with --overwrite: a rerun replaces what this stage's failed try left in the driver's own
+    # directory. Not recorded in args, so the marker compares only what decides the outputs.
+    overwrite: bool = True
 
     @property
     def marker(self) -> Path:
@@ -210,12 +216,13 @@ def run_stage(stage: Stage, *, dry_run: bool = False) -> None:
     if stage.is_done():
         print(f"{where}: done", flush=True)
         return
-    print(f"{where}: {'to run' if dry_run else 'running'}: nemo-topr {' '.join(stage.args)}", flush=True)
+    command = (*stage.args, "--overwrite") if stage.overwrite else stage.args
+    print(f"{where}: {'to run' if dry_run else 'running'}: nemo-topr {' '.join(command)}", flush=True)
     if dry_run:
         return
     stage.marker.unlink(missing_ok=True)  # a stale marker of other arguments (redo_if_changed)
     started = time.monotonic()
-    run_command(stage.args, stage.log)
+    run_command(command, stage.log)
     seconds = round(time.monotonic() - started, 1)
     write_atomically(stage.marker, json.dumps({"stage": stage.name, "args": list(stage.args),
                                                "outputs": [str(p) for p in stage.outputs],
@@ -298,6 +305,7 @@ class Driver:
         self.device_flag = ("--device", config.device)
 
     def run(self) -> list[RoundResult]:
+        claimed_output_dir(self.out, "nemo-topr iterate", make=not self.dry_run)
         start = self.start()
         results = [start]
         for index in range(self.config.rounds):
@@ -345,7 +353,7 @@ class Driver:
                   (scored,)),
             Stage("train", directory, ("train", "--config-name", train.config_name, *train.overrides,
                                        f"base_model={weights}", f"run_dir={run_dir}", f"dataset.train_path={scored}",
-                                       f"device={self.config.device}"), (run_dir,)),
+                                       f"device={self.config.device}"), (run_dir,), overwrite=False),
             Stage("export", directory, ("export", "--ckpt", str(run_dir), "--hf-out", str(exported), *self.device_flag),
                   (exported,)),
             self.eval_stage(directory, exported, directory.name),
@@ -459,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         Driver(load_config(args.config, args.overrides), dry_run=args.dry_run).run()
-    except IterateError as error:
+    except (IterateError, OutputError) as error:
         print(f"nemo-topr iterate: {error}", file=sys.stderr)
         return 1
     return 0

@@ -6,8 +6,11 @@ path that cannot be written stops it at once rather than after hours of sampling
   mistyped path could name a checkout, a model or a home directory, so emptying is allowed only
   where the directory does not exist, is empty, or holds the mark that the command left there
   (`MARK`, one line: the command's name).
-- Output files: never one of the command's inputs, never a directory, and their directory is
-  made first."""
+- Output files: never one of the command's inputs, never a directory, and never a file that
+  exists unless the user passes --overwrite: a file carries no mark, so the command cannot tell
+  whether it made it. Their directory is made first.
+- Directories a command adds to and resumes in (`nemo-topr iterate`'s out): new, empty, or marked
+  by that command; nothing in them is removed."""
 
 from __future__ import annotations
 
@@ -22,9 +25,9 @@ class OutputError(ValueError):
     """An output path that the command refuses before it starts its work."""
 
 
-def fresh_output_dir(path: str | Path, command: str) -> Path:
-    """`path` resolved, empty but for `command`'s mark; raises OutputError where emptying it
-    could remove what `command` did not make."""
+def _own_directory(path: str | Path, command: str, refusal: str) -> Path:
+    """`path` resolved, when it is new, empty or marked as `command`'s; raises OutputError
+    (ending in `refusal`: why and what to do) for a file or another directory with contents."""
     path = Path(path).resolve()
     if path.exists() and not path.is_dir():
         raise OutputError(f"{path} exists and is not a directory: {command} writes a directory there; "
@@ -34,13 +37,34 @@ def fresh_output_dir(path: str | Path, command: str) -> Path:
         made_by = mark.read_text(encoding="utf-8").strip() if mark.is_file() else None
         if made_by != command:
             origin = f"was made by {made_by}" if made_by else f"has no {MARK} file from a nemo-topr command"
-            raise OutputError(f"{path} is not empty and {origin}: {command} empties its output directory first, "
-                              "so it leaves this one as it is; choose a new or empty directory (or remove this "
-                              "one yourself)")
-        shutil.rmtree(path)
+            raise OutputError(f"{path} is not empty and {origin}: {command} {refusal}")
+    return path
+
+
+def _mark(path: Path, command: str) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / MARK).write_text(command + "\n", encoding="utf-8")
     return path
+
+
+def fresh_output_dir(path: str | Path, command: str) -> Path:
+    """`path` resolved, empty but for `command`'s mark; raises OutputError where emptying it
+    could remove what `command` did not make."""
+    path = _own_directory(path, command, "empties its output directory first, so it leaves this one as it is; "
+                                         "choose a new or empty directory (or remove this one yourself)")
+    if path.is_dir():
+        shutil.rmtree(path)
+    return _mark(path, command)
+
+
+def claimed_output_dir(path: str | Path, command: str, *, make: bool = True) -> Path:
+    """`path` resolved, made and marked as `command`'s (only checked with `make` False: a dry
+    run), never emptied: a directory `command` resumes in, whose stages replace their own
+    outputs when rerun. Raises OutputError for a directory holding anything without the mark."""
+    path = _own_directory(path, command, "resumes in its output directory and replaces what its stages write there, "
+                                         "so it writes only into a directory of its own; choose a new or empty "
+                                         "directory")
+    return _mark(path, command) if make else path
 
 
 def refuse_to_overwrite_an_input(out: str | Path, inputs: Iterable[str | Path]) -> None:
@@ -53,14 +77,25 @@ def refuse_to_overwrite_an_input(out: str | Path, inputs: Iterable[str | Path]) 
                           "reads; choose another output path")
 
 
-def writable_output_file(path: str | Path, flag: str = "--out", *, inputs: Iterable[str | Path] = ()) -> Path:
-    """`path`, with its directory made now: one of the command's `inputs`
-    (`refuse_to_overwrite_an_input`), a directory in its place, or a parent that cannot be made,
-    is refused before the command's work instead of when it writes."""
+def add_overwrite_argument(parser) -> None:
+    """--overwrite: replace output files that exist (without it, a command refuses them)."""
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace output files that already exist (refused otherwise: a file carries no mark "
+                             "of the command that wrote it)")
+
+
+def writable_output_file(path: str | Path, flag: str = "--out", *, inputs: Iterable[str | Path] = (),
+                         overwrite: bool = False) -> Path:
+    """`path`, with its directory made now. Refused before the command's work instead of when it
+    writes: one of the command's `inputs` (`refuse_to_overwrite_an_input`, even with
+    `overwrite`), a directory in its place, a file there without `overwrite`, or a parent that
+    cannot be made. `flag` names the path in the message (an option, or what the file is)."""
     refuse_to_overwrite_an_input(path, inputs)
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{flag} {path} is a directory; a file is written there: name the file")
+    if path.exists() and not overwrite:
+        raise OutputError(f"{flag} {path} exists: pass --overwrite to replace it, or choose another path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:

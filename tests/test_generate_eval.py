@@ -231,10 +231,14 @@ def test_generate_writes_as_it_goes_and_resumes_where_it_stopped(monkeypatch, tm
     assert (log.read_text().splitlines()[1:] ==
             (tmp_path / "whole.jsonl.samples").read_text().splitlines()[1:])
 
+    before = out.read_bytes()
     assert generate.main([*args, "--out", str(out), "--seed", "1"]) == 1
+    assert capsys.readouterr().err == (f"nemo-topr generate: --out {out} exists: pass --overwrite to replace it, "
+                                       "or choose another path\n")
+    assert generate.main([*args, "--out", str(out), "--seed", "1", "--overwrite"]) == 1  # nor other samples' log
     err = capsys.readouterr().err
     assert f"{log} holds samples drawn with other options (settings: " in err and "'seed': 0" in err
-    assert resumed.asked == [3, 4]
+    assert resumed.asked == [3, 4] and out.read_bytes() == before
 
 
 @pytest.mark.parametrize("flag", ["--num-samples", "--max-new-tokens"])

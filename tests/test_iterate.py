@@ -74,9 +74,12 @@ def test_a_failed_stage_leaves_no_marker_and_a_done_stage_is_not_rerun(tmp_path,
     assert not stage.marker.exists() and "graded.jsonl" in stage.log.read_text()
 
     graded.write_text(graded_line(1.0, 0) + graded_line(-1.0, 1, " 5"))
+    curated.write_text('{"prompt": "half a rec')  # what a try killed while writing left: replaced by the rerun
     run_stage(stage)
     marker = json.loads(stage.marker.read_text())
-    assert marker["args"] == list(stage.args) and marker["outputs"] == [str(curated)] and curated.is_file()
+    assert marker["args"] == list(stage.args) and marker["outputs"] == [str(curated)]  # --overwrite: not recorded
+    assert [json.loads(line)["sample_id"] for line in curated.read_text().splitlines()] == [0, 1]
+    assert stage.log.read_text().startswith("{")  # `data curate` ran and printed its summary
 
     def no_subprocess(args, log):
         raise AssertionError(f"ran {args}")
@@ -94,7 +97,22 @@ def test_a_stage_nothing_depends_on_is_redone_when_its_arguments_change(tmp_path
     run_stage(Stage("plot", tmp_path, ("eval", "--plot", "a.json"), redo_if_changed=True))
     run_stage(Stage("plot", tmp_path, ("eval", "--plot", "a.json", "b.json"), redo_if_changed=True))
     run_stage(Stage("plot", tmp_path, ("eval", "--plot", "a.json", "b.json"), redo_if_changed=True))
-    assert calls == [("eval", "--plot", "a.json"), ("eval", "--plot", "a.json", "b.json")]
+    assert calls == [("eval", "--plot", "a.json", "--overwrite"), ("eval", "--plot", "a.json", "b.json", "--overwrite")]
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry-run"])
+def test_an_out_the_driver_did_not_make_is_refused_before_any_stage(fake_model, tmp_path, monkeypatch, capsys,
+                                                                     dry_run):
+    """Its stages rerun with --overwrite, so `out=` naming a directory of the user's (a typo,
+    a home directory) is refused, as it is, rather than written into."""
+    monkeypatch.setattr(iterate, "run_command", lambda args, log: pytest.fail(f"ran {args}"))
+    home = tmp_path / "home"
+    (home / "round_0").mkdir(parents=True)
+    (home / "round_0" / "graded.jsonl").write_text("my records\n")
+    assert iterate.main(["iterate_tiny_cpu", f"base_model={fake_model}", f"out={home}", *dry_run]) == 1
+    assert capsys.readouterr().err.startswith(f"nemo-topr iterate: {home} is not empty and has no .nemo-topr-output "
+                                              "file from a nemo-topr command: nemo-topr iterate resumes in")
+    assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == ["round_0", "round_0/graded.jsonl"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 Directories emptied first (`make demo`'s --out, the miniature's results, `doctor --work-dir`):
 only one the same command made; a mistyped path naming a checkout or a model is refused and
-left byte for byte as it was. Record files (`score-logprobs`, `data curate`, `verifier`): never
-the file the records are read from."""
+left byte for byte as it was. Output files (records, results, reports): never the file the
+records are read from, and never a file that exists unless --overwrite. `iterate`'s out, which
+it resumes in: only a directory it made."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import sys
 import pytest
 
 from conftest import REPO
-from nemo_topr.outputs import MARK, OutputError, fresh_output_dir, refuse_to_overwrite_an_input, writable_output_file
+from nemo_topr.outputs import (MARK, OutputError, claimed_output_dir, fresh_output_dir, refuse_to_overwrite_an_input,
+                               writable_output_file)
 
 
 def _tree(root):
@@ -175,3 +177,87 @@ def test_an_output_path_that_cannot_be_written_stops_the_command_before_its_work
     assert "Traceback" not in proc.stderr and "[nemo-topr] model:" not in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["graded.jsonl", "notes.txt", "results"]
     assert not any((tmp_path / "results").iterdir()) and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_an_existing_output_file_is_replaced_only_with_overwrite_and_an_input_never(tmp_path):
+    scores = tmp_path / "scored.jsonl"
+    scores.write_text("mine")
+    with pytest.raises(OutputError, match=r"^--out .*/scored.jsonl exists: pass --overwrite to replace it, or choose "
+                                          r"another path$"):
+        writable_output_file(scores)
+    assert writable_output_file(scores, overwrite=True) == scores and scores.read_text() == "mine"
+    with pytest.raises(OutputError, match="is also this command's input"):
+        writable_output_file(scores, overwrite=True, inputs=[scores])
+
+
+def test_a_directory_resumed_in_is_claimed_once_and_never_emptied(tmp_path):
+    out = claimed_output_dir(tmp_path / "iterate", "nemo-topr iterate")
+    (out / "round_0").mkdir()
+    (out / "round_0" / "graded.jsonl").write_text("{}\n")
+    assert claimed_output_dir(out, "nemo-topr iterate") == out  # the resume: kept as it is
+    assert _tree(out) == {MARK: b"nemo-topr iterate\n", "round_0/graded.jsonl": b"{}\n"}
+    with pytest.raises(OutputError, match=r"was made by nemo-topr iterate: nemo_topr.demo empties its output"):
+        fresh_output_dir(out, "nemo_topr.demo")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "summary.md").write_text("my notes")
+    with pytest.raises(OutputError, match=rf"^{home} is not empty and has no {MARK} file from a nemo-topr command: "
+                                          "nemo-topr iterate resumes in its output directory and replaces what its "
+                                          "stages write there, so it writes only into a directory of its own; choose a "
+                                          "new or empty directory$"):
+        claimed_output_dir(home, "nemo-topr iterate", make=False)
+    assert _tree(home) == {"summary.md": b"my notes"}
+    assert claimed_output_dir(tmp_path / "dry", "nemo-topr iterate", make=False) == tmp_path / "dry"
+    assert not (tmp_path / "dry").exists()  # a dry run makes nothing
+
+
+EXISTING_OUTPUT = {  # verb, what exists already, the one that is refused
+    "curate": (["data", "curate", "{data}", "--target-p", "0.25", "--out", "{dir}/curated.jsonl"],
+               ["curated.jsonl"], "--out {dir}/curated.jsonl"),
+    "curate-stats": (["data", "curate", "{data}", "--target-p", "0.25", "--out", "{dir}/curated.jsonl"],
+                     ["curated.stats.json"], "--out's stats {dir}/curated.stats.json"),
+    "stats": (["data", "stats", "{data}", "--out", "{dir}"], ["stats.png"], "--out {dir}/stats.png"),
+    "score-logprobs": (["score-logprobs", "--model", "{model}", "--data", "{data}", "--out", "{dir}/scored.jsonl",
+                        "--seq-length", "512", "--device", "cpu"], ["scored.jsonl.report.json"],
+                       "--out's report {dir}/scored.jsonl.report.json"),
+    "verifier-build": (["verifier", "build", "--graded", "{data}", "--out", "{dir}/judge.jsonl"], ["judge.jsonl"],
+                       "--out {dir}/judge.jsonl"),
+    "verifier-score": (["verifier", "score", "--model", "{model}", "--records", "{data}", "--out", "{dir}/v.jsonl",
+                        "--device", "cpu"], ["v.jsonl"], "--out {dir}/v.jsonl"),
+    "generate": (["generate", "--prompts", "gsm8k-test", "--limit", "1", "--model", "{model}", "--max-new-tokens", "4",
+                  "--device", "cpu", "--out", "{dir}/graded.jsonl"], ["graded.jsonl"], "--out {dir}/graded.jsonl"),
+    "eval-markdown": (["eval", "--records", "{data}", "--task", "gsm8k", "--out", "{dir}/eval.json"], ["eval.md"],
+                      "--out's Markdown {dir}/eval.md"),
+    "eval-samples": (["eval", "--model", "{model}", "--benchmark", "gsm8k", "--limit", "1", "--max-new-tokens", "4",
+                      "--device", "cpu", "--samples-out", "{dir}/samples.jsonl", "--out", "{dir}/eval.json"],
+                     ["samples.jsonl"], "--samples-out {dir}/samples.jsonl"),
+    "eval-plot": (["eval", "--plot", "{data}", "--out", "{dir}/rounds.png"], ["rounds.png"], "--out {dir}/rounds.png"),
+    "doctor": (["doctor", "--device", "cpu", "--json", "{dir}/doctor.json"], ["doctor.json"],
+               "--json {dir}/doctor.json"),
+}
+
+
+@pytest.mark.parametrize("verb", sorted(EXISTING_OUTPUT))
+def test_each_command_refuses_an_output_file_that_exists_unless_overwrite(tmp_path, tiny_model, verb):
+    """A user's earlier results, or a file of the same name they did not mean: a one-line error
+    naming it before any model loads, the file as it was, and nothing else written."""
+    args, existing, refused = EXISTING_OUTPUT[verb]
+    data, out = tmp_path / "graded.jsonl", tmp_path / "out"
+    data.write_bytes((REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl").read_bytes())
+    out.mkdir()
+    for name in existing:
+        (out / name).write_text("an earlier result\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *[a.format(data=data, dir=out, model=tiny_model)
+                                                                   for a in args]],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        refused.format(dir=out) + " exists: pass --overwrite to replace it, or choose another path")
+    assert "Traceback" not in proc.stderr and "[nemo-topr] model:" not in proc.stdout
+    assert _tree(out) == {name: b"an earlier result\n" for name in existing}
+    if verb in ("curate", "curate-stats", "stats", "verifier-build"):  # no model: cheap to finish
+        proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *[a.format(data=data, dir=out) for a in args],
+                               "--overwrite"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert all((out / name).read_bytes() != b"an earlier result\n" for name in existing)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from nemo_topr.data.records import RecordSet, load_records
+from nemo_topr.outputs import add_overwrite_argument, writable_output_file
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +96,9 @@ def _stats(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file; `data stats` writes stats.json and stats.png into a directory")
     records = _load(args)
+    if args.out is not None:
+        for name in ("stats.json", "stats.png"):
+            writable_output_file(args.out / name, "--out", inputs=records.report.files, overwrite=args.overwrite)
     sequences = _tokenize(args, records)[1].sequences if args.tokenizer is not None else None
     summary = summarize(records.records, baseline=args.baseline, sequences=sequences)
     _warn_without_negatives(records.records, args.baseline)
@@ -111,7 +115,6 @@ def _curate(args: argparse.Namespace) -> int:
     from nemo_topr.data.curation import Curation, curate
     from nemo_topr.data.records import write_jsonl
     from nemo_topr.data.stats import write_summary
-    from nemo_topr.outputs import refuse_to_overwrite_an_input
 
     curation = Curation(
         dedup=args.dedup,
@@ -123,10 +126,11 @@ def _curate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     records = _load(args)
-    refuse_to_overwrite_an_input(args.out, records.report.files)
+    writable_output_file(args.out, inputs=records.report.files, overwrite=args.overwrite)
+    stats_path = writable_output_file(args.stats or args.out.with_suffix(".stats.json"), "--stats" if args.stats else
+                                      "--out's stats", inputs=records.report.files, overwrite=args.overwrite)
     result = curate(records.records, curation)
     result.stats["validation"] = records.report.to_dict()
-    stats_path = args.stats or args.out.with_suffix(".stats.json")
     write_jsonl(result.records, args.out)
     write_summary(result.stats, stats_path)
     print(json.dumps({key: result.stats[key] for key in ("records_in", "records_out", "dropped", "after")}, indent=2))
@@ -152,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_input_arguments(stats, tokenizer=True)
     _add_baseline_argument(stats)
     stats.add_argument("--out", type=Path, help="directory for stats.json and stats.png")
+    add_overwrite_argument(stats)
     stats.set_defaults(run=_stats)
 
     curate = verbs.add_parser("curate", help="sub-sample and de-duplicate into a new JSONL dataset")
@@ -167,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     curate.add_argument("--seed", type=int, default=0)
     curate.add_argument("--out", type=Path, required=True, help="output JSONL file")
     curate.add_argument("--stats", type=Path, help="stats JSON (default: OUT with suffix .stats.json)")
+    add_overwrite_argument(curate)
     curate.set_defaults(run=_curate)
     return parser
 

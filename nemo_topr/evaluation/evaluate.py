@@ -43,7 +43,7 @@ from nemo_topr.evaluation.generate import (
 )
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics
 from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, same_answer
-from nemo_topr.outputs import writable_output_file
+from nemo_topr.outputs import add_overwrite_argument, writable_output_file
 
 EVAL_BENCHMARKS = {"gsm8k": "gsm8k-test", "math500": "math500"}
 
@@ -163,8 +163,7 @@ def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
                              model=str(args.model), sampling=asdict(settings))
 
 
-def _evaluate_records(args: argparse.Namespace) -> dict[str, Any]:
-    records = load_records(args.records).records
+def _evaluate_records(args: argparse.Namespace, records: list[Record]) -> dict[str, Any]:
     task, problems, grader_errors = outcomes_of_records(records, args.task, args.max_grader_error_rate)
     problems = problems[: args.limit]
     return benchmark_results(problems, task, args.k, grader_errors, label=args.label or Path(args.records[0]).stem,
@@ -184,23 +183,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--label", help="name of this result in tables and plots (default: model or file name)")
     parser.add_argument("--samples-out", type=Path, help="also write the graded samples as records (--benchmark)")
     parser.add_argument("--out", type=Path, required=True, help="results JSON (Markdown next to it), or the plot PNG")
+    add_overwrite_argument(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.plot:
-        plot_rounds(args.plot, args.out)
-        print(f"wrote {args.out}")
-        return 0
     if args.benchmark and args.model is None:
         print("nemo-topr eval: --benchmark needs --model", file=sys.stderr)
         return 2
-    try:
-        writable_output_file(args.out)  # now, not after the sampling
+    try:  # the outputs now, not after the sampling
+        records = load_records(args.records) if args.records else None
+        inputs = args.plot or (records.report.files if records else [])
+        writable_output_file(args.out, inputs=inputs, overwrite=args.overwrite)
+        if args.plot:
+            plot_rounds(args.plot, args.out)
+            print(f"wrote {args.out}")
+            return 0
+        writable_output_file(args.out.with_suffix(".md"), "--out's Markdown", inputs=inputs, overwrite=args.overwrite)
         if args.samples_out:
-            writable_output_file(args.samples_out, "--samples-out")
-        results = _evaluate_model(args) if args.benchmark else _evaluate_records(args)
+            writable_output_file(args.samples_out, "--samples-out", overwrite=args.overwrite)
+        results = _evaluate_model(args) if args.benchmark else _evaluate_records(args, records.records)
     except (OSError, ValueError) as error:  # DataError is a ValueError
         print(f"nemo-topr eval: {error}", file=sys.stderr)
         return 1

@@ -26,7 +26,7 @@ from typing import Any
 
 from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
 from nemo_topr.device import add_device_argument, select_device
-from nemo_topr.outputs import refuse_to_overwrite_an_input, writable_output_file
+from nemo_topr.outputs import add_overwrite_argument, writable_output_file
 
 YES, NO = " Yes", " No"
 JUDGE_QUESTION = "Is the answer correct? Answer Yes or No."
@@ -150,7 +150,7 @@ def with_scores(records: Sequence[Record], scores: Sequence[float]) -> list[Reco
 
 def _build(args: argparse.Namespace) -> int:
     loaded = load_records(args.graded)
-    refuse_to_overwrite_an_input(args.out, loaded.report.files)
+    writable_output_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
     graded = loaded.records
     judge = judge_records(graded)
     write_jsonl(judge, args.out)
@@ -161,12 +161,13 @@ def _build(args: argparse.Namespace) -> int:
 
 def _score(args: argparse.Namespace) -> int:
     loaded = load_records(args.records)
-    writable_output_file(args.out, inputs=loaded.report.files)
+    writable_output_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
+    report_path = writable_output_file(args.out.with_suffix(".report.json"), "--out's report",
+                                       inputs=loaded.report.files, overwrite=args.overwrite)
     records = loaded.records
     scores = yes_probabilities(args.model, records, args.batch_size, select_device(args.device, where="--device"))
     write_jsonl(with_scores(records, scores), args.out)
     report = {"model": str(args.model), **judge_accuracy(records, scores)}
-    report_path = args.out.with_suffix(".report.json")
     report_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=2))
     print(f"wrote {args.out} and {report_path}")
@@ -180,12 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     build = verbs.add_parser("build", help="judge data (Yes/No completions, +-1 rewards) from graded samples")
     build.add_argument("--graded", nargs="+", required=True, help="graded records (files, directories, globs)")
     build.add_argument("--out", type=Path, required=True, help="judge records (JSONL)")
+    add_overwrite_argument(build)
     build.set_defaults(run=_build)
     score = verbs.add_parser("score", help="P(Yes) of each graded sample into meta.verifier_score")
     score.add_argument("--model", type=Path, required=True, help="verifier: local Hugging Face directory")
     score.add_argument("--records", nargs="+", required=True, help="graded records (files, directories, globs)")
     score.add_argument("--out", type=Path, required=True, help="the records with meta.verifier_score (JSONL); "
                        "the accuracy report goes next to it (.report.json)")
+    add_overwrite_argument(score)
     score.add_argument("--batch-size", type=int, default=8, help="samples per forward pass")
     add_device_argument(score)
     score.set_defaults(run=_score)

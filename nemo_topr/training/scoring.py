@@ -39,7 +39,7 @@ from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.device import DeviceError, add_device_argument, use_device
 from nemo_topr.model_settings import device_model_settings
-from nemo_topr.outputs import OutputError, writable_output_file
+from nemo_topr.outputs import OutputError, add_overwrite_argument, writable_output_file
 from nemo_topr.progress import Progress
 from nemo_topr.training.config import ConfigError, apply_section, check_fp8, check_values, compose
 
@@ -138,7 +138,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
                    tensor_parallel: int | None = None, pipeline_parallel: int | None = None, rows_per_batch: int = 4,
                    strict: bool = True, precision: str | None = None, device: str = "cuda",
                    source: dict | None = None, shared_prefix: bool = False,
-                   train_config: str | None = None) -> dict:
+                   train_config: str | None = None, overwrite: bool = False) -> dict:
     """Score every record; rank 0 writes `out` and returns a summary (other ranks return {}).
 
     `device` is cuda, cpu or auto (`nemo_topr.device`); cuda without CUDA raises DeviceError.
@@ -149,7 +149,8 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     is in our schema. `shared_prefix`: rows hold each prompt once for several of its completions
     (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), with either layer spec.
     `train_config`: score with that training config's model section (`apply_scoring_layout`), in place
-    of `precision`, `tensor_parallel` and `pipeline_parallel` (default 1 each)."""
+    of `precision`, `tensor_parallel` and `pipeline_parallel` (default 1 each). `out` and its report
+    (`OUT.report.json`) are replaced only with `overwrite`."""
     device = use_device(device, where="--device")  # first: on CPU it hides CUDA-only packages from Megatron
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -160,7 +161,9 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     source_model = model_source.resolve(model_dir)
     # the records first: a data error or an --out naming the input stops before the model loads
     records = load_records(data, strict=strict, **(source or {}))
-    writable_output_file(out, inputs=records.report.files)
+    writable_output_file(out, inputs=records.report.files, overwrite=overwrite)
+    report = writable_output_file(str(out) + ".report.json", "--out's report", inputs=records.report.files,
+                                  overwrite=overwrite)
     tokenizer = load_tokenizer(source_model.hf_dir)
     tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict)
     _, provider = source_provider(source_model, seq_length=seq_length)
@@ -219,7 +222,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     write_jsonl(scored, out)
     summary = {**records.report.to_dict(), "records_scored": len(scored), "out": str(out),
                "mean_behavior_logprob": sum(all_scores.values()) / len(all_scores)}
-    Path(str(out) + ".report.json").write_text(json.dumps(summary, indent=2) + "\n")
+    report.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -230,7 +233,9 @@ def main(argv: list[str]) -> int:
                         help="HF directory, Megatron checkpoint, or run directory (RUN[@ITER])")
     parser.add_argument("--data", required=True, help="records: JSONL/Parquet/Arrow files, directory, glob, "
                         "save_to_disk directory or hub name (see --columns)")
-    parser.add_argument("--out", required=True, help="output JSONL with behavior_logprob set")
+    parser.add_argument("--out", required=True, help="output JSONL with behavior_logprob set (its report: "
+                        "OUT.report.json)")
+    add_overwrite_argument(parser)
     parser.add_argument("--seq-length", type=int, default=2048)
     parser.add_argument("--tp", type=int, help="tensor parallel size (default 1)")
     parser.add_argument("--pp", type=int, help="pipeline parallel size (default 1)")
@@ -253,7 +258,7 @@ def main(argv: list[str]) -> int:
                                  tensor_parallel=args.tp, pipeline_parallel=args.pp, rows_per_batch=args.rows_per_batch,
                                  strict=args.strict, precision=args.precision, device=args.device,
                                  source=source_options(args), shared_prefix=args.shared_prefix,
-                                 train_config=args.train_config)
+                                 train_config=args.train_config, overwrite=args.overwrite)
     except (DeviceError, model_source.ModelSourceError, ConfigError, DataError, OutputError) as error:
         raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:
