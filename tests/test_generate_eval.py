@@ -240,6 +240,22 @@ def test_generate_writes_as_it_goes_and_resumes_where_it_stopped(monkeypatch, tm
     assert f"{log} holds samples drawn with other options (settings: " in err and "'seed': 0" in err
     assert resumed.asked == [3, 4] and out.read_bytes() == before
 
+    model = tmp_path / "model"
+    (model / "model.safetensors").write_text('{"re-exported": 1}')  # other weights under the same path
+    assert generate.main([*args, "--out", str(out), "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert f"{log} holds samples drawn with other options (weights: [['model.safetensors', 2, " in err
+    assert resumed.asked == [3, 4] and out.read_bytes() == before
+
+
+def test_a_model_that_is_not_there_leaves_no_sample_log(tmp_path, capsys):
+    """The model is checked before the log beside --out is started, so a typo leaves nothing."""
+    assert generate.main(["--prompts", "gsm8k-test", "--model", str(tmp_path / "nothere"), "--limit", "1",
+                          "--device", "cpu", "--out", str(tmp_path / "g.jsonl")]) == 1
+    assert capsys.readouterr().err.startswith(f"nemo-topr generate: base model {tmp_path / 'nothere'}: no such "
+                                              "directory")
+    assert list(tmp_path.iterdir()) == []
+
 
 @pytest.mark.parametrize("flag", ["--num-samples", "--max-new-tokens"])
 def test_eval_and_generate_refuse_zero_samples_or_tokens(flag, tmp_path, capsys):

@@ -385,11 +385,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+def weights_fingerprint(model: str | Path) -> list[list]:
+    """Name, size and modification time of each weights file of the Hugging Face model `model`
+    (checked first: not a model, or a Megatron checkpoint, is the model-source error): the same
+    path holding other weights (`export --overwrite` of a later checkpoint) is another model,
+    whose samples must not be resumed from the log. Hashing would cost minutes for a 70B model."""
+    from nemo_topr.model_source import require_hugging_face
+
+    directory = require_hugging_face(model)
+    files = (path for path in sorted(directory.iterdir()) if path.suffix in WEIGHT_SUFFIXES and path.is_file())
+    return [[path.name, path.stat().st_size, path.stat().st_mtime_ns] for path in files]
+
+
 def sampling_options(args: argparse.Namespace, source: str, settings: SamplingSettings, device: str) -> dict:
     """What decides the samples, as logged by `sample_log.SampleLog` (JSON-normalised)."""
     return json.loads(json.dumps({
-        "model": str(Path(args.model).resolve()), "prompts": source, "backend": choose_backend(args.backend, device),
-        "device": device, "settings": asdict(settings)}))
+        "model": str(Path(args.model).resolve()), "weights": weights_fingerprint(args.model), "prompts": source,
+        "backend": choose_backend(args.backend, device), "device": device, "settings": asdict(settings)}))
 
 
 def logged_sample_and_grade(args: argparse.Namespace, problems: list[Problem], source: str, out: Path, what: str
