@@ -159,6 +159,11 @@ MUTANTS = (
            '        claimed_output_dir(self.out, "nemo-topr iterate", make=not self.dry_run)', "        pass",
            ("tests/test_iterate.py::test_an_out_the_driver_did_not_make_is_refused_before_any_stage",),
            "iterate out= naming a user's directory is written into, its files replaced by reruns"),
+    Mutant("export_over_its_checkpoint", "nemo_topr/training/export.py",
+           "            if target == read or target in read.parents or inside:", "            if False:",
+           ("tests/test_export_outputs.py::"
+            "test_the_checkpoint_being_exported_is_refused_as_its_output_even_with_overwrite",),
+           "export --ckpt X --hf-out X --overwrite deletes the checkpoint it exports"),
     Mutant("fp8_scored_in_bf16_without_te", "nemo_topr/training/scoring.py",
            "    if train_config:\n        try:\n            check_fp8(", "    if False:\n        try:\n            check_fp8(",
            ("tests/test_gpu_path.py::test_scoring_refuses_a_training_configs_fp8_on_a_gpu_without_te",),

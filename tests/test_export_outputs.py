@@ -52,6 +52,38 @@ def test_a_non_empty_hf_out_is_refused_and_left_as_it_was(checkpoint, tmp_path, 
     assert (base / "model.safetensors").read_text() == "the base weights"
 
 
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("hf_out, flags, where", [
+    ("ckpt", [], "is {ckpt}"),  # --ckpt X --hf-out X: the checkpoint itself
+    (".", [], "holds {ckpt}"),  # a directory above it
+    ("ckpt/hf_artifacts/model", [], "is inside {ckpt}"),
+    ("ckpt", ["--all-iterations"], "is inside {ckpt}"),  # ckpt/iter_0000001: the Megatron iteration itself
+], ids=["itself", "above", "inside", "all-iterations"])
+def test_the_checkpoint_being_exported_is_refused_as_its_output_even_with_overwrite(checkpoint, tmp_path, hf_out,
+                                                                                    flags, where):
+    """With --overwrite, export used to delete --hf-out before moving the model there: naming the
+    checkpoint (or a directory holding it) deleted the weights being exported."""
+    before = _tree(tmp_path)
+    out = tmp_path / hf_out
+    with pytest.raises(SystemExit, match=rf"^nemo-topr export: {out}.*: {where.format(ckpt=checkpoint)}.*, part of the "
+                                         rf"checkpoint being exported; writing there would replace or corrupt it: "
+                                         rf"choose an --hf-out outside {checkpoint}$"):
+        export.main(["--ckpt", str(checkpoint), "--hf-out", str(out), *flags, "--device", "cpu", "--overwrite"])
+    assert _tree(tmp_path) == before
+
+
+def test_an_export_into_the_runs_own_directory_beside_its_checkpoints_is_accepted(tmp_path, monkeypatch):
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge())
+    run = tmp_path / "run"
+    _fake_checkpoint(run / "checkpoints")
+    (run / "config.yaml").write_text("model: {}\n")
+    assert export.main(["--ckpt", str(run), "--hf-out", str(run / "hf"), "--device", "cpu"]) == 0
+    assert (run / "hf" / "model.safetensors").read_text() == f"exported from {run / 'checkpoints' / 'iter_0000001'}"
+
+
 def test_overwrite_replaces_and_an_empty_directory_is_filled(checkpoint, tmp_path):
     earlier, empty = tmp_path / "earlier", tmp_path / "empty"
     earlier.mkdir()

@@ -16,7 +16,8 @@ hf_artifacts/ too, so the result loads with `transformers` as is. With several i
 goes to HF_OUT/iter_NNNNNNN; one process exports them all, so the ~10 s of Megatron start-up is
 paid once (each further checkpoint of a small model takes well under 1 s).
 
-A non-empty output directory is refused unless --overwrite (a typo could name the base model);
+A non-empty output directory is refused unless --overwrite (a typo could name the base model),
+and the checkpoint being exported (or a directory holding it, or one inside its root) always;
 each model is written beside its target and moved into place once complete.
 """
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from collections.abc import Iterable
 from pathlib import Path
 
 from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
@@ -43,9 +43,20 @@ def export_targets(source: ModelSource, hf_out: Path, iterations: list[int] | No
     return {source.at_iteration(i): hf_out / iteration_dir_name(i) for i in iterations}
 
 
-def check_outputs(outputs: Iterable[Path], overwrite: bool) -> None:
-    """Refuse to replace anything unless `overwrite`: a mistyped --hf-out could name the base model."""
-    for out in outputs:
+def check_outputs(targets: dict[ModelSource, Path], overwrite: bool) -> None:
+    """Refuse, `overwrite` or not, a target that is, holds or lies inside the checkpoint it is
+    exported from (its root of iter_* directories, its HF config): replacing it would delete the
+    weights being exported, or leave an HF model where Megatron looks for iterations. Refuse any
+    other non-empty target unless `overwrite`: a mistyped --hf-out could name the base model."""
+    for source, out in targets.items():
+        target, root, hf_dir = out.resolve(), source.checkpoint.parent.resolve(), source.hf_dir.resolve()
+        for read in (source.path.resolve(), root, hf_dir):
+            inside = read in target.parents and read in (root, hf_dir)  # in a run's directory, beside them: fine
+            if target == read or target in read.parents or inside:
+                where = "is" if target == read else "holds" if target in read.parents else "is inside"
+                raise ModelSourceError(f"{out}: {where} {read}, part of the checkpoint being exported; writing "
+                                       f"there would replace or corrupt it: choose an --hf-out outside {root}")
+    for out in targets.values():
         if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
             raise ModelSourceError(f"{out}: exists and is not empty; export writes a new directory "
                                    "(pass --overwrite to replace it)")
@@ -60,7 +71,7 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
     select_device(device, where="--device")
     source = resolve(ckpt)
     targets = export_targets(source, Path(hf_out), iterations)  # every checkpoint checked before any work
-    check_outputs(targets.values(), overwrite)
+    check_outputs(targets, overwrite)
     use_device(device, where="--device")  # imports Megatron (10-20 s): only once the inputs are known good
     from nemo_topr.model import config_only_bridge
 
