@@ -77,6 +77,20 @@ def refuse_to_overwrite_an_input(out: str | Path, inputs: Iterable[str | Path]) 
                           "reads; choose another output path")
 
 
+def distinct_outputs(outputs: dict[str, str | Path | None]) -> None:
+    """The files one command writes, {what names it (an option): path, or None: not written},
+    must be distinct paths: the second write would replace the first."""
+    seen: dict[Path, str] = {}
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            raise OutputError(f"{flag} {path} is also {seen[resolved]}: the command writes both; give them "
+                              "different paths")
+        seen[resolved] = flag
+
+
 def add_overwrite_argument(parser) -> None:
     """--overwrite: replace output files that exist (without it, a command refuses them)."""
     parser.add_argument("--overwrite", action="store_true",

@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from conftest import REPO
-from nemo_topr.outputs import (MARK, OutputError, claimed_output_dir, fresh_output_dir, refuse_to_overwrite_an_input,
-                               writable_output_file)
+from nemo_topr.outputs import (MARK, OutputError, claimed_output_dir, distinct_outputs, fresh_output_dir,
+                               refuse_to_overwrite_an_input, writable_output_file)
 
 
 def _tree(root):
@@ -261,3 +261,24 @@ def test_each_command_refuses_an_output_file_that_exists_unless_overwrite(tmp_pa
                                "--overwrite"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert all((out / name).read_bytes() != b"an earlier result\n" for name in existing)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["eval", "--records", "{data}", "--out", "{dir}/r.md"], "--out's Markdown {dir}/r.md is also --out"),
+    (["eval", "--records", "{data}", "--samples-out", "{dir}/r.json", "--out", "{dir}/r.json"],
+     "--samples-out {dir}/r.json is also --out"),
+    (["data", "curate", "{data}", "--stats", "{dir}/c.jsonl", "--out", "{dir}/c.jsonl"],
+     "--stats {dir}/c.jsonl is also --out"),
+], ids=["eval-markdown", "eval-samples", "curate-stats"])
+def test_two_outputs_of_one_command_at_one_path_are_refused(tmp_path, capsys, args, message):
+    """The second write would replace the first: refused before any work, in-process (no model)."""
+    from nemo_topr.data.cli import main as data_main
+    from nemo_topr.evaluation.evaluate import main as eval_main
+
+    data = REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl"
+    verb, *rest = [a.format(data=data, dir=tmp_path) for a in args]
+    assert (eval_main(rest) if verb == "eval" else data_main(rest)) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(message.format(dir=tmp_path) + ": the command writes both; give them different paths")
+    assert list(tmp_path.iterdir()) == []
+    distinct_outputs({"--out": tmp_path / "a", "--stats": None, "--samples-out": tmp_path / "b"})  # fine

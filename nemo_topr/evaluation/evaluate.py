@@ -42,8 +42,9 @@ from nemo_topr.evaluation.generate import (
     logged_sample_and_grade,
 )
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics
+from nemo_topr.evaluation.sample_log import log_path
 from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, same_answer
-from nemo_topr.outputs import add_overwrite_argument, writable_output_file
+from nemo_topr.outputs import add_overwrite_argument, distinct_outputs, writable_output_file
 
 EVAL_BENCHMARKS = {"gsm8k": "gsm8k-test", "math500": "math500"}
 
@@ -200,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
             plot_rounds(args.plot, args.out)
             print(f"wrote {args.out}")
             return 0
-        writable_output_file(args.out.with_suffix(".md"), "--out's Markdown", inputs=inputs, overwrite=args.overwrite)
+        markdown = args.out.with_suffix(".md")
+        distinct_outputs({"--out": args.out, "--out's Markdown": markdown, "--samples-out": args.samples_out,
+                          "the sample log beside --out": log_path(args.out) if args.benchmark else None})
+        writable_output_file(markdown, "--out's Markdown", inputs=inputs, overwrite=args.overwrite)
         if args.samples_out:
             writable_output_file(args.samples_out, "--samples-out", overwrite=args.overwrite)
         results = _evaluate_model(args) if args.benchmark else _evaluate_records(args, records.records)
