@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -46,7 +45,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nemo_topr import model_source
 from nemo_topr.data.records import Record, is_positive
 from nemo_topr.device import DEVICES
-from nemo_topr.outputs import OutputError, claimed_output_dir
+from nemo_topr.outputs import OutputError, claimed_output_dir, written_whole
 
 CURATION_MODES = ("anna_karenina", "target_p", "target_p_tilde", "none")
 SUBSAMPLING_MODES = ("target_p", "target_p_tilde")  # they need positives and negatives
@@ -204,10 +203,8 @@ def run_command(args: tuple[str, ...], log: Path) -> None:
 
 def write_atomically(path: Path, text: str) -> None:
     """A half-written file never stands as a finished one (a kill between write and rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
+    with written_whole(path) as out:
+        out.write(text)
 
 
 def run_stage(stage: Stage, *, dry_run: bool = False) -> None:

@@ -14,9 +14,12 @@ path that cannot be written stops it at once rather than after hours of sampling
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import IO
 
 MARK = ".nemo-topr-output"
 
@@ -89,6 +92,22 @@ def distinct_outputs(outputs: dict[str, str | Path | None]) -> None:
             raise OutputError(f"{flag} {path} is also {seen[resolved]}: the command writes both; give them "
                               "different paths")
         seen[resolved] = flag
+
+
+@contextlib.contextmanager
+def written_whole(path: str | Path, *, binary: bool = False) -> Iterator[IO]:
+    """A file to write that becomes `path` only once the block completes: written as PATH.partial
+    (its directory made first), then renamed over `path`. A reader or a kill never sees half of
+    it, and an error half-way leaves the file it was to replace as it was (the part is removed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with partial.open("wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as out:
+            yield out
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def add_overwrite_argument(parser) -> None:

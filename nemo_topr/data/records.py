@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Any
 
 from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
 from nemo_topr.data.sources import ColumnMapping, open_sources, spec_name
+from nemo_topr.outputs import written_whole
 
 Messages = list[dict[str, str]]
 
@@ -368,17 +368,9 @@ def load_records(
 
 
 def write_jsonl(records: Sequence[Record], path: str | Path) -> None:
-    """Write records in the input schema (readable again by `load_records`), whole or not at all:
-    streamed into PATH.partial, renamed over `path` once complete (as `replace_atomically` does),
-    so a kill or an error half-way leaves neither half a dataset under that name nor the file it
-    was to replace (`--overwrite`) lost."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    try:
-        with partial.open("w", encoding="utf-8") as out:
-            for record in records:
-                out.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    """Write records in the input schema (readable again by `load_records`), whole or not at all
+    (`written_whole`): a kill or an error half-way leaves neither half a dataset under that name
+    nor the file it was to replace (`--overwrite`) lost."""
+    with written_whole(path) as out:
+        for record in records:
+            out.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")

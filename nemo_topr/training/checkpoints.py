@@ -13,11 +13,12 @@ killed during the repair itself leaves either the old or the new tracker, never 
 
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 
 import yaml
+
+from nemo_topr.outputs import written_whole
 
 TRACKER = "latest_checkpointed_iteration.txt"
 TRAIN_STATE_TRACKER = "latest_train_state.pt"
@@ -143,6 +144,5 @@ def _check_intact(checkpoint_dir: Path, latest: int, latest_dir: Path) -> None:
 
 def replace_atomically(path: Path, content: bytes) -> None:
     """Write a sibling PATH.partial, then rename it over path: a reader (or a kill) never sees half."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(content)
-    os.replace(partial, path)
+    with written_whole(path, binary=True) as out:
+        out.write(content)
