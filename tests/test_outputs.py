@@ -8,19 +8,31 @@ it resumes in: only a directory it made."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, checkout_env
 from nemo_topr.outputs import (MARK, OutputError, claimed_output_dir, distinct_outputs, fresh_output_dir,
                                refuse_to_overwrite_an_input, writable_output_file)
 
 
 def _tree(root):
     return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def _run(cwd, *args) -> subprocess.CompletedProcess:
+    """`python ARGS` as a user runs it, in `cwd`, on CPU, with this checkout first on PYTHONPATH."""
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env=checkout_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"))
+
+
+def _refusal(proc: subprocess.CompletedProcess) -> str:
+    """The last stderr line of a command that must have refused: exit status 1, no traceback."""
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    return proc.stderr.strip().splitlines()[-1]
 
 
 def test_a_new_or_empty_directory_is_made_and_marked(tmp_path):
@@ -75,12 +87,7 @@ def test_each_command_refuses_a_directory_it_did_not_make_before_doing_anything(
     model = tmp_path / "llama"
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "llama"}')
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, *command, str(model)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert f"{model} is not empty and has no {MARK} file" in proc.stderr.strip().splitlines()[-1]
-    assert "Traceback" not in proc.stderr
+    assert f"{model} is not empty and has no {MARK} file" in _refusal(_run(tmp_path, *command, model))
     assert _tree(model) == {"config.json": b'{"model_type": "llama"}'}
 
 
@@ -127,14 +134,11 @@ def test_each_command_refuses_to_write_its_records_over_its_input(tmp_path, tiny
         data.write_bytes((REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl").read_bytes())
     before = data.read_bytes()
     args = [part.format(data=data, model=tiny_model) for part in verb]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1].endswith(
+    proc = _run(tmp_path, "-m", "nemo_topr.cli", *args)
+    assert _refusal(proc).endswith(
         f"{data} is also this command's input: writing the output there would replace what it reads; choose "
         "another output path")
-    assert "Traceback" not in proc.stderr and "[nemo-topr] model:" not in proc.stdout
+    assert "[nemo-topr] model:" not in proc.stdout
     assert data.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["graded.jsonl"]
 
 
@@ -169,12 +173,9 @@ def test_an_output_path_that_cannot_be_written_stops_the_command_before_its_work
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / "results").mkdir()
     paths = {"data": data, "model": tiny_model, "file": tmp_path / "notes.txt", "dir": tmp_path / "results"}
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *[part.format(**paths) for part in verb]],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1].endswith(expected.format(**paths))
-    assert "Traceback" not in proc.stderr and "[nemo-topr] model:" not in proc.stdout
+    proc = _run(tmp_path, "-m", "nemo_topr.cli", *[part.format(**paths) for part in verb])
+    assert _refusal(proc).endswith(expected.format(**paths))
+    assert "[nemo-topr] model:" not in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["graded.jsonl", "notes.txt", "results"]
     assert not any((tmp_path / "results").iterdir()) and (tmp_path / "notes.txt").read_text() == "mine"
 
@@ -247,18 +248,14 @@ def test_each_command_refuses_an_output_file_that_exists_unless_overwrite(tmp_pa
     out.mkdir()
     for name in existing:
         (out / name).write_text("an earlier result\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *[a.format(data=data, dir=out, model=tiny_model)
-                                                                   for a in args]],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1].endswith(
+    command = ["-m", "nemo_topr.cli", *[a.format(data=data, dir=out, model=tiny_model) for a in args]]
+    proc = _run(tmp_path, *command)
+    assert _refusal(proc).endswith(
         refused.format(dir=out) + " exists: pass --overwrite to replace it, or choose another path")
-    assert "Traceback" not in proc.stderr and "[nemo-topr] model:" not in proc.stdout
+    assert "[nemo-topr] model:" not in proc.stdout
     assert _tree(out) == {name: b"an earlier result\n" for name in existing}
     if verb in ("curate", "curate-stats", "stats", "verifier-build"):  # no model: cheap to finish
-        proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *[a.format(data=data, dir=out) for a in args],
-                               "--overwrite"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        proc = _run(tmp_path, *command, "--overwrite")
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert all((out / name).read_bytes() != b"an earlier result\n" for name in existing)
 
