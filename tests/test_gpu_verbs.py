@@ -15,6 +15,7 @@ import tarfile
 import pytest
 
 from conftest import REPO
+from test_doctor import assert_te_checks_skipped
 
 
 def _gpu_verbs(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -41,6 +42,10 @@ def test_every_verb_passes_on_cpu_and_the_copies_of_the_model_score_alike(tmp_pa
                       "export scores": "pass", "eval": "pass", "bench gpu": "pass"}
     assert (table["commit"], table["device"], table["transformer_engine"], table["passed"]) == ("abc123", "cpu",
                                                                                               False, True)
+    # its first part is `nemo-topr doctor` without TE (tests/test_doctor.py runs the doctor with it)
+    assert_te_checks_skipped(table, "Transformer Engine is not installed (pip install -r requirements-gpu.txt, or "
+                                    "the NGC container)")
+    assert table["versions"]["transformer_engine"] is None
     detail = {c["name"]: c["detail"] for c in table["checks"]}
     # fp32 on one CPU: the Megatron import and the HF export hold the very weights they came from
     assert _apart(detail["import"]) < 1e-6 and _apart(detail["export scores"]) < 1e-6
