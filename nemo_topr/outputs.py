@@ -8,7 +8,8 @@ path that cannot be written stops it at once rather than after hours of sampling
   (`MARK`, one line: the command's name).
 - Output files: never one of the command's inputs, never a directory, and never a file that
   exists unless the user passes --overwrite: a file carries no mark, so the command cannot tell
-  whether it made it. Their directory is made first.
+  whether it made it. Their directory is made first. Records are written as JSONL, so their
+  name ends in .jsonl: the only name the data commands read JSONL from.
 - Directories a command adds to and resumes in (`nemo-topr iterate`'s out): new, empty, or marked
   by that command; nothing in them is removed."""
 
@@ -134,3 +135,14 @@ def writable_output_file(path: str | Path, flag: str = "--out", *, inputs: Itera
     except OSError as error:
         raise OutputError(f"{flag} {path}: its directory cannot be made ({error.strerror}: {error.filename})") from None
     return path
+
+
+def writable_records_file(path: str | Path, flag: str = "--out", *, inputs: Iterable[str | Path] = (),
+                          overwrite: bool = False) -> Path:
+    """`writable_output_file` for records: also refused unless named *.jsonl, since `train` and the
+    `data` commands read JSONL only from such a name (scored.json would be found unreadable only
+    once the scoring or sampling had run)."""
+    if Path(path).suffix != ".jsonl":
+        raise OutputError(f"{flag} {path}: records are written as JSONL, which is read back only from a name ending "
+                          f"in .jsonl: name it {Path(path).with_suffix('.jsonl')}")
+    return writable_output_file(path, flag, inputs=inputs, overwrite=overwrite)

@@ -1,5 +1,6 @@
 """Reading and validating pre-scored records: every malformed class names file, line and field."""
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -190,6 +191,37 @@ def test_globs_and_lists_read_files_in_order_with_one_index(tmp_path):
     by_list = load_records([tmp_path / "part-0.jsonl", tmp_path / "part-1.jsonl"]).records
     assert [r.index for r in by_glob] == [r.index for r in by_list] == list(range(24))
     assert by_glob[12].path.endswith("part-1.jsonl") and by_glob[12].line == 1
+
+
+def test_files_of_a_directory_or_pattern_that_are_not_read_are_named_in_the_report(tmp_path):
+    """A shard left compressed beside the others was skipped unsaid, and the run trained on part
+    of the data: now the report (which `data validate` prints and every run saves) names it."""
+    rows = [json.dumps(r) + "\n" for r in _scored_rows()]
+    (tmp_path / "part-0.jsonl").write_text("".join(rows[:12]))
+    (tmp_path / "part-1.jsonl.gz").write_bytes(gzip.compress("".join(rows[12:24]).encode()))
+    (tmp_path / "README.md").write_text("where the data came from")
+    loaded = load_records(tmp_path)
+    note = f"{tmp_path}: 2 not read, not a .jsonl, .parquet or .arrow file: README.md, part-1.jsonl.gz"
+    assert len(loaded.records) == 12 and loaded.report.notes == [note]
+    assert loaded.report.format().endswith("\n" + note) and loaded.report.to_dict()["notes"] == [note]
+    by_glob = load_records(str(tmp_path / "part-*"))
+    assert by_glob.report.notes == [f"{tmp_path}/part-*: 1 not read, not a .jsonl, .parquet or .arrow file: "
+                                    "part-1.jsonl.gz"]
+    assert load_records(tmp_path / "part-0.jsonl").report.notes == []
+    compressed = tmp_path / "compressed"
+    compressed.mkdir()
+    (compressed / "part-1.jsonl.gz").write_bytes((tmp_path / "part-1.jsonl.gz").read_bytes())
+    with pytest.raises(DataError, match=r"directory holds no \.jsonl, \.parquet or \.arrow files and no dataset "
+                                        r"written by save_to_disk \(it has: part-1\.jsonl\.gz\)$"):
+        load_records(compressed)
+    with pytest.raises(DataError, match=r"unknown format '\.gz'; expected \.jsonl, \.parquet or \.arrow "
+                                        r"\(decompress it first\)$"):
+        load_records(compressed / "part-1.jsonl.gz")
+    for n in range(4):  # shards one level down are not searched for: said, with the rest
+        (tmp_path / f"notes-{n}.txt").write_text("")
+    assert load_records(tmp_path).report.notes[0].endswith(": 7 not read, not a .jsonl, .parquet or .arrow file: "
+                                                           "README.md, compressed/, notes-0.txt, notes-1.txt, "
+                                                           "notes-2.txt and 2 more")
 
 
 def test_duplicate_ids_are_found_across_files(tmp_path):

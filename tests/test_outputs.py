@@ -212,6 +212,35 @@ def test_a_directory_resumed_in_is_claimed_once_and_never_emptied(tmp_path):
     assert not (tmp_path / "dry").exists()  # a dry run makes nothing
 
 
+RECORDS_OUTPUT = {  # every command that writes records, its option naming them as JSON
+    "curate": ["data", "curate", "{data}", "--target-p", "0.25", "--out", "{dir}/curated.json"],
+    "score-logprobs": ["score-logprobs", "--model", "{model}", "--data", "{data}", "--out", "{dir}/curated.json",
+                       "--seq-length", "512", "--device", "cpu"],
+    "verifier-build": ["verifier", "build", "--graded", "{data}", "--out", "{dir}/curated.json"],
+    "verifier-score": ["verifier", "score", "--model", "{model}", "--records", "{data}", "--out", "{dir}/curated.json",
+                       "--device", "cpu"],
+    "generate": ["generate", "--prompts", "gsm8k-test", "--limit", "1", "--model", "{model}", "--device", "cpu",
+                 "--out", "{dir}/curated.json"],
+    "eval-samples": ["eval", "--model", "{model}", "--benchmark", "gsm8k", "--limit", "1", "--device", "cpu",
+                     "--samples-out", "{dir}/curated.json", "--out", "{dir}/eval.json"],
+}
+
+
+@pytest.mark.parametrize("verb", sorted(RECORDS_OUTPUT))
+def test_records_are_written_only_under_a_name_that_is_read_back_as_jsonl(tmp_path, tiny_model, verb):
+    """`--out scored.json` was written, and `train` refused it only then ("unknown format '.json'"),
+    after the hours of scoring or sampling: refused first, naming the name to use."""
+    data = tmp_path / "graded.jsonl"
+    data.write_bytes((REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl").read_bytes())
+    out = tmp_path / "out"
+    args = [a.format(data=data, dir=out, model=tiny_model) for a in RECORDS_OUTPUT[verb]]
+    proc = _run(tmp_path, "-m", "nemo_topr.cli", *args)
+    option = "--samples-out" if verb == "eval-samples" else "--out"
+    assert _refusal(proc).endswith(f"{option} {out}/curated.json: records are written as JSONL, which is read back "
+                                   f"only from a name ending in .jsonl: name it {out}/curated.jsonl")
+    assert "[nemo-topr] model:" not in proc.stdout and list(_tree(tmp_path)) == ["graded.jsonl"]  # nothing written
+
+
 EXISTING_OUTPUT = {  # verb, what exists already, the one that is refused
     "curate": (["data", "curate", "{data}", "--target-p", "0.25", "--out", "{dir}/curated.jsonl"],
                ["curated.jsonl"], "--out {dir}/curated.jsonl"),

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from nemo_topr.data.records import RecordSet, load_records
-from nemo_topr.outputs import add_overwrite_argument, distinct_outputs, writable_output_file
+from nemo_topr.outputs import add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,7 +126,7 @@ def _curate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     records = _load(args)
-    writable_output_file(args.out, inputs=records.report.files, overwrite=args.overwrite)
+    writable_records_file(args.out, inputs=records.report.files, overwrite=args.overwrite)
     distinct_outputs({"--out": args.out, "--stats": args.stats})
     stats_path = writable_output_file(args.stats or args.out.with_suffix(".stats.json"), "--stats" if args.stats else
                                       "--out's stats", inputs=records.report.files, overwrite=args.overwrite)

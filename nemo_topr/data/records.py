@@ -338,8 +338,8 @@ def load_records(
     dataset left with no records raise in both modes.
     """
     mapping = ColumnMapping.parse(columns, extra_columns=extra_columns, source=spec_name(paths))
-    sources = open_sources(paths, split=split)
-    report = ValidationReport(files=[source.name for source in sources])
+    sources, notes = open_sources(paths, split=split)
+    report = ValidationReport(files=[source.name for source in sources], notes=notes)
     records: list[Record] = []
     consistency = _ConsistencyCheck()
     for source in sources:

@@ -25,6 +25,7 @@ from typing import Any
 from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
 
 FILE_FORMATS = {".jsonl": "JSONL", ".parquet": "Parquet", ".arrow": "Arrow"}
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")
 EXTRA_COLUMNS = ("error", "meta")
 # what datasets.load_from_disk looks for (datasets/load.py:1740-1747)
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json")
@@ -48,10 +49,16 @@ class Source:
 # Finding sources
 
 
-def open_sources(paths: str | Path | Sequence[str | Path], *, split: str | None = None) -> list[Source]:
-    """The sources named by files, directories, glob patterns, saved datasets or hub names."""
+def open_sources(paths: str | Path | Sequence[str | Path], *,
+                 split: str | None = None) -> tuple[list[Source], list[str]]:
+    """The sources named by files, directories, glob patterns, saved datasets or hub names, and a
+    note for each directory or pattern naming the files in it that are not read (no data format)."""
     specs = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    sources = [source for spec in specs for source in _sources_of(str(spec), split)]
+    sources, notes = [], []
+    for spec in specs:
+        found, note = _sources_of(str(spec), split)
+        sources += found
+        notes += [note] if note else []
     formats = {source.format: source.name for source in sources}
     if len(formats) > 1:
         named = " and ".join(f"{fmt} ({name})" for fmt, name in sorted(formats.items()))
@@ -59,35 +66,47 @@ def open_sources(paths: str | Path | Sequence[str | Path], *, split: str | None 
     if split is not None and not formats.keys() & {"datasets", "hub"}:
         raise DataError(spec_name(paths), 0, "split", f"split {split!r} applies only to a saved DatasetDict "
                         "or a hub dataset")
-    return sources
+    return sources, notes
 
 
 def spec_name(paths: str | Path | Sequence[str | Path]) -> str:
     return str(paths) if isinstance(paths, (str, Path)) else ",".join(map(str, paths))
 
 
-def _sources_of(spec: str, split: str | None) -> list[Source]:
+def _sources_of(spec: str, split: str | None) -> tuple[list[Source], str | None]:
     path = Path(spec)
     if path.is_dir():
         if saved_dataset_kind(path):
-            return [_dataset_source(*load_saved_dataset(path, split))]
-        files = sorted(p for p in path.iterdir() if p.suffix in FILE_FORMATS and p.is_file())
-        if not files:
-            raise DataError(spec, 0, "path", "directory holds no .jsonl, .parquet or .arrow files "
-                            "and no dataset written by save_to_disk")
-        return [_file_source(file) for file in files]
+            return [_dataset_source(*load_saved_dataset(path, split))], None
+        return _data_files(spec, sorted(path.iterdir()),
+                           "directory holds no .jsonl, .parquet or .arrow files and no dataset written by save_to_disk")
     if path.is_file():
         if path.suffix not in FILE_FORMATS:
-            raise DataError(spec, 0, "path", f"unknown format {path.suffix!r}; expected .jsonl, .parquet or .arrow")
-        return [_file_source(path)]
+            raise DataError(spec, 0, "path", f"unknown format {path.suffix!r}; expected .jsonl, .parquet or .arrow"
+                            + (" (decompress it first)" if path.suffix in COMPRESSED else ""))
+        return [_file_source(path)], None
     if glob.has_magic(spec):
-        files = sorted(Path(p) for p in glob.glob(spec) if Path(p).suffix in FILE_FORMATS and Path(p).is_file())
-        if not files:
-            raise DataError(spec, 0, "path", "pattern matches no .jsonl, .parquet or .arrow files")
-        return [_file_source(file) for file in files]
+        return _data_files(spec, sorted(map(Path, glob.glob(spec))),
+                           "pattern matches no .jsonl, .parquet or .arrow files")
     if HUB_NAME.match(spec) and path.suffix not in FILE_FORMATS:
-        return [_hub_source(spec, split)]
+        return [_hub_source(spec, split)], None
     raise DataError(spec, 0, "path", "does not exist")
+
+
+def _data_files(spec: str, entries: list[Path], none_found: str) -> tuple[list[Source], str | None]:
+    """The files of a directory or pattern that are JSONL, Parquet or Arrow; the other entries (a
+    README, a report, a compressed copy, a subdirectory: not searched) are named in a note, never
+    dropped unsaid."""
+    data = [entry for entry in entries if entry.suffix in FILE_FORMATS and entry.is_file()]
+    others = [entry.name + ("/" if entry.is_dir() else "") for entry in entries if entry not in data]
+    if not data:
+        raise DataError(spec, 0, "path", none_found + (f" (it has: {_some(others)})" if others else ""))
+    note = f"{spec}: {len(others)} not read, not a .jsonl, .parquet or .arrow file: {_some(others)}"
+    return [_file_source(file) for file in data], note if others else None
+
+
+def _some(names: list[str], shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _file_source(path: Path) -> Source:

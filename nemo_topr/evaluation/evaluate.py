@@ -44,7 +44,7 @@ from nemo_topr.evaluation.generate import (
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics
 from nemo_topr.evaluation.sample_log import log_path
 from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, same_answer
-from nemo_topr.outputs import add_overwrite_argument, distinct_outputs, writable_output_file
+from nemo_topr.outputs import add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file
 
 EVAL_BENCHMARKS = {"gsm8k": "gsm8k-test", "math500": "math500"}
 
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                           "the sample log beside --out": log_path(args.out) if args.benchmark else None})
         writable_output_file(markdown, "--out's Markdown", inputs=inputs, overwrite=args.overwrite)
         if args.samples_out:
-            writable_output_file(args.samples_out, "--samples-out", overwrite=args.overwrite)
+            writable_records_file(args.samples_out, "--samples-out", overwrite=args.overwrite)
         results = _evaluate_model(args) if args.benchmark else _evaluate_records(args, records.records)
     except (OSError, ValueError) as error:  # DataError is a ValueError
         print(f"nemo-topr eval: {error}", file=sys.stderr)

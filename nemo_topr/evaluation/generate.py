@@ -46,7 +46,7 @@ from nemo_topr.grading import (
     GRADES, MAX_GRADER_ERROR_RATE, TASKS, Grade, GradeResult, GraderErrorRateExceeded, check_grader_errors,
     graded_answer, reward_of,
 )
-from nemo_topr.outputs import add_overwrite_argument, writable_output_file
+from nemo_topr.outputs import add_overwrite_argument, writable_records_file
 from nemo_topr.progress import Progress
 
 BENCHMARKS = ("gsm8k-train", "gsm8k-test", "math500")
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         problems = load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit)
         source = args.prompts if args.prompts in BENCHMARKS else str(Path(args.prompts).resolve())
-        writable_output_file(args.out, inputs=[] if args.prompts in BENCHMARKS else [args.prompts],
+        writable_records_file(args.out, inputs=[] if args.prompts in BENCHMARKS else [args.prompts],
                              overwrite=args.overwrite)
         settings, graded, errors = logged_sample_and_grade(args, problems, source, args.out, "nemo-topr generate")
     except (OSError, ValueError) as error:  # DataError, DeviceError and GraderErrorRateExceeded are ValueErrors

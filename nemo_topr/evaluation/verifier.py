@@ -26,7 +26,7 @@ from typing import Any
 
 from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
 from nemo_topr.device import add_device_argument, select_device
-from nemo_topr.outputs import add_overwrite_argument, writable_output_file
+from nemo_topr.outputs import add_overwrite_argument, writable_output_file, writable_records_file
 
 YES, NO = " Yes", " No"
 JUDGE_QUESTION = "Is the answer correct? Answer Yes or No."
@@ -150,7 +150,7 @@ def with_scores(records: Sequence[Record], scores: Sequence[float]) -> list[Reco
 
 def _build(args: argparse.Namespace) -> int:
     loaded = load_records(args.graded)
-    writable_output_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
+    writable_records_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
     graded = loaded.records
     judge = judge_records(graded)
     write_jsonl(judge, args.out)
@@ -161,7 +161,7 @@ def _build(args: argparse.Namespace) -> int:
 
 def _score(args: argparse.Namespace) -> int:
     loaded = load_records(args.records)
-    writable_output_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
+    writable_records_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
     report_path = writable_output_file(args.out.with_suffix(".report.json"), "--out's report",
                                        inputs=loaded.report.files, overwrite=args.overwrite)
     records = loaded.records

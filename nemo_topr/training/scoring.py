@@ -39,7 +39,7 @@ from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.device import DeviceError, add_device_argument, use_device
 from nemo_topr.model_settings import device_model_settings
-from nemo_topr.outputs import OutputError, add_overwrite_argument, writable_output_file
+from nemo_topr.outputs import OutputError, add_overwrite_argument, writable_output_file, writable_records_file
 from nemo_topr.progress import Progress
 from nemo_topr.training.config import ConfigError, apply_section, check_fp8, check_values, compose
 
@@ -161,7 +161,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     source_model = model_source.resolve(model_dir)
     # the records first: a data error or an --out naming the input stops before the model loads
     records = load_records(data, strict=strict, **(source or {}))
-    writable_output_file(out, inputs=records.report.files, overwrite=overwrite)
+    writable_records_file(out, inputs=records.report.files, overwrite=overwrite)
     report = writable_output_file(str(out) + ".report.json", "--out's report", inputs=records.report.files,
                                   overwrite=overwrite)
     tokenizer = load_tokenizer(source_model.hf_dir)
