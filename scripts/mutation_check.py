@@ -164,6 +164,16 @@ MUTANTS = (
            ("tests/test_export_outputs.py::"
             "test_the_checkpoint_being_exported_is_refused_as_its_output_even_with_overwrite",),
            "export --ckpt X --hf-out X --overwrite deletes the checkpoint it exports"),
+    Mutant("records_written_under_any_name", "nemo_topr/outputs.py",
+           '    if Path(path).suffix != ".jsonl":', "    if False:",
+           ("tests/test_outputs.py::test_records_are_written_only_under_a_name_that_is_read_back_as_jsonl",),
+           "score-logprobs --out scored.json runs, and train finds the file unreadable only afterwards"),
+    Mutant("unread_files_unsaid", "nemo_topr/data/sources.py",
+           "    return [_file_source(file) for file in data], note if others else None",
+           "    return [_file_source(file) for file in data], None",
+           ("tests/test_data_records.py::"
+            "test_files_of_a_directory_or_pattern_that_are_not_read_are_named_in_the_report",),
+           "a shard left compressed in a data directory is dropped from the dataset unsaid"),
     Mutant("fp8_scored_in_bf16_without_te", "nemo_topr/training/scoring.py",
            "    if train_config:\n        try:\n            check_fp8(", "    if False:\n        try:\n            check_fp8(",
            ("tests/test_gpu_path.py::test_scoring_refuses_a_training_configs_fp8_on_a_gpu_without_te",),
