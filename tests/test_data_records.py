@@ -217,6 +217,11 @@ def test_files_of_a_directory_or_pattern_that_are_not_read_are_named_in_the_repo
     with pytest.raises(DataError, match=r"unknown format '\.gz'; expected \.jsonl, \.parquet or \.arrow "
                                         r"\(decompress it first\)$"):
         load_records(compressed / "part-1.jsonl.gz")
+    (compressed / "to_json.json").write_text("".join(rows[:2]))  # what datasets' Dataset.to_json writes
+    with pytest.raises(DataError, match=r"unknown format '\.json'; expected \.jsonl, \.parquet or \.arrow \(JSON Lines "
+                                        r"named \.json, as datasets' to_json writes\? rename it \.jsonl; a JSON array: "
+                                        r"write one record per line\)$"):
+        load_records(compressed / "to_json.json")
     for n in range(4):  # shards one level down are not searched for: said, with the rest
         (tmp_path / f"notes-{n}.txt").write_text("")
     assert load_records(tmp_path).report.notes[0].endswith(": 7 not read, not a .jsonl, .parquet or .arrow file: "

@@ -25,7 +25,10 @@ from typing import Any
 from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
 
 FILE_FORMATS = {".jsonl": "JSONL", ".parquet": "Parquet", ".arrow": "Arrow"}
-COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")
+# what to do with a file of another format, where there is one thing to say
+FORMAT_HINTS = {**dict.fromkeys((".gz", ".bz2", ".xz", ".zst", ".zip"), "decompress it first"),
+                ".json": "JSON Lines named .json, as datasets' to_json writes? rename it .jsonl; a JSON array: write "
+                         "one record per line"}
 EXTRA_COLUMNS = ("error", "meta")
 # what datasets.load_from_disk looks for (datasets/load.py:1740-1747)
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json")
@@ -83,7 +86,7 @@ def _sources_of(spec: str, split: str | None) -> tuple[list[Source], str | None]
     if path.is_file():
         if path.suffix not in FILE_FORMATS:
             raise DataError(spec, 0, "path", f"unknown format {path.suffix!r}; expected .jsonl, .parquet or .arrow"
-                            + (" (decompress it first)" if path.suffix in COMPRESSED else ""))
+                            + (f" ({FORMAT_HINTS[path.suffix]})" if path.suffix in FORMAT_HINTS else ""))
         return [_file_source(path)], None
     if glob.has_magic(spec):
         return _data_files(spec, sorted(map(Path, glob.glob(spec))),
