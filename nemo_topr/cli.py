@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import importlib
 import os
-import signal
 import sys
 
+from nemo_topr.cluster.warning import hold_the_warning
 from nemo_topr.quiet import VERBOSE_ENV, quiet_known_noise
 
 # verb -> (module, one-line help). Keep in pipeline order.
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         # Slurm's pre-emption warning (SIGUSR1, slurm/topr_job.sh) may come while the rank still
         # imports Megatron; its default action would kill the rank and fail the job. Keep it
         # pending from here on: train() hands it to Bridge's handler, which saves and requeues.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        hold_the_warning()
     module = importlib.import_module(VERBS[verb][0])
     return int(module.main(rest) or 0)
 

@@ -48,7 +48,8 @@ CHECKPOINT_TESTS = ("tests/test_checkpoints.py::test_consistent_directory_is_lef
                     "tests/test_checkpoint_repair.py")
 SOURCE_TESTS = ("tests/test_run_iterations.py", "tests/test_model_source.py")
 SLURM_TESTS = ("tests/test_job_signal.py", "tests/test_slurm.py::test_scripts_pass_bash_n_and_shellcheck")
-EARLY_WARNING_TEST = "tests/test_slurm.py::test_a_warning_before_the_ranks_hold_it_requeues_unless_a_rank_held_it"
+EARLY_WARNING_TEST = "tests/test_slurm.py::test_a_warning_before_the_ranks_hold_it_requeues_even_if_a_rank_held_it"
+KILLED_RANK_TEST = "tests/test_slurm.py::test_a_killed_rank_fails_the_real_job_without_a_requeue"
 
 MUTANTS = (
     # objective.py
@@ -134,14 +135,20 @@ MUTANTS = (
            SLURM_TESTS, "the warning goes to the batch shell, not the training ranks"),
     Mutant("failures_requeued", "slurm/topr_job.sh",
            'if [[ -f $run_dir/STOPPED ]]; then', "if true; then",
-           (*SLURM_TESTS, "tests/test_slurm.py::test_a_killed_rank_fails_the_real_job_without_a_requeue"),
+           (*SLURM_TESTS, KILLED_RANK_TEST),
            "every unfinished run requeued, failures included"),
     Mutant("early_warning_fails", "slurm/topr_job.sh",
            "if ((status == 128 + $(kill -l USR1))); then", "if false; then",
            (*SLURM_TESTS, EARLY_WARNING_TEST), "ranks killed by a warning they could not hold yet fail the job"),
+    Mutant("held_warning_dies_of_sigterm", "nemo_topr/cluster/warning.py",
+           "    dying_of = signal.SIGUSR1 if signal.SIGUSR1 in signal.sigpending() else signal.SIGTERM",
+           "    dying_of = signal.SIGTERM",
+           ("tests/test_slurm.py::test_a_warning_before_the_ranks_hold_it_requeues_even_if_a_rank_held_it",),
+           "a rank holding the warning dies of --kill-on-bad-exit's SIGTERM: srun 143, the job fails"),
     Mutant("signal_deaths_requeued", "slurm/topr_job.sh",
            "if ((status == 128 + $(kill -l USR1))); then", "if ((status > 128)); then",
-           (*SLURM_TESTS, EARLY_WARNING_TEST), "a rank killed by any signal requeued, not only by the warning"),
+           (*SLURM_TESTS, EARLY_WARNING_TEST, KILLED_RANK_TEST),
+           "a rank killed by any signal requeued, not only by the warning"),
     # what commands write, and refusals of settings that would change a run's meaning
     Mutant("unmarked_output_dir_emptied", "nemo_topr/outputs.py",
            "        if made_by != command:", "        if False:",

@@ -25,6 +25,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -360,14 +361,19 @@ def _venv_of_ranks_that_do_not_hold_the_warning_yet(root: Path, holding_rank: in
     """A stand-in for NEMO_TOPR_VENV whose `python` is a training rank still starting, before
     nemo_topr/cli.py blocks SIGUSR1 (a window of 0.1 s to seconds, too short to hit on purpose):
     it leaves RUN_DIR/ready-RANK and waits, and a warning kills it by SIGUSR1's default action;
-    `holding_rank` ignores it instead (a rank past the mask). Once requeued (SLURM_RESTART_COUNT
-    1) it ends as a finished run does: rank 0 leaves RUN_DIR/COMPLETED."""
+    `holding_rank` is a rank past that line instead: Python holding the warning with the CLI's own
+    `hold_the_warning`. Once requeued (SLURM_RESTART_COUNT 1) it ends as a finished run does: rank
+    0 leaves RUN_DIR/COMPLETED."""
     python = root / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
+    holding = ("import pathlib, sys, time; from nemo_topr.cluster.warning import hold_the_warning; "
+               "hold_the_warning(); pathlib.Path(sys.argv[1]).touch()\nwhile True: time.sleep(0.2)")
     python.write_text(f"""#!/usr/bin/env bash
 for arg; do [[ $arg == run_dir=* ]] && run_dir=${{arg#run_dir=}}; done
 if ((${{SLURM_RESTART_COUNT:-0}} == 0)); then
-    if [[ $SLURM_PROCID == {holding_rank} ]]; then trap '' USR1; fi
+    if [[ $SLURM_PROCID == {holding_rank} ]]; then
+        PYTHONPATH={REPO} exec {sys.executable} -c {shlex.quote(holding)} "$run_dir/ready-$SLURM_PROCID"
+    fi
     touch "$run_dir/ready-$SLURM_PROCID"
     while :; do sleep 0.2; done
 fi
@@ -385,10 +391,11 @@ def _wait_for_ready_ranks(run_dir: Path, alive) -> None:
 
 
 @pytest.mark.parametrize("holding_rank", [None, 1], ids=["no-rank-holds-it", "rank-1-holds-it"])
-def test_a_warning_before_the_ranks_hold_it_requeues_unless_a_rank_held_it(fake_slurm, holding_rank):
+def test_a_warning_before_the_ranks_hold_it_requeues_even_if_a_rank_held_it(fake_slurm, holding_rank):
     """Ranks killed by the warning itself (srun status 128 + 10) are requeued: it was a warning,
-    not a failure. If rank 1 already held it, --kill-on-bad-exit's SIGTERM kills rank 1, srun
-    exits 128 + 15, and the job fails as any terminated rank does (known, not fixed)."""
+    not a failure. If rank 1 already held it, --kill-on-bad-exit's SIGTERM makes it die of the
+    warning it holds (nemo_topr/cluster/warning.py), so srun still exits 128 + 10; it died of the
+    SIGTERM until 2026-11-27, srun exited 128 + 15 and the job failed."""
     run_dir = fake_slurm / "run"
     venv = _venv_of_ranks_that_do_not_hold_the_warning_yet(fake_slurm, holding_rank)
     job = subprocess.Popen(["bash", str(REPO / "slurm" / "topr_job.sh"), "tiny_cpu"], cwd=REPO, text=True,
@@ -403,13 +410,9 @@ def test_a_warning_before_the_ranks_hold_it_requeues_unless_a_rank_held_it(fake_
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-    if holding_rank is None:
-        assert job.returncode == 0 and (fake_slurm / "requeued").read_text().split() == ["77"], output
-        assert "a rank died of the warning (SIGUSR1) before it could hold it (srun status 138); " \
-               "requeueing job 77" in output, output
-    else:
-        assert job.returncode == 128 + signal.SIGTERM and not (fake_slurm / "requeued").exists(), output
-        assert "training failed (srun status 143); not requeued" in output, output
+    assert job.returncode == 0 and (fake_slurm / "requeued").read_text().split() == ["77"], output
+    assert "a rank died of the warning (SIGUSR1) before it could hold it (srun status 138); " \
+           "requeueing job 77" in output, output
 
 
 def _real_job(job_id: str) -> str:
@@ -505,13 +508,15 @@ def test_a_warning_while_the_ranks_import_requeues_on_real_slurm(slurm_cluster, 
 
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_a_warning_before_the_ranks_hold_it_requeues_the_real_job(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("holding_rank", [None, 1], ids=["no-rank-holds-it", "rank-1-holds-it"])
+def test_a_warning_before_the_ranks_hold_it_requeues_the_real_job(slurm_cluster, tmp_path, holding_rank):
     """The shipped 8B sbatch on real Slurm, with ranks still starting (above) when `scancel
-    --signal=USR1` comes: real srun reports both killed by it, and the job script requeues
-    instead of failing; the next start completes."""
+    --signal=USR1` comes: real srun reports them killed by it, and the job script requeues
+    instead of failing; the next start completes. Rank 1 holding the warning already: real srun's
+    --kill-on-bad-exit SIGTERM makes it die of that warning too, so srun's status is still 138."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()  # for --output: slurmd does not create directories
-    venv = _venv_of_ranks_that_do_not_hold_the_warning_yet(tmp_path)
+    venv = _venv_of_ranks_that_do_not_hold_the_warning_yet(tmp_path, holding_rank)
     answer = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=2", "--gpus-per-node=2",
                              f"--output={run_dir}/%x-%j.out", "slurm/llama31_8b.sbatch"],
                             cwd=REPO, capture_output=True, text=True,
@@ -524,7 +529,7 @@ def test_a_warning_before_the_ranks_hold_it_requeues_the_real_job(slurm_cluster,
         subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
         state, job, batch_log = _real_job_end(job_id, run_dir / f"topr-llama31-8b-{job_id}.out")
     assert state == "COMPLETED" and (run_dir / "COMPLETED").exists(), job + batch_log
-    assert re.search(r"srun: error: \S+: tasks 0-1: User defined signal 1", batch_log), batch_log
+    assert re.search(r"srun: error: \S+: tasks? (0-1|1): User defined signal 1", batch_log), batch_log
     assert "a rank died of the warning (SIGUSR1) before it could hold it (srun status 138)" in batch_log
     assert _check_every_start_kept(run_dir, job_id, batch_log, job, "") == 1, batch_log
 
@@ -546,13 +551,15 @@ def _rank_processes(job_id: str, rank: int) -> list[int]:
 
 
 def _blocks_the_warning(pid: int) -> bool:
-    """Whether the process holds SIGUSR1 pending (its SigBlk mask in /proc)."""
+    """Whether the process holds SIGUSR1 pending (its SigBlk mask in /proc) and catches SIGTERM
+    (SigCgt) to die of a held warning (nemo_topr/cluster/warning.py)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:  # gone
         return False
-    blocked = int(re.search(r"^SigBlk:\s*([0-9a-f]+)$", status, re.MULTILINE).group(1), 16)
-    return bool(blocked >> (signal.SIGUSR1 - 1) & 1)
+    blocked, caught = (int(re.search(rf"^{field}:\s*([0-9a-f]+)$", status, re.MULTILINE).group(1), 16)
+                       for field in ("SigBlk", "SigCgt"))
+    return bool(blocked >> (signal.SIGUSR1 - 1) & 1 and caught >> (signal.SIGTERM - 1) & 1)
 
 
 def _wait_until_ranks_hold_the_warning(job_id: str, ranks: int = 2) -> None:

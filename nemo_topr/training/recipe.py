@@ -28,6 +28,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from nemo_topr.cluster.warning import release_the_warning
 from nemo_topr.data.positives import no_negatives_warning
 from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
 from nemo_topr.distributed import RendezvousError, check_rendezvous, free_port, launcher_rank
@@ -131,12 +132,13 @@ def train(run: TrainingRun) -> int:
     from nemo_topr.training.step import ToprForwardStep
 
     exit_signal = resolve_exit_signal(run.container.train)
-    if exit_signal != signal.SIGUSR1:  # blocked by `nemo-topr train` (cli.py) for Slurm's warning
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+    if exit_signal != signal.SIGUSR1:  # held by `nemo-topr train` (cli.py) for Slurm's warning
+        release_the_warning()
 
     class ReleaseExitSignal(Callback):
         def on_train_start(self, context) -> None:  # Bridge's handler is installed by now
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})
+            release_the_warning()
 
     # A warning that arrives while this rank still loads (Slurm sends it at pre-emption time with
     # PreemptParameters=send_user_signal) would kill it: SIGUSR1's default action is to terminate.
@@ -159,6 +161,7 @@ def train(run: TrainingRun) -> int:
             raise
     finally:  # already released when training started; not left blocked by a failure before that
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})
+        release_the_warning()
         signal.signal(signal.SIGINT, previous_sigint)
         pretrain_log.removeFilter(_not_a_clean_stop)
         lock.release()
