@@ -25,6 +25,7 @@ from typing import Any
 from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
 
 FILE_FORMATS = {".jsonl": "JSONL", ".parquet": "Parquet", ".arrow": "Arrow"}
+READ_SUFFIXES = ".jsonl, .parquet or .arrow"  # FILE_FORMATS, as the errors name them
 # what to do with a file of another format, where there is one thing to say
 FORMAT_HINTS = {**dict.fromkeys((".gz", ".bz2", ".xz", ".zst", ".zip"), "decompress it first"),
                 ".json": "JSON Lines named .json, as datasets' to_json writes? rename it .jsonl; a JSON array: write "
@@ -82,15 +83,15 @@ def _sources_of(spec: str, split: str | None) -> tuple[list[Source], str | None]
         if saved_dataset_kind(path):
             return [_dataset_source(*load_saved_dataset(path, split))], None
         return _data_files(spec, sorted(path.iterdir()),
-                           "directory holds no .jsonl, .parquet or .arrow files and no dataset written by save_to_disk")
+                           f"directory holds no {READ_SUFFIXES} files and no dataset written by save_to_disk")
     if path.is_file():
         if path.suffix not in FILE_FORMATS:
-            raise DataError(spec, 0, "path", f"unknown format {path.suffix!r}; expected .jsonl, .parquet or .arrow"
+            raise DataError(spec, 0, "path", f"unknown format {path.suffix!r}; expected {READ_SUFFIXES}"
                             + (f" ({FORMAT_HINTS[path.suffix]})" if path.suffix in FORMAT_HINTS else ""))
         return [_file_source(path)], None
     if glob.has_magic(spec):
         return _data_files(spec, sorted(map(Path, glob.glob(spec))),
-                           "pattern matches no .jsonl, .parquet or .arrow files")
+                           f"pattern matches no {READ_SUFFIXES} files")
     if HUB_NAME.match(spec) and path.suffix not in FILE_FORMATS:
         return [_hub_source(spec, split)], None
     raise DataError(spec, 0, "path", "does not exist")
@@ -100,11 +101,15 @@ def _data_files(spec: str, entries: list[Path], none_found: str) -> tuple[list[S
     """The files of a directory or pattern that are JSONL, Parquet or Arrow; the other entries (a
     README, a report, a compressed copy, a subdirectory: not searched) are named in a note, never
     dropped unsaid."""
-    data = [entry for entry in entries if entry.suffix in FILE_FORMATS and entry.is_file()]
-    others = [entry.name + ("/" if entry.is_dir() else "") for entry in entries if entry not in data]
+    data, others = [], []
+    for entry in entries:  # one pass: a directory may hold thousands of shards
+        if entry.suffix in FILE_FORMATS and entry.is_file():
+            data.append(entry)
+        else:
+            others.append(entry.name + ("/" if entry.is_dir() else ""))
     if not data:
         raise DataError(spec, 0, "path", none_found + (f" (it has: {_some(others)})" if others else ""))
-    note = f"{spec}: {len(others)} not read, not a .jsonl, .parquet or .arrow file: {_some(others)}"
+    note = f"{spec}: {len(others)} not read, not a {READ_SUFFIXES} file: {_some(others)}"
     return [_file_source(file) for file in data], note if others else None
 
 
