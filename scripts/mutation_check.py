@@ -143,7 +143,7 @@ MUTANTS = (
     Mutant("held_warning_dies_of_sigterm", "nemo_topr/cluster/warning.py",
            "    dying_of = signal.SIGUSR1 if signal.SIGUSR1 in signal.sigpending() else signal.SIGTERM",
            "    dying_of = signal.SIGTERM",
-           ("tests/test_slurm.py::test_a_warning_before_the_ranks_hold_it_requeues_even_if_a_rank_held_it",),
+           (EARLY_WARNING_TEST,),
            "a rank holding the warning dies of --kill-on-bad-exit's SIGTERM: srun 143, the job fails"),
     Mutant("signal_deaths_requeued", "slurm/topr_job.sh",
            "if ((status == 128 + $(kill -l USR1))); then", "if ((status > 128)); then",

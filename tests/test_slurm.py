@@ -694,7 +694,7 @@ def test_a_real_time_limit_preempts_with_its_warning_and_the_next_start_resumes(
     with _cancelled_at_exit(job_id):
         _wait_for_restart(job_id)
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=00:30:00"], check=True)
-        first_start = _ledger_lengths(run_dir)  # final: the first start ended before the requeue
+        first_start, before = _ledger_lengths(run_dir), _ledger(run_dir)  # final: it ended before the requeue
         deadline = time.monotonic() + 900
         while not _ledger(run_dir, skip=first_start):  # until the second start has trained an iteration
             assert time.monotonic() < deadline and _real_job_state(job_id) in UNFINISHED, _real_job(job_id)
@@ -705,8 +705,6 @@ def test_a_real_time_limit_preempts_with_its_warning_and_the_next_start_resumes(
     assert _check_every_start_kept(run_dir, job_id, batch_log, job, "") == 1, batch_log  # pre-empted once
     first = run_dir / "logs" / f"job-{job_id}-start-0"
     saved = int(re.search(r"\[nemo-topr\] stopped at iteration (\d+) of", (first / "rank-0.log").read_text())[1])
-    before = [json.loads(line) for path in sorted(run_dir.glob("samples_dp*.jsonl"))
-              for line in path.read_text().splitlines()[:first_start[path.name]]]
     after = _ledger(run_dir, skip=first_start)
     assert sorted(first_start) == ["samples_dp0.jsonl", "samples_dp1.jsonl"]  # both data-parallel ranks trained
     assert {entry["iteration"] for entry in before} == set(range(saved)), batch_log  # nothing after the save
