@@ -8,8 +8,9 @@ path that cannot be written stops it at once rather than after hours of sampling
   (`MARK`, one line: the command's name).
 - Output files: never one of the command's inputs, never a directory, and never a file that
   exists unless the user passes --overwrite: a file carries no mark, so the command cannot tell
-  whether it made it. Their directory is made first. Records are written as JSONL, so their
-  name ends in .jsonl: the only name the data commands read JSONL from.
+  whether it made it. Their directory is checked first and made by the write, so a refused
+  command leaves none behind. Records are written as JSONL, so their name ends in .jsonl: the
+  only name the data commands read JSONL from.
 - Directories a command adds to and resumes in (`nemo-topr iterate`'s out): new, empty, or marked
   by that command; nothing in them is removed."""
 
@@ -120,21 +121,33 @@ def add_overwrite_argument(parser) -> None:
 
 def writable_output_file(path: str | Path, flag: str = "--out", *, inputs: Iterable[str | Path] = (),
                          overwrite: bool = False) -> Path:
-    """`path`, with its directory made now. Refused before the command's work instead of when it
-    writes: one of the command's `inputs` (`refuse_to_overwrite_an_input`, even with
-    `overwrite`), a directory in its place, a file there without `overwrite`, or a parent that
-    cannot be made. `flag` names the path in the message (an option, or what the file is)."""
+    """`path`, checked writable. Refused before the command's work instead of when it writes: one
+    of the command's `inputs` (`refuse_to_overwrite_an_input`, even with `overwrite`), a
+    directory in its place, a file there without `overwrite`, or a directory that cannot be
+    made. `flag` names the path in the message (an option, or what the file is). The directory
+    is made only by the write: a command refused later (another output, a missing model) leaves
+    no empty directory behind."""
     refuse_to_overwrite_an_input(path, inputs)
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{flag} {path} is a directory; a file is written there: name the file")
     if path.exists() and not overwrite:
         raise OutputError(f"{flag} {path} exists: pass --overwrite to replace it, or choose another path")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise OutputError(f"{flag} {path}: its directory cannot be made ({error.strerror}: {error.filename})") from None
+    unmakeable = _why_unmakeable(path.absolute().parent)
+    if unmakeable:
+        raise OutputError(f"{flag} {path}: its directory cannot be made ({unmakeable})")
     return path
+
+
+def _why_unmakeable(directory: Path) -> str | None:
+    """Why `directory` cannot be made or written in, in mkdir's words; None when it can: its nearest
+    existing ancestor is a directory this process may write in."""
+    existing = next(parent for parent in (directory, *directory.parents) if parent.exists())
+    if not existing.is_dir():
+        return f"File exists: {existing}"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"Permission denied: {existing}"
+    return None
 
 
 def writable_records_file(path: str | Path, flag: str = "--out", *, inputs: Iterable[str | Path] = (),

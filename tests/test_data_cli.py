@@ -70,7 +70,7 @@ def test_stats_refuses_an_out_that_is_a_file_and_an_unwritable_out_is_one_line(t
     assert notes.read_text() == "mine"
     assert main(["data", "stats", str(SCORED), "--out", str(notes / "stats")]) == 1  # a directory under a file
     assert capsys.readouterr().err == (f"error: --out {notes}/stats/stats.json: its directory cannot be made "
-                                       f"(Not a directory: {notes}/stats)\n")
+                                       f"(File exists: {notes})\n")
 
 
 def test_stats_writes_json_and_png(tmp_path, tokenizer_dir, capsys):

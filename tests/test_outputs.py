@@ -8,8 +8,10 @@ it resumes in: only a directory it made."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -142,17 +144,26 @@ def test_each_command_refuses_to_write_its_records_over_its_input(tmp_path, tiny
     assert data.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["graded.jsonl"]
 
 
-def test_an_output_file_in_place_of_a_directory_or_under_a_file_is_refused_and_its_directory_made(tmp_path):
+def test_an_output_file_in_place_of_a_directory_or_under_a_file_is_refused_and_no_directory_made(tmp_path,
+                                                                                                 monkeypatch):
+    """The directory is checked, not made: the write makes it, so a command refused after this
+    check (by its next output, or its model) leaves no empty directory behind."""
     (tmp_path / "results").mkdir()
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(OutputError, match=r"^--out .*/results is a directory; a file is written there: name the file$"):
         writable_output_file(tmp_path / "results")
-    with pytest.raises(OutputError, match=r"^--samples-out .*/notes.txt/s.jsonl: its directory cannot be made "
-                                          r"\(File exists: .*/notes.txt\)$"):
-        writable_output_file(tmp_path / "notes.txt" / "s.jsonl", "--samples-out")
+    for under_a_file in (tmp_path / "notes.txt" / "s.jsonl", tmp_path / "notes.txt" / "a" / "b" / "s.jsonl"):
+        with pytest.raises(OutputError, match=rf"^--samples-out {under_a_file}: its directory cannot be made "
+                                              rf"\(File exists: {tmp_path / 'notes.txt'}\)$"):
+            writable_output_file(under_a_file, "--samples-out")
     assert writable_output_file(tmp_path / "new" / "deeper" / "r.json") == tmp_path / "new" / "deeper" / "r.json"
-    assert (tmp_path / "new" / "deeper").is_dir() and not (tmp_path / "new" / "deeper" / "r.json").exists()
-    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "results"]
+    # root may write anywhere, so an unwritable directory is what os.access says for one path
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path / "results")
+    with pytest.raises(OutputError, match=rf"^--out {tmp_path}/results/new/r.json: its directory cannot be made "
+                                          rf"\(Permission denied: {tmp_path}/results\)$"):
+        writable_output_file(tmp_path / "results" / "new" / "r.json")
+    assert (tmp_path / "notes.txt").read_text() == "mine" and not any((tmp_path / "results").iterdir())
 
 
 @pytest.mark.parametrize("verb, expected", [
@@ -238,7 +249,8 @@ def test_records_are_written_only_under_a_name_that_is_read_back_as_jsonl(tmp_pa
     option = "--samples-out" if verb == "eval-samples" else "--out"
     assert _refusal(proc).endswith(f"{option} {out}/curated.json: records are written as JSONL, which is read back "
                                    f"only from a name ending in .jsonl: name it {out}/curated.jsonl")
-    assert "[nemo-topr] model:" not in proc.stdout and list(_tree(tmp_path)) == ["graded.jsonl"]  # nothing written
+    assert "[nemo-topr] model:" not in proc.stdout
+    assert [p.name for p in tmp_path.iterdir()] == ["graded.jsonl"]  # nothing written, no directory made
 
 
 EXISTING_OUTPUT = {  # verb, what exists already, the one that is refused
