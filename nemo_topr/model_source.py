@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -54,6 +54,8 @@ class ModelSource:
     hf_dir: Path  # config.json + tokenizer: the HF directory itself, or the checkpoint's hf_artifacts/
     checkpoint: Path | None = None  # Megatron: the iteration directory that is loaded
     iteration: int | None = None
+    # how the user gave it, for messages: "base_model=" (train's key), "--model ", "--ckpt ", "" (import's HF_DIR)
+    named: str = field(default="base_model=", compare=False)
 
     @property
     def is_megatron(self) -> bool:
@@ -69,7 +71,7 @@ class ModelSource:
         """Another saved iteration of the same checkpoint (checked complete, like any source)."""
         if not self.is_megatron:
             raise ModelSourceError(f"{self.path} is a Hugging Face directory: it has no iterations")
-        return _megatron_source(self.checkpoint.parent, iteration, kind=self.kind, shown=self.path)
+        return _megatron_source(self.checkpoint.parent, iteration, kind=self.kind, shown=self.path, named=self.named)
 
     def saved_iterations(self) -> list[int]:
         return saved_iterations(self.checkpoint.parent) if self.is_megatron else []
@@ -87,38 +89,40 @@ def split_iteration(spec: str | Path) -> tuple[str, str]:
     return (match[1], match[2]) if match and not Path(text).exists() else (text, "")
 
 
-def resolve(spec: str | Path) -> ModelSource:
-    """Detect the kind of `spec` and check it is complete (see the module docstring)."""
+def resolve(spec: str | Path, *, named: str = "base_model=") -> ModelSource:
+    """Detect the kind of `spec` and check it is complete (see the module docstring). Errors name
+    it as the user gave it: `named` is the option or key before the path ("--model ")."""
     text = str(spec)
     directory, iteration = split_iteration(text)
     if iteration:
-        return _run_source(Path(directory).resolve(), int(iteration[1:]), given=text)
+        return _run_source(Path(directory).resolve(), int(iteration[1:]), given=text, named=named)
     path = Path(text).resolve()
     if path.is_file():
-        raise ModelSourceError(f"base model {text}: a file, not a directory; give the directory that holds it "
+        raise ModelSourceError(f"{named}{text}: a file, not a directory; give the directory that holds it "
                                f"({path.parent}?) (expected {EXPECTED})")
     if not path.is_dir():
-        raise ModelSourceError(f"base model {text}: no such directory (expected {EXPECTED})")
+        raise ModelSourceError(f"{named}{text}: no such directory (expected {EXPECTED})")
     if (path / "context").is_dir() and (path / "weights").is_dir():
-        raise ModelSourceError(_nemo2_message(path))
+        raise ModelSourceError(_nemo2_message(path, named))
     if (path / "config.json").is_file() and _has_hf_weights(path):
-        _check_tokenizer(path, f"Hugging Face directory {path}")
-        return ModelSource("huggingface", path, path)
+        _check_tokenizer(path, f"{named}{path}")
+        return ModelSource("huggingface", path, path, named=named)
     if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
-        return _run_source(path, None, given=text)
+        return _run_source(path, None, given=text, named=named)
     if re.fullmatch(r"iter_\d+", path.name) and _looks_like_iteration(path):
-        return _megatron_source(path.parent, int(path.name.removeprefix("iter_")), kind="megatron", shown=path)
+        return _megatron_source(path.parent, int(path.name.removeprefix("iter_")), kind="megatron", shown=path,
+                                named=named)
     if _looks_like_checkpoint_root(path):
-        return _megatron_source(path, None, kind="megatron", shown=path)
+        return _megatron_source(path, None, kind="megatron", shown=path, named=named)
     if (path / "config.json").is_file():
-        raise ModelSourceError(f"base model {path}: has config.json but no weights "
+        raise ModelSourceError(f"{named}{path}: has config.json but no weights "
                                f"({' or '.join(HF_WEIGHT_PATTERNS)}); expected {EXPECTED}")
-    raise ModelSourceError(f"base model {path}: not a model directory; expected {EXPECTED}")
+    raise ModelSourceError(f"{named}{path}: not a model directory; expected {EXPECTED}")
 
 
-def _nemo2_message(path: Path) -> str:
+def _nemo2_message(path: Path, named: str) -> str:
     """Why a NeMo 2 checkpoint is not loaded directly, and the route that works (see docs/training.md)."""
-    return (f"base model {path}: a NeMo 2 checkpoint (context/ + weights/). Megatron-Bridge 0.6.2 has no reader "
+    return (f"{named}{path}: a NeMo 2 checkpoint (context/ + weights/). Megatron-Bridge 0.6.2 has no reader "
             "for it, and weights/ lacks the run_config.yaml Bridge reads on load, so it is not loaded directly. "
             "Convert it once with NeMo 2 itself: `from nemo.collections import llm; llm.export_ckpt(path=CKPT, "
             "target='hf', output_path=HF_DIR)`, then `nemo-topr import HF_DIR OUT` and start from OUT")
@@ -143,39 +147,39 @@ def _looks_like_checkpoint_root(path: Path) -> bool:
         child.is_dir() and re.fullmatch(r"iter_\d+", child.name) for child in path.glob("iter_*"))
 
 
-def _run_source(run_dir: Path, iteration: int | None, *, given: str) -> ModelSource:
+def _run_source(run_dir: Path, iteration: int | None, *, given: str, named: str) -> ModelSource:
     if not ((run_dir / "config.yaml").is_file() and (run_dir / "checkpoints").is_dir()):
-        raise ModelSourceError(f"base model {given}: {run_dir} is not a nemo-topr run directory (config.yaml and "
+        raise ModelSourceError(f"{named}{given}: {run_dir} is not a nemo-topr run directory (config.yaml and "
                                f"checkpoints/ expected)")
-    return _megatron_source(run_dir / "checkpoints", iteration, kind="run", shown=run_dir)
+    return _megatron_source(run_dir / "checkpoints", iteration, kind="run", shown=run_dir, named=named)
 
 
-def _megatron_source(root: Path, iteration: int | None, *, kind: str, shown: Path) -> ModelSource:
+def _megatron_source(root: Path, iteration: int | None, *, kind: str, shown: Path, named: str) -> ModelSource:
     """A checkpoint root and an iteration in it (None: the latest), checked complete."""
     if iteration is None:
         iteration = latest_iteration(root)
         if iteration is None:
             raise ModelSourceError(
-                f"base model {shown}: unfinished or empty checkpoint: no {root / TRACKER} (Bridge writes it when "
+                f"{named}{shown}: unfinished or empty checkpoint: no {root / TRACKER} (Bridge writes it when "
                 f"a save completes); saved iterations: {saved_iterations(root)}; pick one as "
                 f"{'RUN@ITERATION' if kind == 'run' else 'DIR/iter_NNNNNNN'} only if you know it finished")
     checkpoint = root / iteration_dir_name(iteration)
     if not checkpoint.is_dir():
-        raise ModelSourceError(f"base model {shown}: no checkpoint {checkpoint}; saved iterations: "
+        raise ModelSourceError(f"{named}{shown}: no checkpoint {checkpoint}; saved iterations: "
                                f"{saved_iterations(root)}")
     missing = [name for name in ITERATION_FILES if not (checkpoint / name).is_file()]
     if missing:
-        raise ModelSourceError(f"base model {shown}: unfinished save: {checkpoint} lacks {', '.join(missing)} "
+        raise ModelSourceError(f"{named}{shown}: unfinished save: {checkpoint} lacks {', '.join(missing)} "
                                f"(written when a save completes); use an earlier iteration: {saved_iterations(root)}")
     hf_dir = next((d / HF_ARTIFACTS for d in (checkpoint, root) if (d / HF_ARTIFACTS / "config.json").is_file()), None)
     if hf_dir is None:
         raise ModelSourceError(
-            f"base model {shown}: no Hugging Face config with the checkpoint ({root / HF_ARTIFACTS}/config.json "
+            f"{named}{shown}: no Hugging Face config with the checkpoint ({root / HF_ARTIFACTS}/config.json "
             "expected). It holds the architecture and the tokenizer: create it with `nemo-topr import`, or copy "
             f"config.json, generation_config.json and the tokenizer files of the model it was trained from into "
             f"{root / HF_ARTIFACTS}/")
-    _check_tokenizer(hf_dir, f"base model {shown}")
-    source = ModelSource(kind, shown, hf_dir, checkpoint, iteration)
+    _check_tokenizer(hf_dir, f"{named}{shown}")
+    source = ModelSource(kind, shown, hf_dir, checkpoint, iteration, named)
     check_architecture(source)
     return source
 
@@ -190,14 +194,14 @@ def check_architecture(source: ModelSource) -> None:
                   for hf_key, megatron_key in ARCHITECTURE_KEYS.items()
                   if hf_key in hf_config and megatron_key in saved and saved[megatron_key] != hf_config[hf_key]]
     if mismatched:
-        raise ModelSourceError(f"base model {source.path}: architecture mismatch between {source.checkpoint} and its "
-                               f"HF config: {'; '.join(mismatched)}")
+        raise ModelSourceError(f"{source.named}{source.path}: architecture mismatch between {source.checkpoint} and "
+                               f"its HF config: {'; '.join(mismatched)}")
 
 
-def require_hugging_face(spec: str | Path) -> Path:
+def require_hugging_face(spec: str | Path, *, named: str = "--model ") -> Path:
     """The HF directory of `spec` for verbs that sample with transformers / vLLM (generate, eval);
     a Megatron checkpoint is an error naming the export that makes one."""
-    source = resolve(spec)
+    source = resolve(spec, named=named)
     if source.is_megatron:
         raise ModelSourceError(f"{source.describe()}: sampling needs Hugging Face weights; export it once with "
                                f"`nemo-topr export --ckpt {spec} --hf-out HF_DIR` and pass HF_DIR")

@@ -252,7 +252,7 @@ def test_a_model_that_is_not_there_leaves_no_sample_log(tmp_path, capsys):
     """The model is checked before the log beside --out is started, so a typo leaves nothing."""
     assert generate.main(["--prompts", "gsm8k-test", "--model", str(tmp_path / "nothere"), "--limit", "1",
                           "--device", "cpu", "--out", str(tmp_path / "g.jsonl")]) == 1
-    assert capsys.readouterr().err.startswith(f"nemo-topr generate: base model {tmp_path / 'nothere'}: no such "
+    assert capsys.readouterr().err.startswith(f"nemo-topr generate: --model {tmp_path / 'nothere'}: no such "
                                               "directory")
     assert list(tmp_path.iterdir()) == []
 

@@ -55,7 +55,7 @@ def test_a_directory_of_no_known_kind_names_what_was_expected(tmp_path, make, me
 
 
 def test_a_file_given_as_the_model_is_named_a_file(tiny_hf):
-    with pytest.raises(ModelSourceError, match=rf"base model {tiny_hf / 'config.json'}: a file, not a directory; "
+    with pytest.raises(ModelSourceError, match=rf"base_model={tiny_hf / 'config.json'}: a file, not a directory; "
                                                rf"give the directory that holds it \({tiny_hf}\?\)"):
         resolve(tiny_hf / "config.json")
 
@@ -100,3 +100,42 @@ def test_resume_from_base_without_training_state_is_refused_before_training(tiny
         f"Hugging Face directory {tiny_hf} has none (start from it without resume_from_base)"], lines
     assert "| megatron" not in proc.stderr  # -X importtime lists every module imported
     assert not (tmp_path / "run").exists()
+
+
+MISSING_MODEL = {  # verb: its arguments, with the model missing; how the verb's errors name the model
+    "train": (["base_model={model}", "dataset.train_path={data}", "run_dir={out}/run", "device=cpu"], "base_model="),
+    "score-logprobs": (["--model", "{model}", "--data", "{data}", "--out", "{out}/s.jsonl", "--device", "cpu"],
+                       "--model "),
+    "generate": (["--model", "{model}", "--prompts", "gsm8k-test", "--limit", "1", "--out", "{out}/g.jsonl",
+                  "--device", "cpu"], "--model "),
+    "eval": (["--model", "{model}", "--benchmark", "gsm8k", "--limit", "1", "--samples-out", "{out}/s.jsonl",
+              "--out", "{out}/e.json", "--device", "cpu"], "--model "),
+    "verifier": (["score", "--model", "{model}", "--records", "{data}", "--out", "{out}/v.jsonl", "--device", "cpu"],
+                 "--model "),
+    "export": (["--ckpt", "{model}", "--hf-out", "{out}/hf", "--device", "cpu"], "--ckpt "),
+    "import": (["{model}", "{out}/ckpt"], ""),
+}
+
+
+@pytest.mark.parametrize("verb", list(MISSING_MODEL))
+def test_each_verb_names_a_missing_model_by_its_own_option_and_makes_nothing(verb, tmp_path, capsys):
+    """`eval --model typo` said "base model typo: no such directory", a key eval does not have, and
+    left --out's new directory behind: the option the user typed, and nothing made."""
+    import importlib
+
+    from nemo_topr.cli import VERBS
+
+    data = tmp_path / "graded.jsonl"
+    shutil.copy(REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl", data)
+    args, named = MISSING_MODEL[verb]
+    model, out = tmp_path / "nothere", tmp_path / "out"
+    argv = [arg.format(model=model, data=data, out=out) for arg in args]
+    try:
+        status = importlib.import_module(VERBS[verb][0]).main(argv)
+        message = capsys.readouterr().err
+    except SystemExit as stop:
+        status, message = 1, str(stop.code)
+    assert status == 1
+    assert message.removeprefix(f"nemo-topr {verb}: ").startswith(f"{named}{model}: no such directory (expected one "
+                                                                  "of: ")
+    assert [p.name for p in tmp_path.iterdir()] == ["graded.jsonl"]

@@ -146,7 +146,7 @@ def test_submit_names_every_unmounted_path_and_missing_input(tmp_path, capsys):
         f"dataset.train_path=/data/scored.jsonl is not under any container mount ({REPO}, {run_dir.parent}, "
         "/models, /scratch)",
         # the model is found through its mount: /models/X is host_models/X on the submit host
-        f"base_model: Hugging Face directory {host_models}/Llama-3.1-70B: no tokenizer (tokenizer.json or "
+        f"base_model={host_models}/Llama-3.1-70B: no tokenizer (tokenizer.json or "
         f"tokenizer.model in {host_models}/Llama-3.1-70B); the data is tokenized with the model's own tokenizer, "
         "so it must be there",
     ]
@@ -186,7 +186,7 @@ def test_submit_without_image_needs_an_existing_venv_and_the_inputs(tmp_path, ca
         f"no container image and no venv: {tmp_path}/no-venv/bin/python does not exist "
         "(pass --container-image IMAGE or --venv DIR)",
     ]
-    assert problems[2].startswith(f"base_model: base model {tmp_path}/nowhere: no such directory (expected ")
+    assert problems[2].startswith(f"base_model={tmp_path}/nowhere: no such directory (expected ")
     assert len(problems) == 3
 
 

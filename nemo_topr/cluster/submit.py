@@ -161,7 +161,7 @@ def check_inputs(on_host: dict[str, Path], base_model_spec: str) -> list[str]:
         try:
             model_source.resolve(f"{model}{model_source.split_iteration(base_model_spec)[1]}")
         except model_source.ModelSourceError as error:
-            problems.append(f"base_model: {error}")
+            problems.append(str(error))
     data = on_host.get("dataset.train_path")
     if data is not None and not data.is_file():
         problems.append(f"dataset.train_path={data} does not exist")

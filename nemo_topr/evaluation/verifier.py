@@ -26,6 +26,7 @@ from typing import Any
 
 from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
 from nemo_topr.device import add_device_argument, select_device
+from nemo_topr.model_source import require_hugging_face
 from nemo_topr.outputs import add_overwrite_argument, writable_output_file, writable_records_file
 
 YES, NO = " Yes", " No"
@@ -160,14 +161,15 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
+    model = require_hugging_face(args.model)  # first: a typo is named as --model, not as a tokenizer row
     loaded = load_records(args.records)
     writable_records_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
     report_path = writable_output_file(args.out.with_suffix(".report.json"), "--out's report",
                                        inputs=loaded.report.files, overwrite=args.overwrite)
     records = loaded.records
-    scores = yes_probabilities(args.model, records, args.batch_size, select_device(args.device, where="--device"))
+    scores = yes_probabilities(model, records, args.batch_size, select_device(args.device, where="--device"))
     write_jsonl(with_scores(records, scores), args.out)
-    report = {"model": str(args.model), **judge_accuracy(records, scores)}
+    report = {"model": str(model), **judge_accuracy(records, scores)}
     report_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=2))
     print(f"wrote {args.out} and {report_path}")

@@ -69,7 +69,7 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
     complete, so an interrupted export leaves no half-written model under the target's name.
     Returns {checkpoint directory: HF directory}."""
     select_device(device, where="--device")
-    source = resolve(ckpt)
+    source = resolve(ckpt, named="--ckpt ")
     targets = export_targets(source, Path(hf_out), iterations)  # every checkpoint checked before any work
     check_outputs(targets, overwrite)
     use_device(device, where="--device")  # imports Megatron (10-20 s): only once the inputs are known good
@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
     add_device_argument(parser)
     args = parser.parse_args(argv)
     try:
-        iterations = resolve(args.ckpt).saved_iterations() if args.all_iterations else args.iteration
+        iterations = resolve(args.ckpt, named="--ckpt ").saved_iterations() if args.all_iterations else args.iteration
         exported = export(args.ckpt, args.hf_out, iterations, args.device, args.overwrite)
     except (ModelSourceError, DeviceError) as error:
         raise SystemExit(f"nemo-topr export: {error}") from None

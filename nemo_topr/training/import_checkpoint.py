@@ -47,7 +47,7 @@ def hf_dtype(hf_dir: Path) -> str:
 def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) -> dict:
     """Convert `hf_dir` into the Megatron checkpoint `out`; returns what was done and measured."""
     started = time.monotonic()
-    source = resolve(hf_dir)
+    source = resolve(hf_dir, named="")
     if source.is_megatron:
         raise ModelSourceError(f"{hf_dir}: already a Megatron checkpoint ({source.describe()}); nothing to import")
     out = Path(out).resolve()

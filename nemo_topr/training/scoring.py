@@ -158,7 +158,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     from nemo_topr.distributed import initialize_model_parallel
     from nemo_topr.model import load_model, source_provider
 
-    source_model = model_source.resolve(model_dir)
+    source_model = model_source.resolve(model_dir, named="--model ")
     # the records first: a data error or an --out naming the input stops before the model loads
     records = load_records(data, strict=strict, **(source or {}))
     writable_records_file(out, inputs=records.report.files, overwrite=overwrite)
