@@ -4,8 +4,9 @@
 Importing Megatron-Core and Megatron-Bridge on a machine without Transformer Engine or Apex
 prints a dozen UserWarnings about fallbacks (the CPU runtime uses the local implementations on
 purpose: `nemo_topr.cpu_runtime`), a logged traceback for an optional FP8 import, a note on
-Gemma 2's attention, and torch's note that no CUDA runtime was found. None of it is something a user can act on, and it buried the
-first useful line of every verb. Only these exact messages are filtered; any other warning or
+Gemma 2's attention, and torch's note that no CUDA runtime was found; composing a user's YAML
+adds Hydra's and multistorageclient's note that msc:// configs are not set up. None of it is
+something a user can act on, and it buried the first useful line of every verb. Only these exact messages are filtered; any other warning or
 log line still shows. What is not Python's cannot be filtered here: Gloo's "[Gloo] Rank N is
 connected to ..." lines are printed by C++ (one per rank and process group on CPU runs).
 """
@@ -25,12 +26,16 @@ HARMLESS_WARNINGS = (
     r"Apex is not installed",
     r"Only transformer-engine>=\S+ supports MoE experts",
     r"MimoModelConfig is experimental",
+    r"provider=msc-universal, path=\S* is not available",  # Hydra, composing a user's YAML (below)
 )
 # logger name -> the start of the messages dropped from it
 HARMLESS_LOG_LINES = {
     "megatron.bridge.utils.import_utils": r"Import of \w+ from megatron\.core\.extensions\.transformer_engine failed",
     "torch.utils.cpp_extension": r"No CUDA runtime is found",
     "megatron.bridge.models.gemma.gemma2_provider": r"Gemma2: ",  # a model family nemo-topr does not build
+    # multistorageclient's Hydra plugin (msc:// config URLs, unused here) logs a traceback when a
+    # config adds a search path (a user's YAML naming our presets: nemo_topr.training.config.compose)
+    "multistorageclient.contrib.hydra": r"MSC config source not available",
 }
 
 

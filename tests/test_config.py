@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from conftest import REPO
 from nemo_topr.training.config import ConfigError, build_training_run, compose
 
 
@@ -61,6 +62,31 @@ def test_bad_values_and_names_are_clear_errors(tiny_hf, tmp_path):
         compose("tiny_cpu", ["optimizer.lr"])
     with pytest.raises(ConfigError, match="not a model directory; expected one of"):  # nemo_topr.model_source
         _run(tmp_path, tmp_path)
+
+
+def test_a_users_own_yaml_extends_a_preset_and_a_file_beside_it(tmp_path, monkeypatch):
+    """`--config-name my_runs/exp1.yaml` (train, plan, submit): the file's own directory is searched
+    first, then conf/, so its defaults list can name a preset and the user's own base."""
+    mine = tmp_path / "my_runs"
+    mine.mkdir()
+    (mine / "lab_base.yaml").write_text("defaults:\n  - tiny_cpu\n  - _self_\noptimizer:\n  lr: 0.125\n")
+    (mine / "exp1.yaml").write_text("defaults:\n  - lab_base\n  - _self_\ntrain:\n  global_batch_size: 8\n")
+    monkeypatch.chdir(tmp_path)
+    for spelled in ("my_runs/exp1.yaml", str(mine / "exp1.yaml")):
+        cfg = compose(spelled, ["objective.baseline=0.5"])
+        # exp1's own key, lab_base's, tiny_cpu's (micro batch 2, seq 512) and topr's (ratio_level), the override
+        assert (cfg.train.global_batch_size, cfg.optimizer.lr, cfg.train.micro_batch_size, cfg.model.seq_length,
+                cfg.objective.ratio_level, cfg.objective.baseline) == (8, 0.125, 2, 512, "sequence", 0.5)
+    assert compose("tiny_cpu.yaml").train.global_batch_size == 4  # a preset's name with its suffix
+    (mine / "typo.yaml").write_text("defaults:\n  - tiny_cpux\n  - _self_\n")
+    with pytest.raises(ConfigError, match=rf"^config {mine}/typo.yaml: its defaults name 'tiny_cpux', found neither "
+                                          rf"in {mine} nor in {REPO}/conf; the presets: \['iterate_tiny_cpu', "):
+        compose("my_runs/typo.yaml")
+    with pytest.raises(ConfigError, match=r"^config my_runs/exp2.yaml: no such file$"):
+        compose("my_runs/exp2.yaml")
+    with pytest.raises(ConfigError, match=r"^config my_runs/exp1.yml: Hydra reads configs only from .yaml files; "
+                                          r"rename it my_runs/exp1.yaml$"):
+        compose("my_runs/exp1.yml")
 
 
 def test_resolved_config_is_saved_in_the_run_dir(tiny_hf, tmp_path):

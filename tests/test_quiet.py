@@ -55,13 +55,16 @@ def test_verbose_shows_everything():
 
 
 @pytest.mark.slow  # two Bridge imports in subprocesses, ~20 s each
-def test_plan_prints_no_start_up_noise_unless_verbose():
-    command = [sys.executable, "-m", "nemo_topr.cli", "plan", "llama31_8b_bf16"]
+def test_plan_prints_no_start_up_noise_unless_verbose(tmp_path):
+    """On a user's YAML extending a preset, which also makes Hydra ask multistorageclient's
+    plugin whether msc:// configs are set up (a logged traceback and a warning when not)."""
+    (tmp_path / "my_8b.yaml").write_text("defaults:\n  - llama31_8b_bf16\n  - _self_\n")
+    command = [sys.executable, "-m", "nemo_topr.cli", "plan", str(tmp_path / "my_8b.yaml")]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     quiet = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert quiet.returncode == 0 and quiet.stdout.startswith("nemo-topr plan: llama31_8b_bf16")
+    assert quiet.returncode == 0 and quiet.stdout.startswith("nemo-topr plan: my_8b")
     assert quiet.stderr == ""
     verbose = subprocess.run([*command[:3], "--verbose", *command[3:]], cwd=REPO, env=env, capture_output=True,
                              text=True, timeout=300)
     assert verbose.returncode == 0 and "Apex is not installed" in verbose.stderr
-    assert "Import of FP8GlobalStateManager" in verbose.stderr
+    assert "Import of FP8GlobalStateManager" in verbose.stderr and "MSC config source not available" in verbose.stderr

@@ -130,6 +130,31 @@ def test_submit_dry_run_renders_a_container_job_with_mounts_from_the_config(tmp_
     assert not run_dir.exists()  # a dry run writes nothing
 
 
+def test_submit_of_a_users_yaml_passes_it_by_absolute_path_and_mounts_its_directory(tmp_path, capsys,
+                                                                                     monkeypatch):
+    """`--config my_runs/exp_70b.yaml` (relative to where submit runs): the job script runs train
+    from the checkout, so it gets the file's absolute path, and the container sees its directory."""
+    model = _hf_model_dir(tmp_path / "models")
+    (tmp_path / "my_runs").mkdir()
+    (tmp_path / "my_runs" / "exp_70b.yaml").write_text("defaults:\n  - llama31_70b_bf16\n  - _self_\n"
+                                                       "objective:\n  baseline: 0.3\n")
+    data = tmp_path / "data" / "scored.jsonl"
+    data.parent.mkdir()
+    data.write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    status, out, err = _submit(
+        capsys, "--config", "my_runs/exp_70b.yaml", "--nodes", "4", "--container-image", "img", "--dry-run",
+        "--run-dir", str(tmp_path / "run"), f"base_model={model}", f"dataset.train_path={data}")
+    assert status == 0, err
+    lines = out.splitlines()
+    assert "#SBATCH --job-name=topr-exp_70b" in lines
+    mounts = next(line for line in lines if line.startswith("export NEMO_TOPR_CONTAINER_MOUNTS="))
+    assert f"{tmp_path}/my_runs:{tmp_path}/my_runs" in mounts, mounts
+    assert lines[-1].endswith(f"{tmp_path}/my_runs/exp_70b.yaml base_model={model} dataset.train_path={data}")
+    with pytest.raises(SystemExit, match=r"^nemo-topr submit: config my_runs/exp_7b.yaml: no such file$"):
+        _submit(capsys, "--config", "my_runs/exp_7b.yaml", "--dry-run")
+
+
 def test_submit_names_every_unmounted_path_and_missing_input(tmp_path, capsys):
     host_models = tmp_path / "lustre" / "models"
     _hf_model_dir(host_models, tokenizer=False)
@@ -429,12 +454,13 @@ def _real_job_state(job_id: str) -> str:
 
 
 def _submit_tiny_real_job(run_dir: Path, demo_inputs: tuple[Path, Path], *options: str,
-                          overrides: tuple[str, ...] = (), nodes: int = 1, ranks_per_node: int = 2) -> str:
+                          overrides: tuple[str, ...] = (), nodes: int = 1, ranks_per_node: int = 2,
+                          config: str = "tiny_cpu") -> str:
     """`nemo-topr submit` of the tiny CPU run (2 ranks: one node, or one each on two) to the real
     Slurm that SLURM_CONF names; returns the job id. `options`: more of submit's options (default
     --time 00:30:00, no pre-emption warning in it); `overrides` come after the tiny run's, so
     they win."""
-    answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", "tiny_cpu",
+    answer = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "submit", "--config", config,
                              "--nodes", str(nodes), "--gpus-per-node", str(ranks_per_node), "--run-dir", str(run_dir),
                              "--venv", sys.prefix,  # this one, also from a worktree or a copy without .venv
                              *(options or ("--time", "00:30:00")), *_tiny_run_overrides(demo_inputs), *overrides],
@@ -490,15 +516,19 @@ def _real_job_end(job_id: str, batch_output: Path, timeout: float = 600) -> tupl
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_warning_while_the_ranks_import_requeues_on_real_slurm(slurm_cluster, demo_inputs, tmp_path):
-    """`nemo-topr submit` on a real one-node Slurm 22.05: SIGUSR1 to the job step while both ranks
-    are still importing (before train() runs) must end in a requeue and a COMPLETED job in which
-    every sample trained once -- not in ranks killed by SIGUSR1's default action and a FAILED job."""
+    """`nemo-topr submit` (of a user's YAML file extending tiny_cpu) on a real one-node Slurm 22.05:
+    SIGUSR1 to the job step while both ranks are still importing (before train() runs) must end in
+    a requeue and a COMPLETED job in which every sample trained once -- not in ranks killed by
+    SIGUSR1's default action and a FAILED job."""
     run_dir = tmp_path / "run"
-    job_id = _submit_tiny_real_job(run_dir, demo_inputs)
+    mine = tmp_path / "my_runs" / "tiny_mine.yaml"  # a user's YAML, named by its path: every start reads it
+    mine.parent.mkdir()
+    mine.write_text("defaults:\n  - tiny_cpu\n  - _self_\n")
+    job_id = _submit_tiny_real_job(run_dir, demo_inputs, config=str(mine))
     with _cancelled_at_exit(job_id):
         _wait_until_ranks_hold_the_warning(job_id)
         subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
-        state, _, batch_log = _real_job_end(job_id, run_dir / f"topr-tiny_cpu-{job_id}.out")
+        state, _, batch_log = _real_job_end(job_id, run_dir / f"topr-tiny_mine-{job_id}.out")
     assert state == "COMPLETED", batch_log
     assert "requeueing job" in batch_log and (run_dir / "logs" / f"job-{job_id}-start-1").is_dir(), batch_log
     assert (run_dir / "COMPLETED").exists()

@@ -28,7 +28,6 @@ import math
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from nemo_topr.model_source import load_route
@@ -753,17 +752,12 @@ def compose_config(config: str, overrides: list[str], config_path: str | None) -
     CONFIG is a name in the config dir or a path to a YAML file."""
     from omegaconf import OmegaConf
 
-    from nemo_topr.training.config import check_values, compose
+    from nemo_topr.training.config import check_values, compose, config_location
 
-    path = Path(config)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        name, config_dir = path.stem, path.parent
-    else:
-        name, config_dir = config, config_path
-    raw = compose(name, overrides, config_dir)
+    raw = compose(config, overrides, config_path)
     values = OmegaConf.to_container(raw, resolve=True, throw_on_missing=False)
     check_values(values)
-    return values, name
+    return values, config_location(config, config_path)[1]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -221,6 +221,8 @@ def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
     except ConfigError as error:
         return [f"run config: {error}"], [], None
     paths = paths_read(cfg)
+    if Path(job.config_name).is_absolute():  # a user's YAML: the ranks read it (and whatever is beside it)
+        paths["--config"] = Path(job.config_name).parent
     problems = [f"{key} is not set" for key in ("base_model", "dataset.train_path") if key not in paths]
     problems += check_time(job)
     mounts = (job.container_mounts or derived_mounts(paths)) if job.container_image else None
@@ -251,8 +253,9 @@ def submit(job: ClusterJob, script_text: str) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nemo-topr submit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="config name in conf/ (e.g. llama31_8b_bf16)")
-    parser.add_argument("--job-name", help="default: topr-CONFIG")
+    parser.add_argument("--config", required=True, help="a config in conf/ (e.g. llama31_8b_bf16), or the path of "
+                                                        "your own YAML file, whose defaults may name those")
+    parser.add_argument("--job-name", help="default: topr-CONFIG (the YAML file's name without .yaml)")
     parser.add_argument("--run-dir", type=Path, help="default: runs/JOB_NAME")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=8)
@@ -268,8 +271,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dry-run", action="store_true", help="check and print the sbatch script; queue nothing")
     parser.add_argument("overrides", nargs="*", help="key=value overrides passed to nemo-topr train")
     args = parser.parse_args(argv)
-    job_name = args.job_name or f"topr-{args.config}"
-    job = ClusterJob(config_name=args.config, overrides=args.overrides, job_name=job_name,
+    from nemo_topr.training.config import CONF_DIR, ConfigError, config_location
+
+    try:
+        config_dir, name = config_location(args.config)
+    except ConfigError as error:
+        raise SystemExit(f"nemo-topr submit: {error}") from None
+    # a YAML file by its absolute path: the job script runs train from the checkout
+    config = args.config if config_dir == CONF_DIR.resolve() else str(config_dir / f"{name}.yaml")
+    job_name = args.job_name or f"topr-{name}"
+    job = ClusterJob(config_name=config, overrides=args.overrides, job_name=job_name,
                      run_dir=(args.run_dir or REPO / "runs" / job_name).resolve(), nodes=args.nodes,
                      gpus_per_node=args.gpus_per_node, time=args.time, account=args.account,
                      partition=args.partition, container_image=args.container_image,

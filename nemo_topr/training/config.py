@@ -49,18 +49,28 @@ class ConfigError(ValueError):
 def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path | None = None) -> DictConfig:
     """Compose ``config_dir/config_name.yaml`` (with its defaults list), then apply ``key=value``
     overrides. Any field of the target dataclasses may be overridden, whether or not the YAML
-    mentions it; unknown keys are rejected later, against the dataclasses themselves."""
+    mentions it; unknown keys are rejected later, against the dataclasses themselves.
+
+    `config_name` may also be the path of a YAML file of the user's (`my_runs/exp1.yaml`): its
+    defaults list may name a file beside it or one of this repository's presets (`topr`,
+    `llama31_8b_bf16`), which are searched after the user's directory."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import MissingConfigException
 
-    config_dir = Path(config_dir or CONF_DIR).resolve()
+    config_dir, config_name = config_location(config_name, config_dir)
+    presets = [] if config_dir == CONF_DIR.resolve() else [f"hydra.searchpath=[file://{CONF_DIR.resolve()}]"]
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            cfg = hydra_compose(config_name=config_name)
+            cfg = hydra_compose(config_name=config_name, overrides=presets)
     except MissingConfigException as error:
         available = sorted(p.stem for p in config_dir.glob("*.yaml"))
-        raise ConfigError(f"no config {config_name!r} in {config_dir}; available: {available}") from error
+        if error.missing_cfg_file not in (None, config_name):  # a name in its defaults list
+            searched = " nor in ".join(str(d) for d in dict.fromkeys([config_dir, CONF_DIR.resolve()]))
+            raise ConfigError(f"config {config_dir / config_name}.yaml: its defaults name {error.missing_cfg_file!r}, "
+                              f"found neither in {searched}; the presets: "
+                              f"{sorted(p.stem for p in CONF_DIR.glob('*.yaml'))}") from None
+        raise ConfigError(f"no config {config_name!r} in {config_dir}; available: {available}") from None
     malformed = [item for item in overrides if "=" not in item]
     if malformed:
         raise ConfigError(f"overrides must be key=value; got {malformed}")
@@ -72,6 +82,20 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
         raise ConfigError(str(error)) from None
     OmegaConf.resolve(cfg)
     return cfg
+
+
+def config_location(config: str, config_dir: str | Path | None = None) -> tuple[Path, str]:
+    """(directory, name) of a config given as a name in `config_dir` (default: conf/) or as the
+    path of a YAML file; a path that names no file is an error, not a name to search for."""
+    path = Path(config)
+    if path.suffix == ".yml":
+        raise ConfigError(f"config {config}: Hydra reads configs only from .yaml files; rename it "
+                          f"{path.with_suffix('.yaml')}")
+    if path.suffix == ".yaml" and (path.is_file() or len(path.parts) > 1):
+        if not path.is_file():
+            raise ConfigError(f"config {config}: no such file")
+        return path.resolve().parent, path.stem
+    return Path(config_dir or CONF_DIR).resolve(), path.name.removesuffix(".yaml")
 
 
 # Keys whose value must be at least this (sizes, counts, intervals): a 0 passes Bridge's setter

@@ -253,7 +253,9 @@ def _is_rank_zero() -> bool:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="nemo-topr train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-name", default="topr", help="YAML file in the config dir, without .yaml")
+    parser.add_argument("--config-name", default="topr",
+                        help="a config in the config dir (tiny_cpu, llama31_8b_bf16), or the path of your own YAML "
+                             "file, whose defaults list may name those presets")
     parser.add_argument("--config-path", default=str(CONF_DIR), help="config directory (default: %(default)s)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides (OmegaConf dotted keys)")
     return parser.parse_args(argv)
