@@ -47,6 +47,9 @@ def test_yaml_and_overrides_land_on_the_bridge_container(tiny_hf, tmp_path):
     ("optimizer.lr=abc", r"optimizer.lr='abc' is not a valid value"),
     ("train.global_batch_size=0", "train.global_batch_size=0 must be at least 1"),
     ("model.tensor_model_parallel_size=0", "model.tensor_model_parallel_size=0 must be at least 1"),
+    # records carry sum log mu per completion: the per-token ratio used to fail at the first step
+    ("objective.ratio_level=token", r"^objective.ratio_level=token needs log mu of every completion token, and "
+                                    r"records carry one behavior_logprob per completion"),
 ])
 def test_bad_keys_are_clear_errors(tiny_hf, tmp_path, override, expected):
     with pytest.raises(ConfigError, match=expected):
@@ -62,6 +65,42 @@ def test_bad_values_and_names_are_clear_errors(tiny_hf, tmp_path):
         compose("tiny_cpu", ["optimizer.lr"])
     with pytest.raises(ConfigError, match="not a model directory; expected one of"):  # nemo_topr.model_source
         _run(tmp_path, tmp_path)
+
+
+@pytest.mark.parametrize("world_size, overrides, expected", [
+    (1, ["train.global_batch_size=3"], "train.global_batch_size=3 is not a multiple of train.micro_batch_size x "
+     "data-parallel size = 2 x 1 = 2 (data-parallel size = WORLD_SIZE 1 / TP*PP*CP 1): use a multiple, e.g. 2 or 4"),
+    (4, ["model.tensor_model_parallel_size=2", "train.global_batch_size=6"], "train.global_batch_size=6 is not a "
+     "multiple of train.micro_batch_size x data-parallel size = 2 x 2 = 4 (data-parallel size = WORLD_SIZE 4 / "
+     "TP*PP*CP 2): use a multiple, e.g. 4 or 8"),
+    (4, ["train.global_batch_size=1", "train.micro_batch_size=1"], "train.global_batch_size=1 is not a multiple of "
+     "train.micro_batch_size x data-parallel size = 1 x 4 = 4 (data-parallel size = WORLD_SIZE 4 / TP*PP*CP 1): use "
+     "a multiple, e.g. 4"),
+    (3, ["model.tensor_model_parallel_size=2"], "WORLD_SIZE 3 (ranks launched) is not a multiple of "
+     "model.tensor_model_parallel_size=2 x model.pipeline_model_parallel_size=1 x model.context_parallel_size=1 = 2: "
+     "launch a multiple of it, or change the model-parallel sizes"),
+])
+def test_a_batch_or_world_that_does_not_divide_stops_train_before_anything_is_written(
+        tiny_hf, tmp_path, monkeypatch, world_size, overrides, expected):
+    """Bridge asserts these inside finetune(), after the run directory is set up, as a traceback
+    (eval_global_batch_size (3) must be divisible by ...); train now says it first, in one line."""
+    from nemo_topr.training.recipe import main
+
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))  # before any rendezvous: nothing is launched
+    with pytest.raises(SystemExit) as stop:
+        main(["--config-name", "tiny_cpu", f"base_model={tiny_hf}", f"run_dir={tmp_path / 'run'}", *overrides])
+    assert str(stop.value) == f"nemo-topr train: {expected}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_batch_sizes_that_divide_pass_the_division_check():
+    from nemo_topr.training.config import check_batch_division
+
+    layout = {"model": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
+              "train": {"global_batch_size": 12, "micro_batch_size": 3}}
+    check_batch_division(layout, 8)  # DP = 8 / 4 = 2, 12 = 2 micro-batches of 3 on each DP rank
+    with pytest.raises(ConfigError, match=r"= 3 x 4 = 12 \(data-parallel size = WORLD_SIZE 16 "):
+        check_batch_division({**layout, "train": {"global_batch_size": 6, "micro_batch_size": 3}}, 16)
 
 
 def test_a_users_own_yaml_extends_a_preset_and_a_file_beside_it(tmp_path, monkeypatch):

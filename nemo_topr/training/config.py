@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 from dataclasses import dataclass
@@ -209,12 +210,44 @@ def apply_section(target: Any, values: dict[str, Any]) -> None:
     apply_overrides(target, values, {})
 
 
+def check_batch_division(values: dict[str, Any], world_size: int) -> None:
+    """Megatron's two divisibility rules for `world_size` ranks (WORLD_SIZE): ranks = TP*PP*CP*DP,
+    and the global batch a whole number of micro-batches on every DP rank. Bridge asserts them only
+    inside finetune(), after the run directory is set up, as a traceback (`nemo-topr plan` checks
+    the same for a planned cluster)."""
+    model, train = values.get("model") or {}, values.get("train") or {}
+    sizes = {key: model.get(key) or 1 for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                                  "context_parallel_size")}
+    model_parallel = math.prod(sizes.values())
+    if world_size % model_parallel:
+        spelled = " x ".join(f"model.{key}={size}" for key, size in sizes.items())
+        raise ConfigError(f"WORLD_SIZE {world_size} (ranks launched) is not a multiple of {spelled} = "
+                          f"{model_parallel}: launch a multiple of it, or change the model-parallel sizes")
+    data_parallel = world_size // model_parallel
+    global_batch, micro_batch = train.get("global_batch_size") or 8, train.get("micro_batch_size") or 1
+    step = micro_batch * data_parallel
+    if global_batch % step:
+        below = global_batch - global_batch % step
+        near = " or ".join(str(size) for size in (below, below + step) if size >= step)
+        raise ConfigError(f"train.global_batch_size={global_batch} is not a multiple of train.micro_batch_size x "
+                          f"data-parallel size = {micro_batch} x {data_parallel} = {step} (data-parallel size = "
+                          f"WORLD_SIZE {world_size} / TP*PP*CP {model_parallel}): use a multiple, e.g. {near}")
+
+
 def objective_from(values: dict[str, Any]) -> ObjectiveConfig:
+    """The run's objective; `ratio_level=token` is refused here, not at the first step: it needs
+    log mu of every completion token, and records carry one sum per completion (behavior_logprob)."""
     _check_section(ObjectiveConfig, values, "objective")
     try:
-        return ObjectiveConfig(**values)
+        objective = ObjectiveConfig(**values)
     except ValueError as error:
         raise ConfigError(f"objective: {error}") from None
+    if objective.ratio_level == "token":
+        raise ConfigError("objective.ratio_level=token needs log mu of every completion token, and records carry one "
+                          "behavior_logprob per completion (its sum), so training offers sequence (the paper's "
+                          "ratio) and geometric_mean; the per-token ratio is nemo_topr.objective.policy_loss's, "
+                          "for callers that have per-token log mu (docs/objective.md)")
+    return objective
 
 
 def default_container(provider: Any, dataset: Any):

@@ -35,7 +35,8 @@ from nemo_topr.distributed import RendezvousError, check_rendezvous, free_port, 
 from nemo_topr.model_source import write_hf_artifacts
 from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
 from nemo_topr.data.records import DataError, RecordSet, load_records
-from nemo_topr.training.config import CONF_DIR, ConfigError, TrainingRun, build_training_run, check_config, compose
+from nemo_topr.training.config import (CONF_DIR, ConfigError, TrainingRun, build_training_run, check_batch_division,
+                                       check_config, compose)
 from nemo_topr.training.nonfinite import NonFiniteTrainingError
 from nemo_topr.training.run_state import (
     RunLock,
@@ -272,7 +273,8 @@ def main(argv: list[str]) -> int:
         raw = compose(args.config_name, args.overrides, args.config_path)
         # the config's `device` (cuda in the GPU presets): CPU only when chosen
         select_device(raw.get("device"), where="device", choices=DEVICES)
-        check_config(raw)
+        values = check_config(raw)[0]
+        check_batch_division(values, int(os.environ.get("WORLD_SIZE", "1")))
         records = _records_of(raw)
         check_rendezvous()
         use_device(raw.get("device"), where="device", choices=DEVICES)  # imports Megatron
