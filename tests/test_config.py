@@ -250,7 +250,7 @@ def test_missing_tokenizer_directory_is_a_clear_error(tmp_path):
     from nemo_topr.data.records import DataError
     from nemo_topr.data.tokenization import load_tokenizer
 
-    with pytest.raises(DataError, match=r"no_such_dir:0: tokenizer: directory does not exist"):
+    with pytest.raises(DataError, match=r"no_such_dir: tokenizer: directory does not exist"):
         load_tokenizer(tmp_path / "no_such_dir")
 
 

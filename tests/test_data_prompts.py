@@ -114,10 +114,10 @@ def test_a_save_to_disk_dataset_dict_stands_in_for_the_gsm8k_files(tmp_path):
     assert load_gsm8k("train", tmp_path / "gsm8k") == splits["train"]
 
     datasets.Dataset.from_list(splits["test"]).save_to_disk(tmp_path / "one_split")
-    with pytest.raises(prompts.DataError, match=r"one_split:0: split: a saved Dataset holds one split; GSM8K needs"):
+    with pytest.raises(prompts.DataError, match=r"one_split: split: a saved Dataset holds one split; GSM8K needs"):
         load_gsm8k("test", tmp_path / "one_split")
     datasets.DatasetDict({"test": datasets.Dataset.from_list(splits["test"])}).save_to_disk(tmp_path / "no_train")
-    with pytest.raises(prompts.DataError, match=r"no_train:0: split: no split 'train'; splits: \['test'\]"):
+    with pytest.raises(prompts.DataError, match=r"no_train: split: no split 'train'; splits: \['test'\]"):
         load_gsm8k("train", tmp_path / "no_train")
 
 
@@ -136,5 +136,5 @@ def test_a_save_to_disk_dataset_in_the_hub_math500_layout(tmp_path):
     assert "problem" not in loaded[0]
 
     datasets.Dataset.from_list([{"problem": "1+1?", "solution": "2"}]).save_to_disk(tmp_path / "no_answer")
-    with pytest.raises(prompts.DataError, match=r"no_answer:0: answer: missing column \(columns: problem, solution\)"):
+    with pytest.raises(prompts.DataError, match=r"no_answer: answer: missing column \(columns: problem, solution\)"):
         load_math500(tmp_path / "no_answer")

@@ -99,9 +99,9 @@ def test_record_index_counts_dropped_records_too():
 
 @pytest.mark.parametrize("strict", [True, False])
 def test_empty_file_missing_path_and_no_match_raise_in_both_modes(tmp_path, strict):
-    with pytest.raises(DataError, match=rf"^{FIXTURES / 'empty.jsonl'}:0: file: empty"):
+    with pytest.raises(DataError, match=rf"^{FIXTURES / 'empty.jsonl'}: file: empty"):
         load_records(FIXTURES / "empty.jsonl", strict=strict)
-    with pytest.raises(DataError, match=rf"^{tmp_path / 'nope.jsonl'}:0: path: does not exist"):
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'nope.jsonl'}: path: does not exist"):
         load_records(tmp_path / "nope.jsonl", strict=strict)
     with pytest.raises(DataError, match="pattern matches no"):
         load_records(str(tmp_path / "*.jsonl"), strict=strict)
@@ -134,7 +134,7 @@ def test_directory_with_mixed_formats_names_both(tmp_path):
     _write_parquet(tmp_path / "part-1.parquet", _scored_rows())
     with pytest.raises(DataError) as caught:
         load_records(tmp_path)
-    assert str(caught.value).startswith(f"{tmp_path}:0: format: mixes JSONL")
+    assert str(caught.value).startswith(f"{tmp_path}: format: mixes JSONL")
     assert "part-0.jsonl" in str(caught.value) and "part-1.parquet" in str(caught.value)
 
 
@@ -154,7 +154,7 @@ def test_parquet_errors_name_the_row_and_column(tmp_path):
     assert load_records(path, strict=False).report.dropped == {"nonfinite_reward": 1}
 
     missing = _write_parquet(tmp_path / "missing.parquet", [{k: v for k, v in r.items() if k != "reward"} for r in rows])
-    with pytest.raises(DataError, match=rf"^{missing}:0: reward: missing column"):
+    with pytest.raises(DataError, match=rf"^{missing}: reward: missing column"):
         load_records(missing, strict=False)
 
     as_string = _write_parquet(tmp_path / "string.parquet", [{**r, "reward": str(r["reward"])} for r in rows])
@@ -163,7 +163,7 @@ def test_parquet_errors_name_the_row_and_column(tmp_path):
 
     corrupt = tmp_path / "corrupt.parquet"
     corrupt.write_bytes(b"not parquet")
-    with pytest.raises(DataError, match=rf"^{corrupt}:0: file: cannot read Parquet"):
+    with pytest.raises(DataError, match=rf"^{corrupt}: file: cannot read Parquet"):
         load_records(corrupt)
 
 
@@ -179,7 +179,7 @@ def test_chat_message_prompts_are_validated(tmp_path):
 def test_a_dataset_with_every_record_dropped_raises(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "q", "completion": "", "reward": 1}\n')
-    with pytest.raises(DataError, match=r":0: dataset: no usable records \(1 read"):
+    with pytest.raises(DataError, match=r": dataset: no usable records \(1 read"):
         load_records(path, strict=False)
 
 

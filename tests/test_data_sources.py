@@ -72,12 +72,12 @@ def test_arrow_ipc_file_and_stream(tmp_path, kind):
 
 def test_unreadable_arrow_and_mixed_formats_are_file_errors(tmp_path):
     (tmp_path / "broken.arrow").write_bytes(b"not arrow")
-    with pytest.raises(DataError, match=rf"^{tmp_path / 'broken.arrow'}:0: file: cannot read Arrow"):
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'broken.arrow'}: file: cannot read Arrow"):
         load_records(tmp_path / "broken.arrow")
     pq.write_table(pa.Table.from_pylist(_rows(SCORED)), tmp_path / "part.parquet")
     (tmp_path / "broken.arrow").unlink()
     (tmp_path / "part.jsonl").write_bytes(SCORED.read_bytes())
-    with pytest.raises(DataError, match=rf"^{tmp_path}:0: format: mixes JSONL .* and Parquet"):
+    with pytest.raises(DataError, match=rf"^{tmp_path}: format: mixes JSONL .* and Parquet"):
         load_records(tmp_path)
 
 
@@ -99,12 +99,12 @@ def test_save_to_disk_dataset_dict_needs_a_split(tmp_path):
     records = load_records(tmp_path / "dd", split="train", columns=TRL_COLUMNS)
     assert _json(records) == EXPECTED[:20]
     assert records.records[0].path == str(tmp_path / "dd" / "train")
-    with pytest.raises(DataError, match=rf"^{tmp_path / 'dd'}:0: split: a saved DatasetDict with splits "
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'dd'}: split: a saved DatasetDict with splits "
                                         r"\['train', 'test'\]; choose one"):
         load_records(tmp_path / "dd", columns=TRL_COLUMNS)
-    with pytest.raises(DataError, match=r"dd:0: split: no split 'validation'; splits: \['train', 'test'\]"):
+    with pytest.raises(DataError, match=r"dd: split: no split 'validation'; splits: \['train', 'test'\]"):
         load_records(tmp_path / "dd", split="validation", columns=TRL_COLUMNS)
-    with pytest.raises(DataError, match=rf"^{SCORED}:0: split: split 'train' applies only to a saved DatasetDict"):
+    with pytest.raises(DataError, match=rf"^{SCORED}: split: split 'train' applies only to a saved DatasetDict"):
         load_records(SCORED, split="train")
 
 
@@ -144,12 +144,12 @@ def test_verl_style_parquet(tmp_path):
 
 @pytest.mark.parametrize("columns, problem", [
     ({"reward": "scor"},
-     r"0: reward: mapped to column 'scor', which is not there \(columns: prompt, completion, score"),
+     r" reward: mapped to column 'scor', which is not there \(columns: prompt, completion, score"),
     ({"prompt": "text", "completion": "text"},
-     r"0: columns: fields 'prompt' and 'completion' both map to column 'text'"),
-    ({"promt": "prompt"}, r"0: columns: unknown field 'promt' in the column mapping; fields: prompt, completion"),
-    ("prompt", r"0: columns: expected field=column, got 'prompt'"),
-    ({"reward": "score", "completion": "prompt_id"}, r"0: completion: column 'completion' would stand for field "
+     r" columns: fields 'prompt' and 'completion' both map to column 'text'"),
+    ({"promt": "prompt"}, r" columns: unknown field 'promt' in the column mapping; fields: prompt, completion"),
+    ("prompt", r" columns: expected field=column, got 'prompt'"),
+    ({"reward": "score", "completion": "prompt_id"}, r" completion: column 'completion' would stand for field "
                                                      r"'completion', which is mapped to column 'prompt_id'"),
 ])
 def test_a_wrong_mapping_is_an_error_before_any_row_is_read(tmp_path, monkeypatch, columns, problem):
@@ -160,7 +160,7 @@ def test_a_wrong_mapping_is_an_error_before_any_row_is_read(tmp_path, monkeypatc
         raise AssertionError("rows were read before the mapping was checked")
 
     monkeypatch.setattr(pq, "ParquetFile", no_bulk_read)
-    with pytest.raises(DataError, match=rf"^{path}:{problem}"):
+    with pytest.raises(DataError, match=rf"^{path}:{problem}"):  # the file as a whole: no row
         load_records(path, columns=columns, strict=False)
 
 
@@ -176,7 +176,7 @@ def test_a_dataset_missing_a_mapped_column_names_the_directory(tmp_path):
     import datasets
 
     datasets.Dataset.from_list(_rows(SCORED)).save_to_disk(tmp_path / "ds")
-    with pytest.raises(DataError, match=rf"^{tmp_path / 'ds'}:0: reward: mapped to column 'score', which is not "
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'ds'}: reward: mapped to column 'score', which is not "
                                         r"there \(columns: prompt, completion, reward, behavior_logprob"):
         load_records(tmp_path / "ds", columns={"reward": "score"})
 
@@ -201,7 +201,7 @@ def test_a_missing_required_column_in_a_dataset(tmp_path):
 
     datasets.Dataset.from_list([{k: v for k, v in r.items() if k != "reward"} for r in _rows(SCORED)]).save_to_disk(
         tmp_path / "ds")
-    with pytest.raises(DataError, match=rf"^{tmp_path / 'ds'}:0: reward: missing column"):
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'ds'}: reward: missing column"):
         load_records(tmp_path / "ds")
 
 
@@ -212,14 +212,14 @@ def test_a_hub_name_on_an_offline_machine_is_a_clear_error(tmp_path):
                           cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1
-    assert proc.stderr.startswith("error: nemo-topr-test/no-such-set:0: path: no such local file or directory, "
+    assert proc.stderr.startswith("error: nemo-topr-test/no-such-set: path: no such local file or directory, "
                                   "and as a Hugging Face hub dataset it cannot be loaded"), proc.stderr
     assert "save_to_disk the dataset elsewhere" in proc.stderr
 
 
 def test_a_missing_local_path_is_never_taken_for_a_hub_name(tmp_path):
     for missing in (tmp_path / "scored.jsonl", "runs/demo/missing", tmp_path / "dir"):
-        with pytest.raises(DataError, match=r":0: path: does not exist"):
+        with pytest.raises(DataError, match=r": path: does not exist"):
             load_records(missing)
 
 
@@ -237,7 +237,7 @@ def test_data_cli_takes_a_mapping(tmp_path, capsys):
     assert main(["data", "curate", *argv[2:], "--no-dedup", "--out", str(out)]) == 0
     assert _json(load_records(out)) == EXPECTED
     assert main(["data", "validate", str(path), "--columns", "reward=score,reward=ref_logp"]) == 1
-    assert capsys.readouterr().err.startswith(f"error: {path}:0: columns: field 'reward' is mapped twice")
+    assert capsys.readouterr().err.startswith(f"error: {path}: columns: field 'reward' is mapped twice")
 
 
 def test_training_dataset_config_takes_a_mapping(tmp_path, megatron_world):

@@ -10,11 +10,13 @@ FIELDS = REQUIRED_FIELDS + OPTIONAL_FIELDS
 
 
 class DataError(ValueError):
-    """A data problem located as `path:line: field: problem` (line 0: the file as a whole)."""
+    """A data problem located as `path:line: field: problem`; line 0 is the file or dataset as a
+    whole, written `path: field: problem` (editors read `path:0:` as a line that is not there)."""
 
     def __init__(self, path: str | Path, line: int, field: str, problem: str):
         self.path, self.line, self.field, self.problem = str(path), line, field, problem
-        super().__init__(f"{self.path}:{line}: {field}: {problem}")
+        where = f"{self.path}:{line}" if line else self.path
+        super().__init__(f"{where}: {field}: {problem}" if where else f"{field}: {problem}")
 
 
 class RejectedRow(Exception):
