@@ -199,6 +199,11 @@ MUTANTS = (
            '    if objective.ratio_level == "token":', '    if False:',
            ("tests/test_config.py::test_bad_keys_are_clear_errors",),
            "objective.ratio_level=token fails at the first step on every rank"),
+    Mutant("baseline_range_unchecked", "nemo_topr/data/positives.py",
+           "    if high > 0 and baseline >= high:", "    if high > 0 and baseline > high:",
+           ("tests/test_data_cli.py::test_train_refuses_a_baseline_that_gives_every_record_one_sign",),
+           "objective.baseline equal to the largest reward (c = 1 with +-1 rewards) trains the best completions on "
+           "no signal"),
     Mutant("fp8_scored_in_bf16_without_te", "nemo_topr/training/scoring.py",
            "    if train_config:\n        try:\n            check_fp8(", "    if False:\n        try:\n            check_fp8(",
            ("tests/test_gpu_path.py::test_scoring_refuses_a_training_configs_fp8_on_a_gpu_without_te",),

@@ -219,14 +219,23 @@ def _scored(tmp_path, records):
 
 
 @pytest.mark.parametrize("baseline", [1.0, -1.5])
-def test_baseline_outside_unit_interval_for_pm1_rewards_is_rejected(tiny_hf, tmp_path, baseline):
+def test_baseline_outside_unit_interval_for_pm1_rewards_is_rejected(tiny_hf, tmp_path, baseline, monkeypatch):
+    """By `train` before Megatron is imported and anything is written, and by `prepare` for a
+    run built in code (the rule itself: tests/test_data_cli.py)."""
     from nemo_topr.demo import build_graded_records
-    from nemo_topr.training.recipe import prepare
+    from nemo_topr.training.recipe import main, prepare
 
     data = _scored(tmp_path, build_graded_records(2))
-    run = _run(tiny_hf, tmp_path / "run", f"dataset.train_path={data}", f"objective.baseline={baseline}")
-    with pytest.raises(ConfigError, match=r"outside \(-1, 1\) for \+-1 rewards"):
-        prepare(run)
+    overrides = [f"hf_model={tiny_hf}", f"run_dir={tmp_path / 'run'}", f"dataset.train_path={data}",
+                 f"objective.baseline={baseline}"]
+    side = "not below the largest reward 1" if baseline > 0 else "not above the smallest reward -1"
+    monkeypatch.setenv("WORLD_SIZE", "1")  # main's rendezvous settings stay out of this process
+    with pytest.raises(SystemExit, match=rf"^nemo-topr train: objective.baseline={baseline}: the baseline "
+                                         rf"{baseline:g} is {side}"):
+        main(["--config-name", "tiny_cpu", *overrides])
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match=rf"^objective.baseline={baseline}: the baseline {baseline:g} is {side}"):
+        prepare(build_training_run(compose("tiny_cpu", overrides)))
 
 
 def test_non_strict_run_report_accounts_for_every_record(tiny_hf, tmp_path):

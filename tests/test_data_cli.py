@@ -142,6 +142,34 @@ def test_train_warns_of_zero_one_grades_in_check_baseline(capsys):
     assert capsys.readouterr().out == ""
 
 
+@pytest.mark.parametrize("rewards, refused, accepted", [
+    ({-1.0, 1.0}, [1.0, 1.5, -1.0, -3.0], [0.99, 0.0, -0.99]),  # the paper's +-1: c in (-1, 1)
+    ({0.0, 1.0}, [1.0, 2.0], [0.0, 0.5, -0.5]),  # 0/1 grades: c = 0 is SFT on the correct ones
+    ({-0.5, 0.25, 3.0}, [3.0, -0.5, -2.0], [2.9, -0.4, 0.25]),  # graded rewards: their own range
+])
+def test_train_refuses_a_baseline_that_gives_every_record_one_sign(rewards, refused, accepted):
+    """c >= the largest reward: the best completions pushed down (c = 2 with +-1 rewards trains
+    the model away from its correct answers); c <= the smallest negative one: the worst pushed up."""
+    from nemo_topr.objective import ObjectiveConfig
+    from nemo_topr.training.config import ConfigError
+    from nemo_topr.training.recipe import check_baseline
+
+    for baseline in refused:
+        side = "not below the largest" if baseline >= max(rewards) else "not above the smallest"
+        with pytest.raises(ConfigError, match=rf"^objective.baseline={baseline}: the baseline {baseline:g} is {side} "
+                                              r"reward -?[\d.]+: every record gets an advantage R - c [<>]= 0"):
+            check_baseline(ObjectiveConfig(baseline=baseline), rewards, warn=False)
+    for baseline in accepted:
+        check_baseline(ObjectiveConfig(baseline=baseline), rewards, warn=False)
+
+
+def test_data_stats_warns_of_a_baseline_train_would_refuse(capsys):
+    assert main(["data", "stats", str(SCORED), "--baseline", "1"]) == 0  # +-1 rewards
+    assert capsys.readouterr().err == ("warning: the baseline 1 is not below the largest reward 1: every record gets "
+                                       "an advantage R - c <= 0, so the best completions get no signal or are pushed "
+                                       "down; `train` refuses this baseline\n")
+
+
 def test_validate_max_seq_length_without_a_tokenizer_is_a_usage_error(capsys):
     assert main(["data", "validate", str(SCORED), "--max-seq-length", "16"]) == 2
     assert "--max-seq-length needs --tokenizer" in capsys.readouterr().err

@@ -78,16 +78,18 @@ def _validate(args: argparse.Namespace) -> int:
                 f"packed into {len(rows)} rows of {args.max_seq_length} tokens, padding share {share:.2%}"
             )
     print(records.report.format())
-    _warn_without_negatives(records.records, args.baseline)
+    _warn_of_the_baseline(records.records, args.baseline)
     return 0
 
 
-def _warn_without_negatives(records, baseline: float) -> None:
-    from nemo_topr.data.positives import no_negatives_warning
+def _warn_of_the_baseline(records, baseline: float) -> None:
+    from nemo_topr.data.positives import no_negatives_warning, sign_flipping_baseline
 
-    warning = no_negatives_warning((record.reward for record in records), baseline)
-    if warning:
+    rewards = [record.reward for record in records]
+    if warning := no_negatives_warning(rewards, baseline):
         print(f"warning: {warning}", file=sys.stderr)
+    if problem := sign_flipping_baseline(rewards, baseline):
+        print(f"warning: {problem}; `train` refuses this baseline", file=sys.stderr)
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -101,7 +103,7 @@ def _stats(args: argparse.Namespace) -> int:
             writable_output_file(args.out / name, "--out", inputs=records.report.files, overwrite=args.overwrite)
     sequences = _tokenize(args, records)[1].sequences if args.tokenizer is not None else None
     summary = summarize(records.records, baseline=args.baseline, sequences=sequences)
-    _warn_without_negatives(records.records, args.baseline)
+    _warn_of_the_baseline(records.records, args.baseline)
     summary["validation"] = records.report.to_dict()
     print(json.dumps(summary["composition"], indent=2))
     if args.out is not None:

@@ -1,10 +1,16 @@
-"""The one warning about which records count as positives: 0/1 grades have no negatives.
+"""The baseline c against the rewards: which records count as positives, and which sign their
+advantage R - c takes.
 
-With the paper's rule (a record is negative when R < 0; `nemo_topr.data.records.is_positive`),
-a file graded 0/1 has only positives. A baseline c above the smallest reward then gives the
-wrong answers a negative advantage R - c, yet the untruncated weight of a positive: naive
-REINFORCE on them, with none of TOPR's truncation. `nemo-topr data stats`, `data validate` and
-`train` (`recipe.check_baseline`) print this warning.
+- 0/1 grades have no negatives. With the paper's rule (a record is negative when R < 0;
+  `nemo_topr.data.records.is_positive`), a file graded 0/1 has only positives. A baseline above
+  the smallest reward then gives the wrong answers a negative advantage R - c, yet the
+  untruncated weight of a positive: naive REINFORCE on them, with none of TOPR's truncation.
+- A baseline at or beyond the rewards' range flips one side: c >= the largest reward gives every
+  record R - c <= 0 (the best completions pushed down, or no signal), c <= the smallest negative
+  reward gives every record R - c >= 0 (the worst pushed up).
+
+`nemo-topr data stats` and `data validate` print both as warnings; `train` (`recipe.check_baseline`)
+warns of the first and refuses the second.
 """
 
 from __future__ import annotations
@@ -24,3 +30,19 @@ def no_negatives_warning(rewards: Iterable[float], baseline: float, negative_rul
     return (f"no record is negative (reward < 0), yet the baseline {baseline:g} is above the smallest reward "
             f"{min(rewards):g}: the records with reward below {baseline:g} get a negative advantage R - c but the "
             f"untruncated weight of a positive (naive REINFORCE on them); {MAP_GRADES}")
+
+
+def sign_flipping_baseline(rewards: Iterable[float], baseline: float) -> str | None:
+    """Why `baseline` gives every record an advantage of one sign (see the module docstring); None
+    when it lies strictly inside the rewards' range (or at 0 for rewards that are never negative)."""
+    rewards = list(rewards)
+    if not rewards:
+        return None
+    low, high = min(rewards), max(rewards)
+    if high > 0 and baseline >= high:
+        return (f"the baseline {baseline:g} is not below the largest reward {high:g}: every record gets an advantage "
+                "R - c <= 0, so the best completions get no signal or are pushed down")
+    if low < 0 and baseline <= low:
+        return (f"the baseline {baseline:g} is not above the smallest reward {low:g}: every record gets an advantage "
+                "R - c >= 0, so the worst completions get no signal or are pushed up")
+    return None

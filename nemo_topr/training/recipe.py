@@ -29,7 +29,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from nemo_topr.cluster.warning import release_the_warning
-from nemo_topr.data.positives import no_negatives_warning
+from nemo_topr.data.positives import no_negatives_warning, sign_flipping_baseline
 from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
 from nemo_topr.distributed import RendezvousError, check_rendezvous, free_port, launcher_rank
 from nemo_topr.model_source import write_hf_artifacts
@@ -93,15 +93,17 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
     return summary
 
 
-def check_baseline(objective, rewards: set[float]) -> None:
-    """With +-1 rewards a baseline outside (-1, 1) gives one side a zero or sign-flipped
-    advantage (c = 1: positives get no signal; c > 1: they are pushed down)."""
-    if warning := no_negatives_warning(rewards, objective.baseline, objective.negative_rule):
+def check_baseline(objective, rewards: set[float], *, warn: bool = True) -> None:
+    """A baseline at or beyond the rewards' range is refused: every record's advantage would take
+    one sign (with +-1 rewards, c >= 1 pushes the correct answers down). 0/1 grades with c above 0
+    are warned of (`nemo_topr.data.positives`) unless not `warn` (`main`'s early call, before
+    Megatron's import; `prepare` warns)."""
+    if warn and (warning := no_negatives_warning(rewards, objective.baseline, objective.negative_rule)):
         print(f"[nemo-topr] WARNING: {warning}", flush=True)
-    if rewards <= {-1.0, 1.0} and objective.variant != "asymre" and not -1.0 < objective.baseline < 1.0:
-        raise ConfigError(f"objective.baseline={objective.baseline} is outside (-1, 1) for +-1 rewards: "
-                          "one side would get a zero or sign-flipped advantage (use -1 < c < 1; "
-                          "baseline_for_share(p, target) computes c for a target positive share)")
+    if problem := sign_flipping_baseline(rewards, objective.baseline):
+        raise ConfigError(f"objective.baseline={objective.baseline}: {problem}; choose a baseline between the "
+                          f"smallest and the largest reward (baseline_for_share(p, target) computes c for a "
+                          "target positive share with +-1 rewards)")
 
 
 # Exit status of a run stopped early by a signal with a checkpoint saved: EX_TEMPFAIL. 0 means
@@ -273,9 +275,10 @@ def main(argv: list[str]) -> int:
         raw = compose(args.config_name, args.overrides, args.config_path)
         # the config's `device` (cuda in the GPU presets): CPU only when chosen
         select_device(raw.get("device"), where="device", choices=DEVICES)
-        values = check_config(raw)[0]
+        values, _, objective = check_config(raw)
         check_batch_division(values, int(os.environ.get("WORLD_SIZE", "1")))
         records = _records_of(raw)
+        check_baseline(objective, {record.reward for record in records.records}, warn=False)
         check_rendezvous()
         use_device(raw.get("device"), where="device", choices=DEVICES)  # imports Megatron
         run = build_training_run(raw)
