@@ -269,6 +269,32 @@ def test_eval_and_generate_refuse_zero_samples_or_tokens(flag, tmp_path, capsys)
     assert not (tmp_path / "r.json").exists() and not list(tmp_path.glob("*.samples"))
 
 
+@pytest.mark.parametrize("ks, message", [(["1", "8"], "--k 8 exceeds --num-samples 4: pass@k and maj@k need at "
+                                                        "least k samples of each problem"),
+                                          (["0", "2"], "--k 0: k must be at least 1")])
+def test_eval_refuses_a_k_it_cannot_compute_before_sampling(ks, message, tmp_path, capsys):
+    """It sampled every problem first and failed only at the metrics."""
+    model = _fake_model(tmp_path)
+    assert evaluate.main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", "--num-samples", "4",
+                          "--k", *ks, "--device", "cpu", "--out", str(tmp_path / "r.json")]) == 2
+    assert capsys.readouterr().err == f"nemo-topr eval: {message}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [model.name]  # no sample log, no results
+
+
+def test_a_misspelled_benchmark_or_a_bad_prompt_file_is_named(tmp_path, capsys):
+    model, out = _fake_model(tmp_path), tmp_path / "g.jsonl"
+    assert generate.main(["--prompts", "gsm8k-tst", "--model", str(model), "--device", "cpu", "--out", str(out)]) == 1
+    assert capsys.readouterr().err == ("nemo-topr generate: gsm8k-tst: no such prompt file, and not a benchmark "
+                                       "(gsm8k-train, gsm8k-test, math500); did you mean gsm8k-test?\n")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Q: 1+1?", "reference_answer": "2"}\n{"prompt": "Q: 2+2?", reference_answer: 4}\n')
+    assert generate.main(["--prompts", str(prompts), "--task", "gsm8k", "--model", str(model), "--device", "cpu",
+                          "--out", str(out)]) == 1
+    assert capsys.readouterr().err == (f"nemo-topr generate: {prompts}:2: record: invalid JSON: Expecting property "
+                                       "name enclosed in double quotes (column 23)\n")
+    assert not out.exists() and not list(tmp_path.glob("*.samples"))
+
+
 def test_eval_leaves_grader_errors_out_of_the_metrics(monkeypatch, tmp_path):
     _verify_fails_on_seven(monkeypatch)
     rows = [{"prompt": "What is 2+3?", "completion": text, "reward": 0.0, "prompt_id": "p", "sample_id": i,

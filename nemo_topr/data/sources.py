@@ -122,15 +122,16 @@ def _file_source(path: Path) -> Source:
         return _parquet_source(path)
     if path.suffix == ".arrow":
         return _arrow_source(path)
-    return Source(str(path), "JSONL", None, lambda: _jsonl_rows(path))
+    return Source(str(path), "JSONL", None, lambda: jsonl_rows(path))
 
 
 # ---------------------------------------------------------------------------------------------
 # Files
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """Line by line (not through `datasets`, which loses line numbers and coerces types)."""
+def jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, the row or a RejectedRow naming file, line and problem), line by line: not
+    through `datasets`, which loses line numbers and coerces types."""
     with path.open("rb") as lines:
         for number, raw in enumerate(lines, start=1):
             if not raw.strip():

@@ -193,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.benchmark and args.model is None:
         print("nemo-topr eval: --benchmark needs --model", file=sys.stderr)
         return 2
+    if args.k and min(args.k) < 1:  # before the sampling, not after
+        print(f"nemo-topr eval: --k {min(args.k)}: k must be at least 1", file=sys.stderr)
+        return 2
+    if args.benchmark and args.k and max(args.k) > args.num_samples:
+        print(f"nemo-topr eval: --k {max(args.k)} exceeds --num-samples {args.num_samples}: pass@k and maj@k need "
+              "at least k samples of each problem", file=sys.stderr)
+        return 2
     try:  # the outputs now, not after the sampling
         records = load_records(args.records) if args.records else None
         inputs = args.plot or (records.report.files if records else [])

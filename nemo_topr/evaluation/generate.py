@@ -31,6 +31,7 @@ resumes there (other sampling options are refused), and a rerun with a higher
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import json
 import random
@@ -123,16 +124,17 @@ def benchmark_problems(name: str, data_dir: str | Path | None = None) -> list[Pr
 
 def jsonl_problems(path: str | Path, task: str) -> list[Problem]:
     """Problems from JSONL rows {prompt, reference_answer, prompt_id (default: the line number)}."""
+    from nemo_topr.data.schema import RejectedRow
+    from nemo_topr.data.sources import jsonl_rows
+
     problems = []
-    with Path(path).open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            for name in ("prompt", "reference_answer"):
-                if not row.get(name):
-                    raise DataError(path, number, name, "missing or empty")
-            problems.append(Problem(str(row.get("prompt_id", number)), row["prompt"], str(row["reference_answer"]), task))
+    for number, row in jsonl_rows(Path(path)):
+        if isinstance(row, RejectedRow):
+            raise row.error
+        for name in ("prompt", "reference_answer"):
+            if not isinstance(row, dict) or not row.get(name):
+                raise DataError(path, number, name, "missing or empty")
+        problems.append(Problem(str(row.get("prompt_id", number)), row["prompt"], str(row["reference_answer"]), task))
     if not problems:
         raise DataError(path, 0, "file", "empty (no prompts)")
     return problems
@@ -145,6 +147,10 @@ def load_problems(source: str, *, task: str | None = None, data_dir: str | Path 
         raise ValueError(f"--limit must be at least 1; got {limit}")
     if source in BENCHMARKS:
         problems = benchmark_problems(source, data_dir)
+    elif not Path(source).is_file():
+        close = difflib.get_close_matches(source, BENCHMARKS, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ValueError(f"{source}: no such prompt file, and not a benchmark ({', '.join(BENCHMARKS)}){hint}")
     elif task in TASKS:
         problems = jsonl_problems(source, task)
     else:
