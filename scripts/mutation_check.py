@@ -204,6 +204,10 @@ MUTANTS = (
            ("tests/test_data_cli.py::test_train_refuses_a_baseline_that_gives_every_record_one_sign",),
            "objective.baseline equal to the largest reward (c = 1 with +-1 rewards) trains the best completions on "
            "no signal"),
+    Mutant("negative_loss_unprinted", "nemo_topr/training/loss_line.py",
+           "        if average >= 0.0:", "        if average >= -1e9:",
+           ("tests/test_training_e2e.py::test_the_console_shows_every_iterations_loss_as_tensorboard_has_it",),
+           "a negative topr_loss missing from the console, as Bridge's line leaves it out"),
     Mutant("fp8_scored_in_bf16_without_te", "nemo_topr/training/scoring.py",
            "    if train_config:\n        try:\n            check_fp8(", "    if False:\n        try:\n            check_fp8(",
            ("tests/test_gpu_path.py::test_scoring_refuses_a_training_configs_fp8_on_a_gpu_without_te",),

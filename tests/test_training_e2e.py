@@ -68,6 +68,22 @@ def test_demo_moves_positives_up_and_negatives_down(demo):
     assert report["records_in"] == report["records_used"] == 144 and report["records_dropped"] == 0
 
 
+def test_the_console_shows_every_iterations_loss_as_tensorboard_has_it(demo):
+    """Bridge's console line prints a loss only when it is at least 0; nemo_topr.training.loss_line
+    prints the negative ones. Each iteration (log_interval 1) shows exactly one value, Bridge's
+    or ours, and it is the value Bridge wrote to TensorBoard."""
+    log = (demo / "train.log").read_text()
+    bridge = {int(i): float(v) for i, v in re.findall(r"\] iteration +(\d+)/ *\d+ \|.*? topr_loss: (\S+) \|", log)}
+    ours = {int(i): float(v) for i, v in re.findall(r"^\[nemo-topr\] iteration (\d+): topr_loss: (\S+) \(below 0",
+                                                     log, re.MULTILINE)}
+    board = dict(_scalars(demo / "run", "topr_loss"))
+    assert not bridge.keys() & ours.keys() and sorted(bridge.keys() | ours.keys()) == sorted(board) == \
+        list(range(1, len(board) + 1))
+    assert ours and all(value < 0 for value in ours.values()) and all(value >= 0 for value in bridge.values())
+    for iteration, value in {**bridge, **ours}.items():
+        assert value == pytest.approx(board[iteration], rel=1e-6, abs=1e-12), iteration
+
+
 def test_rho_is_one_at_step_zero_when_mu_comes_from_the_starting_model(demo):
     # scoring (forward-only pass) and training (Bridge step) are separate code paths and
     # processes; at iteration 1 the policy is still the starting model, so log rho = 0.

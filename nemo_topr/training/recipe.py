@@ -131,6 +131,7 @@ def train(run: TrainingRun) -> int:
     from megatron.bridge.training.callbacks import Callback
     from megatron.bridge.training.finetune import finetune
 
+    from nemo_topr.training.loss_line import print_negative_loss
     from nemo_topr.training.nonfinite import stop_on_non_finite
     from nemo_topr.training.step import ToprForwardStep
 
@@ -158,7 +159,8 @@ def train(run: TrainingRun) -> int:
         if _is_rank_zero():
             print(f"[nemo-topr] data: {json.dumps(summary)}", flush=True)
         forward_step = ToprForwardStep(run.objective, sample_log_dir=run.run_dir)
-        finetune(run.container, forward_step, callbacks=[ReleaseExitSignal(), stop_on_non_finite(forward_step)])
+        finetune(run.container, forward_step,
+                 callbacks=[ReleaseExitSignal(), stop_on_non_finite(forward_step), print_negative_loss()])
     except SystemExit as stop:  # Bridge exits this way after a signal-triggered checkpoint
         if not _clean_stop(stop):
             raise
