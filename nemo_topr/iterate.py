@@ -30,17 +30,20 @@ goes to every stage: `--device` of generate, score-logprobs, export and eval, `d
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import json
+import os
 import subprocess
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from omegaconf import MISSING, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from nemo_topr import model_source
 from nemo_topr.data.records import Record, is_positive
@@ -118,14 +121,32 @@ def load_config(source: str, overrides: list[str] = ()) -> IterateConfig:
         path = CONF_DIR / f"{source}.yaml"
     if not path.is_file():
         raise IterateError(f"{source}: no such driver config (a YAML path, or a name in {CONF_DIR})")
+    loaded = OmegaConf.load(path)
+    if {"defaults", "objective", "dataset"} & set(loaded):  # e.g. tiny_cpu for iterate_tiny_cpu
+        raise IterateError(f"{path}: a training config (for `nemo-topr train`); iterate takes a driver config, such "
+                           "as iterate_tiny_cpu, whose train.config_name names the training config")
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(IterateConfig), OmegaConf.load(path),
-                                 OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(OmegaConf.structured(IterateConfig), loaded, OmegaConf.from_dotlist(list(overrides)))
         config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
-        raise IterateError(f"{path}: {error}") from error
+        raise IterateError(f"{path}{' with overrides' if overrides else ''}: {_key_problem(error)}") from None
     check_config(config)
     return config
+
+
+def _key_problem(error: OmegaConfBaseException) -> str:
+    """OmegaConf's error in one line, naming the dotted key; an unknown key with the closest ones."""
+    key, message = getattr(error, "full_key", None) or "", str(getattr(error, "msg", error)).splitlines()[0]
+    if not isinstance(error, ConfigKeyError) or not key:
+        return f"{key}: {message}" if key else message
+    parent, _, name = key.rpartition(".")
+    section: Any = IterateConfig
+    for part in filter(None, parent.split(".")):
+        section = get_type_hints(section).get(part)
+    known = [f.name for f in dataclasses.fields(section)] if dataclasses.is_dataclass(section) else []
+    close = difflib.get_close_matches(name, known, n=1)
+    prefix = f"{parent}." if parent else ""
+    return f"unknown key {key}; " + (f"did you mean {prefix}{close[0]}?" if close else f"keys: {', '.join(known)}")
 
 
 def check_config(config: IterateConfig) -> None:
@@ -148,8 +169,24 @@ def check_config(config: IterateConfig) -> None:
         model_source.resolve(config.base_model)
     except model_source.ModelSourceError as error:
         problems.append(str(error))
+    problems += _training_config_problems(config.train)
     if problems:
         raise IterateError("; ".join(problems))
+
+
+def _training_config_problems(train: TrainOptions) -> list[str]:
+    """The checks `nemo-topr train` runs on its config before the data (keys, types, the
+    objective, the batch's division), now: not in round 1, after the sampling and scoring."""
+    from nemo_topr.training.config import ConfigError, check_batch_division, check_values, compose
+
+    try:
+        values = OmegaConf.to_container(compose(train.config_name, list(train.overrides)), resolve=True,
+                                        throw_on_missing=False)
+        check_values(values)
+        check_batch_division(values, int(os.environ.get("WORLD_SIZE", "1")))
+    except ConfigError as error:
+        return [f"train ({train.config_name} with train.overrides): {error}"]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -461,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", help="driver config: a YAML path, or a name in conf/ (e.g. iterate_tiny_cpu)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the driver config (dotted keys)")
     parser.add_argument("--dry-run", action="store_true", help="list the stages, done or to run; run nothing")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # --dry-run before or after the overrides
     try:
         Driver(load_config(args.config, args.overrides), dry_run=args.dry_run).run()
     except (IterateError, OutputError) as error:

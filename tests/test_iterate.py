@@ -36,12 +36,20 @@ def tiny_config(model, out, *overrides):
 def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_model, tmp_path):
     config = tiny_config(fake_model, tmp_path / "out", "rounds=3", "generate.num_samples=2")
     assert (config.rounds, config.generate.num_samples, config.train.config_name) == (3, 2, "tiny_cpu")
-    with pytest.raises(IterateError, match="not in 'IterateConfig'"):  # a training config is not a driver config
+    with pytest.raises(IterateError, match=r"tiny_cpu.yaml: a training config \(for `nemo-topr train`\); iterate "
+                                           r"takes a driver config, such as iterate_tiny_cpu, whose train.config_name"):
         load_config("tiny_cpu", [f"base_model={fake_model}", "out=x"])
 
 
 @pytest.mark.parametrize("override, message", [
-    ("generate.limt=3", "limt"),
+    ("generate.limt=3", r"with overrides: unknown key generate.limt; did you mean generate.limit\?$"),
+    ("roundz=2", r"unknown key roundz; did you mean rounds\?$"),
+    ("rounds=two", r"with overrides: rounds: Value 'two' of type 'str' could not be converted to Integer$"),
+    # the training config's own checks, at the start rather than in round 1's train stage
+    ("train.config_name=tiny_cpux", r"train \(tiny_cpux with train.overrides\): no config 'tiny_cpux' in "),
+    ("train.overrides=[optimizer.lrr=0.1]", r"train \(tiny_cpu with train.overrides\): .*optimizer.lrr.*did you mean"),
+    ("train.overrides=[train.global_batch_size=3]", r"train.global_batch_size=3 is not a multiple of "),
+    ("train.overrides=[objective.ratio_level=token]", r"objective.ratio_level=token needs log mu of every "),
     ("curate.mode=target_p_tilde", "curate.target"),
     ("curate.mode=best", "curate.mode"),
     ("eval.benchmark=gsm8k-test", "eval.benchmark"),
@@ -50,6 +58,13 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
 def test_config_mistakes_are_errors(fake_model, tmp_path, override, message):
     with pytest.raises(IterateError, match=message):
         tiny_config(fake_model, tmp_path, override)
+
+
+def test_overrides_may_follow_dry_run(fake_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(iterate, "run_command", lambda args, log: pytest.fail(f"ran {args}"))
+    assert iterate.main(["iterate_tiny_cpu", "--dry-run", f"base_model={fake_model}", f"out={tmp_path / 'out'}",
+                         "rounds=1"]) == 0
+    assert "[round_0] generate: to run:" in capsys.readouterr().out and not (tmp_path / "out").exists()
 
 
 def test_the_base_model_must_exist(tmp_path):

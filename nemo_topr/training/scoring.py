@@ -116,6 +116,19 @@ def apply_scoring_layout(provider, device: str, *, train_config: str | None, pre
     return None
 
 
+def check_scoring_world(provider, world_size: int, train_config: str | None) -> None:
+    """The launched processes (WORLD_SIZE) must divide into TP x PP groups: Megatron's
+    initialize_model_parallel raises otherwise, as a traceback on every rank."""
+    tp, pp = provider.tensor_model_parallel_size, provider.pipeline_model_parallel_size
+    named = f"--train-config {train_config}'s TP x PP" if train_config else "--tp x --pp"
+    if tp < 1 or pp < 1:
+        raise ConfigError(f"{named} must be at least 1 each; got {tp} x {pp}")
+    if world_size % (tp * pp):
+        raise ConfigError(f"{named} = {tp} x {pp} = {tp * pp} ranks per model, but WORLD_SIZE is {world_size}: launch a "
+                          f"multiple of {tp * pp} processes (torchrun --nproc_per_node {tp * pp} -m nemo_topr.cli "
+                          "score-logprobs ...)")
+
+
 def scoring_model_settings(provider, train_config: str | None) -> None:
     """`device_model_settings` for a forward-only build, then refuse a training config's FP8 that
     this machine would not run: without Transformer Engine the layers are local and compute in
@@ -169,6 +182,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     _, provider = source_provider(source_model, seq_length=seq_length)
     applied = apply_scoring_layout(provider, device, train_config=train_config, precision=precision,
                                    tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
+    check_scoring_world(provider, int(os.environ.get("WORLD_SIZE", "1")), applied)
     initialize_model_parallel(provider.tensor_model_parallel_size, provider.pipeline_model_parallel_size)
     if torch.distributed.get_rank() == 0:
         print(f"[nemo-topr] model: {source_model.describe()}", flush=True)
