@@ -37,8 +37,8 @@ def test_a_layout_the_launched_processes_cannot_hold_is_named_before_megatron_st
         return SimpleNamespace(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
 
     check_scoring_world(layout(2, 2), 8, None)  # two TP x PP groups
-    with pytest.raises(ConfigError, match=r"^--train-config llama31_70b_bf16's TP x PP = 4 x 2 = 8 ranks per model, but "
-                                          r"WORLD_SIZE is 4: launch a multiple of 8 processes \(torchrun "):
+    with pytest.raises(ConfigError, match=r"^--train-config llama31_70b_bf16's TP x PP = 4 x 2 = 8 ranks per model, "
+                                          r"but WORLD_SIZE is 4: launch a multiple of 8 processes \(torchrun "):
         check_scoring_world(layout(4, 2), 4, "llama31_70b_bf16")
     with pytest.raises(ConfigError, match=r"^--tp x --pp must be at least 1 each; got 0 x 1$"):
         check_scoring_world(layout(0, 1), 1, None)

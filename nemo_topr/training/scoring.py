@@ -124,9 +124,9 @@ def check_scoring_world(provider, world_size: int, train_config: str | None) -> 
     if tp < 1 or pp < 1:
         raise ConfigError(f"{named} must be at least 1 each; got {tp} x {pp}")
     if world_size % (tp * pp):
-        raise ConfigError(f"{named} = {tp} x {pp} = {tp * pp} ranks per model, but WORLD_SIZE is {world_size}: launch a "
-                          f"multiple of {tp * pp} processes (torchrun --nproc_per_node {tp * pp} -m nemo_topr.cli "
-                          "score-logprobs ...)")
+        raise ConfigError(f"{named} = {tp} x {pp} = {tp * pp} ranks per model, but WORLD_SIZE is {world_size}: "
+                          f"launch a multiple of {tp * pp} processes (torchrun --nproc_per_node {tp * pp} -m "
+                          "nemo_topr.cli score-logprobs ...)")
 
 
 def scoring_model_settings(provider, train_config: str | None) -> None:
