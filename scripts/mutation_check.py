@@ -106,8 +106,8 @@ MUTANTS = (
            ("tests/test_data_order.py",), "an order seeded from Python's per-process string hash"),
     # model_source.py, export
     Mutant("run_at_iteration_ignored", "nemo_topr/model_source.py",
-           "return _run_source(Path(directory).resolve(), int(iteration[1:]), given=text)",
-           "return _run_source(Path(directory).resolve(), None, given=text)",
+           "return _run_source(Path(directory).resolve(), int(iteration[1:]), given=text, named=named)",
+           "return _run_source(Path(directory).resolve(), None, given=text, named=named)",
            SOURCE_TESTS, "RUN@ITERATION loads the latest checkpoint"),
     Mutant("unfinished_iteration_accepted", "nemo_topr/model_source.py",
            "missing = [name for name in ITERATION_FILES if not (checkpoint / name).is_file()]", "missing = []",
