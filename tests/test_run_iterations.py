@@ -87,3 +87,24 @@ def test_export_all_iterations_maps_each_output_to_its_own_iteration(run_dir, tm
         assert record["iteration"] == iteration and Path(record["checkpoint"]).name == name
     assert capsys.readouterr().out.splitlines() == [
         f"exported {run_dir.resolve() / 'checkpoints' / name} -> {out / name}" for name in names]
+
+
+def test_a_runs_tokenizer_is_found_beside_its_checkpoints(run_dir, tmp_path):
+    """`data validate --tokenizer RUN` (and stats): the tokenizer training uses, kept in
+    hf_artifacts/; it said "cannot load a tokenizer from this directory"."""
+    import shutil
+
+    from nemo_topr.data.tokenization import load_tokenizer
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    hf_dir = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer())
+    artifacts = run_dir / "checkpoints" / model_source.HF_ARTIFACTS
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hf_dir / name, artifacts / name)
+    text = "Question: 12 apples and 30 more?\nAnswer: 42"
+    expected = load_tokenizer(hf_dir)(text)["input_ids"]
+    checkpoints = run_dir / "checkpoints"
+    for spec in (run_dir, f"{run_dir}@4", checkpoints, checkpoints / "iter_0000002"):
+        assert load_tokenizer(spec)(text)["input_ids"] == expected, spec
+    assert len(expected) > 5

@@ -41,7 +41,8 @@ def _add_input_arguments(
     parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
                         help="stop at the first bad record (default) or drop and count bad records")
     if tokenizer:
-        parser.add_argument("--tokenizer", type=Path, help="local tokenizer directory (token lengths)")
+        parser.add_argument("--tokenizer", type=Path, help="the model whose tokenizer counts the tokens: a local "
+                            "tokenizer or Hugging Face directory, or a Megatron checkpoint or run (as base_model=)")
     if length_limit:
         parser.add_argument("--max-seq-length", type=int, help="limit on prompt + completion + EOS tokens")
         parser.add_argument("--too-long", choices=("error", "drop"),

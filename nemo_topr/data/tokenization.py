@@ -32,13 +32,23 @@ class TokenizedDataset:
 
 
 def load_tokenizer(path: str | Path):
-    """A tokenizer from a local directory (never downloaded)."""
+    """A tokenizer from a local directory (never downloaded): a Hugging Face directory, or any
+    model `base_model=` takes (a Megatron checkpoint, one of its iterations, a nemo-topr run,
+    RUN@ITERATION), whose tokenizer is kept beside the checkpoints in hf_artifacts/."""
     from transformers import AutoTokenizer
 
-    if not Path(path).is_dir():
+    from nemo_topr import model_source
+
+    directory = Path(path)
+    if not any((directory / name).is_file() for name in model_source.TOKENIZER_FILES):
+        try:
+            directory = model_source.resolve(path).hf_dir
+        except model_source.ModelSourceError:
+            pass  # not a model: the errors below say what the directory lacks
+    if not directory.is_dir():
         raise DataError(path, 0, "tokenizer", "directory does not exist")
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as error:
         raise DataError(path, 0, "tokenizer", f"cannot load a tokenizer from this directory ({error})") from error
 
