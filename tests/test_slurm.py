@@ -153,6 +153,14 @@ def test_submit_of_a_users_yaml_passes_it_by_absolute_path_and_mounts_its_direct
     assert lines[-1].endswith(f"{tmp_path}/my_runs/exp_70b.yaml base_model={model} dataset.train_path={data}")
     with pytest.raises(SystemExit, match=r"^nemo-topr submit: config my_runs/exp_7b.yaml: no such file$"):
         _submit(capsys, "--config", "my_runs/exp_7b.yaml", "--dry-run")
+    # a preset's file named by a path relative to here: the job gets the preset's name
+    preset = os.path.relpath(REPO / "conf" / "llama31_70b_bf16.yaml")
+    status, out, err = _submit(
+        capsys, "--config", preset, "--nodes", "4", "--container-image", "img", "--dry-run",
+        "--run-dir", str(tmp_path / "run"), f"base_model={model}", f"dataset.train_path={data}")
+    assert status == 0 and "#SBATCH --job-name=topr-llama31_70b_bf16" in out.splitlines(), err
+    assert out.splitlines()[-1].endswith(f"/topr_job.sh llama31_70b_bf16 base_model={model} "
+                                         f"dataset.train_path={data}"), out.splitlines()[-1]
 
 
 def test_submit_names_every_unmounted_path_and_missing_input(tmp_path, capsys):

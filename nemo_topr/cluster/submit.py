@@ -277,8 +277,8 @@ def main(argv: list[str]) -> int:
         config_dir, name = config_location(args.config)
     except ConfigError as error:
         raise SystemExit(f"nemo-topr submit: {error}") from None
-    # a YAML file by its absolute path: the job script runs train from the checkout
-    config = args.config if config_dir == CONF_DIR.resolve() else str(config_dir / f"{name}.yaml")
+    # a preset by its name, a YAML file elsewhere by its absolute path: the job runs train from the checkout
+    config = name if config_dir == CONF_DIR.resolve() else str(config_dir / f"{name}.yaml")
     job_name = args.job_name or f"topr-{name}"
     job = ClusterJob(config_name=config, overrides=args.overrides, job_name=job_name,
                      run_dir=(args.run_dir or REPO / "runs" / job_name).resolve(), nodes=args.nodes,
