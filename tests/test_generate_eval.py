@@ -150,6 +150,10 @@ def test_grader_errors_are_not_written_as_negatives(monkeypatch):
 
 
 def _math_prompts(tmp_path, n: int):
+    assert generate.main(["--prompts", str(tmp_path), "--model", str(model), "--device", "cpu", "--out", str(out)]) == 1
+    assert capsys.readouterr().err.startswith(f"nemo-topr generate: {tmp_path}: a directory; --prompts takes a JSONL "
+                                              "file or a benchmark name (gsm8k-train, gsm8k-test, math500), whose "
+                                              "local copy")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"What is {i}+5-{i}?", "reference_answer": "5",
                                            "prompt_id": f"q{i}"}) + "\n" for i in range(n)))
@@ -286,6 +290,10 @@ def test_a_misspelled_benchmark_or_a_bad_prompt_file_is_named(tmp_path, capsys):
     assert generate.main(["--prompts", "gsm8k-tst", "--model", str(model), "--device", "cpu", "--out", str(out)]) == 1
     assert capsys.readouterr().err == ("nemo-topr generate: gsm8k-tst: no such prompt file, and not a benchmark "
                                        "(gsm8k-train, gsm8k-test, math500); did you mean gsm8k-test?\n")
+    assert generate.main(["--prompts", str(tmp_path), "--model", str(model), "--device", "cpu", "--out", str(out)]) == 1
+    assert capsys.readouterr().err.startswith(f"nemo-topr generate: {tmp_path}: a directory; --prompts takes a JSONL "
+                                              "file or a benchmark name (gsm8k-train, gsm8k-test, math500), whose "
+                                              "local copy")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Q: 1+1?", "reference_answer": "2"}\n{"prompt": "Q: 2+2?", reference_answer: 4}\n')
     assert generate.main(["--prompts", str(prompts), "--task", "gsm8k", "--model", str(model), "--device", "cpu",

@@ -147,6 +147,10 @@ def load_problems(source: str, *, task: str | None = None, data_dir: str | Path 
         raise ValueError(f"--limit must be at least 1; got {limit}")
     if source in BENCHMARKS:
         problems = benchmark_problems(source, data_dir)
+    elif Path(source).is_dir():
+        raise ValueError(f"{source}: a directory; --prompts takes a JSONL file or a benchmark name "
+                         f"({', '.join(BENCHMARKS)}), whose local copy (JSONL files or a save_to_disk dataset) "
+                         "--data-dir names")
     elif not Path(source).is_file():
         close = difflib.get_close_matches(source, BENCHMARKS, n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
