@@ -96,8 +96,12 @@ def _hf_model_dir(root: Path, *, tokenizer: bool = True) -> Path:
 
 
 def _submit(capsys, *args: str) -> tuple[int, str, str]:
+    """`nemo-topr submit ARGS` in this process, with the CLI's filter of known start-up noise: in
+    a worker where this is the first Megatron import, its warnings would otherwise be in `err`."""
     from nemo_topr.cluster.submit import main
+    from nemo_topr.quiet import quiet_known_noise
 
+    quiet_known_noise()
     status = main(list(args))
     out, err = capsys.readouterr()
     return status, out, err
