@@ -80,6 +80,12 @@ def destroy_model_parallel() -> None:
         torch.distributed.destroy_process_group()
 
 
+def launcher_world_size() -> int:
+    """The processes the launcher started (torchrun, or slurm/task.sh from srun: WORLD_SIZE), 1
+    for a plain process; read before torch.distributed exists, to check a layout against it."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def launcher_rank() -> int:
     """This process's global rank, also before torch.distributed is initialised: the process
     group's when it exists, else the launcher's (torchrun: RANK; srun: SLURM_PROCID), else 0

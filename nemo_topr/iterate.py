@@ -33,7 +33,6 @@ import argparse
 import dataclasses
 import difflib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -177,13 +176,13 @@ def check_config(config: IterateConfig) -> None:
 def _training_config_problems(train: TrainOptions) -> list[str]:
     """The checks `nemo-topr train` runs on its config before the data (keys, types, the
     objective, the batch's division), now: not in round 1, after the sampling and scoring."""
-    from nemo_topr.training.config import ConfigError, check_batch_division, check_values, compose
+    from nemo_topr.cluster.plan import compose_config
+    from nemo_topr.distributed import launcher_world_size
+    from nemo_topr.training.config import ConfigError, check_batch_division
 
     try:
-        values = OmegaConf.to_container(compose(train.config_name, list(train.overrides)), resolve=True,
-                                        throw_on_missing=False)
-        check_values(values)
-        check_batch_division(values, int(os.environ.get("WORLD_SIZE", "1")))
+        values, _ = compose_config(train.config_name, list(train.overrides), None)  # with check_values
+        check_batch_division(values, launcher_world_size())
     except ConfigError as error:
         return [f"train ({train.config_name} with train.overrides): {error}"]
     return []

@@ -31,7 +31,8 @@ from omegaconf import OmegaConf
 from nemo_topr.cluster.warning import release_the_warning
 from nemo_topr.data.positives import no_negatives_warning, sign_flipping_baseline
 from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
-from nemo_topr.distributed import RendezvousError, check_rendezvous, free_port, launcher_rank
+from nemo_topr.distributed import (RendezvousError, check_rendezvous, free_port, launcher_rank,
+                                   launcher_world_size)
 from nemo_topr.model_source import write_hf_artifacts
 from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
 from nemo_topr.data.records import DataError, RecordSet, load_records
@@ -278,7 +279,7 @@ def main(argv: list[str]) -> int:
         # the config's `device` (cuda in the GPU presets): CPU only when chosen
         select_device(raw.get("device"), where="device", choices=DEVICES)
         values, _, objective = check_config(raw)
-        check_batch_division(values, int(os.environ.get("WORLD_SIZE", "1")))
+        check_batch_division(values, launcher_world_size())
         records = _records_of(raw)
         check_baseline(objective, {record.reward for record in records.records}, warn=False)
         check_rendezvous()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -168,7 +167,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from nemo_topr.distributed import initialize_model_parallel
+    from nemo_topr.distributed import initialize_model_parallel, launcher_world_size
     from nemo_topr.model import load_model, source_provider
 
     source_model = model_source.resolve(model_dir, named="--model ")
@@ -182,7 +181,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     _, provider = source_provider(source_model, seq_length=seq_length)
     applied = apply_scoring_layout(provider, device, train_config=train_config, precision=precision,
                                    tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
-    check_scoring_world(provider, int(os.environ.get("WORLD_SIZE", "1")), applied)
+    check_scoring_world(provider, launcher_world_size(), applied)
     initialize_model_parallel(provider.tensor_model_parallel_size, provider.pipeline_model_parallel_size)
     if torch.distributed.get_rank() == 0:
         print(f"[nemo-topr] model: {source_model.describe()}", flush=True)
@@ -277,10 +276,10 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:
         print(json.dumps(summary, indent=2))
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        torch.distributed.barrier()
-    from nemo_topr.distributed import destroy_model_parallel
+    from nemo_topr.distributed import destroy_model_parallel, launcher_world_size
 
+    if launcher_world_size() > 1:
+        torch.distributed.barrier()
     # NCCL warns at exit about a process group left alive (on every GPU scoring of the H200 run)
     destroy_model_parallel()
     return 0
