@@ -208,6 +208,11 @@ MUTANTS = (
            "        if average >= 0.0:", "        if average >= -1e9:",
            ("tests/test_training_e2e.py::test_the_console_shows_every_iterations_loss_as_tensorboard_has_it",),
            "a negative topr_loss missing from the console, as Bridge's line leaves it out"),
+    Mutant("resume_objective_unrecorded", "nemo_topr/training/run_state.py",
+           '    settings |= {f"objective.{key}": value for key, value in dataclasses.asdict(objective).items()}\n', "",
+           ("tests/test_config.py::test_a_resume_with_another_objective_or_base_model_is_refused",),
+           "a resume with objective.baseline or objective.variant changed trains the rest of the run towards another "
+           "objective"),
     Mutant("iterate_training_config_unchecked", "nemo_topr/iterate.py",
            "    problems += _training_config_problems(config.train)\n", "",
            ("tests/test_iterate.py::test_config_mistakes_are_errors",),

@@ -1,6 +1,7 @@
 """Run configs: YAML + key=value overrides onto Bridge's ConfigContainer, typos rejected."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -181,6 +182,31 @@ def test_a_resume_onto_changed_data_or_lr_is_refused_and_keeps_the_config_that_t
     # the refused start left no trace: config.yaml and the per-start configs are the two accepted ones
     assert OmegaConf.load(run_dir / "config.yaml").optimizer.lr == 0.02
     assert [OmegaConf.load(p).optimizer.lr for p in sorted((run_dir / "configs").iterdir())] == [0.02, 0.02]
+
+
+def test_a_resume_with_another_objective_or_base_model_is_refused(tiny_hf, tmp_path):
+    """The objective decides what every iteration trains towards, and a resume never reads
+    base_model: either changed would be trained, or ignored, without a word."""
+    import shutil
+
+    from nemo_topr.training.recipe import prepare
+    from nemo_topr.training.run_state import RunStateError
+
+    data = _graded_data(tmp_path / "graded.jsonl")
+    run_dir = tmp_path / "run"
+    prepare(_run(tiny_hf, run_dir, f"dataset.train_path={data}"))
+    _fake_checkpoint(run_dir, 1)
+    # the objective's defaults written out are no change
+    prepare(_run(tiny_hf, run_dir, f"dataset.train_path={data}", "objective.baseline=0", "objective.variant=topr"))
+    for override, change in (("objective.baseline=0.5", "objective.baseline: 0.0 -> 0.5"),
+                             ("objective.variant=tis", "objective.variant: 'topr' -> 'tis'"),
+                             ("objective.neg_upper=2", "objective.neg_upper: None -> 2")):
+        with pytest.raises(RunStateError, match=rf"Changed: {re.escape(change)}\. Either restore"):
+            prepare(_run(tiny_hf, run_dir, f"dataset.train_path={data}", override))
+    other = shutil.copytree(tiny_hf, tmp_path / "other_model")  # the same weights, another model to the user
+    with pytest.raises(RunStateError, match=rf"began from {tiny_hf}; .* so {other} would not be trained"):
+        prepare(_run(other, run_dir, f"dataset.train_path={data}"))
+    assert len(list((run_dir / "configs").iterdir())) == 2  # the two accepted starts
 
 
 def test_train_iters_is_refused_naming_the_key_to_use(tiny_hf, tmp_path):

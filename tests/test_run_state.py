@@ -80,6 +80,25 @@ def test_a_resume_onto_other_data_or_schedule_is_refused_naming_what_changed(tmp
     check_resume(tmp_path, resuming=True, fingerprint=changed)
 
 
+def test_a_resume_naming_another_base_model_is_refused_since_it_would_not_be_read(tmp_path):
+    recorded = {"data": "aaa", "config": {"base_model": "/models/a", "objective.baseline": 0.0}}
+    check_resume(tmp_path, resuming=False, fingerprint=recorded)
+    changed = {"data": "aaa", "config": {"base_model": "/models/b", "objective.baseline": 0.0}}
+    with pytest.raises(RunStateError, match=r"began from /models/a; a resume continues from those checkpoints and "
+                                            r"never reads base_model, so /models/b would not be trained\. Changed: "
+                                            r"base_model: '/models/a' -> '/models/b'\. To train from /models/b, "
+                                            r"choose another run_dir; to resume this run, restore "
+                                            r"base_model=/models/a$"):
+        check_resume(tmp_path, resuming=True, fingerprint=changed)
+
+
+def test_a_setting_the_record_lacks_is_not_compared(tmp_path):
+    """A run directory recorded before a key was: its resume is not refused for that key."""
+    check_resume(tmp_path, resuming=False, fingerprint={"data": "aaa", "config": {"optimizer.lr": 1e-4}})
+    check_resume(tmp_path, resuming=True,
+                 fingerprint={"data": "aaa", "config": {"optimizer.lr": 1e-4, "objective.baseline": 0.5}})
+
+
 def test_each_accepted_start_keeps_its_config(tmp_path):
     save_start_config(tmp_path, OmegaConf.create({"optimizer": {"lr": 1}}))
     save_start_config(tmp_path, OmegaConf.create({"optimizer": {"lr": 2}}))

@@ -44,7 +44,7 @@ from nemo_topr.training.run_state import (
     RunStateError,
     check_resume,
     data_fingerprint,
-    order_and_schedule,
+    resume_settings,
     save_start_config,
     truncate_ledgers,
 )
@@ -56,7 +56,7 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
 
     Runs on every rank before torch.distributed exists. Only launcher rank 0 writes: it takes the
     run directory's `lock`, repairs an interrupted checkpoint, refuses a resume onto other data or
-    order/schedule settings (`run_state.check_resume`), truncates the sample ledger to the
+    settings (`run_state.check_resume`), truncates the sample ledger to the
     checkpoint, and saves this start's config, the data report and the base model's HF
     artifacts. The other ranks cannot read the checkpoint directory before that repair is done:
     they first wait for rank 0 in Bridge's process-group rendezvous (bridge/training/setup.py:253
@@ -83,7 +83,7 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
         resume_iteration = latest_iteration(Path(run.container.checkpoint.save))
         check_resume(run.run_dir, resume_iteration is not None,
                      {"data": data_fingerprint(prepared.dataset.sequences, prepared.rows),
-                      "config": order_and_schedule(run.raw)})
+                      "config": resume_settings(run.raw, run.objective, run.base_model)})
         dropped = truncate_ledgers(run.run_dir, resume_iteration or 0)
         if dropped:
             print(f"[nemo-topr] sample ledger: dropped {dropped} entries of iterations after the checkpoint "

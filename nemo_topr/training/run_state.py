@@ -3,10 +3,11 @@
 - `RunLock`: one training per run directory; RUN_DIR/LOCK names the holder's host and pid. A
   lock left by a process that died on this host is stale and taken over (reported); one held
   from another host cannot be checked from here and refuses, naming the file to remove.
-- `check_resume`: RUN_DIR/fingerprint.json holds a hash of the trained data and the config keys
-  that decide the sample order and the schedule; a resume whose data or keys differ is refused,
-  naming what changed (Megatron would otherwise resume onto other rows silently, or fail in its
-  scheduler's "do not match" assertion).
+- `check_resume`: RUN_DIR/fingerprint.json holds a hash of the trained data, the config keys
+  that decide the sample order and the schedule, the objective and the base model the run began
+  from; a resume where any of them differs is refused, naming what changed (Megatron would
+  otherwise resume onto other rows silently, or fail in its scheduler's "do not match" assertion;
+  a changed objective or base model would be trained, or ignored, without a word).
 - `save_start_config`: RUN_DIR/configs/start_NNN.yaml, one per accepted start, and
   RUN_DIR/config.yaml, the latest accepted one; written only after the checks above, so a refused
   start leaves them describing the configs that did train.
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -125,14 +127,22 @@ def data_fingerprint(sequences: list, rows: list) -> str:
     return digest.hexdigest()
 
 
-def order_and_schedule(raw: DictConfig) -> dict[str, Any]:
-    """The values of `ORDER_AND_SCHEDULE_KEYS` in the composed config (None when unset)."""
-    return {key: OmegaConf.select(raw, key, default=None) for key in ORDER_AND_SCHEDULE_KEYS}
+def resume_settings(raw: DictConfig, objective: Any, base_model: Any) -> dict[str, Any]:
+    """What a resume must keep besides the data: the values of `ORDER_AND_SCHEDULE_KEYS` in the
+    composed config (None when unset), every field of the objective (a dataclass; its defaults
+    included, so that a default written out is no change) and `base_model`, as the directory it
+    loaded (a run's iteration). A resume reads only the run's own checkpoints, so a changed base
+    model would be ignored silently."""
+    settings = {key: OmegaConf.select(raw, key, default=None) for key in ORDER_AND_SCHEDULE_KEYS}
+    settings |= {f"objective.{key}": value for key, value in dataclasses.asdict(objective).items()}
+    settings["base_model"] = str(base_model.checkpoint or base_model.path)
+    return settings
 
 
 def check_resume(run_dir: Path, resuming: bool, fingerprint: dict[str, Any]) -> None:
     """Record `fingerprint` ({"data": hash, "config": {key: value}}) on the run's first start;
-    on a resume, refuse one whose data or order/schedule keys differ from the recorded ones."""
+    on a resume, refuse one whose data or settings (`resume_settings`) differ from the recorded
+    ones. A key the record lacks (a run directory from before it was recorded) is not compared."""
     path = Path(run_dir) / FINGERPRINT_FILE
     if not resuming or not path.is_file():
         # a run directory from before fingerprints, or one whose first start never checkpointed
@@ -140,16 +150,25 @@ def check_resume(run_dir: Path, resuming: bool, fingerprint: dict[str, Any]) -> 
         path.write_text(json.dumps(fingerprint, indent=2, sort_keys=True) + "\n")
         return
     recorded = json.loads(path.read_text())
-    changes = [f"{key}: {recorded['config'].get(key)!r} -> {value!r}"
-               for key, value in fingerprint["config"].items() if recorded["config"].get(key) != value]
+    before = recorded["config"]
+    changes = [f"{key}: {before[key]!r} -> {value!r}"
+               for key, value in fingerprint["config"].items() if key in before and before[key] != value]
     if recorded["data"] != fingerprint["data"]:
         changes.insert(0, "the training data (records, their order, tokens or rewards)")
-    if changes:
+    if not changes:
+        return
+    base_model = fingerprint["config"].get("base_model")
+    if "base_model" in before and before["base_model"] != base_model:
         raise RunStateError(
-            f"{run_dir} holds checkpoints of a run with other data or settings; a resume would not continue "
-            f"it. Changed: {'; '.join(changes)}. Either restore them, or start a new run: another run_dir "
-            f"with base_model={run_dir} (weights only, fresh optimizer and schedule) or also "
-            f"resume_from_base=true (continue its optimizer state and iteration count)")
+            f"{run_dir} holds checkpoints of a run that began from {before['base_model']}; a resume continues "
+            f"from those checkpoints and never reads base_model, so {base_model} would not be trained. "
+            f"Changed: {'; '.join(changes)}. To train from {base_model}, choose another run_dir; to resume "
+            f"this run, restore base_model={before['base_model']}")
+    raise RunStateError(
+        f"{run_dir} holds checkpoints of a run with other data or settings; a resume would not continue "
+        f"it. Changed: {'; '.join(changes)}. Either restore them, or start a new run: another run_dir "
+        f"with base_model={run_dir} (weights only, fresh optimizer and schedule) or also "
+        f"resume_from_base=true (continue its optimizer state and iteration count)")
 
 
 def save_start_config(run_dir: Path, raw: DictConfig) -> Path:
