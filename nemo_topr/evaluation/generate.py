@@ -4,8 +4,9 @@ Prompts come from a benchmark (GSM8K train/test with the paper's 8-shot prompt, 
 zero-shot; see `nemo_topr.data.prompts`) or from a JSONL file of {prompt, reference_answer,
 prompt_id}. Each prompt gets N samples with the paper's sampling settings (temperature 1,
 top-p 1, top-k 500, 512 new tokens), on `--device` (default cuda; `nemo_topr.device`): from
-vLLM when it is installed and the device is cuda, from `transformers` otherwise (the
-`transformers` path on cuda has never run on a GPU). Prompts are tokenized exactly as
+vLLM when it is installed and the device is cuda, from `transformers` otherwise (on cuda it
+ran once, through `eval`, on an H200: bench/results/gpu_verbs_h200_2026-11-26_f0673b4_te.json;
+vLLM has never run). Prompts are tokenized exactly as
 training tokenizes them (`prompt_token_ids`: the chat template when the tokenizer has one).
 
 Generation stops at EOS, and at the task's stop strings (GSM8K: "\\n\\nQuestion:", where a

@@ -16,8 +16,10 @@ as SFT on positives plus a full-weight push-down on negatives, and tapers as pi 
 mu has the numerics training will use (docs/training.md, "mu and rho").
 
 `--device` (default cuda) chooses where the model runs: on cuda the weights are built on the
-GPU and each batch is moved to the model's device; cpu runs the CPU runtime. The cuda path has
-never run on a GPU (this project's checks run on CPU only).
+GPU and each batch is moved to the model's device; cpu runs the CPU runtime. The cuda path ran
+on one H200 (bench/results/gpu_verbs_h200_2026-11-26_*.json): plain, within 1.41e-4 per token
+of the CPU's scores; `--shared-prefix` with local layers; from an import, a run and an export.
+With TP or PP > 1 on GPUs it has never run.
 """
 
 from __future__ import annotations
