@@ -213,6 +213,11 @@ MUTANTS = (
            ("tests/test_config.py::test_a_resume_with_another_objective_or_base_model_is_refused",),
            "a resume with objective.baseline or objective.variant changed trains the rest of the run towards another "
            "objective"),
+    Mutant("queued_resume_unchecked", "nemo_topr/cluster/submit.py",
+           '        if "run_dir" in on_host:\n            seen_as', '        if False:\n            seen_as',
+           ("tests/test_slurm.py::"
+            "test_submit_into_a_run_says_it_resumes_and_refuses_what_train_would_refuse_at_its_start",),
+           "a job resubmitted into a finished run, or with another objective, waits in the queue to fail at its start"),
     Mutant("iterate_training_config_unchecked", "nemo_topr/iterate.py",
            "    problems += _training_config_problems(config.train)\n", "",
            ("tests/test_iterate.py::test_config_mistakes_are_errors",),

@@ -308,8 +308,10 @@ def test_train_reports_config_and_data_errors_in_one_line_before_importing_megat
     malformed = REPO / "tests" / "fixtures" / "data" / "malformed.jsonl"
     for overrides, message in ((["train.train_iters=abc"], "nemo-topr train: train.train_iters='abc' is not a setting"),
                                ([f"dataset.train_path={malformed}"], f"nemo-topr train: {malformed}:2: record: invalid JSON")):
-        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "nemo_topr.cli", "train", "--config-name",
-                               "tiny_cpu", f"hf_model={tiny_hf}", f"run_dir={tmp_path / 'run'}", *overrides],
+        # an override before --config-name, as a user may write it: options and overrides are intermixed
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "nemo_topr.cli", "train",
+                               f"hf_model={tiny_hf}", "--config-name", "tiny_cpu", f"run_dir={tmp_path / 'run'}",
+                               *overrides],
                               cwd=REPO, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 1 and proc.stdout == "", proc.stderr[-2000:]
         lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]

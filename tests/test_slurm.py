@@ -26,6 +26,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -241,6 +242,55 @@ def test_submit_refuses_a_model_as_run_dir_before_writing_its_script_there(tmp_p
                         "configs and logs into run_dir, so it must be a new directory or a run's (the model goes in "
                         "base_model=)"]
     assert sorted(path.name for path in model.iterdir()) == before
+
+
+def test_submit_into_a_run_says_it_resumes_and_refuses_what_train_would_refuse_at_its_start(tmp_path, capsys):
+    """A job for a run directory that holds a run resumes it; another objective or base model,
+    or a finished run, would be refused only when the job starts, after the queue wait."""
+    model = _hf_model_dir(tmp_path / "models")
+    other = shutil.copytree(model, tmp_path / "other" / "Llama-3.1-70B")
+    data = tmp_path / "data" / "scored.jsonl"
+    data.parent.mkdir()
+    data.write_text("{}\n")
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("5")
+    recorded = {"optimizer.lr": 5e-7, "objective.baseline": 0.0, "objective.variant": "topr", "base_model": str(model)}
+    (run_dir / "fingerprint.json").write_text(json.dumps({"data": "0" * 64, "config": recorded}))
+
+    def submit(*args: str) -> tuple[int, list[str], str]:  # an override before options: they are intermixed
+        status, _, err = _submit(capsys, "--config", "llama31_8b_bf16", "--run-dir", str(run_dir), "--dry-run",
+                                 f"dataset.train_path={data}", *args)
+        return status, [line.removeprefix("  - ") for line in err.splitlines() if line.startswith("  - ")], err
+
+    status, problems, err = submit("--venv", sys.prefix, f"base_model={model}")
+    assert status == 0 and not problems, err
+    assert (f"nemo-topr submit: warning: run_dir={run_dir} holds a run with a checkpoint at iteration 5: this job "
+            "resumes it (its data is compared with the run's when it starts); for a new run, choose another "
+            "--run-dir or --job-name") in err.splitlines()
+    status, problems, _ = submit("--venv", sys.prefix, f"base_model={model}", "objective.baseline=0.5")
+    assert status == 1 and len(problems) == 1
+    assert problems[0].startswith(f"{run_dir} holds checkpoints of a run with other data or settings; a resume would "
+                                  "not continue it. Changed: objective.baseline: 0.0 -> 0.5. Either restore them")
+    status, problems, _ = submit("--venv", sys.prefix, f"base_model={other}")
+    assert status == 1 and len(problems) == 1
+    assert problems[0].startswith(f"{run_dir} holds checkpoints of a run that began from {model}; ")
+    # in a container, the base model as the job names it, /models/..., is what the run recorded
+    mounts = f"{REPO}:{REPO},{run_dir}:{run_dir},{data.parent}:{data.parent},{model.parent}:/models"
+    container = ("--container-image", "nvcr.io/nvidia/pytorch:25.09-py3", "--container-mounts", mounts)
+    status, problems, err = submit(*container, "base_model=/models/Llama-3.1-70B")
+    assert status == 1 and problems[0].startswith(f"{run_dir} holds checkpoints of a run that began from {model}; "
+                                                  "a resume continues from those checkpoints and never reads "
+                                                  "base_model, so /models/Llama-3.1-70B would not be trained"), err
+    (run_dir / "fingerprint.json").write_text(json.dumps(
+        {"data": "0" * 64, "config": {**recorded, "base_model": "/models/Llama-3.1-70B"}}))
+    status, problems, err = submit(*container, "base_model=/models/Llama-3.1-70B")
+    assert status == 0 and not problems, err
+    (run_dir / "COMPLETED").write_text("5\n")
+    status, problems, _ = submit(*container, "base_model=/models/Llama-3.1-70B")
+    assert status == 1 and problems == [
+        f"run_dir={run_dir} holds a finished run (its COMPLETED marker; latest checkpoint at iteration 5): a job there "
+        f"would train nothing. Choose another run_dir, with base_model={run_dir} to start from it"]
 
 
 @pytest.mark.parametrize("limit, seconds", [("30", 1800), ("30:15", 1815), ("04:00:00", 14400),

@@ -234,7 +234,39 @@ def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
         host_spec = f"{on_host['base_model']}{model_source.split_iteration(cfg['base_model'])[1]}"
         layout_problems, warnings = check_layout({**cfg, "base_model": host_spec}, title, job)
         problems += layout_problems
+        if "run_dir" in on_host:
+            seen_as = (on_host["base_model"], paths["base_model"]) if job.container_image else None
+            resume_problems, resume_warnings = check_resume(cfg, host_spec, on_host["run_dir"], seen_as)
+            problems += resume_problems
+            warnings += resume_warnings
     return problems, warnings, mounts
+
+
+def check_resume(cfg: dict[str, Any], host_spec: str, run_dir: Path,
+                 seen_as: tuple[Path, Path] | None) -> tuple[list[str], list[str]]:
+    """A job for a run directory that holds a run resumes it: say so, and refuse now, not after
+    the queue wait, what `nemo-topr train` would refuse at its start (another objective, base
+    model, lr, ...; a finished run). The base model is compared as the job will name it: in a
+    container, `seen_as` = (its directory on this host, the same in the container)."""
+    from omegaconf import OmegaConf
+
+    from nemo_topr.training.config import objective_from
+    from nemo_topr.training.run_state import RunStateError, check_queued_start, resume_settings
+
+    settings = resume_settings(OmegaConf.create(cfg), objective_from(cfg.get("objective") or {}),
+                               model_source.resolve(host_spec))
+    if seen_as is not None:  # the loaded directory (a run's iteration) is the given one or inside it
+        host_dir, job_dir = seen_as
+        settings["base_model"] = str(job_dir / Path(settings["base_model"]).relative_to(host_dir.resolve()))
+    try:
+        iteration = check_queued_start(run_dir, settings)
+    except RunStateError as error:
+        return [str(error)], []
+    if iteration is None:
+        return [], []
+    return [], [f"run_dir={run_dir} holds a run with a checkpoint at iteration {iteration}: this job resumes it (its "
+                "data is compared with the run's when it starts); for a new run, choose another --run-dir or "
+                "--job-name"]
 
 
 def submit(job: ClusterJob, script_text: str) -> str:
@@ -270,7 +302,7 @@ def main(argv: list[str]) -> int:
                         help="seconds before the time limit at which the ranks checkpoint and the job requeues")
     parser.add_argument("--dry-run", action="store_true", help="check and print the sbatch script; queue nothing")
     parser.add_argument("overrides", nargs="*", help="key=value overrides passed to nemo-topr train")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options before, between or after the overrides
     from nemo_topr.training.config import CONF_DIR, ConfigError, config_location
 
     try:

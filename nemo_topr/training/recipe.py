@@ -40,6 +40,7 @@ from nemo_topr.training.config import (CONF_DIR, ConfigError, TrainingRun, build
                                        check_config, compose)
 from nemo_topr.training.nonfinite import NonFiniteTrainingError
 from nemo_topr.training.run_state import (
+    COMPLETED_MARKER,
     RunLock,
     RunStateError,
     check_resume,
@@ -111,7 +112,6 @@ def check_baseline(objective, rewards: set[float], *, warn: bool = True) -> None
 # the data was trained to the end. Job scripts requeue on the STOPPED marker rather than on the
 # status: srun reports 128+9 when --kill-on-bad-exit kills the ranks that had not exited yet.
 EXIT_REQUEUE = 75
-COMPLETED_MARKER = "COMPLETED"
 STOPPED_MARKER = "STOPPED"
 
 
@@ -264,7 +264,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "file, whose defaults list may name those presets")
     parser.add_argument("--config-path", default=str(CONF_DIR), help="config directory (default: %(default)s)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides (OmegaConf dotted keys)")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # --config-name before or after the overrides
 
 
 def main(argv: list[str]) -> int:

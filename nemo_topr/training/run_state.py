@@ -8,6 +8,8 @@
   from; a resume where any of them differs is refused, naming what changed (Megatron would
   otherwise resume onto other rows silently, or fail in its scheduler's "do not match" assertion;
   a changed objective or base model would be trained, or ignored, without a word).
+- `check_queued_start`: the same comparison of settings for a job before it queues
+  (`nemo-topr submit`), and a finished run refused, so that neither waits in the queue to fail.
 - `save_start_config`: RUN_DIR/configs/start_NNN.yaml, one per accepted start, and
   RUN_DIR/config.yaml, the latest accepted one; written only after the checks above, so a refused
   start leaves them describing the configs that did train.
@@ -28,12 +30,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from nemo_topr.training.checkpoints import replace_atomically
+from nemo_topr.training.checkpoints import latest_iteration, replace_atomically
 
 LOCK_FILE = "LOCK"
 FINGERPRINT_FILE = "fingerprint.json"
 START_CONFIGS_DIR = "configs"
 LEDGER_GLOB = "samples_dp*.jsonl"
+COMPLETED_MARKER = "COMPLETED"  # left by `nemo-topr train` when the data is trained to the end
 
 # The keys that decide which rows an iteration trains on and at what learning rate: a resume
 # with any of them changed would not continue the run it resumes.
@@ -150,21 +153,48 @@ def check_resume(run_dir: Path, resuming: bool, fingerprint: dict[str, Any]) -> 
         path.write_text(json.dumps(fingerprint, indent=2, sort_keys=True) + "\n")
         return
     recorded = json.loads(path.read_text())
-    before = recorded["config"]
-    changes = [f"{key}: {before[key]!r} -> {value!r}"
-               for key, value in fingerprint["config"].items() if key in before and before[key] != value]
+    changes = _setting_changes(recorded["config"], fingerprint["config"])
     if recorded["data"] != fingerprint["data"]:
         changes.insert(0, "the training data (records, their order, tokens or rewards)")
-    if not changes:
-        return
-    base_model = fingerprint["config"].get("base_model")
-    if "base_model" in before and before["base_model"] != base_model:
-        raise RunStateError(
+    if changes:
+        raise _not_the_same_run(run_dir, recorded["config"], fingerprint["config"], changes)
+
+
+def check_queued_start(run_dir: Path, settings: dict[str, Any]) -> int | None:
+    """What a job queued for RUN_DIR will find when it starts (`nemo-topr submit`, before the
+    queue wait): None for a new run, else the iteration it resumes from. Refuses a finished run,
+    where the job would train nothing, and settings that differ from the recorded ones, as
+    `check_resume` would at the start (the data, which needs the tokenizer, is compared there)."""
+    run_dir = Path(run_dir)
+    resume_iteration = latest_iteration(run_dir / "checkpoints")
+    if resume_iteration is None:
+        return None
+    if (run_dir / COMPLETED_MARKER).is_file():
+        raise RunStateError(f"run_dir={run_dir} holds a finished run (its {COMPLETED_MARKER} marker; latest checkpoint "
+                            f"at iteration {resume_iteration}): a job there would train nothing. Choose another "
+                            f"run_dir, with base_model={run_dir} to start from it")
+    path = run_dir / FINGERPRINT_FILE
+    if path.is_file():
+        recorded = json.loads(path.read_text())["config"]
+        if changes := _setting_changes(recorded, settings):
+            raise _not_the_same_run(run_dir, recorded, settings, changes)
+    return resume_iteration
+
+
+def _setting_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    return [f"{key}: {before[key]!r} -> {value!r}"
+            for key, value in now.items() if key in before and before[key] != value]
+
+
+def _not_the_same_run(run_dir: Path, before: dict[str, Any], now: dict[str, Any], changes: list[str]) -> RunStateError:
+    base_model = now.get("base_model")
+    if "base_model" in before and base_model is not None and before["base_model"] != base_model:
+        return RunStateError(
             f"{run_dir} holds checkpoints of a run that began from {before['base_model']}; a resume continues "
             f"from those checkpoints and never reads base_model, so {base_model} would not be trained. "
             f"Changed: {'; '.join(changes)}. To train from {base_model}, choose another run_dir; to resume "
             f"this run, restore base_model={before['base_model']}")
-    raise RunStateError(
+    return RunStateError(
         f"{run_dir} holds checkpoints of a run with other data or settings; a resume would not continue "
         f"it. Changed: {'; '.join(changes)}. Either restore them, or start a new run: another run_dir "
         f"with base_model={run_dir} (weights only, fresh optimizer and schedule) or also "
