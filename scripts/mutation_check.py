@@ -218,6 +218,11 @@ MUTANTS = (
            ("tests/test_slurm.py::"
             "test_submit_into_a_run_says_it_resumes_and_refuses_what_train_would_refuse_at_its_start",),
            "a job resubmitted into a finished run, or with another objective, waits in the queue to fail at its start"),
+    Mutant("finished_run_trained_again", "nemo_topr/training/recipe.py",
+           "            if step >= total:", "            if False:",
+           ("tests/test_training_e2e.py::"
+            "test_a_finished_run_run_again_trains_nothing_and_leaves_its_files_as_they_were",),
+           "the command run again after its run finished ends in Bridge's 'no samples left' traceback on every rank"),
     Mutant("iterate_training_config_unchecked", "nemo_topr/iterate.py",
            "    problems += _training_config_problems(config.train)\n", "",
            ("tests/test_iterate.py::test_config_mistakes_are_errors",),

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_distributed
-from nemo_topr.training.checkpoints import is_complete, iteration_dir_name, saved_iterations
+from nemo_topr.training.checkpoints import is_complete, iteration_dir_name, latest_iteration, saved_iterations
 
 pytestmark = pytest.mark.slow
 
@@ -155,7 +156,7 @@ def kill_seed() -> str:
 
 def kill_iteration(seed: str) -> int:
     """An iteration after the first checkpoint (every 3 iterations), well before the end of the
-    one-epoch run (17 iterations)."""
+    one-epoch run (18 iterations)."""
     return random.Random(seed).randint(4, 10)
 
 
@@ -211,6 +212,28 @@ def test_killed_run_resumes_with_exactly_the_remaining_samples_and_weights(demo,
     assert {"output_layer.weight", "optimizer.state.exp_avg.output_layer.weight"} <= reference.keys()
     differing = [key for key in reference if not torch.equal(resumed[key], reference[key])]
     assert differing == [], replay
+
+
+def test_a_finished_run_run_again_trains_nothing_and_leaves_its_files_as_they_were(demo, reference_dir, tmp_path):
+    """The command again after the run finished: it stopped every rank with Bridge's "no samples
+    left to consume" traceback (data/samplers.py), after loading the model. Here with
+    checkpoint.save_interval=4, a setting a resume need not keep, under which Bridge's final save
+    (train.py) would write the last iteration, 18, again over the checkpoint it loaded."""
+    run_dir = shutil.copytree(reference_dir, tmp_path / "run")  # copy2 keeps the modification times
+    last = latest_iteration(run_dir / "checkpoints")
+    assert last % 4 != 0
+
+    def files() -> dict[str, tuple[int, bytes]]:
+        kept = [*(run_dir / "checkpoints").rglob("*"), *run_dir.glob("samples_dp*.jsonl")]
+        return {str(path): (path.stat().st_mtime_ns, path.read_bytes()) for path in kept if path.is_file()}
+
+    before, losses = files(), _scalars(run_dir, "topr_loss")
+    proc = subprocess.run([*_train_command(demo, run_dir), "checkpoint.save_interval=4"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"[nemo-topr] {run_dir} is finished (iteration {last} of {last}): nothing to train" in proc.stdout
+    assert files() == before and _scalars(run_dir, "topr_loss") == losses
+    assert (run_dir / "COMPLETED").read_text() == f"{last}\n"
 
 
 def _final_checkpoint(run_dir: Path) -> tuple[int, dict[str, torch.Tensor]]:

@@ -145,6 +145,18 @@ def train(run: TrainingRun) -> int:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})
             release_the_warning()
 
+    class NothingLeftToTrain(Callback):
+        def on_data_init_start(self, context) -> None:  # on every rank, after the checkpoint is loaded
+            # A rerun of a finished run: Bridge's sampler would stop every rank with "no samples
+            # left to consume" (data/samplers.py). Stop as a signal-triggered stop does, with a
+            # clean SystemExit, caught below.
+            step, total = context.state.train_state.step, run.container.train.train_iters
+            if step >= total:
+                if _is_rank_zero():
+                    print(f"[nemo-topr] {run.run_dir} is finished (iteration {step} of {total}): nothing to train",
+                          flush=True)
+                raise SystemExit(0)
+
     # A warning that arrives while this rank still loads (Slurm sends it at pre-emption time with
     # PreemptParameters=send_user_signal) would kill it: SIGUSR1's default action is to terminate.
     # Keep it pending until training starts; Bridge's handler then takes it and the rank saves
@@ -161,7 +173,8 @@ def train(run: TrainingRun) -> int:
             print(f"[nemo-topr] data: {json.dumps(summary)}", flush=True)
         forward_step = ToprForwardStep(run.objective, sample_log_dir=run.run_dir)
         finetune(run.container, forward_step,
-                 callbacks=[ReleaseExitSignal(), stop_on_non_finite(forward_step), print_negative_loss()])
+                 callbacks=[ReleaseExitSignal(), NothingLeftToTrain(), stop_on_non_finite(forward_step),
+                            print_negative_loss()])
     except SystemExit as stop:  # Bridge exits this way after a signal-triggered checkpoint
         if not _clean_stop(stop):
             raise

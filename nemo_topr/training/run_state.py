@@ -227,6 +227,7 @@ def truncate_ledgers(run_dir: Path, resume_iteration: int) -> int:
                 complete = False
             if complete:
                 kept.append(line)
-        dropped += len(lines) - len(kept)
-        replace_atomically(ledger, "".join(kept).encode())
+        if len(kept) < len(lines):  # else left as it is, modification time included
+            dropped += len(lines) - len(kept)
+            replace_atomically(ledger, "".join(kept).encode())
     return dropped
