@@ -216,9 +216,10 @@ def test_killed_run_resumes_with_exactly_the_remaining_samples_and_weights(demo,
 
 def test_a_finished_run_run_again_trains_nothing_and_leaves_its_files_as_they_were(demo, reference_dir, tmp_path):
     """The command again after the run finished: it stopped every rank with Bridge's "no samples
-    left to consume" traceback (data/samplers.py), after loading the model. Here with
-    checkpoint.save_interval=4, a setting a resume need not keep, under which Bridge's final save
-    (train.py) would write the last iteration, 18, again over the checkpoint it loaded."""
+    left to consume" traceback (bridge/data/samplers.py), after loading the model. Here with
+    checkpoint.save_interval=4 (a resume may change it), so that a start that got past the sampler
+    would also meet Bridge's final save (bridge/training/train.py), which writes a last iteration
+    that is no multiple of the interval, 18, again: the files must stay as they were."""
     run_dir = shutil.copytree(reference_dir, tmp_path / "run")  # copy2 keeps the modification times
     last = latest_iteration(run_dir / "checkpoints")
     assert last % 4 != 0

@@ -148,7 +148,7 @@ def train(run: TrainingRun) -> int:
     class NothingLeftToTrain(Callback):
         def on_data_init_start(self, context) -> None:  # on every rank, after the checkpoint is loaded
             # A rerun of a finished run: Bridge's sampler would stop every rank with "no samples
-            # left to consume" (data/samplers.py). Stop as a signal-triggered stop does, with a
+            # left to consume" (bridge/data/samplers.py). Stop as a signal-triggered stop does, with a
             # clean SystemExit, caught below.
             step, total = context.state.train_state.step, run.container.train.train_iters
             if step >= total:
