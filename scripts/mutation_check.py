@@ -223,6 +223,15 @@ MUTANTS = (
            ("tests/test_training_e2e.py::"
             "test_a_finished_run_run_again_trains_nothing_and_leaves_its_files_as_they_were",),
            "the command run again after its run finished ends in Bridge's 'no samples left' traceback on every rank"),
+    Mutant("room_for_a_checkpoint_unchecked", "nemo_topr/training/recipe.py",
+           "        check_room(Path(run.container.checkpoint.save), one_checkpoint(run))\n", "",
+           ("tests/test_config.py::"
+            "test_a_run_dir_that_cannot_hold_one_checkpoint_is_refused_before_anything_is_written",),
+           "a run directory that cannot hold one checkpoint trains until its first save fails"),
+    Mutant("full_filesystem_unsaid", "nemo_topr/training/recipe.py",
+           '                raise SystemExit(f"nemo-topr train: {hint}") from error', "                raise",
+           ("tests/test_config.py::test_a_failed_save_on_a_full_filesystem_ends_with_a_line_that_says_so",),
+           "a save that failed for space ends with torch's 'Worker failure', no word of space"),
     Mutant("iterate_training_config_unchecked", "nemo_topr/iterate.py",
            "    problems += _training_config_problems(config.train)\n", "",
            ("tests/test_iterate.py::test_config_mistakes_are_errors",),

@@ -209,6 +209,57 @@ def test_a_resume_with_another_objective_or_base_model_is_refused(tiny_hf, tmp_p
     assert len(list((run_dir / "configs").iterdir())) == 2  # the two accepted starts
 
 
+def test_a_run_dir_that_cannot_hold_one_checkpoint_is_refused_before_anything_is_written(tiny_hf, tmp_path,
+                                                                                        monkeypatch):
+    """A full filesystem fails the first save deep in torch's writer, without a word of space
+    (nemo_topr/training/disk_space.py), after the iterations before it."""
+    import shutil
+    from collections import namedtuple
+
+    from nemo_topr.training.recipe import prepare
+    from nemo_topr.training.run_state import RunStateError
+
+    run = _run(tiny_hf, tmp_path / "run", f"dataset.train_path={_graded_data(tmp_path / 'graded.jsonl')}")
+    from safetensors.torch import load_file
+
+    parameters = sum(tensor.numel() for tensor in load_file(tiny_hf / "model.safetensors").values())
+    needed = parameters * 12  # fp32 weights and Adam's two moments
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: namedtuple("Usage", "total used free")(0, 0, needed - 1))
+    with pytest.raises(RunStateError, match=rf"one checkpoint of this run takes {needed / 2**20:.1f} MiB \(estimated "
+                                            r"from the parameter count\): its first save would fail"):
+        prepare(run)
+    assert not (tmp_path / "run" / "config.yaml").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_failed_save_on_a_full_filesystem_ends_with_a_line_that_says_so(tiny_hf, tmp_path, monkeypatch):
+    """torch's CheckpointException, as a full tmpfs gave it (a BaseException naming only a
+    "Worker failure"), raised by finetune() after the disk filled up during the run."""
+    import shutil
+    from collections import namedtuple
+
+    import megatron.bridge.training.finetune as bridge_finetune
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from nemo_topr.training.recipe import train
+
+    free = {"bytes": 2**40, "after": 4096}
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: namedtuple("Usage", "total used free")(0, 0, free["bytes"]))
+
+    def finetune_until_the_disk_is_full(*args, **kwargs):
+        free["bytes"] = free["after"]
+        raise CheckpointException("write", {0: RuntimeError("Worker failure: An error is caught while starting worker")})
+
+    monkeypatch.setattr(bridge_finetune, "finetune", finetune_until_the_disk_is_full)
+    run = _run(tiny_hf, tmp_path / "run", f"dataset.train_path={_graded_data(tmp_path / 'graded.jsonl')}")
+    with pytest.raises(SystemExit, match=rf"^nemo-topr train: {tmp_path / 'run' / 'checkpoints'}: 0.0 MiB free, less "
+                                         r"than one checkpoint \(.* MiB, estimated from the parameter count\): a save "
+                                         r"most likely failed for space\. .* it resumes from the start$"):
+        train(run)
+    free["bytes"] = free["after"] = 2**40  # with room, the same failure is left as it was
+    with pytest.raises(CheckpointException):
+        train(_run(tiny_hf, tmp_path / "run", f"dataset.train_path={tmp_path / 'graded.jsonl'}"))
+
+
 def test_train_iters_is_refused_naming_the_key_to_use(tiny_hf, tmp_path):
     for value in ("5", "abc"):
         with pytest.raises(ConfigError, match=rf"train.train_iters='?{value}'? is not a setting.*dataset.epochs"):

@@ -38,6 +38,16 @@ def demo(tmp_path_factory) -> Path:
     return out
 
 
+def test_the_checkpoint_size_estimate_is_just_short_of_a_saved_iteration(demo):
+    """`train` refuses a run directory that cannot hold one checkpoint, estimated before the
+    first save: an estimate above the real size would refuse a start that could run."""
+    from nemo_topr.training import disk_space
+
+    estimate = disk_space.estimated_checkpoint_bytes(disk_space.parameter_count(demo / "tiny_llama_hf"), 4, True)
+    measured, how = disk_space.checkpoint_bytes(demo / "run" / "checkpoints", estimate)
+    assert how.startswith("the size of iteration") and estimate <= measured <= 1.1 * estimate, (estimate, measured)
+
+
 def _scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

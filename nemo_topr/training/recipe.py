@@ -38,6 +38,8 @@ from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest
 from nemo_topr.data.records import DataError, RecordSet, load_records
 from nemo_topr.training.config import (CONF_DIR, ConfigError, TrainingRun, build_training_run, check_batch_division,
                                        check_config, compose)
+from nemo_topr.training.disk_space import (check_room, checkpoint_bytes, estimated_checkpoint_bytes, failure_hint,
+                                           parameter_count)
 from nemo_topr.training.nonfinite import NonFiniteTrainingError
 from nemo_topr.training.run_state import (
     COMPLETED_MARKER,
@@ -73,6 +75,7 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
         if repaired:
             print(f"[nemo-topr] WARNING: {repaired}", flush=True)
         print(f"[nemo-topr] base model: {run.base_model.describe()}", flush=True)
+        check_room(Path(run.container.checkpoint.save), one_checkpoint(run))
         write_hf_artifacts(run.base_model, Path(run.container.checkpoint.save))
     else:
         run.container.dataset.report_path = None  # every rank tokenizes; rank 0 reports
@@ -93,6 +96,14 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
     summary = {**prepared.summary(), "train_iters": train.train_iters,
                "global_batch_size": train.global_batch_size}
     return summary
+
+
+def one_checkpoint(run: TrainingRun) -> tuple[int, str]:
+    """(bytes, how they were found) of one checkpoint of `run` (`nemo_topr.training.disk_space`)."""
+    container = run.container
+    estimate = estimated_checkpoint_bytes(parameter_count(run.base_model.hf_dir), container.model.params_dtype.itemsize,
+                                          container.checkpoint.save_optim, container.optimizer.optimizer == "adam")
+    return checkpoint_bytes(Path(container.checkpoint.save), estimate)
 
 
 def check_baseline(objective, rewards: set[float], *, warn: bool = True) -> None:
@@ -172,9 +183,17 @@ def train(run: TrainingRun) -> int:
         if _is_rank_zero():
             print(f"[nemo-topr] data: {json.dumps(summary)}", flush=True)
         forward_step = ToprForwardStep(run.objective, sample_log_dir=run.run_dir)
-        finetune(run.container, forward_step,
-                 callbacks=[ReleaseExitSignal(), NothingLeftToTrain(), stop_on_non_finite(forward_step),
-                            print_negative_loss()])
+        try:
+            finetune(run.container, forward_step,
+                     callbacks=[ReleaseExitSignal(), NothingLeftToTrain(), stop_on_non_finite(forward_step),
+                                print_negative_loss()])
+        # A save the filesystem could not hold names no cause (`disk_space`): the last line says
+        # it, below Bridge's logged traceback. torch's CheckpointException is a BaseException.
+        except BaseException as error:
+            if (not isinstance(error, (SystemExit, KeyboardInterrupt)) and _is_rank_zero()
+                    and (hint := failure_hint(Path(run.container.checkpoint.save), one_checkpoint(run)))):
+                raise SystemExit(f"nemo-topr train: {hint}") from error
+            raise
     except SystemExit as stop:  # Bridge exits this way after a signal-triggered checkpoint
         if not _clean_stop(stop):
             raise
