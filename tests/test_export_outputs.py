@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from safetensors import SafetensorError
 
 from nemo_topr.training import export
 
@@ -26,14 +27,14 @@ def _fake_checkpoint(root: Path) -> Path:
 
 
 class _FakeBridge:
-    def __init__(self, fail: bool = False):
-        self.fail = fail
+    def __init__(self, fail: bool = False, error: BaseException | None = None):
+        self.error = error or (RuntimeError("killed half-way") if fail else None)
 
     def export_ckpt(self, checkpoint: str, out: str, show_progress: bool) -> None:
         Path(out).mkdir(parents=True)
         (Path(out) / "model.safetensors").write_text(f"exported from {checkpoint}")
-        if self.fail:
-            raise RuntimeError("killed half-way")
+        if self.error:
+            raise self.error
 
 
 @pytest.fixture
@@ -105,6 +106,19 @@ def test_an_interrupted_export_leaves_nothing_under_the_target_name(checkpoint, 
     monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge())
     assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "model"), "--device", "cpu"]) == 0
     assert not (tmp_path / ".model.partial").exists()
+
+
+@pytest.mark.parametrize("error", [
+    # what safetensors raised writing a shard to a full tmpfs (by hand, 400 KB): not an OSError
+    SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+    OSError(28, "No space left on device"),
+], ids=["safetensors", "oserror"])
+def test_an_export_that_cannot_be_written_is_removed_and_named_in_one_line(checkpoint, tmp_path, monkeypatch, error):
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge(error=error))
+    with pytest.raises(SystemExit, match=rf"^nemo-topr export: writing {tmp_path / 'model'}: .*No space left on "
+                                         r"device.* \(the partial export is removed\)$"):
+        export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "model"), "--device", "cpu"])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ckpt"]  # no model, no partial directory
 
 
 def test_bad_inputs_are_refused_before_megatron_is_imported(tmp_path):

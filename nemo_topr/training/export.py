@@ -18,7 +18,8 @@ paid once (each further checkpoint of a small model takes well under 1 s).
 
 A non-empty output directory is refused unless --overwrite (a typo could name the base model),
 and the checkpoint being exported (or a directory holding it, or one inside its root) always;
-each model is written beside its target and moved into place once complete.
+each model is written beside its target and moved into place once complete; one that fails to
+be written (a full disk) is removed and named in one line.
 """
 
 from __future__ import annotations
@@ -31,6 +32,18 @@ from pathlib import Path
 from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
 from nemo_topr.model_source import ModelSource, ModelSourceError, resolve
 from nemo_topr.training.checkpoints import iteration_dir_name
+
+
+class ExportWriteError(RuntimeError):
+    """An export that could not be written (no space left, an I/O error); its partial directory is removed."""
+
+
+def _safetensors_error() -> type[Exception]:
+    """What safetensors raises for an I/O error while writing a shard ("No space left on device
+    (os error 28)" on a full disk): not an OSError."""
+    from safetensors import SafetensorError
+
+    return SafetensorError
 
 
 def export_targets(source: ModelSource, hf_out: Path, iterations: list[int] | None) -> dict[ModelSource, Path]:
@@ -79,10 +92,16 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
     for checkpoint, out in targets.items():
         partial = out.with_name(f".{out.name}.partial")
         shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted export
-        bridge.export_ckpt(str(checkpoint.checkpoint), str(partial), show_progress=False)
-        (partial / "nemo_topr_export.json").write_text(json.dumps(
-            {"source": str(checkpoint.path), "checkpoint": str(checkpoint.checkpoint),
-             "iteration": checkpoint.iteration, "hf_config": str(checkpoint.hf_dir)}, indent=2) + "\n")
+        try:
+            bridge.export_ckpt(str(checkpoint.checkpoint), str(partial), show_progress=False)
+            (partial / "nemo_topr_export.json").write_text(json.dumps(
+                {"source": str(checkpoint.path), "checkpoint": str(checkpoint.checkpoint),
+                 "iteration": checkpoint.iteration, "hf_config": str(checkpoint.hf_dir)}, indent=2) + "\n")
+        except BaseException as error:  # a full disk, say: what was written would only take more room
+            shutil.rmtree(partial, ignore_errors=True)
+            if isinstance(error, (OSError, _safetensors_error())):
+                raise ExportWriteError(f"writing {out}: {error} (the partial export is removed)") from error
+            raise
         if out.is_dir():
             shutil.rmtree(out)  # empty, or --overwrite
         else:
@@ -107,7 +126,7 @@ def main(argv: list[str]) -> int:
     try:
         iterations = resolve(args.ckpt, named="--ckpt ").saved_iterations() if args.all_iterations else args.iteration
         exported = export(args.ckpt, args.hf_out, iterations, args.device, args.overwrite)
-    except (ModelSourceError, DeviceError) as error:
+    except (ModelSourceError, DeviceError, ExportWriteError) as error:
         raise SystemExit(f"nemo-topr export: {error}") from None
     for checkpoint, out in exported.items():
         print(f"exported {checkpoint} -> {out}")
