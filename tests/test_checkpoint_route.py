@@ -6,6 +6,7 @@ checkpoints that are unfinished, carry no HF config or belong to another archite
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -137,6 +138,50 @@ def test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weigh
     assert (tmp_path / "back" / "tokenizer.json").read_text() == (tiny / "hf" / "tokenizer.json").read_text()
     assert nemo_topr("import", tiny / "hf", out, ok=False).stderr.strip().endswith(
         "exists and is not an empty directory; import writes a new checkpoint directory")
+
+
+# `nemo-topr import` in a fresh process with one thing replaced: the free space it reads, or the
+# save failing as torch's writer failed on a full 300-700 KB tmpfs (by hand): a CheckpointException
+# naming only a "Worker failure", after part of the checkpoint was written.
+FULL_DISK = {
+    "no room": "import_checkpoint.free_bytes = lambda path: 1000",
+    "save fails": """
+from nemo_topr import cpu_runtime
+cpu_runtime.enable_cpu_runtime()  # as the import does first: Bridge imported without it looks for TE
+from megatron.bridge import AutoBridge
+from torch.distributed.checkpoint.api import CheckpointException
+
+def save_until_the_disk_is_full(self, model, path, **kwargs):
+    (Path(path) / "iter_0000000").mkdir()
+    (Path(path) / "iter_0000000" / "__0_0.distcp").write_bytes(b"half a checkpoint")
+    raise CheckpointException("write", {0: RuntimeError("Worker failure: An error is caught while starting worker 0")})
+
+AutoBridge.save_megatron_model = save_until_the_disk_is_full
+""",
+}
+FULL_DISK["save fails for space"] = FULL_DISK["save fails"] + """
+answers = iter([2**40, 4096])  # room before the save, none after it
+import_checkpoint.free_bytes = lambda path: next(answers)
+"""
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no room", r"0\.0 MiB free, and the checkpoint takes 0\.6 MiB \(156,480 parameters in fp32\): free space there, "
+                r"or choose another OUT"),
+    ("save fails", r"the checkpoint could not be written \(CheckpointException\), and what was written is removed"),
+    ("save fails for space", r"the checkpoint could not be written \(CheckpointException\), and what was written is "
+                             r"removed; 0\.0 MiB free for 0\.6 MiB of weights plus the tokenizer and metadata: free "
+                             r"space there, or choose another OUT"),
+])
+def test_an_import_the_disk_cannot_hold_ends_in_one_line_and_leaves_no_checkpoint(tiny, tmp_path, case, message):
+    out = tmp_path / "ckpt"
+    script = "\n".join(["import sys", "from pathlib import Path", "from nemo_topr.training import import_checkpoint",
+                        FULL_DISK[case], f"sys.exit(import_checkpoint.main([{str(tiny / 'hf')!r}, {str(out)!r}]))"])
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last_line = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(rf"nemo-topr import: {out}: {message}", last_line), proc.stderr[-2000:]
+    assert not out.exists()  # made by the import: removed, so that the next one is not refused as non-empty
 
 
 def test_a_bf16_import_stores_bf16_and_loads_into_the_fp32_cpu_runtime(tiny, scored, tmp_path):

@@ -57,9 +57,9 @@ def check_room(checkpoint_root: Path, needed: tuple[int, str]) -> None:
     free = free_bytes(checkpoint_root)
     if free < size:
         raise RunStateError(
-            f"{checkpoint_root}: {_gib(free)} free, and one checkpoint of this run takes {_gib(size)} ({how}): its "
-            "first save would fail, after the iterations before it. Free space there, or choose a run_dir on "
-            "another filesystem")
+            f"{checkpoint_root}: {size_text(free)} free, and one checkpoint of this run takes {size_text(size)} "
+            f"({how}): its first save would fail, after the iterations before it. Free space there, or choose a "
+            "run_dir on another filesystem")
 
 
 def failure_hint(checkpoint_root: Path, needed: tuple[int, str]) -> str | None:
@@ -70,8 +70,9 @@ def failure_hint(checkpoint_root: Path, needed: tuple[int, str]) -> str | None:
         return None
     saved = _complete_iterations(checkpoint_root)
     resume = f"iteration {saved[-1]}, the newest complete checkpoint" if saved else "the start"
-    return (f"{checkpoint_root}: {_gib(free)} free, less than one checkpoint ({_gib(size)}, {how}): a save most "
-            f"likely failed for space. Free space there, then run the same command again: it resumes from {resume}")
+    return (f"{checkpoint_root}: {size_text(free)} free, less than one checkpoint ({size_text(size)}, {how}): a "
+            f"save most likely failed for space. Free space there, then run the same command again: it resumes "
+            f"from {resume}")
 
 
 def parameter_count(hf_dir: Path) -> int:
@@ -89,5 +90,6 @@ def _complete_iterations(checkpoint_root: Path) -> list[int]:
     return [i for i in saved_iterations(checkpoint_root) if is_complete(checkpoint_root / iteration_dir_name(i))]
 
 
-def _gib(size: int) -> str:
+def size_text(size: int) -> str:
+    """A size in MiB, or GiB from 1 GiB on."""
     return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"

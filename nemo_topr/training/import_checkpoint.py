@@ -17,17 +17,22 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import time
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from nemo_topr import cpu_runtime
 from nemo_topr.distributed import free_port
 from nemo_topr.model_settings import device_model_settings
 from nemo_topr.model_source import ModelSourceError, resolve, write_hf_artifacts
+from nemo_topr.training.disk_space import estimated_checkpoint_bytes, free_bytes, size_text
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# beside the weights: hf_artifacts/ (Llama 3's tokenizer.json is 9 MB), Bridge's tokenizer copy, metadata
+TOKENIZER_AND_METADATA_BYTES = 32 * 2**20
 
 
 def peak_host_memory_gib() -> dict[str, float]:
@@ -53,6 +58,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
     out = Path(out).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ModelSourceError(f"{out}: exists and is not an empty directory; import writes a new checkpoint directory")
+    made = not out.exists()
     try:  # now, not after minutes of loading: a path that cannot be made stops the import here
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -74,15 +80,43 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
         parameters = sum(p.numel() for chunk in model for p in chunk.parameters())
         loaded = time.monotonic()
         _progress(f"[2/3] {parameters:,} parameters loaded in {loaded - started:.1f} s; writing {out}")
-        # the HF files first: the tracker Bridge writes last then marks the whole import complete
-        write_hf_artifacts(source, out)
-        bridge.save_megatron_model(model, str(out), hf_tokenizer_path=str(source.hf_dir), low_memory_save=True)
+        # A save that does not fit fails in torch's writer with no word of space
+        # (nemo_topr/training/disk_space.py); the weights alone are written, in `dtype`.
+        needed = estimated_checkpoint_bytes(parameters, DTYPES[dtype].itemsize, optimizer_state=False)
+        try:
+            if (free := free_bytes(out)) < needed:
+                raise ModelSourceError(f"{out}: {size_text(free)} free, and the checkpoint takes "
+                                       f"{size_text(needed)} ({parameters:,} parameters in {dtype}): free space "
+                                       "there, or choose another OUT")
+            # the HF files first: the tracker Bridge writes last then marks the whole import complete
+            write_hf_artifacts(source, out)
+            bridge.save_megatron_model(model, str(out), hf_tokenizer_path=str(source.hf_dir), low_memory_save=True)
+        except BaseException as error:  # OUT was new or empty: a half-written checkpoint would block the next import
+            _remove_written(out, made)
+            # torch's CheckpointException (a BaseException) names only a "Worker failure" on a full disk
+            if isinstance(error, (OSError, CheckpointException)):
+                why = error.strerror if isinstance(error, OSError) else type(error).__name__
+                problem = f"{out}: the checkpoint could not be written ({why}), and what was written is removed"
+                if (free := free_bytes(out)) < needed + TOKENIZER_AND_METADATA_BYTES:
+                    problem += (f"; {size_text(free)} free for {size_text(needed)} of weights plus the tokenizer "
+                                "and metadata: free space there, or choose another OUT")
+                raise ModelSourceError(problem) from error
+            raise
     summary = {"hf_dir": str(source.hf_dir), "out": str(out), "dtype": dtype, "parameters": parameters,
                "seconds": round(time.monotonic() - started, 1), "peak_host_memory_gib": peak_host_memory_gib()}
     _progress(f"[3/3] done in {summary['seconds']} s; peak host memory {summary['peak_host_memory_gib']} GiB; "
               f"start from it with base_model={out}")
     (out / "nemo_topr_import.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _remove_written(out: Path, made: bool) -> None:
+    """Remove what the import wrote into OUT (which it made, or found empty)."""
+    if made:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for child in out.iterdir():
+        shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
 
 
 def _progress(message: str) -> None:
