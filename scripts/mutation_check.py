@@ -239,7 +239,8 @@ MUTANTS = (
            "an export that failed for space leaves its partial directory taking the room"),
     Mutant("failed_import_left_behind", "nemo_topr/training/import_checkpoint.py",
            "            _remove_written(out, made)\n", "",
-           ("tests/test_checkpoint_route.py::test_an_import_the_disk_cannot_hold_ends_in_one_line_and_leaves_no_checkpoint",),
+           ("tests/test_checkpoint_route.py::"
+            "test_an_import_the_disk_cannot_hold_ends_in_one_line_and_leaves_no_checkpoint",),
            "an import that failed for space leaves a half-written OUT that the next import refuses as non-empty"),
     Mutant("iterate_training_config_unchecked", "nemo_topr/iterate.py",
            "    problems += _training_config_problems(config.train)\n", "",
