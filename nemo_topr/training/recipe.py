@@ -58,10 +58,10 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
     and record the run's inputs.
 
     Runs on every rank before torch.distributed exists. Only launcher rank 0 writes: it takes the
-    run directory's `lock`, repairs an interrupted checkpoint, refuses a resume onto other data or
-    settings (`run_state.check_resume`), truncates the sample ledger to the
-    checkpoint, and saves this start's config, the data report and the base model's HF
-    artifacts. The other ranks cannot read the checkpoint directory before that repair is done:
+    run directory's `lock`, repairs an interrupted checkpoint, refuses a filesystem without room
+    for one checkpoint (`disk_space.check_room`) and a resume onto other data or settings
+    (`run_state.check_resume`), truncates the sample ledger to the checkpoint, and saves this
+    start's config, the data report and the base model's HF artifacts. The other ranks cannot read the checkpoint directory before that repair is done:
     they first wait for rank 0 in Bridge's process-group rendezvous (bridge/training/setup.py:253
     initialize_megatron, whose initialize.py:747-756 init_process_group + barrier), and
     checkpoints are read only after it (setup.py:397)."""
