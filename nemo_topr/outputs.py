@@ -139,10 +139,15 @@ def writable_output_file(path: str | Path, flag: str = "--out", *, inputs: Itera
     return path
 
 
+def nearest_existing(path: Path) -> Path:
+    """`path` itself if it exists, else its nearest existing ancestor (where making it starts)."""
+    return next(parent for parent in (path, *path.parents) if parent.exists())
+
+
 def _why_unmakeable(directory: Path) -> str | None:
     """Why `directory` cannot be made or written in, in mkdir's words; None when it can: its nearest
     existing ancestor is a directory this process may write in."""
-    existing = next(parent for parent in (directory, *directory.parents) if parent.exists())
+    existing = nearest_existing(directory)
     if not existing.is_dir():
         return f"File exists: {existing}"
     if not os.access(existing, os.W_OK | os.X_OK):

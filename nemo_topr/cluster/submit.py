@@ -153,6 +153,7 @@ def check_inputs(on_host: dict[str, Path], base_model_spec: str) -> list[str]:
     """The starting model is complete (`nemo_topr.model_source`: an HF directory with config and
     tokenizer, or a finished Megatron checkpoint carrying its HF config), the data exists and the
     run directory can be created and is no model."""
+    from nemo_topr.outputs import nearest_existing
     from nemo_topr.training.config import ConfigError, check_run_dir
 
     problems = []
@@ -167,7 +168,7 @@ def check_inputs(on_host: dict[str, Path], base_model_spec: str) -> list[str]:
         problems.append(f"dataset.train_path={data} does not exist")
     run_dir = on_host.get("run_dir")
     if run_dir is not None:
-        existing = next(parent for parent in (run_dir, *run_dir.parents) if parent.exists())
+        existing = nearest_existing(run_dir)
         if not (existing.is_dir() and os.access(existing, os.W_OK)):
             problems.append(f"run_dir={run_dir} cannot be created: {existing} is not a writable directory")
         try:
@@ -236,13 +237,13 @@ def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
         problems += layout_problems
         if "run_dir" in on_host:
             seen_as = (on_host["base_model"], paths["base_model"]) if job.container_image else None
-            resume_problems, resume_warnings = check_resume(cfg, host_spec, on_host["run_dir"], seen_as)
+            resume_problems, resume_warnings = check_run_it_resumes(cfg, host_spec, on_host["run_dir"], seen_as)
             problems += resume_problems
             warnings += resume_warnings
     return problems, warnings, mounts
 
 
-def check_resume(cfg: dict[str, Any], host_spec: str, run_dir: Path,
+def check_run_it_resumes(cfg: dict[str, Any], host_spec: str, run_dir: Path,
                  seen_as: tuple[Path, Path] | None) -> tuple[list[str], list[str]]:
     """A job for a run directory that holds a run resumes it: say so, and refuse now, not after
     the queue wait, what `nemo-topr train` would refuse at its start (another objective, base

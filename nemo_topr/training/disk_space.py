@@ -21,6 +21,7 @@ import json
 import shutil
 from pathlib import Path
 
+from nemo_topr.outputs import nearest_existing
 from nemo_topr.training.checkpoints import is_complete, iteration_dir_name, saved_iterations
 from nemo_topr.training.run_state import RunStateError
 
@@ -47,8 +48,7 @@ def estimated_checkpoint_bytes(parameters: int, weight_bytes: int, optimizer_sta
 
 def free_bytes(path: Path) -> int:
     """Free space of the filesystem that `path` is, or will be made, on."""
-    existing = next(parent for parent in (path, *path.parents) if parent.exists())
-    return shutil.disk_usage(existing).free
+    return shutil.disk_usage(nearest_existing(path)).free
 
 
 def check_room(checkpoint_root: Path, needed: tuple[int, str]) -> None:
