@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"TE THD and local layers differ beyond the bounds on {', '.join(over)}: {found}; "
                  f"worst weight {differences['worst weight']}")
     attention = "" if backend == "auto" else f" ({backend} attention)"
-    report_result(f"TE THD{attention} vs local layers on {tokens} packed tokens: {found}")
+    report_result(f"TE THD{attention} vs local layers on {tokens} packed tokens: {found}; "
+                  f"worst weight {differences['worst weight']}")
 
 
 if __name__ == "__main__":
