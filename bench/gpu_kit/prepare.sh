@@ -14,7 +14,9 @@ PART_MIB=${PART_MIB:-49}       # a part, the kit and the ~12 MiB tree under the 
 BUILD=${BUILD:-/tmp/te-torch-build}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 [ -d .gpu/kit ] || { echo "run ../shared/gpu/make-carry.sh first, from the project root" >&2; exit 1; }
-cp "$here"/stage-cudnn.sh "$here"/install-cudnn.sh "$here"/install-te-prebuilt.sh "$here"/cudnn-env.sh "$here"/fused-parity.sh .gpu/kit/
+for script in stage-cudnn.sh install-cudnn.sh install-te-prebuilt.sh cudnn-env.sh fused-parity.sh; do
+  cp "$here/$script" .gpu/kit/
+done
 python=$(command -v python3.12 || echo "$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python3.12")
 mkdir -p "$BUILD/dl"
 [ -x "$BUILD/venv/bin/python" ] || "$python" -m venv "$BUILD/venv"
@@ -51,6 +53,8 @@ if ! ls .gpu/kit/transformer_engine_torch-*.whl >/dev/null 2>&1; then
   cp "$BUILD"/wheel/transformer_engine_torch-*.whl .gpu/kit/
 fi
 echo "[gpu_kit] $(du -sh .gpu | cut -f1) in .gpu; after install-base.sh and stage.sh 1..6, the calls:"
-for k in $(seq 1 "$n"); do echo "  run  command: bash .gpu/kit/stage-cudnn.sh $k   carry: [\".gpu/c$k\", \".gpu/kit\"]"; done
-echo "  run  command: bash .gpu/kit/install-cudnn.sh && bash .gpu/kit/install-te-prebuilt.sh && source .gpu/kit/cudnn-env.sh && ..."
-echo "       carry: [\".gpu/kit\"]"
+for k in $(seq 1 "$n"); do
+  echo "  run  command: bash .gpu/kit/stage-cudnn.sh $k   carry: [\".gpu/c$k\", \".gpu/kit\"]"
+done
+echo "  run  command: bash .gpu/kit/install-cudnn.sh && bash .gpu/kit/install-te-prebuilt.sh &&"
+echo "                bash .gpu/kit/fused-parity.sh SHA DEADLINE      carry: [\".gpu/kit\"]"

@@ -3,5 +3,6 @@
 set -euo pipefail
 mkdir -p /tmp/cudnn-carry
 cp .gpu/c"$1"/part.* /tmp/cudnn-carry/
-(cd /tmp/cudnn-carry && grep " $(basename .gpu/c"$1"/part.*)\$" "$OLDPWD/.gpu/kit/cudnn-parts.SHA256" | sha256sum -c --quiet -)
+part=$(basename .gpu/c"$1"/part.*)
+(cd /tmp/cudnn-carry && grep " $part\$" "$OLDPWD/.gpu/kit/cudnn-parts.SHA256" | sha256sum -c --quiet -)
 echo "cuDNN parts staged and checked: $(ls /tmp/cudnn-carry | wc -l)"
