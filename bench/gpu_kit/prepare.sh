@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# CPU side, after ../shared/gpu/make-carry.sh, from the project root: what make-carry leaves out
-# and the TE route needs on the lent GPU image (bench/README.md, "Issue 27"):
+# CPU side, after the workplace GPU kit's make-carry.sh, from the project root: what it leaves out
+# and the TE route needs on the lent GPU image (bench/README.md, "The verbs on a lent GPU machine"):
 #   .gpu/c1..cN     nvidia-cudnn-cu13 9.28.1.4 (TE 2.17.1's PyPI library sets a cuDNN 9.22
 #                   attribute in its fused-attention backward; the image's torch brings 9.19)
 #   .gpu/kit/       these scripts, the parts' sums, and transformer_engine_torch built here
@@ -8,12 +8,12 @@
 # Needs a registry and ~6 GB in $BUILD; the extension takes ~10 min on 2 cores.
 set -euo pipefail
 CUDNN=${CUDNN:-nvidia-cudnn-cu13==9.28.1.4}
-TORCH=${TORCH:-torch==2.11.0}  # the GPU image's (../shared/gpu/device-packages.txt)
+TORCH=${TORCH:-torch==2.11.0}  # the GPU image's (the workplace kit's device-packages.txt)
 TE_VERSION=${TE_VERSION:-2.17.1}
 PART_MIB=${PART_MIB:-49}       # a part, the kit and the ~12 MiB tree under the 64 MiB a call carries
 BUILD=${BUILD:-/tmp/te-torch-build}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-[ -d .gpu/kit ] || { echo "run ../shared/gpu/make-carry.sh first, from the project root" >&2; exit 1; }
+[ -d .gpu/kit ] || { echo "run the workplace GPU kit's make-carry.sh first, from the project root" >&2; exit 1; }
 for script in stage-cudnn.sh install-cudnn.sh install-te-prebuilt.sh cudnn-env.sh fused-parity.sh; do
   cp "$here/$script" .gpu/kit/
 done
