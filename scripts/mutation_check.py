@@ -228,6 +228,13 @@ MUTANTS = (
            ("tests/test_config.py::"
             "test_a_run_dir_that_cannot_hold_one_checkpoint_is_refused_before_anything_is_written",),
            "a run directory that cannot hold one checkpoint trains until its first save fails"),
+    Mutant("refused_start_leaves_its_folders", "nemo_topr/training/run_state.py",
+           "                    folder.rmdir()\n", "                    pass\n",
+           ("tests/test_run_state.py::"
+            "test_a_released_lock_removes_the_folders_it_made_while_nothing_was_written_in_them",
+            "tests/test_config.py::"
+            "test_a_run_dir_that_cannot_hold_one_checkpoint_is_refused_before_anything_is_written"),
+           "a start refused before it wrote anything leaves the empty run directory its lock made"),
     Mutant("full_filesystem_unsaid", "nemo_topr/training/recipe.py",
            '                raise SystemExit(f"nemo-topr train: {hint}") from error', "                raise",
            ("tests/test_config.py::test_a_failed_save_on_a_full_filesystem_ends_with_a_line_that_says_so",),

@@ -216,10 +216,10 @@ def test_a_run_dir_that_cannot_hold_one_checkpoint_is_refused_before_anything_is
     import shutil
     from collections import namedtuple
 
-    from nemo_topr.training.recipe import prepare
+    from nemo_topr.training.recipe import train
     from nemo_topr.training.run_state import RunStateError
 
-    run = _run(tiny_hf, tmp_path / "run", f"dataset.train_path={_graded_data(tmp_path / 'graded.jsonl')}")
+    run = _run(tiny_hf, tmp_path / "runs" / "run", f"dataset.train_path={_graded_data(tmp_path / 'graded.jsonl')}")
     from safetensors.torch import load_file
 
     parameters = sum(tensor.numel() for tensor in load_file(tiny_hf / "model.safetensors").values())
@@ -227,8 +227,8 @@ def test_a_run_dir_that_cannot_hold_one_checkpoint_is_refused_before_anything_is
     monkeypatch.setattr(shutil, "disk_usage", lambda path: namedtuple("Usage", "total used free")(0, 0, needed - 1))
     with pytest.raises(RunStateError, match=rf"one checkpoint of this run takes {needed / 2**20:.1f} MiB \(estimated "
                                             r"from the parameter count\): its first save would fail"):
-        prepare(run)
-    assert not (tmp_path / "run" / "config.yaml").exists() and not (tmp_path / "run" / "checkpoints").exists()
+        train(run)
+    assert not (tmp_path / "runs").exists()  # nor the folders its lock made
 
 
 def test_a_failed_save_on_a_full_filesystem_ends_with_a_line_that_says_so(tiny_hf, tmp_path, monkeypatch):

@@ -52,6 +52,24 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_and_released(tmp_path):
     assert not (tmp_path / "LOCK").exists()
 
 
+def test_a_released_lock_removes_the_folders_it_made_while_nothing_was_written_in_them(tmp_path):
+    lock = RunLock(tmp_path / "runs" / "a")
+    lock.acquire()
+    assert (tmp_path / "runs" / "a" / "LOCK").is_file()
+    lock.release()
+    assert list(tmp_path.iterdir()) == []  # the run directory and its parent, both made by acquire
+    lock = RunLock(tmp_path / "runs" / "b")
+    lock.acquire()
+    (tmp_path / "runs" / "b" / "config.yaml").write_text("written by the run\n")
+    lock.release()
+    assert [p.name for p in (tmp_path / "runs" / "b").iterdir()] == ["config.yaml"]
+    (tmp_path / "made_by_the_user").mkdir()
+    lock = RunLock(tmp_path / "made_by_the_user")
+    lock.acquire()
+    lock.release()
+    assert (tmp_path / "made_by_the_user").is_dir() and not any((tmp_path / "made_by_the_user").iterdir())
+
+
 def _sequences(rewards):
     return [TokenizedSequence(input_ids=[5, 6, 7], loss_mask=[0, 1, 1], reward=r, behavior_logprob=-2.0,
                               prompt_id=0, sample_id=i) for i, r in enumerate(rewards)]

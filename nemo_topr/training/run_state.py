@@ -30,6 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from nemo_topr.outputs import nearest_existing
 from nemo_topr.training.checkpoints import latest_iteration, replace_atomically
 
 LOCK_FILE = "LOCK"
@@ -60,9 +61,12 @@ class RunLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / LOCK_FILE
         self.held = False
+        self.made: list[Path] = []  # the folders acquire made, the run directory first
 
     def acquire(self) -> str | None:
         """Take the lock; returns a message when a stale lock was taken over."""
+        chain = (self.path.parent.absolute(), *self.path.parent.absolute().parents)
+        self.made = list(chain[: chain.index(nearest_existing(chain[0]))])
         self.path.parent.mkdir(parents=True, exist_ok=True)
         mine = {"host": socket.gethostname(), "pid": os.getpid()}
         replaced = None
@@ -92,9 +96,17 @@ class RunLock:
                        f" (if that process is gone, remove {self.path})"))
 
     def release(self) -> None:
+        """Remove the lock, and the folders acquire made where nothing else was written in them:
+        a start refused before it wrote anything (no room for a checkpoint, say) leaves no
+        empty run directory behind."""
         if self.held:
             self.path.unlink(missing_ok=True)
             self.held = False
+            for folder in self.made:
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty: the run wrote in it
+                    break
 
 
 def _read_holder(path: Path) -> dict | None:
