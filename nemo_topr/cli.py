@@ -11,6 +11,7 @@ import os
 import sys
 
 from nemo_topr.cluster.warning import hold_the_warning
+from nemo_topr.outputs import OutputWriteError
 from nemo_topr.quiet import VERBOSE_ENV, quiet_known_noise
 
 # verb -> (module, one-line help). Keep in pipeline order.
@@ -58,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         # pending from here on: train() hands it to Bridge's handler, which saves and requeues.
         hold_the_warning()
     module = importlib.import_module(VERBS[verb][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except OutputWriteError as error:  # a full filesystem, in one line whichever verb met it
+        raise SystemExit(f"nemo-topr {verb}: {error}") from None
 
 
 if __name__ == "__main__":

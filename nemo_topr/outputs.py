@@ -12,11 +12,14 @@ path that cannot be written stops it at once rather than after hours of sampling
   command leaves none behind. Records are written as JSONL, so their name ends in .jsonl: the
   only name the data commands read JSONL from.
 - Directories a command adds to and resumes in (`nemo-topr iterate`'s out): new, empty, or marked
-  by that command; nothing in them is removed."""
+  by that command; nothing in them is removed.
+- A write the filesystem refuses half-way (full, over quota): `OutputWriteError`, one line naming
+  the file; nothing is left under its name, nor the folders made for it."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Iterable, Iterator
@@ -96,20 +99,45 @@ def distinct_outputs(outputs: dict[str, str | Path | None]) -> None:
         seen[resolved] = flag
 
 
+class OutputWriteError(OutputError):
+    """A write the filesystem refused half-way (full, over quota, failing): nothing was written
+    under the output's name. Every verb ends with it in one line (`nemo_topr.cli`)."""
+
+
+# what a full or failing filesystem raises while a file is written, as against a program's fault
+FILESYSTEM_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
 @contextlib.contextmanager
 def written_whole(path: str | Path, *, binary: bool = False) -> Iterator[IO]:
     """A file to write that becomes `path` only once the block completes: written as PATH.partial
     (its directory made first), then renamed over `path`. A reader or a kill never sees half of
-    it, and an error half-way leaves the file it was to replace as it was (the part is removed)."""
+    it, and an error half-way leaves the file it was to replace as it was (the part is removed);
+    a full filesystem's error is raised as OutputWriteError, naming `path`."""
     path = Path(path)
+    made = folders_to_make(path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     try:
         with partial.open("wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as out:
             yield out
         os.replace(partial, path)
+    except OSError as error:
+        if error.errno not in FILESYSTEM_FULL:
+            raise
+        before = "left as it was" if path.exists() else "not written"
+        raise OutputWriteError(f"writing {path}: {error.strerror} ({path.name} {before}); free space there "
+                               "or choose another path") from error
     finally:
         partial.unlink(missing_ok=True)
+        if not path.exists():
+            remove_if_empty(made)
+
+
+def write_text_whole(path: str | Path, text: str) -> None:
+    """`path` holding `text`, written whole (`written_whole`)."""
+    with written_whole(path) as out:
+        out.write(text)
 
 
 def add_overwrite_argument(parser) -> None:
@@ -142,6 +170,22 @@ def writable_output_file(path: str | Path, flag: str = "--out", *, inputs: Itera
 def nearest_existing(path: Path) -> Path:
     """`path` itself if it exists, else its nearest existing ancestor (where making it starts)."""
     return next(parent for parent in (path, *path.parents) if parent.exists())
+
+
+def folders_to_make(directory: Path) -> list[Path]:
+    """The folders that making `directory` creates, itself first (none when it exists)."""
+    chain = (directory.absolute(), *directory.absolute().parents)
+    return list(chain[: chain.index(nearest_existing(chain[0]))])
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """Remove `folders` (`folders_to_make`'s, once made), deepest first, up to the first that
+    holds anything: what a failed or refused command made and left empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or gone): what is above it stays too
+            break
 
 
 def _why_unmakeable(directory: Path) -> str | None:

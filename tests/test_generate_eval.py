@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -246,6 +247,36 @@ def test_generate_writes_as_it_goes_and_resumes_where_it_stopped(monkeypatch, tm
     err = capsys.readouterr().err
     assert f"{log} holds samples drawn with other options (weights: [['model.safetensors', 2, " in err
     assert resumed.asked == [3, 4] and out.read_bytes() == before
+
+
+def test_a_sample_log_the_disk_cannot_take_ends_in_one_line_and_the_rerun_resumes(monkeypatch, tmp_path, capsys):
+    """The disk fills after two prompts (the third line goes to /dev/full: the kernel's ENOSPC).
+    It ended in "[Errno 28] No space left on device", naming no file (a 40 KB tmpfs, by hand)."""
+    args = ["--model", str(_fake_model(tmp_path)), "--prompts", str(_math_prompts(tmp_path, 5)), "--task", "math",
+            "--num-samples", "4", "--device", "cpu", "--max-grader-error-rate", "0.5", "--out",
+            str(tmp_path / "graded.jsonl")]
+    monkeypatch.setattr(generate, "iter_completions", FixedSampler())
+    real_open, appended = Path.open, []
+
+    def full_after_two_prompts(self, mode="r", *rest, **options):
+        if self.name.endswith(".samples") and mode == "a":
+            appended.append(self)
+            if len(appended) > 2:
+                return real_open(Path("/dev/full"), mode, *rest, **options)
+        return real_open(self, mode, *rest, **options)
+
+    monkeypatch.setattr(Path, "open", full_after_two_prompts)
+    log = tmp_path / "graded.jsonl.samples"
+    assert generate.main(args) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"nemo-topr generate: writing {log}: No space left on device; the 2 prompts logged so far are kept: free "
+        "space there and rerun the same command to resume")
+    assert not (tmp_path / "graded.jsonl").exists()
+    monkeypatch.setattr(Path, "open", real_open)  # room again
+    resumed = FixedSampler()
+    monkeypatch.setattr(generate, "iter_completions", resumed)
+    assert generate.main(args) == 0 and resumed.asked == [2, 3, 4]
+    assert len(load_records(tmp_path / "graded.jsonl").records) == 20
 
 
 def test_a_model_that_is_not_there_leaves_no_sample_log(tmp_path, capsys):

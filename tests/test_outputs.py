@@ -8,6 +8,7 @@ it resumes in: only a directory it made."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, checkout_env
-from nemo_topr.outputs import (MARK, OutputError, claimed_output_dir, distinct_outputs, fresh_output_dir,
-                               refuse_to_overwrite_an_input, writable_output_file)
+from nemo_topr.outputs import (MARK, OutputError, OutputWriteError, claimed_output_dir, distinct_outputs,
+                               fresh_output_dir, refuse_to_overwrite_an_input, writable_output_file, write_text_whole,
+                               written_whole)
 
 
 def _tree(root):
@@ -320,3 +322,61 @@ def test_two_outputs_of_one_command_at_one_path_are_refused(tmp_path, capsys, ar
     assert err.endswith(message.format(dir=tmp_path) + ": the command writes both; give them different paths")
     assert list(tmp_path.iterdir()) == []
     distinct_outputs({"--out": tmp_path / "a", "--stats": None, "--samples-out": tmp_path / "b"})  # fine
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """Every file written whole (`written_whole`'s PATH.partial) goes to /dev/full, whose writes
+    fail with the kernel's ENOSPC, as on a full filesystem (a real one would need a mount)."""
+    real_open = Path.open
+
+    def onto_a_full_disk(self, mode="r", *args, **kwargs):
+        return real_open(Path("/dev/full") if self.name.endswith(".partial") else self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", onto_a_full_disk)
+
+
+EVAL_RECORDS = "".join(json.dumps({"prompt": "1+1=", "completion": f"The answer is {answer}", "reward": reward,
+                                   "prompt_id": "p0", "sample_id": i, "meta": {"reference_answer": "2"}}) + "\n"
+                       for i, (answer, reward) in enumerate([(2, 1.0), (3, -1.0)]))
+
+
+@pytest.mark.parametrize("verb, written", [
+    (["data", "curate", "{data}", "--target-p", "0.25", "--out", "{out}/round1/curated.jsonl"], "curated.jsonl"),
+    (["eval", "--records", "{data}", "--task", "gsm8k", "--k", "2", "--out", "{out}/round1/eval.json"], "eval.json"),
+], ids=["curate", "eval"])
+def test_a_full_filesystem_ends_the_command_in_one_line_and_leaves_nothing(tmp_path, capsys, full_disk, verb,
+                                                                          written):
+    """It ended in an OSError traceback naming no file (score-logprobs on a full 40 KB tmpfs, by
+    hand); now one line naming the output, no partial file, and not the folders made for it."""
+    from nemo_topr import cli
+
+    data = tmp_path / "graded.jsonl"
+    if verb[0] == "eval":
+        data.write_text(EVAL_RECORDS)
+    else:
+        data.write_bytes((REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl").read_bytes())
+    out = tmp_path / "out"
+    try:
+        status, line = cli.main([part.format(data=data, out=out) for part in verb]), None
+    except SystemExit as stop:  # the verbs without a handler of their own: cli.main's line
+        status, line = 1, str(stop)
+    line = line or capsys.readouterr().err.strip().splitlines()[-1]  # `data`'s own "error: ..." line
+    assert status == 1 and line.startswith(("nemo-topr eval: ", "error: "))
+    assert line.endswith(f"writing {out / 'round1' / written}: No space left on device ({written} not written); "
+                         "free space there or choose another path")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graded.jsonl"]
+
+
+def test_a_file_the_full_filesystem_could_not_replace_is_left_as_it_was(tmp_path, full_disk):
+    results = tmp_path / "eval.json"
+    results.write_text("the earlier results\n")
+    with pytest.raises(OutputWriteError, match=r"eval.json: No space left on device \(eval.json left as it was\)"):
+        write_text_whole(results, "new results\n")
+    assert results.read_text() == "the earlier results\n" and sorted(tmp_path.iterdir()) == [results]
+    # what the program raises inside the block is its own error, not the filesystem's
+    with pytest.raises(KeyError):
+        with written_whole(tmp_path / "new" / "r.jsonl"):
+            raise KeyError("a field")
+    assert sorted(tmp_path.iterdir()) == [results]
+

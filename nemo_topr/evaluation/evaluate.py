@@ -44,7 +44,8 @@ from nemo_topr.evaluation.generate import (
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics
 from nemo_topr.evaluation.sample_log import log_path
 from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, same_answer
-from nemo_topr.outputs import add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file
+from nemo_topr.outputs import (add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file,
+                               write_text_whole)
 
 EVAL_BENCHMARKS = {"gsm8k": "gsm8k-test", "math500": "math500"}
 
@@ -119,10 +120,9 @@ def results_markdown(results: dict[str, Any]) -> str:
 
 def write_results(results: dict[str, Any], out: Path) -> Path:
     """Write `out` (JSON) and its Markdown table (`out` with `.md`); returns the Markdown path."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    write_text_whole(out, json.dumps(results, indent=2) + "\n")
     markdown = out.with_suffix(".md")
-    markdown.write_text(results_markdown(results), encoding="utf-8")
+    write_text_whole(markdown, results_markdown(results))
     return markdown
 
 

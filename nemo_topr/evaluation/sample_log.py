@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem
+from nemo_topr.outputs import FILESYSTEM_FULL, OutputWriteError, write_text_whole
 
 
 class SampleLogError(ValueError):
@@ -44,9 +45,8 @@ class SampleLog:
         self.done: dict[int, list[GradedCompletion]] = {}
         if path.exists():
             self._resume(options, problems)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"options": options}) + "\n", encoding="utf-8")
+        else:  # whole or not at all: a log cut in its first line would not resume
+            write_text_whole(path, json.dumps({"options": options}) + "\n")
 
     def _resume(self, options: dict[str, Any], problems: list[Problem]) -> None:
         text = self.path.read_text(encoding="utf-8")
@@ -70,7 +70,13 @@ class SampleLog:
             self.path.write_text(complete, encoding="utf-8")
 
     def append(self, index: int, problem: Problem, samples: list[GradedCompletion]) -> None:
-        with self.path.open("a", encoding="utf-8") as log:
-            log.write(json.dumps({"index": index, "prompt_id": problem.prompt_id,
-                                  "samples": [_sample_row(sample) for sample in samples]}) + "\n")
+        try:
+            with self.path.open("a", encoding="utf-8") as log:
+                log.write(json.dumps({"index": index, "prompt_id": problem.prompt_id,
+                                      "samples": [_sample_row(sample) for sample in samples]}) + "\n")
+        except OSError as error:  # a line cut short is sampled again on resume
+            if error.errno not in FILESYSTEM_FULL:
+                raise
+            raise OutputWriteError(f"writing {self.path}: {error.strerror}; the {len(self.done)} prompts logged so far "
+                                   "are kept: free space there and rerun the same command to resume") from error
         self.done[index] = samples

@@ -30,7 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from nemo_topr.outputs import nearest_existing
+from nemo_topr.outputs import folders_to_make, remove_if_empty
 from nemo_topr.training.checkpoints import latest_iteration, replace_atomically
 
 LOCK_FILE = "LOCK"
@@ -65,8 +65,7 @@ class RunLock:
 
     def acquire(self) -> str | None:
         """Take the lock; returns a message when a stale lock was taken over."""
-        chain = (self.path.parent.absolute(), *self.path.parent.absolute().parents)
-        self.made = list(chain[: chain.index(nearest_existing(chain[0]))])
+        self.made = folders_to_make(self.path.parent)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         mine = {"host": socket.gethostname(), "pid": os.getpid()}
         replaced = None
@@ -102,11 +101,7 @@ class RunLock:
         if self.held:
             self.path.unlink(missing_ok=True)
             self.held = False
-            for folder in self.made:
-                try:
-                    folder.rmdir()
-                except OSError:  # not empty: the run wrote in it
-                    break
+            remove_if_empty(self.made)
 
 
 def _read_holder(path: Path) -> dict | None:
