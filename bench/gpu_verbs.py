@@ -49,8 +49,7 @@ from bench.gpu import ATTENTION_BACKENDS
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.doctor import (PER_TOKEN_SCORE_BOUND, CheckFailed, Doctor, Files, diagnose, per_token_difference,
                               report, scores_by_record, write_json)
-from nemo_topr.outputs import fresh_output_dir
-from nemo_topr.training.checkpoints import replace_atomically
+from nemo_topr.outputs import fresh_output_dir, write_whole
 
 BENCH_NOTE = ("bench/gpu.py as `python -m bench.run --sections gpu`, the 'bench gpu' check of `python -m "
               "bench.gpu_verbs`: the bench's environment.json and gpu.json as they came")
@@ -184,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         with tarfile.open(fileobj=logs, mode="w:gz") as tar:
             for log in sorted(doctor.work.glob("*.log")):
                 tar.add(log, arcname=log.name)
-        replace_atomically(args.out / "logs.tar.gz", logs.getvalue())
+        write_whole(args.out / "logs.tar.gz", logs.getvalue())
 
     deadline = started + args.deadline
     wanted = set(args.only or ("doctor", *EXTRA_CHECKS))

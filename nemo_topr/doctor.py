@@ -53,7 +53,7 @@ import torch
 
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.model_settings import CUDNN_922_ATTRIBUTE, CUDNN_922_FIX, loaded_cudnn, own_cudnn_fix
-from nemo_topr.outputs import OutputError, add_overwrite_argument, fresh_output_dir, writable_output_file
+from nemo_topr.outputs import OutputError, add_overwrite_argument, fresh_output_dir, writable_output_file, write_whole
 
 TRAIN_RECORDS_PER_PROMPT = 3  # build_graded_records: a gold and two wrong completions
 PROMPTS = 4  # 12 records packed into 512-token rows, global batch 4 rows: 2 iterations
@@ -436,9 +436,7 @@ def report(doctor: Doctor, finished: bool) -> dict:
 
 def write_json(path: Path, content: dict) -> None:
     """Replace path atomically: a reader (or a kill) never sees half a table."""
-    from nemo_topr.training.checkpoints import replace_atomically
-
-    replace_atomically(path, (json.dumps(content, indent=2) + "\n").encode())
+    write_whole(path, (json.dumps(content, indent=2) + "\n").encode())
 
 
 def main(argv: list[str]) -> int:

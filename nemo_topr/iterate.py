@@ -47,7 +47,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from nemo_topr import model_source
 from nemo_topr.data.records import Record, is_positive
 from nemo_topr.device import DEVICES
-from nemo_topr.outputs import OutputError, claimed_output_dir, write_text_whole
+from nemo_topr.outputs import OutputError, claimed_output_dir, write_whole
 
 CURATION_MODES = ("anna_karenina", "target_p", "target_p_tilde", "none")
 SUBSAMPLING_MODES = ("target_p", "target_p_tilde")  # they need positives and negatives
@@ -251,7 +251,7 @@ def run_stage(stage: Stage, *, dry_run: bool = False) -> None:
     started = time.monotonic()
     run_command(command, stage.log)
     seconds = round(time.monotonic() - started, 1)
-    write_text_whole(stage.marker, json.dumps({"stage": stage.name, "args": list(stage.args),
+    write_whole(stage.marker, json.dumps({"stage": stage.name, "args": list(stage.args),
                                                "outputs": [str(p) for p in stage.outputs],
                                                "log": str(stage.log), "seconds": seconds}, indent=2) + "\n")
     print(f"{where}: finished in {seconds} s", flush=True)
@@ -297,7 +297,7 @@ def zero_shot_prompts(benchmark: str, path: Path) -> None:
     from nemo_topr.data.prompts import gsm8k_final_answer, gsm8k_prompt, load_gsm8k
 
     rows = load_gsm8k(benchmark.removeprefix("gsm8k-"))
-    write_text_whole(path, "".join(
+    write_whole(path, "".join(
         json.dumps({"prompt": gsm8k_prompt(row["question"], []), "reference_answer": gsm8k_final_answer(row["answer"]),
                     "prompt_id": f"{benchmark}-{index}"}) + "\n" for index, row in enumerate(rows)))
 

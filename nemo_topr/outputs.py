@@ -134,10 +134,10 @@ def written_whole(path: str | Path, *, binary: bool = False) -> Iterator[IO]:
             remove_if_empty(made)
 
 
-def write_text_whole(path: str | Path, text: str) -> None:
-    """`path` holding `text`, written whole (`written_whole`)."""
-    with written_whole(path) as out:
-        out.write(text)
+def write_whole(path: str | Path, content: str | bytes) -> None:
+    """`path` holding `content` (text as UTF-8), written whole (`written_whole`)."""
+    with written_whole(path, binary=isinstance(content, bytes)) as out:
+        out.write(content)
 
 
 def add_overwrite_argument(parser) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO, checkout_env
 from nemo_topr.outputs import (MARK, OutputError, OutputWriteError, claimed_output_dir, distinct_outputs,
-                               fresh_output_dir, refuse_to_overwrite_an_input, writable_output_file, write_text_whole,
+                               fresh_output_dir, refuse_to_overwrite_an_input, writable_output_file, write_whole,
                                written_whole)
 
 
@@ -372,7 +372,7 @@ def test_a_file_the_full_filesystem_could_not_replace_is_left_as_it_was(tmp_path
     results = tmp_path / "eval.json"
     results.write_text("the earlier results\n")
     with pytest.raises(OutputWriteError, match=r"eval.json: No space left on device \(eval.json left as it was\)"):
-        write_text_whole(results, "new results\n")
+        write_whole(results, "new results\n")
     assert results.read_text() == "the earlier results\n" and sorted(tmp_path.iterdir()) == [results]
     # what the program raises inside the block is its own error, not the filesystem's
     with pytest.raises(KeyError):

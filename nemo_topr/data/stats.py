@@ -16,7 +16,7 @@ import numpy as np
 from nemo_topr.data.packing import TokenizedSequence
 from nemo_topr.data.records import Record, is_positive
 from nemo_topr.objective import effective_positive_share
-from nemo_topr.outputs import write_text_whole
+from nemo_topr.outputs import write_whole
 
 HISTOGRAM_BINS = 20
 MAX_DISTINCT_REWARDS = 20  # up to this many distinct rewards are counted value by value
@@ -150,5 +150,5 @@ def plot_summary(summary: dict[str, Any], path: str | Path) -> None:
 
 
 def write_summary(summary: dict[str, Any], path: str | Path) -> None:
-    write_text_whole(path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    write_whole(path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
 

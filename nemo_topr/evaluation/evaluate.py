@@ -45,7 +45,7 @@ from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics
 from nemo_topr.evaluation.sample_log import log_path
 from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, same_answer
 from nemo_topr.outputs import (add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file,
-                               write_text_whole)
+                               write_whole)
 
 EVAL_BENCHMARKS = {"gsm8k": "gsm8k-test", "math500": "math500"}
 
@@ -120,9 +120,9 @@ def results_markdown(results: dict[str, Any]) -> str:
 
 def write_results(results: dict[str, Any], out: Path) -> Path:
     """Write `out` (JSON) and its Markdown table (`out` with `.md`); returns the Markdown path."""
-    write_text_whole(out, json.dumps(results, indent=2) + "\n")
+    write_whole(out, json.dumps(results, indent=2) + "\n")
     markdown = out.with_suffix(".md")
-    write_text_whole(markdown, results_markdown(results))
+    write_whole(markdown, results_markdown(results))
     return markdown
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem
-from nemo_topr.outputs import FILESYSTEM_FULL, OutputWriteError, write_text_whole
+from nemo_topr.outputs import FILESYSTEM_FULL, OutputWriteError, write_whole
 
 
 class SampleLogError(ValueError):
@@ -46,7 +46,7 @@ class SampleLog:
         if path.exists():
             self._resume(options, problems)
         else:  # whole or not at all: a log cut in its first line would not resume
-            write_text_whole(path, json.dumps({"options": options}) + "\n")
+            write_whole(path, json.dumps({"options": options}) + "\n")
 
     def _resume(self, options: dict[str, Any], problems: list[Problem]) -> None:
         text = self.path.read_text(encoding="utf-8")

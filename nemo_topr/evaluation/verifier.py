@@ -27,7 +27,7 @@ from typing import Any
 from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
 from nemo_topr.device import add_device_argument, select_device
 from nemo_topr.model_source import require_hugging_face
-from nemo_topr.outputs import add_overwrite_argument, writable_output_file, writable_records_file, write_text_whole
+from nemo_topr.outputs import add_overwrite_argument, writable_output_file, writable_records_file, write_whole
 
 YES, NO = " Yes", " No"
 JUDGE_QUESTION = "Is the answer correct? Answer Yes or No."
@@ -170,7 +170,7 @@ def _score(args: argparse.Namespace) -> int:
     scores = yes_probabilities(model, records, args.batch_size, select_device(args.device, where="--device"))
     write_jsonl(with_scores(records, scores), args.out)
     report = {"model": str(model), **judge_accuracy(records, scores)}
-    write_text_whole(report_path, json.dumps(report, indent=2) + "\n")
+    write_whole(report_path, json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     print(f"wrote {args.out} and {report_path}")
     return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from nemo_topr.outputs import written_whole
+from nemo_topr.outputs import write_whole
 
 TRACKER = "latest_checkpointed_iteration.txt"
 TRAIN_STATE_TRACKER = "latest_train_state.pt"
@@ -92,8 +92,8 @@ def ensure_latest_complete(checkpoint_dir: str | Path) -> str | None:
         (checkpoint_dir / TRAIN_STATE_TRACKER).unlink(missing_ok=True)
         return f"checkpoint iter {latest} was incomplete and no earlier one exists: starting from the pretrained model"
     iteration, path = complete[-1]
-    replace_atomically(checkpoint_dir / TRAIN_STATE_TRACKER, (path / "train_state.pt").read_bytes())
-    replace_atomically(tracker, str(iteration).encode())
+    write_whole(checkpoint_dir / TRAIN_STATE_TRACKER, (path / "train_state.pt").read_bytes())
+    write_whole(tracker, str(iteration).encode())
     return f"checkpoint iter {latest} was incomplete (set aside as {latest_dir.name}.incomplete); resuming from iter {iteration}"
 
 
@@ -140,9 +140,3 @@ def _check_intact(checkpoint_dir: Path, latest: int, latest_dir: Path) -> None:
            f"({aside}) and rerun to start again from the base model")
     raise DamagedCheckpointError(f"checkpoint iter {latest} is damaged, cut short: {'; '.join(damaged)}. Its "
                                  f"iteration cannot be resumed; {fix}")
-
-
-def replace_atomically(path: Path, content: bytes) -> None:
-    """Write a sibling PATH.partial, then rename it over path: a reader (or a kill) never sees half."""
-    with written_whole(path, binary=True) as out:
-        out.write(content)

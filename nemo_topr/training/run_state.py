@@ -30,8 +30,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from nemo_topr.outputs import folders_to_make, remove_if_empty
-from nemo_topr.training.checkpoints import latest_iteration, replace_atomically
+from nemo_topr.outputs import folders_to_make, remove_if_empty, write_whole
+from nemo_topr.training.checkpoints import latest_iteration
 
 LOCK_FILE = "LOCK"
 FINGERPRINT_FILE = "fingerprint.json"
@@ -236,5 +236,5 @@ def truncate_ledgers(run_dir: Path, resume_iteration: int) -> int:
                 kept.append(line)
         if len(kept) < len(lines):  # else left as it is, modification time included
             dropped += len(lines) - len(kept)
-            replace_atomically(ledger, "".join(kept).encode())
+            write_whole(ledger, "".join(kept).encode())
     return dropped

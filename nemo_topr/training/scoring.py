@@ -41,7 +41,7 @@ from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_reco
 from nemo_topr.device import DeviceError, add_device_argument, use_device
 from nemo_topr.model_settings import device_model_settings
 from nemo_topr.outputs import (OutputError, add_overwrite_argument, writable_output_file, writable_records_file,
-                               write_text_whole)
+                               write_whole)
 from nemo_topr.progress import Progress
 from nemo_topr.training.config import ConfigError, apply_section, check_fp8, check_values, compose
 
@@ -238,7 +238,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     write_jsonl(scored, out)
     summary = {**records.report.to_dict(), "records_scored": len(scored), "out": str(out),
                "mean_behavior_logprob": sum(all_scores.values()) / len(all_scores)}
-    write_text_whole(report, json.dumps(summary, indent=2) + "\n")
+    write_whole(report, json.dumps(summary, indent=2) + "\n")
     return summary
 
 
