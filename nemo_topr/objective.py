@@ -155,6 +155,14 @@ class ObjectiveConfig:
         explicit = (self.pos_lower, self.pos_upper, self.neg_lower, self.neg_upper)
         return tuple(float(d if e is None else e) for d, e in zip(_VARIANT_BOUNDS[self.variant], explicit, strict=True))
 
+    @property
+    def weights_use_ratio(self) -> bool:
+        """Whether rho decides any weight: not for sft_positive, reinforce and asymre, whose bounds fix them."""
+        if self.variant == "ppo_clip":
+            return True
+        pos_lower, pos_upper, neg_lower, neg_upper = self.weight_bounds
+        return pos_lower < pos_upper or neg_lower < neg_upper
+
 
 def policy_loss(
     token_logprobs: torch.Tensor,

@@ -208,6 +208,12 @@ MUTANTS = (
            "        if average >= 0.0:", "        if average >= -1e9:",
            ("tests/test_training_e2e.py::test_the_console_shows_every_iterations_loss_as_tensorboard_has_it",),
            "a negative topr_loss missing from the console, as Bridge's line leaves it out"),
+    Mutant("far_start_unwarned", "nemo_topr/training/recipe.py",
+           "print_negative_loss(), warn_if_far_from_start(run.objective.weights_use_ratio)])",
+           "print_negative_loss()])",
+           ("tests/test_training_e2e.py::test_a_new_run_warns_when_mu_is_not_the_starting_models",),
+           "records whose behavior_logprob came from a sampler or another model start TOPR with damped negatives "
+           "without a word"),
     Mutant("resume_objective_unrecorded", "nemo_topr/training/run_state.py",
            '    settings |= {f"objective.{key}": value for key, value in dataclasses.asdict(objective).items()}\n', "",
            ("tests/test_config.py::test_a_resume_with_another_objective_or_base_model_is_refused",),

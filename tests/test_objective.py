@@ -406,6 +406,17 @@ def test_explicit_bounds_override_one_side_only():
     assert ObjectiveConfig(variant="tis", pos_lower=1.0, pos_upper=1.0).weight_bounds == ObjectiveConfig().weight_bounds
 
 
+@pytest.mark.parametrize("kwargs, uses", [
+    ({"variant": "topr"}, True), ({"variant": "tis"}, True), ({"variant": "importance_sampling"}, True),
+    ({"variant": "ppo_clip"}, True), ({"variant": "sft_positive"}, False), ({"variant": "reinforce"}, False),
+    ({"variant": "asymre"}, False),
+    ({"variant": "topr", "neg_lower": 1.0}, False),  # [1, 1] on both sides: reinforce's weights
+    ({"variant": "reinforce", "pos_upper": 2.0}, True),  # positives in [1, 2]: rho decides them
+])
+def test_weights_use_the_ratio_unless_both_sides_bounds_fix_them(kwargs, uses):
+    assert ObjectiveConfig(**kwargs).weights_use_ratio is uses
+
+
 def test_shape_errors():
     logp, mask, behavior, rewards, _ = random_batch(11, per_token_behavior=False)
     with pytest.raises(ValueError, match="loss_mask shape"):

@@ -317,6 +317,26 @@ def test_a_run_whose_loss_turns_non_finite_stops_naming_the_iteration_and_its_sa
     assert saved == list(range(1, iteration)) and not (run_dir / "COMPLETED").exists()
 
 
+def test_a_new_run_warns_when_mu_is_not_the_starting_models(demo, tmp_path):
+    """behavior_logprob raised by 2 nats on every record, as a sampler's own log-probs at another
+    temperature move it: at iteration 1 log rho = -2 for every sequence (|log rho| < 1e-4
+    unmoved), so the mean |log rho| is 2 and each negative starts at weight exp(-2) = 0.135, not
+    1. The run warns once and trains on; the demo's run, whose mu was scored from its starting
+    model, does not warn."""
+    scored = (demo / "data" / "scored.jsonl").read_text().splitlines()
+    moved = tmp_path / "moved.jsonl"
+    moved.write_text("".join(json.dumps({**row, "behavior_logprob": row["behavior_logprob"] + 2.0}) + "\n"
+                             for row in map(json.loads, scored)))
+    command = [arg if not arg.startswith("dataset.train_path=") else f"dataset.train_path={moved}"
+               for arg in _train_command(demo, tmp_path / "run")]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    warnings = [line for line in proc.stdout.splitlines() if "is far from the starting model" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "[nemo-topr] WARNING: iteration 1: mean |log rho| = 2.000, negatives' mean weight 0.135 "), warnings
+    assert "is far from the starting model" not in (demo / "train.log").read_text()
+
+
 @pytest.mark.slow
 def test_ctrl_c_and_the_exit_signal_stop_at_a_checkpoint_without_a_traceback(demo, tmp_path):
     """Issue 29: Ctrl-C printed a KeyboardInterrupt traceback and saved nothing; a clean stop by

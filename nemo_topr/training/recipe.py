@@ -145,6 +145,7 @@ def train(run: TrainingRun) -> int:
 
     from nemo_topr.training.loss_line import print_negative_loss
     from nemo_topr.training.nonfinite import stop_on_non_finite
+    from nemo_topr.training.start_ratio import warn_if_far_from_start
     from nemo_topr.training.step import ToprForwardStep
 
     exit_signal = resolve_exit_signal(run.container.train)
@@ -186,7 +187,7 @@ def train(run: TrainingRun) -> int:
         try:
             finetune(run.container, forward_step,
                      callbacks=[ReleaseExitSignal(), NothingLeftToTrain(), stop_on_non_finite(forward_step),
-                                print_negative_loss()])
+                                print_negative_loss(), warn_if_far_from_start(run.objective.weights_use_ratio)])
         # A save the filesystem could not hold names no cause (`disk_space`): the last line says
         # it, below Bridge's logged traceback. torch's CheckpointException is a BaseException.
         except BaseException as error:
