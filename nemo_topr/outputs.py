@@ -104,8 +104,20 @@ class OutputWriteError(OutputError):
     under the output's name. Every verb ends with it in one line (`nemo_topr.cli`)."""
 
 
-# what a full or failing filesystem raises while a file is written, as against a program's fault
-FILESYSTEM_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+# what a full or failing filesystem raises while a file is written, as against a program's fault,
+# and what the user can do about it there
+FILESYSTEM_REMEDIES = {
+    errno.ENOSPC: "free space there",
+    errno.EDQUOT: "free space within your quota there (or have it raised)",
+    errno.EFBIG: "the file is larger than `ulimit -f` (or the filesystem) allows: raise the limit",
+    errno.EIO: "check the filesystem (its disk or mount; the kernel log names the fault)",
+}
+
+
+def filesystem_remedy(error: OSError) -> str | None:
+    """What to do where `error` is a full or failing filesystem's refusal of a write; None for
+    any other error (a program's fault, raised as it is)."""
+    return FILESYSTEM_REMEDIES.get(error.errno)
 
 
 @contextlib.contextmanager
@@ -123,10 +135,10 @@ def written_whole(path: str | Path, *, binary: bool = False) -> Iterator[IO]:
             yield out
         os.replace(partial, path)
     except OSError as error:
-        if error.errno not in FILESYSTEM_FULL:
+        if not (remedy := filesystem_remedy(error)):
             raise
         before = "left as it was" if path.exists() else "not written"
-        raise OutputWriteError(f"writing {path}: {error.strerror} ({path.name} {before}); free space there "
+        raise OutputWriteError(f"writing {path}: {error.strerror} ({path.name} {before}); {remedy} "
                                "or choose another path") from error
     finally:
         partial.unlink(missing_ok=True)

@@ -45,7 +45,7 @@ def test_validate_prints_the_report(capsys, tokenizer_dir):
 
 def test_validate_strict_fails_with_the_located_error(capsys):
     assert main(["data", "validate", str(MALFORMED)]) == 1
-    assert capsys.readouterr().err.startswith(f"error: {MALFORMED}:2: record: invalid JSON")
+    assert capsys.readouterr().err.startswith(f"nemo-topr data validate: {MALFORMED}:2: record: invalid JSON")
 
 
 def test_validate_non_strict_counts_drops_including_too_long(capsys, tokenizer_dir):
@@ -65,12 +65,12 @@ def test_stats_refuses_an_out_that_is_a_file_and_an_unwritable_out_is_one_line(t
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
     assert main(["data", "stats", str(SCORED), "--out", str(notes)]) == 1
-    assert capsys.readouterr().err == (f"error: --out {notes} is a file; `data stats` writes stats.json and "
-                                       "stats.png into a directory\n")
+    assert capsys.readouterr().err == (f"nemo-topr data stats: --out {notes} is a file; `data stats` writes "
+                                       "stats.json and stats.png into a directory\n")
     assert notes.read_text() == "mine"
     assert main(["data", "stats", str(SCORED), "--out", str(notes / "stats")]) == 1  # a directory under a file
-    assert capsys.readouterr().err == (f"error: --out {notes}/stats/stats.json: its directory cannot be made "
-                                       f"(File exists: {notes})\n")
+    assert capsys.readouterr().err == (f"nemo-topr data stats: --out {notes}/stats/stats.json: its directory cannot "
+                                       f"be made (File exists: {notes})\n")
 
 
 def test_stats_writes_json_and_png(tmp_path, tokenizer_dir, capsys):

@@ -212,8 +212,8 @@ def test_a_hub_name_on_an_offline_machine_is_a_clear_error(tmp_path):
                           cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1
-    assert proc.stderr.startswith("error: nemo-topr-test/no-such-set: path: no such local file or directory, "
-                                  "and as a Hugging Face hub dataset it cannot be loaded"), proc.stderr
+    assert proc.stderr.startswith("nemo-topr data validate: nemo-topr-test/no-such-set: path: no such local file or "
+                                  "directory, and as a Hugging Face hub dataset it cannot be loaded"), proc.stderr
     assert "save_to_disk the dataset elsewhere" in proc.stderr
 
 
@@ -237,7 +237,8 @@ def test_data_cli_takes_a_mapping(tmp_path, capsys):
     assert main(["data", "curate", *argv[2:], "--no-dedup", "--out", str(out)]) == 0
     assert _json(load_records(out)) == EXPECTED
     assert main(["data", "validate", str(path), "--columns", "reward=score,reward=ref_logp"]) == 1
-    assert capsys.readouterr().err.startswith(f"error: {path}: columns: field 'reward' is mapped twice")
+    assert capsys.readouterr().err.startswith(f"nemo-topr data validate: {path}: columns: field 'reward' is mapped "
+                                              "twice")
 
 
 def test_training_dataset_config_takes_a_mapping(tmp_path, megatron_world):

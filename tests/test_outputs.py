@@ -8,6 +8,7 @@ it resumes in: only a directory it made."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -361,8 +362,8 @@ def test_a_full_filesystem_ends_the_command_in_one_line_and_leaves_nothing(tmp_p
         status, line = cli.main([part.format(data=data, out=out) for part in verb]), None
     except SystemExit as stop:  # the verbs without a handler of their own: cli.main's line
         status, line = 1, str(stop)
-    line = line or capsys.readouterr().err.strip().splitlines()[-1]  # `data`'s own "error: ..." line
-    assert status == 1 and line.startswith(("nemo-topr eval: ", "error: "))
+    line = line or capsys.readouterr().err.strip().splitlines()[-1]  # the verb's own handler's line
+    assert status == 1 and line.startswith(f"nemo-topr {' '.join(verb[:2]) if verb[0] == 'data' else verb[0]}: ")
     assert line.endswith(f"writing {out / 'round1' / written}: No space left on device ({written} not written); "
                          "free space there or choose another path")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["graded.jsonl"]
@@ -380,3 +381,38 @@ def test_a_file_the_full_filesystem_could_not_replace_is_left_as_it_was(tmp_path
             raise KeyError("a field")
     assert sorted(tmp_path.iterdir()) == [results]
 
+
+
+def test_a_file_over_the_shells_size_limit_is_named_with_that_limit(tmp_path):
+    """The kernel's own EFBIG: `ulimit -f` of 4 KiB (RLIMIT_FSIZE) under `data curate`, whose
+    curated records are larger. Python ignores SIGXFSZ, so the write fails instead of the process."""
+    import resource
+
+    def four_kib():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    data = REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl"
+    out = tmp_path / "round1" / "curated.jsonl"
+    proc = subprocess.run([sys.executable, "-B", "-m", "nemo_topr.cli", "data", "curate", str(data), "--target-p",
+                           "0.25", "--out", str(out)], env=checkout_env(), preexec_fn=four_kib,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
+        f"nemo-topr data curate: writing {out}: File too large (curated.jsonl not written); the file is larger than "
+        "`ulimit -f` (or the filesystem) allows: raise the limit or choose another path"), proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("code, said", [
+    (errno.EDQUOT, "Disk quota exceeded (r.jsonl not written); free space within your quota there (or have it "
+                   "raised) or choose another path"),
+    (errno.EIO, "Input/output error (r.jsonl not written); check the filesystem (its disk or mount; the kernel log "
+                "names the fault) or choose another path"),
+])
+def test_a_quota_or_a_failing_disk_gets_its_own_advice(tmp_path, monkeypatch, code, said):
+    def refused(self, *args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(Path, "open", refused)
+    with pytest.raises(OutputWriteError) as raised:
+        write_whole(tmp_path / "r.jsonl", "a record\n")
+    assert str(raised.value) == f"writing {tmp_path / 'r.jsonl'}: {said}"

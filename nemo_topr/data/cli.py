@@ -186,5 +186,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (OSError, ValueError) as error:  # DataError, settings the data cannot satisfy, an unwritable --out
-        print(f"error: {error}", file=sys.stderr)
+        print(f"nemo-topr data {args.verb}: {error}", file=sys.stderr)
         return 1

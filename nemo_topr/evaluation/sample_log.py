@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem
-from nemo_topr.outputs import FILESYSTEM_FULL, OutputWriteError, write_whole
+from nemo_topr.outputs import OutputWriteError, filesystem_remedy, write_whole
 
 
 class SampleLogError(ValueError):
@@ -75,8 +75,8 @@ class SampleLog:
                 log.write(json.dumps({"index": index, "prompt_id": problem.prompt_id,
                                       "samples": [_sample_row(sample) for sample in samples]}) + "\n")
         except OSError as error:  # a line cut short is sampled again on resume
-            if error.errno not in FILESYSTEM_FULL:
+            if not (remedy := filesystem_remedy(error)):
                 raise
             raise OutputWriteError(f"writing {self.path}: {error.strerror}; the {len(self.done)} prompts logged so far "
-                                   "are kept: free space there and rerun the same command to resume") from error
+                                   f"are kept: {remedy} and rerun the same command to resume") from error
         self.done[index] = samples
