@@ -37,6 +37,10 @@ ARCHITECTURE_KEYS = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_s
                      "intermediate_size": "ffn_hidden_size", "num_attention_heads": "num_attention_heads",
                      "num_key_value_heads": "num_query_groups", "vocab_size": "vocab_size"}
 
+# What the recipe converts to Megatron, trains and exports: the architecture its packing, parity
+# and export tests run (Llama 3 and 3.1, and models fine-tuned from them, are LlamaForCausalLM).
+ARCHITECTURE = "LlamaForCausalLM"
+
 EXPECTED = ("one of: a Hugging Face model directory (config.json, *.safetensors, tokenizer.json); "
             "a Megatron distributed checkpoint (latest_checkpointed_iteration.txt and iter_*/, with hf_artifacts/ "
             "beside them, as `nemo-topr import` writes); one iter_* directory of it; a nemo-topr run directory "
@@ -89,9 +93,32 @@ def split_iteration(spec: str | Path) -> tuple[str, str]:
     return (match[1], match[2]) if match and not Path(text).exists() else (text, "")
 
 
-def resolve(spec: str | Path, *, named: str = "base_model=") -> ModelSource:
+def resolve(spec: str | Path, *, named: str = "base_model=", megatron: bool = True) -> ModelSource:
     """Detect the kind of `spec` and check it is complete (see the module docstring). Errors name
-    it as the user gave it: `named` is the option or key before the path ("--model ")."""
+    it as the user gave it: `named` is the option or key before the path ("--model "). With
+    `megatron` (a verb that converts it to Megatron) its HF config must name ARCHITECTURE: another
+    model would fail inside Bridge after the imports (GPT-2: AutoBridge's multi-line ValueError),
+    or after a queue wait under `submit`, or run a path no test has run."""
+    source = _resolve(spec, named)
+    if megatron:
+        _check_supported(source)
+    return source
+
+
+def _check_supported(source: ModelSource) -> None:
+    config = source.hf_dir / "config.json"
+    try:
+        architectures = json.loads(config.read_text()).get("architectures") or []
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:  # AttributeError: not an object
+        raise ModelSourceError(f"{source.named}{source.path}: {config} is not a JSON object ({error})") from None
+    if ARCHITECTURE not in architectures:
+        found = f"architecture {', '.join(architectures)}" if architectures else 'no architecture ("architectures")'
+        raise ModelSourceError(f"{source.named}{source.path}: {config} names {found}; nemo-topr converts, trains and "
+                               f"exports {ARCHITECTURE} models only (Llama 3 and 3.1 and their fine-tunes), the "
+                               "architecture its tests run")
+
+
+def _resolve(spec: str | Path, named: str) -> ModelSource:
     text = str(spec)
     directory, iteration = split_iteration(text)
     if iteration:
@@ -201,7 +228,7 @@ def check_architecture(source: ModelSource) -> None:
 def require_hugging_face(spec: str | Path, *, named: str = "--model ") -> Path:
     """The HF directory of `spec` for verbs that sample with transformers / vLLM (generate, eval);
     a Megatron checkpoint is an error naming the export that makes one."""
-    source = resolve(spec, named=named)
+    source = resolve(spec, named=named, megatron=False)  # transformers samples any causal LM
     if source.is_megatron:
         raise ModelSourceError(f"{source.describe()}: sampling needs Hugging Face weights; export it once with "
                                f"`nemo-topr export --ckpt {spec} --hf-out HF_DIR` and pass HF_DIR")

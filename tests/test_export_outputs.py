@@ -21,7 +21,8 @@ def _fake_checkpoint(root: Path) -> Path:
     for name in (".metadata", "metadata.json", "run_config.yaml"):
         (root / "iter_0000001" / name).write_text("{}\n" if name != "run_config.yaml" else "model: {}\n")
     (root / "hf_artifacts").mkdir()
-    (root / "hf_artifacts" / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    (root / "hf_artifacts" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                                  "hidden_size": 64}))
     (root / "hf_artifacts" / "tokenizer.json").write_text("{}")
     return root
 

@@ -139,3 +139,75 @@ def test_each_verb_names_a_missing_model_by_its_own_option_and_makes_nothing(ver
     assert message.removeprefix(f"nemo-topr {verb}: ").startswith(f"{named}{model}: no such directory (expected one "
                                                                   "of: ")
     assert [p.name for p in tmp_path.iterdir()] == ["graded.jsonl"]
+
+
+def _hf_dir(directory, config: str):
+    """A Hugging Face directory as resolve() inspects it: config.json, weights and tokenizer files
+    (placeholders: nothing here loads them)."""
+    directory.mkdir()
+    (directory / "config.json").write_text(config)
+    (directory / "model.safetensors").write_bytes(b"")
+    (directory / "tokenizer.json").write_text("{}")
+    return directory
+
+
+ONLY_LLAMA = ("; nemo-topr converts, trains and exports LlamaForCausalLM models only (Llama 3 and 3.1 and their "
+              "fine-tunes), the architecture its tests run")
+
+
+@pytest.mark.parametrize("config, found", [
+    ('{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}', "names architecture GPT2LMHeadModel"),
+    ('{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}', "names architecture Qwen2ForCausalLM"),
+    ('{"model_type": "llama"}', 'names no architecture ("architectures")'),
+])
+def test_a_model_of_another_architecture_is_refused_for_megatron_and_kept_for_sampling(tmp_path, config, found):
+    """GPT-2 used to reach AutoBridge's multi-line ValueError after Megatron's imports; Qwen2,
+    which Bridge converts, would run packing and export paths no test has run."""
+    from nemo_topr.model_source import require_hugging_face
+
+    model = _hf_dir(tmp_path / "model", config)
+    with pytest.raises(ModelSourceError) as refused:
+        resolve(model)
+    assert str(refused.value) == f"base_model={model}: {model / 'config.json'} {found}{ONLY_LLAMA}"
+    assert require_hugging_face(model) == model  # generate / eval / verifier sample any causal LM with transformers
+
+
+def test_a_config_json_that_is_not_an_object_is_named(tmp_path):
+    model = _hf_dir(tmp_path / "model", '["LlamaForCausalLM"]')
+    with pytest.raises(ModelSourceError, match=r"config.json is not a JSON object"):
+        resolve(model)
+
+
+@pytest.mark.parametrize("verb", ["score-logprobs", "import", "export"])
+def test_each_megatron_verb_refuses_another_architecture_in_one_line(verb, tmp_path, capsys):
+    import importlib
+
+    from nemo_topr.cli import VERBS
+
+    data = tmp_path / "graded.jsonl"
+    shutil.copy(REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl", data)
+    model = _hf_dir(tmp_path / "gpt2", '{"architectures": ["GPT2LMHeadModel"]}')
+    args, named = MISSING_MODEL[verb]
+    argv = [arg.format(model=model, data=data, out=tmp_path / "out") for arg in args]
+    try:
+        status = importlib.import_module(VERBS[verb][0]).main(argv)
+        message = capsys.readouterr().err.strip()
+    except SystemExit as stop:
+        status, message = 1, str(stop.code)
+    assert status == 1 and message == (f"nemo-topr {verb}: {named}{model}: {model / 'config.json'} names architecture "
+                                       f"GPT2LMHeadModel{ONLY_LLAMA}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2", "graded.jsonl"]
+
+
+def test_train_refuses_another_architecture_before_importing_megatron(tmp_path):
+    model = _hf_dir(tmp_path / "gpt2", '{"architectures": ["GPT2LMHeadModel"]}')
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "nemo_topr.cli", "train", "--config-name",
+                           "tiny_cpu", f"base_model={model}", f"run_dir={tmp_path / 'run'}",
+                           f"dataset.train_path={tmp_path / 'absent.jsonl'}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 1 and lines == [
+        f"nemo-topr train: base_model={model}: {model / 'config.json'} names architecture GPT2LMHeadModel"
+        f"{ONLY_LLAMA}"], lines
+    assert "| megatron" not in proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -33,7 +33,8 @@ def run_dir(tmp_path) -> Path:
     (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(SAVED[-1]))
     artifacts = checkpoints / model_source.HF_ARTIFACTS
     artifacts.mkdir()
-    (artifacts / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64}))
+    (artifacts / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2,
+                                                       "hidden_size": 64}))
     (artifacts / "tokenizer.json").write_text("{}")
     (run / "config.yaml").write_text("run_dir: run\n")
     return run

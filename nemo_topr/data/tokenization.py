@@ -42,7 +42,7 @@ def load_tokenizer(path: str | Path):
     directory = Path(path)
     if not any((directory / name).is_file() for name in model_source.TOKENIZER_FILES):
         try:
-            directory = model_source.resolve(path).hf_dir
+            directory = model_source.resolve(path, megatron=False).hf_dir
         except model_source.ModelSourceError:
             pass  # not a model: the errors below say what the directory lacks
     if not directory.is_dir():

@@ -38,7 +38,7 @@ from nemo_topr.data.records import load_records, write_jsonl
 from nemo_topr.data.schema import DataError
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
-from nemo_topr.device import DeviceError, add_device_argument, use_device
+from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
 from nemo_topr.model_settings import device_model_settings
 from nemo_topr.outputs import (OutputError, add_overwrite_argument, writable_output_file, writable_records_file,
                                write_whole)
@@ -166,14 +166,15 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     `train_config`: score with that training config's model section (`apply_scoring_layout`), in place
     of `precision`, `tensor_parallel` and `pipeline_parallel` (default 1 each). `out` and its report
     (`OUT.report.json`) are replaced only with `overwrite`."""
-    device = use_device(device, where="--device")  # first: on CPU it hides CUDA-only packages from Megatron
+    device = select_device(device, where="--device")  # first, as every verb: no GPU is not a CPU run
+    source_model = model_source.resolve(model_dir, named="--model ")  # file checks only: before Megatron's imports
+    use_device(device, where="--device")  # before Megatron: on CPU it hides CUDA-only packages from it
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from nemo_topr.distributed import initialize_model_parallel, launcher_world_size
     from nemo_topr.model import load_model, source_provider
 
-    source_model = model_source.resolve(model_dir, named="--model ")
     # the records first: a data error or an --out naming the input stops before the model loads
     records = load_records(data, strict=strict, **(source or {}))
     writable_records_file(out, inputs=records.report.files, overwrite=overwrite)
