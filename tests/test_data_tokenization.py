@@ -1,7 +1,6 @@
 """Tokenization: exact prompt/completion boundary, loss masks, chat templates, length limits."""
 
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -31,10 +30,8 @@ def _record_set(*pairs: tuple[str, str]) -> RecordSet:
     return RecordSet(records, ValidationReport(records_in=len(records), records_used=len(records)))
 
 
-def test_tiny_tokenizer_is_fast_deterministic_and_reloads(chat_tokenizer_dir):
-    start = time.perf_counter()
+def test_tiny_tokenizer_is_deterministic_and_reloads(chat_tokenizer_dir):
     built = build_tiny_tokenizer()
-    assert time.perf_counter() - start < 3.0
     reloaded = AutoTokenizer.from_pretrained(chat_tokenizer_dir, local_files_only=True)
     assert len(built) == len(reloaded) == 512
     assert built.get_vocab() == reloaded.get_vocab()
