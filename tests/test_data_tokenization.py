@@ -1,5 +1,6 @@
 """Tokenization: exact prompt/completion boundary, loss masks, chat templates, length limits."""
 
+import json
 import math
 from pathlib import Path
 
@@ -131,3 +132,43 @@ def test_missing_or_empty_tokenizer_directory(tmp_path):
         load_tokenizer(tmp_path / "nope")
     with pytest.raises(DataError, match=rf"^{tmp_path}: tokenizer: cannot load"):
         load_tokenizer(tmp_path)
+
+
+RENDERED = ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2 + 2?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_special_tokens_written_in_a_records_text_are_refused_naming_line_field_and_token(chat_tokenizer_dir, tmp_path):
+    """A prompt rendered already, as sampling pipelines store it, would get the template (and BOS)
+    a second time, and a completion ending in <|eot_id|> a second EOS: a sequence other than the
+    one sampled, trained without a word."""
+    tokenizer = load_tokenizer(chat_tokenizer_dir)
+    twice = prompt_token_ids(tokenizer, [RENDERED])[0]
+    assert twice.count(tokenizer.bos_token_id) == 2  # what the check prevents
+    data = tmp_path / "rendered.jsonl"
+    rows = [{"prompt": "What is 1 + 1?", "completion": " 2", "reward": 1.0},
+            {"prompt": RENDERED, "completion": " 4", "reward": 1.0},
+            {"prompt": "What is 3 + 3?", "completion": " 6<|eot_id|>", "reward": 1.0}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(DataError) as refused:
+        load_tokenized(data, chat_tokenizer_dir)
+    assert str(refused.value) == (f"{data}:2: prompt: holds the tokenizer's special token '<|begin_of_text|>' as text: "
+                                  "the prompt looks rendered already, and tokenization adds the chat template (or "
+                                  "BOS) itself, so it would be there twice; give the user's text, or the conversation "
+                                  "as a list of messages")
+    tokenized = load_tokenized(data, chat_tokenizer_dir, strict=False)
+    report = tokenized.report
+    assert (report.records_in, report.records_used, dict(report.dropped)) == (3, 1, {"special_token": 2})
+    assert [s.sample_id for s in tokenized.sequences] == [0]
+    assert report.first_error["special_token"].startswith(f"{data}:2: prompt: ")
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text(json.dumps({"prompt": [{"role": "user", "content": "What is 4 + 4?<|eot_id|>"}],
+                                    "completion": " 8", "reward": -1.0}) + "\n")
+    with pytest.raises(DataError, match=rf"^{messages}:1: prompt: holds the tokenizer's special token '<\|eot_id\|>'"):
+        load_tokenized(messages, chat_tokenizer_dir)
+
+
+def test_a_completion_with_eos_written_out_is_refused_without_a_chat_template(plain_tokenizer):
+    with pytest.raises(DataError, match=r"^completion: holds the tokenizer's special token '<\|end_of_text\|>' as "
+                                        r"text: tokenization ends every completion with EOS itself"):
+        tokenize_records(_record_set(("Q: 1 + 1?\nA:", " 2<|end_of_text|>")), plain_tokenizer)

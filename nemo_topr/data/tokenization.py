@@ -6,11 +6,18 @@ boundary is exact even where tokenizing `prompt + completion` would merge tokens
 is rendered as the user turn (or the given message list) followed by the assistant header; the
 completion is the assistant turn. Without one, the prompt text is used as is, with the
 tokenizer's own special tokens (e.g. BOS). EOS is appended to every completion.
+
+Records hold text: the special tokens (the template's headers, BOS, EOS) come from tokenization
+alone. A prompt rendered already (`<|begin_of_text|><|start_header_id|>user...`, as sampling
+pipelines store it) would be wrapped a second time, and a completion ending in `<|eot_id|>` get a
+second EOS: a different sequence from the one sampled, with no error. Such a record is refused
+(`special_token`), naming the token.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +63,29 @@ def load_tokenizer(path: str | Path):
 def pad_id_of(tokenizer) -> int:
     """The pad token, falling back to EOS (padding is never attended to nor trained on)."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def special_token_text(tokenizer) -> re.Pattern | None:
+    """A pattern matching the tokenizer's special tokens written as text (None if it has none)."""
+    specials = {token.content for token in tokenizer.added_tokens_decoder.values() if token.special}
+    specials = sorted((specials | set(tokenizer.all_special_tokens)) - {""}, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, specials))) if specials else None
+
+
+def _special_token_problem(record, pattern: re.Pattern) -> tuple[str, str] | None:
+    """(field, problem) for the first special token written in the record's text, else None."""
+    prompt = [record.prompt] if isinstance(record.prompt, str) else [m.get("content", "") for m in record.prompt]
+    for name, texts, why in (
+        ("prompt", prompt, "the prompt looks rendered already, and tokenization adds the chat template (or BOS) "
+                           "itself, so it would be there twice; give the user's text, or the conversation as a "
+                           "list of messages"),
+        ("completion", [record.completion], "tokenization ends every completion with EOS itself; give the text "
+                                            "without special tokens"),
+    ):
+        found = next((match[0] for text in texts if (match := pattern.search(text))), None)
+        if found:
+            return name, f"holds the tokenizer's special token {found!r} as text: {why}"
+    return None
 
 
 def _encode(tokenizer, texts: list[str], *, add_special_tokens: bool) -> list[list[int]]:
@@ -104,14 +134,21 @@ def tokenize_records(
         if chat is not None:
             raise chat.error("prompt", "chat-message prompts need a tokenizer with a chat template")
     report = records.report
-    prompts: dict[str, str | Messages] = {}  # load_records ensures one prompt per prompt_id
+    kept = []
+    pattern = special_token_text(tokenizer)
     for record in records.records:
+        if pattern and (problem := _special_token_problem(record, pattern)):
+            report.reject("special_token", record.error(*problem), strict)
+        else:
+            kept.append(record)
+    prompts: dict[str, str | Messages] = {}  # load_records ensures one prompt per prompt_id
+    for record in kept:
         prompts.setdefault(record.prompt_key, record.prompt)
     prompt_ids_by_key = dict(zip(prompts, prompt_token_ids(tokenizer, list(prompts.values()))))
-    completions = _encode(tokenizer, [r.completion for r in records.records], add_special_tokens=False)
+    completions = _encode(tokenizer, [r.completion for r in kept], add_special_tokens=False)
     dense_prompt_id: dict[str, int] = {}
     sequences = []
-    for record, completion_ids in zip(records.records, completions):
+    for record, completion_ids in zip(kept, completions):
         key = record.prompt_key
         prompt_ids = prompt_ids_by_key[key]
         if not prompt_ids or not completion_ids:
