@@ -331,3 +331,17 @@ def test_a_byte_order_mark_opening_a_file_is_ignored_and_one_inside_is_named(tmp
                                         r"byte-order mark \(BOM\).*; remove it$") as error:
         load_records(path)
     assert "utf-8-sig" not in str(error.value)
+
+
+def test_per_token_behavior_logprobs_are_refused_saying_it_is_one_sum(tmp_path):
+    """A sampler's per-token log-probs (vLLM's, a Parquet list column): TOPR's ratio is over the
+    whole sequence, so the message says what the field holds and how to score it."""
+    rows = [{"prompt": "1 + 1 =", "completion": " 2", "reward": 1.0, "behavior_logprob": [-0.25, -0.5]}]
+    path = _write_parquet(tmp_path / "per_token.parquet", rows)
+    with pytest.raises(DataError) as refused:
+        load_records(path)
+    assert str(refused.value) == (f"{path}:1: behavior_logprob: expected a number, got array [-0.25, -0.5]: the "
+                                  "completion's log mu(y|x) is one number, the sum over its tokens; score it with "
+                                  "`nemo-topr score-logprobs` (the trainer's own numerics, so rho = 1 at step 0)")
+    with pytest.raises(DataError, match=r"no usable records \(1 read, all dropped: \{'wrong_type': 1\}\)"):
+        load_records(path, strict=False)  # counted as the wrong type it is

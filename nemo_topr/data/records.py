@@ -209,7 +209,12 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
         raise reject("wrong_type", "completion", f"expected a string, got {_type_name(completion)}")
     for name in ("reward", "behavior_logprob", "baseline"):
         if values[name] is not None and not _is_number(values[name]):
-            raise reject("wrong_type", name, f"expected a number, got {_type_name(values[name])} {values[name]!r}")
+            # a sampler's per-token log-probs (vLLM's `logprobs`): TOPR's ratio is over the whole sequence
+            per_token = (": the completion's log mu(y|x) is one number, the sum over its tokens; score it with "
+                         "`nemo-topr score-logprobs` (the trainer's own numerics, so rho = 1 at step 0)"
+                         if name == "behavior_logprob" and isinstance(values[name], list) else "")
+            raise reject("wrong_type", name, f"expected a number, got {_type_name(values[name])} "
+                                             f"{values[name]!r}{per_token}")
     for name in ("prompt_id", "sample_id"):
         if values[name] is not None and not _is_id(values[name]):
             raise reject("wrong_type", name, f"expected a string or an integer, got {_type_name(values[name])}")
