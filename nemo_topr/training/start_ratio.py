@@ -5,7 +5,7 @@ pi/mu is 1 at the first iteration: TOPR begins as SFT on positives with every ne
 1, and a negative's weight falls only as training moves pi away from it. Log-probs from elsewhere
 (a sampler's own, with its numerics, a temperature or top-p other than 1; another model or
 tokenizer) put rho far from 1 before any update: the negatives' weights start elsewhere, another
-objective than the one chosen, and nothing failed to say so. Measured with mu scored from the
+objective than the one chosen, and nothing said so. Measured with mu scored from the
 starting model: |log rho| < 1e-4 on CPU, 0 on an H200 in BF16, 2.3e-2 mean for FP8 training
 against BF16 scores (docs/training.md, "mu and rho"), all far below FAR_LOG_RATIO.
 
