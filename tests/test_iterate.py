@@ -16,12 +16,13 @@ from nemo_topr.iterate import CurateOptions, Driver, IterateError, Stage, curati
 
 @pytest.fixture
 def fake_model(tmp_path):
-    """Enough of a Hugging Face directory for the model-source check (config, weights file,
-    tokenizer); nothing loads it."""
+    """Enough of a Hugging Face directory for the model-source check (a Llama's config, weights
+    file, tokenizer); nothing loads it."""
     model = tmp_path / "base_model"
     model.mkdir()
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    for name in ("model.safetensors", "tokenizer.json"):
         (model / name).write_text("{}")
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     return model
 
 
