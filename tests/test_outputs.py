@@ -382,7 +382,6 @@ def test_a_file_the_full_filesystem_could_not_replace_is_left_as_it_was(tmp_path
     assert sorted(tmp_path.iterdir()) == [results]
 
 
-
 def test_a_file_over_the_shells_size_limit_is_named_with_that_limit(tmp_path):
     """The kernel's own EFBIG: `ulimit -f` of 4 KiB (RLIMIT_FSIZE) under `data curate`, whose
     curated records are larger. Python ignores SIGXFSZ, so the write fails instead of the process."""
