@@ -114,6 +114,21 @@ def checkout_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
+def placeholder_hf_model(directory: Path, config: dict | str | None = None, *, tokenizer: bool = True) -> Path:
+    """`directory`, made shaped like a Hugging Face model as nemo_topr.model_source inspects it:
+    config.json (`config`, by default a Llama's architecture; a str is written as it is, so it may
+    be malformed), an empty weights file and, unless `tokenizer` is false, a tokenizer file.
+    Nothing loads them."""
+    directory.mkdir(parents=True)
+    if config is None:
+        config = {"architectures": ["LlamaForCausalLM"]}
+    (directory / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    (directory / "model.safetensors").write_bytes(b"")
+    if tokenizer:
+        (directory / "tokenizer.json").write_text("{}")
+    return directory
+
+
 def with_cuda_only_packages(root: Path) -> dict[str, str]:
     """`checkout_env` in which Transformer Engine 2.17.1 and Apex are installed (in `root`) and no GPU
     is visible, as on a GPU node's CPU run. Using either raises: `transformer_engine` itself imports

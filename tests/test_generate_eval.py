@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import placeholder_hf_model
 
 from nemo_topr.data.records import load_records
 from nemo_topr.evaluation import evaluate, generate
@@ -157,15 +158,6 @@ def _math_prompts(tmp_path, n: int):
     return prompts
 
 
-def _fake_model(tmp_path):
-    """Shaped like an HF directory (never loaded: the sampler is replaced)."""
-    model = tmp_path / "model"
-    model.mkdir()
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        (model / name).write_text("{}")
-    return model
-
-
 class FixedSampler:
     """Stands in for `iter_completions`: BOXED for every prompt, the prompt indices it was asked
     for recorded, and a crash after `crash_after` prompts when set."""
@@ -187,8 +179,8 @@ def test_generate_fails_above_the_grader_error_rate_and_keeps_every_sample(monke
     # The sampler is replaced by fixed completions: what is tested is what happens after sampling.
     sampler = FixedSampler()
     monkeypatch.setattr(generate, "iter_completions", sampler)
-    out = tmp_path / "graded.jsonl"
-    args = ["--model", str(_fake_model(tmp_path)), "--prompts", str(_math_prompts(tmp_path, 2)), "--task", "math",
+    out, model = tmp_path / "graded.jsonl", placeholder_hf_model(tmp_path / "model")
+    args = ["--model", str(model), "--prompts", str(_math_prompts(tmp_path, 2)), "--task", "math",
             "--num-samples", "4", "--device", "cpu", "--out", str(out)]
     assert generate.main(args) == 1  # 2 grader errors in 8 samples = 25 % > 1 % (the default)
     assert not out.exists()
@@ -206,8 +198,8 @@ def test_generate_fails_above_the_grader_error_rate_and_keeps_every_sample(monke
 
 
 def test_generate_writes_as_it_goes_and_resumes_where_it_stopped(monkeypatch, tmp_path, capsys):
-    prompts = _math_prompts(tmp_path, 5)
-    args = ["--model", str(_fake_model(tmp_path)), "--prompts", str(prompts), "--task", "math", "--num-samples", "4",
+    prompts, model = _math_prompts(tmp_path, 5), placeholder_hf_model(tmp_path / "model")
+    args = ["--model", str(model), "--prompts", str(prompts), "--task", "math", "--num-samples", "4",
             "--device", "cpu", "--max-grader-error-rate", "0.5"]
     monkeypatch.setattr(generate, "iter_completions", FixedSampler())
     assert generate.main([*args, "--out", str(tmp_path / "whole.jsonl")]) == 0
@@ -241,18 +233,18 @@ def test_generate_writes_as_it_goes_and_resumes_where_it_stopped(monkeypatch, tm
     assert f"{log} holds samples drawn with other options (settings: " in err and "'seed': 0" in err
     assert resumed.asked == [3, 4] and out.read_bytes() == before
 
-    model = tmp_path / "model"
     (model / "model.safetensors").write_text('{"re-exported": 1}')  # other weights under the same path
     assert generate.main([*args, "--out", str(out), "--overwrite"]) == 1
     err = capsys.readouterr().err
-    assert f"{log} holds samples drawn with other options (weights: [['model.safetensors', 2, " in err
+    assert f"{log} holds samples drawn with other options (weights: [['model.safetensors', 0, " in err
     assert resumed.asked == [3, 4] and out.read_bytes() == before
 
 
 def test_a_sample_log_the_disk_cannot_take_ends_in_one_line_and_the_rerun_resumes(monkeypatch, tmp_path, capsys):
     """The disk fills after two prompts (the third line goes to /dev/full: the kernel's ENOSPC).
     It ended in "[Errno 28] No space left on device", naming no file (a 40 KB tmpfs, by hand)."""
-    args = ["--model", str(_fake_model(tmp_path)), "--prompts", str(_math_prompts(tmp_path, 5)), "--task", "math",
+    model = placeholder_hf_model(tmp_path / "model")
+    args = ["--model", str(model), "--prompts", str(_math_prompts(tmp_path, 5)), "--task", "math",
             "--num-samples", "4", "--device", "cpu", "--max-grader-error-rate", "0.5", "--out",
             str(tmp_path / "graded.jsonl")]
     monkeypatch.setattr(generate, "iter_completions", FixedSampler())
@@ -290,7 +282,7 @@ def test_a_model_that_is_not_there_leaves_no_sample_log(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag", ["--num-samples", "--max-new-tokens"])
 def test_eval_and_generate_refuse_zero_samples_or_tokens(flag, tmp_path, capsys):
-    model = _fake_model(tmp_path)
+    model = placeholder_hf_model(tmp_path / "model")
     assert evaluate.main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", flag, "0",
                           "--device", "cpu", "--out", str(tmp_path / "r.json")]) == 1
     assert generate.main(["--prompts", "gsm8k-test", "--model", str(model), "--limit", "1", flag, "0",
@@ -305,7 +297,7 @@ def test_eval_and_generate_refuse_zero_samples_or_tokens(flag, tmp_path, capsys)
                                           (["0", "2"], "--k 0: k must be at least 1")])
 def test_eval_refuses_a_k_it_cannot_compute_before_sampling(ks, message, tmp_path, capsys):
     """It sampled every problem first and failed only at the metrics."""
-    model = _fake_model(tmp_path)
+    model = placeholder_hf_model(tmp_path / "model")
     assert evaluate.main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", "--num-samples", "4",
                           "--k", *ks, "--device", "cpu", "--out", str(tmp_path / "r.json")]) == 2
     assert capsys.readouterr().err == f"nemo-topr eval: {message}\n"
@@ -313,7 +305,7 @@ def test_eval_refuses_a_k_it_cannot_compute_before_sampling(ks, message, tmp_pat
 
 
 def test_a_misspelled_benchmark_or_a_bad_prompt_file_is_named(tmp_path, capsys):
-    model, out = _fake_model(tmp_path), tmp_path / "g.jsonl"
+    model, out = placeholder_hf_model(tmp_path / "model"), tmp_path / "g.jsonl"
     assert generate.main(["--prompts", "gsm8k-tst", "--model", str(model), "--device", "cpu", "--out", str(out)]) == 1
     assert capsys.readouterr().err == ("nemo-topr generate: gsm8k-tst: no such prompt file, and not a benchmark "
                                        "(gsm8k-train, gsm8k-test, math500); did you mean gsm8k-test?\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, placeholder_hf_model
 from nemo_topr import iterate
 from nemo_topr.data.records import Record
 from nemo_topr.iterate import CurateOptions, Driver, IterateError, Stage, curation_flags, load_config, run_stage
@@ -16,14 +16,7 @@ from nemo_topr.iterate import CurateOptions, Driver, IterateError, Stage, curati
 
 @pytest.fixture
 def fake_model(tmp_path):
-    """Enough of a Hugging Face directory for the model-source check (a Llama's config, weights
-    file, tokenizer); nothing loads it."""
-    model = tmp_path / "base_model"
-    model.mkdir()
-    for name in ("model.safetensors", "tokenizer.json"):
-        (model / name).write_text("{}")
-    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
-    return model
+    return placeholder_hf_model(tmp_path / "base_model")
 
 
 def tiny_config(model, out, *overrides):

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, placeholder_hf_model
 
 from nemo_topr.model_source import ModelSourceError, resolve
 from nemo_topr.training.config import ConfigError, compose
@@ -141,16 +141,6 @@ def test_each_verb_names_a_missing_model_by_its_own_option_and_makes_nothing(ver
     assert [p.name for p in tmp_path.iterdir()] == ["graded.jsonl"]
 
 
-def _hf_dir(directory, config: str):
-    """A Hugging Face directory as resolve() inspects it: config.json, weights and tokenizer files
-    (placeholders: nothing here loads them)."""
-    directory.mkdir()
-    (directory / "config.json").write_text(config)
-    (directory / "model.safetensors").write_bytes(b"")
-    (directory / "tokenizer.json").write_text("{}")
-    return directory
-
-
 ONLY_LLAMA = ("; nemo-topr converts, trains and exports LlamaForCausalLM models only (Llama 3 and 3.1 and their "
               "fine-tunes), the architecture its tests run")
 
@@ -165,7 +155,7 @@ def test_a_model_of_another_architecture_is_refused_for_megatron_and_kept_for_sa
     which Bridge converts, would run packing and export paths no test has run."""
     from nemo_topr.model_source import require_hugging_face
 
-    model = _hf_dir(tmp_path / "model", config)
+    model = placeholder_hf_model(tmp_path / "model", config)
     with pytest.raises(ModelSourceError) as refused:
         resolve(model)
     assert str(refused.value) == f"base_model={model}: {model / 'config.json'} {found}{ONLY_LLAMA}"
@@ -173,7 +163,7 @@ def test_a_model_of_another_architecture_is_refused_for_megatron_and_kept_for_sa
 
 
 def test_a_config_json_that_is_not_an_object_is_named(tmp_path):
-    model = _hf_dir(tmp_path / "model", '["LlamaForCausalLM"]')
+    model = placeholder_hf_model(tmp_path / "model", '["LlamaForCausalLM"]')
     with pytest.raises(ModelSourceError, match=r"config.json is not a JSON object"):
         resolve(model)
 
@@ -186,7 +176,7 @@ def test_each_megatron_verb_refuses_another_architecture_in_one_line(verb, tmp_p
 
     data = tmp_path / "graded.jsonl"
     shutil.copy(REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl", data)
-    model = _hf_dir(tmp_path / "gpt2", '{"architectures": ["GPT2LMHeadModel"]}')
+    model = placeholder_hf_model(tmp_path / "gpt2", '{"architectures": ["GPT2LMHeadModel"]}')
     args, named = MISSING_MODEL[verb]
     argv = [arg.format(model=model, data=data, out=tmp_path / "out") for arg in args]
     try:
@@ -200,7 +190,7 @@ def test_each_megatron_verb_refuses_another_architecture_in_one_line(verb, tmp_p
 
 
 def test_train_refuses_another_architecture_before_importing_megatron(tmp_path):
-    model = _hf_dir(tmp_path / "gpt2", '{"architectures": ["GPT2LMHeadModel"]}')
+    model = placeholder_hf_model(tmp_path / "gpt2", '{"architectures": ["GPT2LMHeadModel"]}')
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "nemo_topr.cli", "train", "--config-name",
                            "tiny_cpu", f"base_model={model}", f"run_dir={tmp_path / 'run'}",
                            f"dataset.train_path={tmp_path / 'absent.jsonl'}"], cwd=REPO, capture_output=True,

@@ -5,9 +5,9 @@ planner and mapping onto Bridge's dataclasses (and Megatron-Core's own validatio
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
+from conftest import placeholder_hf_model
 
 from nemo_topr.cluster.plan import (
     REFERENCE_ARCHITECTURES, Architecture, Layout, activation_bytes_per_layer, check_layout,
@@ -219,9 +219,7 @@ def test_presets_pass_the_planner_at_their_cluster_size(name, capsys):
 
 
 def write_hf_config(arch: Architecture, directory) -> str:
-    """A Llama 3.1 `config.json`, enough for AutoBridge's provider, beside empty weights and
-    tokenizer files that only satisfy the base_model check (nemo_topr.model_source); nothing reads them."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """A placeholder Hugging Face model whose `config.json` is a Llama 3.1's, enough for AutoBridge's provider."""
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
         "hidden_size": arch.hidden_size, "intermediate_size": arch.ffn_hidden_size,
@@ -234,10 +232,7 @@ def write_hf_config(arch: Architecture, directory) -> str:
         "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16",
         "bos_token_id": 128000, "eos_token_id": 128001,
     }
-    (directory / "config.json").write_text(json.dumps(config))
-    for placeholder in ("model.safetensors", "tokenizer.json"):
-        (directory / placeholder).write_text("")
-    return str(directory)
+    return str(placeholder_hf_model(directory, config))
 
 
 def test_planner_reads_hf_config_json(tmp_path):

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, placeholder_hf_model
 from test_plan import MISTYPED_OVERRIDES
 
 SCRIPTS = sorted([*REPO.glob("slurm/*.sh"), *REPO.glob("slurm/*.sbatch"), *REPO.glob("launchers/*.sh"),
@@ -80,20 +80,10 @@ def test_scripts_pass_bash_n_and_shellcheck():
 # nemo-topr submit: pre-flight and the rendered script
 
 
-def _hf_model_dir(root: Path, *, tokenizer: bool = True) -> Path:
-    """A directory shaped like meta-llama/Llama-3.1-70B: its published config.json (the plan
-    reads the architecture from it), a placeholder weights file and, unless told otherwise, a
-    tokenizer file."""
-    model = root / "Llama-3.1-70B"
-    model.mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 80, "hidden_size": 8192,
-        "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8,
-        "vocab_size": 128256, "tie_word_embeddings": False}))
-    (model / "model.safetensors").write_bytes(b"")
-    if tokenizer:
-        (model / "tokenizer.json").write_text("{}")
-    return model
+# meta-llama/Llama-3.1-70B's published config.json, the keys the plan reads the architecture from
+LLAMA_31_70B = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 80, "hidden_size": 8192,
+                "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8,
+                "vocab_size": 128256, "tie_word_embeddings": False}
 
 
 def _submit(capsys, *args: str) -> tuple[int, str, str]:
@@ -110,7 +100,7 @@ def _submit(capsys, *args: str) -> tuple[int, str, str]:
 
 def test_submit_dry_run_renders_a_container_job_with_mounts_from_the_config(tmp_path, capsys):
     models, data = tmp_path / "models", tmp_path / "data dir"
-    model = _hf_model_dir(models)
+    model = placeholder_hf_model(models / "Llama-3.1-70B", LLAMA_31_70B)
     data.mkdir()
     (data / "scored.jsonl").write_text("{}\n")
     run_dir = tmp_path / "run"
@@ -139,7 +129,7 @@ def test_submit_of_a_users_yaml_passes_it_by_absolute_path_and_mounts_its_direct
                                                                                      monkeypatch):
     """`--config my_runs/exp_70b.yaml` (relative to where submit runs): the job script runs train
     from the checkout, so it gets the file's absolute path, and the container sees its directory."""
-    model = _hf_model_dir(tmp_path / "models")
+    model = placeholder_hf_model(tmp_path / "models" / "Llama-3.1-70B", LLAMA_31_70B)
     (tmp_path / "my_runs").mkdir()
     (tmp_path / "my_runs" / "exp_70b.yaml").write_text("defaults:\n  - llama31_70b_bf16\n  - _self_\n"
                                                        "objective:\n  baseline: 0.3\n")
@@ -170,7 +160,7 @@ def test_submit_of_a_users_yaml_passes_it_by_absolute_path_and_mounts_its_direct
 
 def test_submit_names_every_unmounted_path_and_missing_input(tmp_path, capsys):
     host_models = tmp_path / "lustre" / "models"
-    _hf_model_dir(host_models, tokenizer=False)
+    placeholder_hf_model(host_models / "Llama-3.1-70B", LLAMA_31_70B, tokenizer=False)
     run_dir = tmp_path / "run"
     mounts = f"{REPO}:{REPO},{run_dir.parent}:{run_dir.parent},{host_models}:/models,{tmp_path}/absent:/scratch"
     status, out, err = _submit(
@@ -191,7 +181,7 @@ def test_submit_names_every_unmounted_path_and_missing_input(tmp_path, capsys):
 
 
 def test_submit_rejects_a_layout_that_does_not_divide_the_gpus(tmp_path, capsys):
-    model = _hf_model_dir(tmp_path)
+    model = placeholder_hf_model(tmp_path / "Llama-3.1-70B", LLAMA_31_70B)
     (tmp_path / "scored.jsonl").write_text("{}\n")
     status, _, err = _submit(
         capsys, "--config", "llama31_70b_bf16", "--nodes", "3", "--run-dir", str(tmp_path / "run"), "--dry-run",
@@ -203,7 +193,7 @@ def test_submit_rejects_a_layout_that_does_not_divide_the_gpus(tmp_path, capsys)
 
 @pytest.mark.parametrize("override, message", MISTYPED_OVERRIDES)
 def test_submit_dry_run_refuses_a_misspelled_mistyped_or_zero_key(override, message, tmp_path, capsys):
-    model = _hf_model_dir(tmp_path)
+    model = placeholder_hf_model(tmp_path / "Llama-3.1-70B", LLAMA_31_70B)
     (tmp_path / "scored.jsonl").write_text("{}\n")
     status, out, err = _submit(
         capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--run-dir", str(tmp_path / "run"), "--dry-run",
@@ -230,7 +220,7 @@ def test_submit_without_image_needs_an_existing_venv_and_the_inputs(tmp_path, ca
 
 def test_submit_refuses_a_model_as_run_dir_before_writing_its_script_there(tmp_path, capsys):
     """`train` would refuse it on the cluster (`check_run_dir`); submit says so before queueing."""
-    model = _hf_model_dir(tmp_path / "models")
+    model = placeholder_hf_model(tmp_path / "models" / "Llama-3.1-70B", LLAMA_31_70B)
     data = tmp_path / "scored.jsonl"
     data.write_text("{}\n")
     before = sorted(path.name for path in model.iterdir())
@@ -247,7 +237,7 @@ def test_submit_refuses_a_model_as_run_dir_before_writing_its_script_there(tmp_p
 def test_submit_into_a_run_says_it_resumes_and_refuses_what_train_would_refuse_at_its_start(tmp_path, capsys):
     """A job for a run directory that holds a run resumes it; another objective or base model,
     or a finished run, would be refused only when the job starts, after the queue wait."""
-    model = _hf_model_dir(tmp_path / "models")
+    model = placeholder_hf_model(tmp_path / "models" / "Llama-3.1-70B", LLAMA_31_70B)
     other = shutil.copytree(model, tmp_path / "other" / "Llama-3.1-70B")
     data = tmp_path / "data" / "scored.jsonl"
     data.parent.mkdir()
@@ -302,7 +292,7 @@ def test_time_limit_formats_of_sbatch(limit, seconds):
 
 
 def test_submit_rejects_a_warning_at_or_after_the_time_limit(tmp_path, capsys):
-    model = _hf_model_dir(tmp_path)
+    model = placeholder_hf_model(tmp_path / "Llama-3.1-70B", LLAMA_31_70B)
     (tmp_path / "scored.jsonl").write_text("{}\n")
     status, _, err = _submit(
         capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--run-dir", str(tmp_path / "run"), "--dry-run",
