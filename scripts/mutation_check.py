@@ -190,6 +190,12 @@ MUTANTS = (
            ("tests/test_data_records.py::"
             "test_files_of_a_directory_or_pattern_that_are_not_read_are_named_in_the_report",),
            "a shard left compressed in a data directory is dropped from the dataset unsaid"),
+    Mutant("missing_path_tried_on_the_hub", "nemo_topr/data/sources.py",
+           '    raise DataError(spec, 0, "path", "does not exist" + _missing_hint(path))',
+           '    if HUB_NAME.match(spec):\n        return [_hub_source(spec, split)], None\n'
+           '    raise DataError(spec, 0, "path", "does not exist" + _missing_hint(path))',
+           ("tests/test_data_sources.py::test_a_missing_local_path_is_never_taken_for_a_hub_name",),
+           "a typo such as graded.jsnl is looked up on the hub: a download by default, 30 s of retries"),
     Mutant("output_directory_made_at_check", "nemo_topr/outputs.py",
            "    unmakeable = _why_unmakeable(path.absolute().parent)\n",
            "    unmakeable = _why_unmakeable(path.absolute().parent)\n    path.parent.mkdir(parents=True, exist_ok=True)\n",

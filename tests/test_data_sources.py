@@ -205,22 +205,63 @@ def test_a_missing_required_column_in_a_dataset(tmp_path):
         load_records(tmp_path / "ds")
 
 
+def test_a_hub_dataset_is_read_when_named_hub_owner_name(tmp_path, monkeypatch):
+    """`datasets.load_dataset` stands in for the hub (no network here): it is asked for the name
+    after the prefix, streamed, and its rows are read like any other source's."""
+    import datasets
+
+    asked = []
+
+    def load_dataset(name, split=None, streaming=False):
+        asked.append((name, split, streaming))
+        return datasets.Dataset.from_list(_renamed(_rows(SCORED), TRL_COLUMNS)).to_iterable_dataset()
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    records = load_records("hub:someone/graded", split="train", columns=TRL_COLUMNS)
+    assert asked == [("someone/graded", "train", True)]
+    assert _json(records) == EXPECTED and records.records[5].path == "hub:someone/graded[train]"
+    with pytest.raises(DataError, match=r"^hub:a/b/c: path: 'a/b/c' is no hub dataset name \(owner/name\)$"):
+        load_records("hub:a/b/c")
+
+
 def test_a_hub_name_on_an_offline_machine_is_a_clear_error(tmp_path):
     """Runs `datasets` in offline mode with an empty cache: the hub is never contacted."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "data", "validate", "nemo-topr-test/no-such-set"],
+    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "data", "validate", "hub:nemo-topr-test/no-such-set"],
                           cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1
-    assert proc.stderr.startswith("nemo-topr data validate: nemo-topr-test/no-such-set: path: no such local file or "
-                                  "directory, and as a Hugging Face hub dataset it cannot be loaded"), proc.stderr
+    assert proc.stderr.startswith("nemo-topr data validate: hub:nemo-topr-test/no-such-set: path: as a Hugging Face "
+                                  "hub dataset it cannot be loaded"), proc.stderr
     assert "save_to_disk the dataset elsewhere" in proc.stderr
 
 
-def test_a_missing_local_path_is_never_taken_for_a_hub_name(tmp_path):
-    for missing in (tmp_path / "scored.jsonl", "runs/demo/missing", tmp_path / "dir"):
-        with pytest.raises(DataError, match=r": path: does not exist"):
+def test_a_missing_local_path_is_never_taken_for_a_hub_name(tmp_path, monkeypatch, capsys):
+    """A typo used to reach the hub (30 s of retries, then a hub error) whenever it looked like
+    `name` or `owner/name`: `graded.jsnl`, `data/graded`, `openai/gsm8k`. Now only `hub:` does; a
+    missing path says what was probably meant."""
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: pytest.fail(f"hub asked for {args}"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "graded.jsonl").write_text("")
+    (tmp_path / "scores").mkdir()
+    hub_hint = " (a Hugging Face hub dataset is read only when named so: hub:{})"
+    for missing, problem in [
+        ("graded.jsnl", "does not exist; did you mean graded.jsonl?"),
+        ("score", "does not exist; did you mean scores?"),
+        (tmp_path / "grade.json", f"does not exist; did you mean {tmp_path / 'graded.jsonl'}?"),
+        ("openai/gsm8k", "does not exist" + hub_hint.format("openai/gsm8k")),
+        ("data/graded", "does not exist" + hub_hint.format("data/graded")),
+        ("runs/demo/missing", "does not exist (nor does its directory runs/demo)"),
+        (tmp_path / "dir", "does not exist"),
+    ]:
+        with pytest.raises(DataError) as refused:
             load_records(missing)
+        assert str(refused.value) == f"{missing}: path: {problem}"
+    assert main(["data", "stats", "graded.jsnl"]) == 1
+    assert capsys.readouterr().err == ("nemo-topr data stats: graded.jsnl: path: does not exist; did you mean "
+                                       "graded.jsonl?\n")
 
 
 # ---------------------------------------------------------------------------------------------

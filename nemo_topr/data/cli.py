@@ -36,7 +36,7 @@ def _add_input_arguments(
     parser: argparse.ArgumentParser, *, tokenizer: bool = False, length_limit: bool = False
 ) -> None:
     parser.add_argument("paths", nargs="+", help="JSONL/Parquet/Arrow files, directories, glob patterns, a "
-                        "save_to_disk directory, or a hub dataset name (used only when no such local path exists)")
+                        "save_to_disk directory, or hub:OWNER/NAME for a Hugging Face hub dataset (downloaded)")
     add_source_arguments(parser)
     parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
                         help="stop at the first bad record (default) or drop and count bad records")

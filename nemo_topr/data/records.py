@@ -13,7 +13,7 @@ A record is one sampled completion with its reward (see docs/data.md):
     meta              optional JSON object, carried along untouched
 
 Rows come from `nemo_topr.data.sources` (JSONL, Parquet, Arrow, save_to_disk directories, hub
-datasets), renamed by an optional column mapping, each with its location, so that every error
+datasets named hub:owner/name), renamed by an optional column mapping, each with its location, so that every error
 names `source:row: field: problem` (line 0: the file or dataset as a whole). Record-level problems
 raise in strict mode and are counted as drops otherwise; problems with a whole file, with the
 schema or with the column mapping always raise.
@@ -331,7 +331,7 @@ def load_records(
     extra_columns: str = "error",
 ) -> RecordSet:
     """Read and validate every record under `paths` (see `nemo_topr.data.sources`: files,
-    directories, globs, save_to_disk directories, hub names).
+    directories, globs, save_to_disk directories, hub:owner/name).
 
     `columns` maps our fields to the source's columns (`{"prompt": "question"}`, or
     "prompt=question,reward=score"); `split` picks a DatasetDict's or hub dataset's split;

@@ -1,8 +1,9 @@
 """Where records come from: raw rows with their location, renamed by an explicit column mapping.
 
 A source is one file (JSONL, Parquet, Arrow), one directory written by `datasets`'
-`save_to_disk` (a DatasetDict needs a split), or a Hugging Face hub dataset name, read through
-`datasets.load_dataset` only when the argument is no local path. Rows are numbered from 1 in every
+`save_to_disk` (a DatasetDict needs a split), or a Hugging Face hub dataset named `hub:owner/name`,
+streamed through `datasets.load_dataset`. Only that prefix reaches the network: a missing local path
+is an error (naming near file names), never a download. Rows are numbered from 1 in every
 source (JSONL: the line number) so that errors read `source:row: field: problem`; row 0 stands for
 the source as a whole.
 
@@ -14,6 +15,7 @@ schema are an error, or, with `extra_columns="meta"`, are carried under `meta`.
 
 from __future__ import annotations
 
+import difflib
 import glob
 import json
 import re
@@ -34,8 +36,8 @@ EXTRA_COLUMNS = ("error", "meta")
 # what datasets.load_from_disk looks for (datasets/load.py:1740-1747)
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json")
 SAVED_DATASET_DICT_FILE = "dataset_dict.json"
-# `name` or `owner/name`; anything with a file suffix or more slashes is taken for a local path
-HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+HUB_PREFIX = "hub:"  # the one way to ask for a download: `hub:owner/name`
+HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # `name` or `owner/name`
 _BATCH_ROWS = 4096
 
 
@@ -92,9 +94,34 @@ def _sources_of(spec: str, split: str | None) -> tuple[list[Source], str | None]
     if glob.has_magic(spec):
         return _data_files(spec, sorted(map(Path, glob.glob(spec))),
                            f"pattern matches no {READ_SUFFIXES} files")
-    if HUB_NAME.match(spec) and path.suffix not in FILE_FORMATS:
-        return [_hub_source(spec, split)], None
-    raise DataError(spec, 0, "path", "does not exist")
+    if spec.startswith(HUB_PREFIX):
+        name = spec.removeprefix(HUB_PREFIX)
+        if not HUB_NAME.match(name):
+            raise DataError(spec, 0, "path", f"{name!r} is no hub dataset name (owner/name)")
+        return [_hub_source(name, split)], None
+    raise DataError(spec, 0, "path", "does not exist" + _missing_hint(path))
+
+
+def why_missing(spec: str) -> str | None:
+    """Why `spec` names no data here, in the words reading it would use, or None when it names a
+    file, a directory, a matching pattern or a hub dataset; reads nothing (`nemo-topr submit`
+    checks a job's data this way before queueing it)."""
+    if spec.startswith(HUB_PREFIX) or Path(spec).exists():
+        return None
+    if glob.has_magic(spec):
+        return None if glob.glob(spec) else "pattern matches nothing"
+    return "does not exist" + _missing_hint(Path(spec))
+
+
+def _missing_hint(path: Path) -> str:
+    """What a typo most likely meant: near names beside it, or the prefix an `owner/name` needs."""
+    parent = path.parent
+    if parent.is_dir():
+        near = difflib.get_close_matches(path.name, [entry.name for entry in parent.iterdir()], n=3, cutoff=0.6)
+        return f"; did you mean {' or '.join(str(parent / name) for name in near)}?" if near else ""
+    if len(path.parts) == 2 and HUB_NAME.match(str(path)):
+        return f" (a Hugging Face hub dataset is read only when named so: {HUB_PREFIX}{path})"
+    return f" (nor does its directory {parent})"
 
 
 def _data_files(spec: str, entries: list[Path], none_found: str) -> tuple[list[Source], str | None]:
@@ -252,14 +279,14 @@ def _hub_source(name: str, split: str | None) -> Source:
     try:
         dataset = datasets.load_dataset(name, split=split, streaming=True)
     except Exception as error:  # offline, unknown name, no access: datasets raises many types
-        raise DataError(name, 0, "path", "no such local file or directory, and as a Hugging Face hub dataset "
-                        f"it cannot be loaded ({type(error).__name__}: {error}); on a machine without hub "
-                        "access, save_to_disk the dataset elsewhere and pass that directory") from error
+        raise DataError(HUB_PREFIX + name, 0, "path", "as a Hugging Face hub dataset it cannot be loaded "
+                        f"({type(error).__name__}: {error}); on a machine without hub access, save_to_disk the "
+                        "dataset elsewhere and pass that directory") from error
     if isinstance(dataset, datasets.IterableDatasetDict):
-        raise DataError(name, 0, "split", f"a hub dataset with splits {list(dataset)}; choose one "
+        raise DataError(HUB_PREFIX + name, 0, "split", f"a hub dataset with splits {list(dataset)}; choose one "
                         "(dataset.split, --split)")
     columns = tuple(dataset.column_names) if dataset.column_names is not None else None
-    return Source(f"hub:{name}" + (f"[{split}]" if split else ""), "hub", columns,
+    return Source(HUB_PREFIX + name + (f"[{split}]" if split else ""), "hub", columns,
                   lambda: enumerate(dataset, start=1))
 
 

@@ -89,7 +89,7 @@ class PreparedData:
 class ToprDatasetConfig(DatasetProvider):
     """``dataset:`` section of a TOPR run (Bridge's ConfigContainer.dataset)."""
 
-    train_path: str = ""  # files, directory, glob, save_to_disk directory or hub name (nemo_topr.data.sources)
+    train_path: str = ""  # files, directory, glob, save_to_disk directory or hub:owner/name (nemo_topr.data.sources)
     columns: dict[str, str] = field(default_factory=dict)  # our field -> the data's column
     split: str | None = None  # of a saved DatasetDict or a hub dataset
     extra_columns: str = "error"  # "meta": columns that are no field are carried under meta

@@ -249,7 +249,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--model", required=True,
                         help="HF directory, Megatron checkpoint, or run directory (RUN[@ITER])")
     parser.add_argument("--data", required=True, help="records: JSONL/Parquet/Arrow files, directory, glob, "
-                        "save_to_disk directory or hub name (see --columns)")
+                        "save_to_disk directory or hub:OWNER/NAME (see --columns)")
     parser.add_argument("--out", required=True, help="output JSONL with behavior_logprob set (its report: "
                         "OUT.report.json)")
     add_overwrite_argument(parser)
