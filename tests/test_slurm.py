@@ -180,6 +180,29 @@ def test_submit_names_every_unmounted_path_and_missing_input(tmp_path, capsys):
     ]
 
 
+def test_submit_takes_data_as_train_reads_it_and_names_a_typo(tmp_path, capsys):
+    """A directory of shards and a glob were refused as "does not exist" (submit asked for a file);
+    a hub dataset is no path to mount; a typo is named with the near name, as `train` names it."""
+    model = placeholder_hf_model(tmp_path / "models" / "Llama-3.1-70B", LLAMA_31_70B)
+    shards, run_dir = tmp_path / "shards", tmp_path / "run"
+    shards.mkdir()
+    (shards / "part-0.jsonl").write_text("{}\n")
+    submit = ("--config", "llama31_70b_bf16", "--nodes", "4", "--container-image", "img", "--dry-run",
+              "--run-dir", str(run_dir), f"base_model={model}")
+    for data, data_mount in [(shards, [shards]), (shards / "*.jsonl", [shards]), ("hub:someone/graded", [])]:
+        status, out, err = _submit(capsys, *submit, f"dataset.train_path={data}")
+        assert status == 0, err
+        lines = out.splitlines()
+        mounts = ",".join(f"{p}:{p}" for p in sorted([REPO, run_dir, model, *data_mount]))
+        assert f"export NEMO_TOPR_CONTAINER_MOUNTS={mounts}" in lines
+        assert lines[-1].endswith(shlex.quote(f"dataset.train_path={data}")), lines[-1]
+    for data, problem in [(tmp_path / "shard", f"does not exist; did you mean {shards}?"),
+                          (shards / "*.parquet", "pattern matches nothing")]:
+        status, out, err = _submit(capsys, *submit, f"dataset.train_path={data}")
+        assert status == 1 and out == ""
+        assert [line.removeprefix("  - ") for line in err.splitlines()[1:]] == [f"dataset.train_path={data}: {problem}"]
+
+
 def test_submit_rejects_a_layout_that_does_not_divide_the_gpus(tmp_path, capsys):
     model = placeholder_hf_model(tmp_path / "Llama-3.1-70B", LLAMA_31_70B)
     (tmp_path / "scored.jsonl").write_text("{}\n")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr import model_source
+from nemo_topr.data.sources import HUB_PREFIX, why_missing
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,12 +109,18 @@ def parse_mounts(spec: str) -> list[Mount]:
     return mounts
 
 
+def settings_read(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The settings that name what the run opens, by config key (None where unset)."""
+    named = {"run_dir": cfg.get("run_dir"), "base_model": cfg.get("base_model"),
+             "dataset.train_path": (cfg.get("dataset") or {}).get("train_path")}
+    return {key: None if value in ("", "???") else value for key, value in named.items()}
+
+
 def paths_read(cfg: dict[str, Any]) -> dict[str, Path]:
     """Every path the run opens, by the config key that names it (relative: to the checkout)."""
     named = {"checkout": REPO}
-    for key, value in (("run_dir", cfg.get("run_dir")), ("base_model", cfg.get("base_model")),
-                       ("dataset.train_path", (cfg.get("dataset") or {}).get("train_path"))):
-        if value not in (None, "", "???"):
+    for key, value in settings_read(cfg).items():
+        if value is not None and not str(value).startswith(HUB_PREFIX):  # a hub dataset: no path, no mount
             named[key] = REPO / Path(value)  # an absolute value replaces REPO
     if "base_model" in named:  # RUN@ITERATION reads the run directory
         named["base_model"] = Path(model_source.split_iteration(named["base_model"])[0])
@@ -121,8 +128,10 @@ def paths_read(cfg: dict[str, Any]) -> dict[str, Path]:
 
 
 def derived_mounts(paths: dict[str, Path]) -> str:
-    """One same-path mount per directory the run needs (a data file's directory), nested ones dropped."""
-    directories = sorted({path if key != "dataset.train_path" else path.parent for key, path in paths.items()})
+    """One same-path mount per directory the run needs (the data's own, or a data file's or pattern's
+    directory), nested ones dropped."""
+    directories = sorted({path.parent if key == "dataset.train_path" and not path.is_dir() else path
+                          for key, path in paths.items()})
     kept = [d for d in directories if not any(d != other and d.is_relative_to(other) for other in directories)]
     return ",".join(f"{d}:{d}" for d in kept)
 
@@ -164,8 +173,8 @@ def check_inputs(on_host: dict[str, Path], base_model_spec: str) -> list[str]:
         except model_source.ModelSourceError as error:
             problems.append(str(error))
     data = on_host.get("dataset.train_path")
-    if data is not None and not data.is_file():
-        problems.append(f"dataset.train_path={data} does not exist")
+    if data is not None and (missing := why_missing(str(data))):
+        problems.append(f"dataset.train_path={data}: {missing}")
     run_dir = on_host.get("run_dir")
     if run_dir is not None:
         existing = nearest_existing(run_dir)
@@ -224,7 +233,7 @@ def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
     paths = paths_read(cfg)
     if Path(job.config_name).is_absolute():  # a user's YAML: the ranks read it (and whatever is beside it)
         paths["--config"] = Path(job.config_name).parent
-    problems = [f"{key} is not set" for key in ("base_model", "dataset.train_path") if key not in paths]
+    problems = [f"{key} is not set" for key, value in settings_read(cfg).items() if value is None]
     problems += check_time(job)
     mounts = (job.container_mounts or derived_mounts(paths)) if job.container_image else None
     environment_problems, on_host = check_environment(job, paths, parse_mounts(mounts or ""))
