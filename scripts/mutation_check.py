@@ -201,6 +201,11 @@ MUTANTS = (
            '    if data is not None and (missing := None if data.is_file() else "does not exist"):',
            ("tests/test_slurm.py::test_submit_takes_data_as_train_reads_it_and_names_a_typo",),
            "submit refuses a directory of shards or a glob that train reads, as 'does not exist'"),
+    Mutant("temperature_zero_sampled", "nemo_topr/evaluation/generate.py",
+           "    if settings.temperature == 0:\n", "    if False:\n",
+           ("tests/test_generate_eval.py::"
+            "test_temperature_zero_is_greedy_decoding_whatever_the_models_generation_config",),
+           "eval --temperature 0 fails after loading the weights on transformers, while vLLM decodes greedily"),
     Mutant("output_directory_made_at_check", "nemo_topr/outputs.py",
            "    unmakeable = _why_unmakeable(path.absolute().parent)\n",
            "    unmakeable = _why_unmakeable(path.absolute().parent)\n    path.parent.mkdir(parents=True, exist_ok=True)\n",

@@ -292,6 +292,59 @@ def test_eval_and_generate_refuse_zero_samples_or_tokens(flag, tmp_path, capsys)
     assert not (tmp_path / "r.json").exists() and not list(tmp_path.glob("*.samples"))
 
 
+@pytest.mark.parametrize("options, message", [
+    (["--temperature", "-1"], "--temperature must be at least 0 (0: greedy decoding); got -1.0"),
+    (["--temperature", "nan"], "--temperature must be at least 0 (0: greedy decoding); got nan"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]; got 0.0"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]; got 1.5"),
+    (["--temperature", "0", "--num-samples", "4"], "--temperature 0 is greedy decoding, one completion per prompt: "
+                                                   "--num-samples 1 (got 4)"),
+    (["--temperature", "0", "--sampler-logprobs"], "--sampler-logprobs with --temperature 0: greedy decoding samples "
+                                                   "from no distribution (its log-prob is 0); score the completions "
+                                                   "with `nemo-topr score-logprobs`"),
+])
+def test_sampling_options_are_checked_before_the_model_loads(options, message, tmp_path, capsys):
+    """transformers refused a temperature of 0 or below only after loading the weights, and left a
+    sample log behind; the placeholder weights here would fail to load, so no load happened."""
+    model = placeholder_hf_model(tmp_path / "model")
+    assert evaluate.main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", "--device", "cpu",
+                          *options, "--out", str(tmp_path / "r.json")]) == 1
+    assert generate.main(["--prompts", "gsm8k-test", "--model", str(model), "--limit", "1", "--device", "cpu",
+                          "--num-samples", "1", *options, "--out", str(tmp_path / "g.jsonl")]) == 1
+    assert capsys.readouterr().err.splitlines() == [f"nemo-topr eval: {message}", f"nemo-topr generate: {message}"]
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_temperature_zero_is_greedy_decoding_whatever_the_models_generation_config(model_dir, tmp_path):
+    """The completion is the argmax path, computed here token by token, for any seed, although the
+    model's generation_config asks for sampling (as Llama 3 Instruct's does)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nemo_topr.data.tokenization import load_tokenizer, prompt_token_ids
+
+    model = shutil.copytree(model_dir, tmp_path / "model")
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**config, "do_sample": True, "temperature": 0.6,
+                                                              "top_p": 0.9}))
+    problem = Problem("q0", "Question: What is 2+3?\nAnswer:", "5", "gsm8k")
+    tokenizer = load_tokenizer(model)
+    ids = prompt_token_ids(tokenizer, [problem.prompt])[0]
+    network = AutoModelForCausalLM.from_pretrained(model, local_files_only=True, dtype=torch.float32).eval()
+    path = []
+    with torch.no_grad():
+        while len(path) < 12 and (not path or path[-1] != tokenizer.eos_token_id):
+            path.append(int(network(torch.tensor([ids + path])).logits[0, -1].argmax()))
+    expected = tokenizer.decode(path, skip_special_tokens=True)
+    assert expected.strip()  # a path of real tokens, not EOS at once
+    for seed in (0, 1):
+        settings = SamplingSettings(temperature=0.0, max_new_tokens=12, seed=seed)
+        [(index, [completion])] = generate.iter_completions(model, {0: problem}, settings, "transformers", "cpu")
+        assert (index, completion.text) == (0, expected)
+
+
 @pytest.mark.parametrize("ks, message", [(["1", "8"], "--k 8 exceeds --num-samples 4: pass@k and maj@k need at "
                                                         "least k samples of each problem"),
                                           (["0", "2"], "--k 0: k must be at least 1")])

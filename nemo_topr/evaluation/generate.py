@@ -205,6 +205,14 @@ def _generated_lengths(new_tokens, eos_ids: set[int], pad_id: int) -> list[int]:
     return lengths
 
 
+def _decoding(settings: SamplingSettings) -> dict:
+    """transformers' options for `settings`: temperature 0 is greedy (as in vLLM), whatever the
+    model's generation_config samples with (Llama 3 Instruct's: temperature 0.6, top-p 0.9)."""
+    if settings.temperature == 0:
+        return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    return {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": settings.top_k}
+
+
 def _sample_with_transformers(model_dir: Path, prompt_ids: dict[int, list[int]], settings: SamplingSettings,
                               tokenizer, device: str) -> Iterator[tuple[int, list[Completion]]]:
     """One `generate` call per prompt (its N samples batched), on CPU or one GPU, yielded as it
@@ -224,8 +232,7 @@ def _sample_with_transformers(model_dir: Path, prompt_ids: dict[int, list[int]],
         input_ids = torch.tensor([ids], device=device)
         with torch.no_grad():
             output = model.generate(
-                input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
-                temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                input_ids, attention_mask=torch.ones_like(input_ids), **_decoding(settings),
                 max_new_tokens=settings.max_new_tokens, num_return_sequences=settings.num_samples,
                 stop_strings=list(settings.stop_strings) or None, tokenizer=tokenizer,
                 pad_token_id=pad_id, return_dict_in_generate=True,
@@ -378,6 +385,17 @@ def settings_from_args(args: argparse.Namespace, task: str) -> SamplingSettings:
     for flag in ("num_samples", "max_new_tokens", "top_k", "tensor_parallel_size"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1; got {getattr(args, flag)}")
+    # checked before the model loads (transformers refused a temperature of 0 only after loading it)
+    if not args.temperature >= 0:
+        raise ValueError(f"--temperature must be at least 0 (0: greedy decoding); got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1]; got {args.top_p}")
+    if args.temperature == 0 and args.num_samples != 1:
+        raise ValueError(f"--temperature 0 is greedy decoding, one completion per prompt: --num-samples 1 "
+                         f"(got {args.num_samples})")
+    if args.temperature == 0 and args.sampler_logprobs:
+        raise ValueError("--sampler-logprobs with --temperature 0: greedy decoding samples from no distribution "
+                         "(its log-prob is 0); score the completions with `nemo-topr score-logprobs`")
     stops = STOP_STRINGS[task] if args.stop is None else args.stop
     return SamplingSettings(num_samples=args.num_samples, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
