@@ -194,10 +194,19 @@ def _megatron_source(root: Path, iteration: int | None, *, kind: str, shown: Pat
     if not checkpoint.is_dir():
         raise ModelSourceError(f"{named}{shown}: no checkpoint {checkpoint}; saved iterations: "
                                f"{saved_iterations(root)}")
-    missing = [name for name in ITERATION_FILES if not (checkpoint / name).is_file()]
+    missing = _missing_files(checkpoint)
     if missing:
+        complete = [other for other in saved_iterations(root)
+                    if other != iteration and not _missing_files(root / iteration_dir_name(other))]
+        others = f"complete iterations: {complete}" if complete else "no other iteration there is complete"
+        if missing == ["run_config.yaml"]:  # the distributed checkpoint itself is whole
+            raise ModelSourceError(
+                f"{named}{shown}: {checkpoint} has no run_config.yaml: a Megatron-Bridge save killed before its last "
+                "file, or a checkpoint Megatron-LM wrote (it writes none). nemo-topr reads Megatron-Bridge "
+                "checkpoints (its runs, `nemo-topr import`); convert a Megatron-LM one to a Hugging Face directory "
+                f"and pass that ({others})")
         raise ModelSourceError(f"{named}{shown}: unfinished save: {checkpoint} lacks {', '.join(missing)} "
-                               f"(written when a save completes); use an earlier iteration: {saved_iterations(root)}")
+                               f"(written when a save completes); {others}")
     hf_dir = next((d / HF_ARTIFACTS for d in (checkpoint, root) if (d / HF_ARTIFACTS / "config.json").is_file()), None)
     if hf_dir is None:
         raise ModelSourceError(
@@ -209,6 +218,10 @@ def _megatron_source(root: Path, iteration: int | None, *, kind: str, shown: Pat
     source = ModelSource(kind, shown, hf_dir, checkpoint, iteration, named)
     check_architecture(source)
     return source
+
+
+def _missing_files(checkpoint: Path) -> list[str]:
+    return [name for name in ITERATION_FILES if not (checkpoint / name).is_file()]
 
 
 def check_architecture(source: ModelSource) -> None:

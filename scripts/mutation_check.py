@@ -206,6 +206,11 @@ MUTANTS = (
            ("tests/test_generate_eval.py::"
             "test_temperature_zero_is_greedy_decoding_whatever_the_models_generation_config",),
            "eval --temperature 0 fails after loading the weights on transformers, while vLLM decodes greedily"),
+    Mutant("broken_iteration_offered", "nemo_topr/model_source.py",
+           "if other != iteration and not _missing_files(root / iteration_dir_name(other))]",
+           "if True]",
+           ("tests/test_run_iterations.py::test_run_at_iteration_errors_name_the_saved_iterations",),
+           "an unfinished or Megatron-LM checkpoint's error offers the iteration it refused as the one to use"),
     Mutant("output_directory_made_at_check", "nemo_topr/outputs.py",
            "    unmakeable = _why_unmakeable(path.absolute().parent)\n",
            "    unmakeable = _why_unmakeable(path.absolute().parent)\n    path.parent.mkdir(parents=True, exist_ok=True)\n",

@@ -54,8 +54,17 @@ def test_run_at_iteration_loads_that_iteration(run_dir):
 def test_run_at_iteration_errors_name_the_saved_iterations(run_dir):
     with pytest.raises(ModelSourceError, match=r"no checkpoint .*iter_0000005; saved iterations: \[2, 4, 6\]"):
         resolve(f"{run_dir}@5")
-    _iteration(run_dir / "checkpoints", 8, finished=False)
-    with pytest.raises(ModelSourceError, match=r"unfinished save: .*iter_0000008 lacks run_config.yaml"):
+    eighth = _iteration(run_dir / "checkpoints", 8, finished=False)
+    with pytest.raises(ModelSourceError) as refused:
+        resolve(f"{run_dir}@8")
+    assert str(refused.value) == (
+        f"base_model={run_dir}: {eighth} has no run_config.yaml: a Megatron-Bridge save killed before its last file, or a "
+        "checkpoint Megatron-LM wrote (it writes none). nemo-topr reads Megatron-Bridge checkpoints (its runs, "
+        "`nemo-topr import`); convert a Megatron-LM one to a Hugging Face directory and pass that (complete "
+        "iterations: [2, 4, 6])")
+    (eighth / ".metadata").unlink()  # the list used to name every iteration directory, this one included
+    with pytest.raises(ModelSourceError, match=r"unfinished save: .*iter_0000008 lacks \.metadata, run_config.yaml "
+                                               r"\(written when a save completes\); complete iterations: \[2, 4, 6\]$"):
         resolve(f"{run_dir}@8")
 
 
