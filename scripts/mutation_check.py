@@ -119,7 +119,7 @@ MUTANTS = (
            ("tests/test_model_source.py",),
            "a GPT-2 or Qwen2 base_model reaches AutoBridge's traceback after the imports, or trains on untested paths"),
     Mutant("unfinished_iteration_accepted", "nemo_topr/model_source.py",
-           "missing = [name for name in ITERATION_FILES if not (checkpoint / name).is_file()]", "missing = []",
+           "    missing = _missing_files(checkpoint)\n", "    missing = []\n",
            SOURCE_TESTS, "a checkpoint cut short by a kill loaded as a model"),
     Mutant("export_all_from_latest", "nemo_topr/training/export.py",
            "bridge.export_ckpt(str(checkpoint.checkpoint), str(partial), show_progress=False)",
