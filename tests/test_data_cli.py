@@ -125,9 +125,22 @@ def test_zero_one_grades_with_a_baseline_above_zero_warn_that_there_are_no_negat
     err = capsys.readouterr().err
     assert "warning: no record is negative (reward < 0), yet the baseline 0.5 is above the smallest reward 0" in err
     assert "reward = 2 * grade - 1" in err
-    # the same data at baseline 0 (nothing below c), and +-1 rewards at 0.5, warn of nothing
+    # at baseline 0 the wrong answers (reward 0 = c) train nothing: this used to pass unsaid
     assert main(["data", verb, str(graded)]) == 0
+    assert capsys.readouterr().err == (
+        "warning: no record is negative (reward < 0), and the records with the smallest reward 0, the baseline, get "
+        "an advantage R - c = 0: they train nothing, so only the others train (SFT on them) and no wrong answer is "
+        "pushed down; if they are wrong answers, map 0/1 grades to -1/+1 (reward = 2 * grade - 1; docs/data.md, "
+        "'Rewards graded 0/1'), or set objective.negative_rule=advantage with a baseline between the grades "
+        "(objective.baseline=0.5)\n")
+    # +-1 rewards at 0.5 or 0, and 0/1 grades below their smallest reward, warn of nothing
     assert main(["data", verb, str(SCORED), "--baseline", "0.5"]) == 0
+    assert main(["data", verb, str(SCORED)]) == 0
+    assert main(["data", verb, str(graded), "--baseline", "-0.5"]) == 0
+    own = tmp_path / "own_baselines.jsonl"  # each record's own c (a group mean): --baseline is not what they get
+    own.write_text("".join(json.dumps({**json.loads(line), "baseline": 0.5}) + "\n"
+                           for line in graded.read_text().splitlines()))
+    assert main(["data", verb, str(own)]) == 0
     assert "warning" not in capsys.readouterr().err
 
 
@@ -136,9 +149,17 @@ def test_train_warns_of_zero_one_grades_in_check_baseline(capsys):
     from nemo_topr.training.recipe import check_baseline
 
     check_baseline(ObjectiveConfig(baseline=0.5), {0.0, 1.0})
-    assert "[nemo-topr] WARNING: no record is negative" in capsys.readouterr().out
+    assert "[nemo-topr] WARNING: no record is negative (reward < 0), yet" in capsys.readouterr().out
+    for variant in ("topr", "tis"):  # c = 0 = the wrong answers' reward: they train nothing
+        check_baseline(ObjectiveConfig(variant=variant), {0.0, 1.0})
+        assert "the baseline, get an advantage R - c = 0: they train nothing" in capsys.readouterr().out
     check_baseline(ObjectiveConfig(baseline=0.5, negative_rule="advantage"), {0.0, 1.0})  # R - c < 0 is negative
     check_baseline(ObjectiveConfig(baseline=0.5), {-1.0, 1.0})
+    check_baseline(ObjectiveConfig(), {-1.0, 1.0})
+    # c is not what the records get (their own baselines, asymre's group means), or negatives are dropped by design
+    check_baseline(ObjectiveConfig(), {0.0, 1.0}, record_baselines=True)
+    check_baseline(ObjectiveConfig(variant="asymre"), {0.0, 1.0})
+    check_baseline(ObjectiveConfig(variant="sft_positive"), {0.0, 1.0})
     assert capsys.readouterr().out == ""
 
 

@@ -87,7 +87,8 @@ def _warn_of_the_baseline(records, baseline: float) -> None:
     from nemo_topr.data.positives import no_negatives_warning, sign_flipping_baseline
 
     rewards = [record.reward for record in records]
-    if warning := no_negatives_warning(rewards, baseline):
+    own_baselines = any(record.baseline is not None for record in records)  # then c is not what they get
+    if not own_baselines and (warning := no_negatives_warning(rewards, baseline)):
         print(f"warning: {warning}", file=sys.stderr)
     if problem := sign_flipping_baseline(rewards, baseline):
         print(f"warning: {problem}; `train` refuses this baseline", file=sys.stderr)

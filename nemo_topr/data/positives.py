@@ -4,7 +4,9 @@ advantage R - c takes.
 - 0/1 grades have no negatives. With the paper's rule (a record is negative when R < 0;
   `nemo_topr.data.records.is_positive`), a file graded 0/1 has only positives. A baseline above
   the smallest reward then gives the wrong answers a negative advantage R - c, yet the
-  untruncated weight of a positive: naive REINFORCE on them, with none of TOPR's truncation.
+  untruncated weight of a positive: naive REINFORCE on them, with none of TOPR's truncation. At
+  the default baseline 0 they get R - c = 0 and train nothing: SFT on the correct answers, not
+  TOPR's push-down of the wrong ones.
 - A baseline at or beyond the rewards' range flips one side: c >= the largest reward gives every
   record R - c <= 0 (the best completions pushed down, or no signal), c <= the smallest negative
   reward gives every record R - c >= 0 (the worst pushed up).
@@ -17,15 +19,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-MAP_GRADES = ("map 0/1 grades to -1/+1 (reward = 2 * grade - 1; docs/data.md, 'Rewards graded 0/1'), "
-              "or set objective.negative_rule=advantage to mark R - c < 0 as negative")
+MAP_TO_SIGNS = "map 0/1 grades to -1/+1 (reward = 2 * grade - 1; docs/data.md, 'Rewards graded 0/1')"
+MAP_GRADES = f"{MAP_TO_SIGNS}, or set objective.negative_rule=advantage to mark R - c < 0 as negative"
 
 
 def no_negatives_warning(rewards: Iterable[float], baseline: float, negative_rule: str = "reward") -> str | None:
     """The warning text when no reward is negative while `baseline` is above the smallest one
-    (and negatives are decided on the reward); None otherwise."""
+    (and negatives are decided on the reward), or equal to it (those records train nothing);
+    None otherwise. `baseline` is the scalar c every record gets (not asymre's group means, not
+    the records' own baselines)."""
     rewards = list(rewards)
-    if negative_rule != "reward" or not rewards or min(rewards) < 0 or baseline <= min(rewards):
+    if not rewards or min(rewards) < 0 or baseline < min(rewards):
+        return None
+    if baseline == min(rewards):
+        if baseline == max(rewards):
+            return None  # one reward, equal to c: `sign_flipping_baseline`'s case
+        return (f"no record is negative (reward < 0), and the records with the smallest reward {baseline:g}, the "
+                f"baseline, get an advantage R - c = 0: they train nothing, so only the others train (SFT on them) "
+                f"and no wrong answer is pushed down; if they are wrong answers, {MAP_TO_SIGNS}, or set "
+                "objective.negative_rule=advantage with a baseline between the grades (objective.baseline=0.5)")
+    if negative_rule != "reward":
         return None
     return (f"no record is negative (reward < 0), yet the baseline {baseline:g} is above the smallest reward "
             f"{min(rewards):g}: the records with reward below {baseline:g} get a negative advantage R - c but the "

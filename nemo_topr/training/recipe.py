@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -81,7 +82,8 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
         run.container.dataset.report_path = None  # every rank tokenizes; rank 0 reports
     train = run.container.train
     prepared = run.container.dataset.prepare(train.global_batch_size)
-    check_baseline(run.objective, {seq.reward for seq in prepared.dataset.sequences})
+    check_baseline(run.objective, {seq.reward for seq in prepared.dataset.sequences},
+                   record_baselines=any(not math.isnan(seq.baseline) for seq in prepared.dataset.sequences))
     train.train_iters = prepared.num_rows // train.global_batch_size
     if rank_zero:
         resume_iteration = latest_iteration(Path(run.container.checkpoint.save))
@@ -106,12 +108,15 @@ def one_checkpoint(run: TrainingRun) -> tuple[int, str]:
     return checkpoint_bytes(Path(container.checkpoint.save), estimate)
 
 
-def check_baseline(objective, rewards: set[float], *, warn: bool = True) -> None:
+def check_baseline(objective, rewards: set[float], *, warn: bool = True, record_baselines: bool = False) -> None:
     """A baseline at or beyond the rewards' range is refused: every record's advantage would take
-    one sign (with +-1 rewards, c >= 1 pushes the correct answers down). 0/1 grades with c above 0
-    are warned of (`nemo_topr.data.positives`) unless not `warn` (`main`'s early call, before
-    Megatron's import; `prepare` warns)."""
-    if warn and (warning := no_negatives_warning(rewards, objective.baseline, objective.negative_rule)):
+    one sign (with +-1 rewards, c >= 1 pushes the correct answers down). 0/1 grades with c at or
+    above 0 are warned of (`nemo_topr.data.positives`) unless not `warn` (`main`'s early call,
+    before Megatron's import; `prepare` warns), and where c is not what the records get (asymre's
+    group means, the records' own baselines) or negatives are dropped by design (sft_positive)."""
+    scalar_baseline = objective.variant not in ("asymre", "sft_positive") and not record_baselines
+    if warn and scalar_baseline and (warning := no_negatives_warning(rewards, objective.baseline,
+                                                                     objective.negative_rule)):
         print(f"[nemo-topr] WARNING: {warning}", flush=True)
     if problem := sign_flipping_baseline(rewards, objective.baseline):
         raise ConfigError(f"objective.baseline={objective.baseline}: {problem}; choose a baseline between the "
