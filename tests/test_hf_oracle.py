@@ -143,3 +143,9 @@ def test_score_logprobs_matches_transformers(oracle, tmp_path, shared_prefix):
     assert summary["records_scored"] == len(oracle["seqs"])
     scores = {k: json.loads(line)["behavior_logprob"] for k, line in enumerate(out.read_text().splitlines())}
     _assert_matches_oracle(scores, oracle["logprobs"], f"score-logprobs shared_prefix={shared_prefix}")
+    # every input record had log mu = -100: the summary says how far transformers' log pi is from it
+    changes = [abs(oracle["logprobs"][seq.sample_id] + 100.0) for seq in oracle["seqs"]]
+    replaced, tolerance = summary["replaced_behavior_logprobs"], RTOL * max(map(abs, oracle["logprobs"].values()))
+    assert replaced["records"] == len(oracle["seqs"])
+    assert replaced["mean_abs_change"] == pytest.approx(math.fsum(changes) / len(changes), rel=0, abs=tolerance)
+    assert replaced["max_abs_change"] == pytest.approx(max(changes), rel=0, abs=tolerance)

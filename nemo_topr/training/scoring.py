@@ -239,6 +239,12 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     write_jsonl(scored, out)
     summary = {**records.report.to_dict(), "records_scored": len(scored), "out": str(out),
                "mean_behavior_logprob": sum(all_scores.values()) / len(all_scores)}
+    # values the input already had (a sampler's own, an earlier scoring): how far the new ones moved
+    changes = [abs(all_scores[k] - by_index[k].behavior_logprob) for k in all_scores
+               if by_index[k].behavior_logprob is not None]
+    if changes:
+        summary["replaced_behavior_logprobs"] = {
+            "records": len(changes), "mean_abs_change": sum(changes) / len(changes), "max_abs_change": max(changes)}
     write_whole(report, json.dumps(summary, indent=2) + "\n")
     return summary
 
