@@ -84,7 +84,7 @@ def completion_logprob_means(model_dir: Path, records: list[dict]) -> dict[str, 
     from nemo_topr.data.tokenization import load_tokenizer, prompt_token_ids
 
     tokenizer = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     sums = {"positive": [], "negative": []}
     with torch.no_grad():
         for record in records:

@@ -382,8 +382,8 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
 
         hf_out = files.hf_export
         doctor.command("export", ["export", "--ckpt", str(run_dir), "--hf-out", str(hf_out), "--device", device])
-        exported = AutoModelForCausalLM.from_pretrained(str(hf_out), torch_dtype=torch.float32)
-        base = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+        exported = AutoModelForCausalLM.from_pretrained(str(hf_out), dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         shapes = {k: tuple(v.shape) for k, v in exported.state_dict().items()}
         if shapes != {k: tuple(v.shape) for k, v in base.state_dict().items()}:
             raise CheckFailed("the export's tensors differ from the base model's in names or shapes",

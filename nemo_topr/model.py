@@ -80,7 +80,7 @@ def config_only_bridge(hf_dir: str | Path):
     from megatron.bridge import AutoBridge
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(hf_dir), local_files_only=True, torch_dtype=torch.float32)
+    config = AutoConfig.from_pretrained(str(hf_dir), local_files_only=True, dtype=torch.float32)
     bridge = AutoBridge.from_hf_config(config)
     bridge.hf_model_id = str(hf_dir)  # where save_hf_pretrained copies tokenizer/generation files from
     return bridge
@@ -123,7 +123,7 @@ def build_tiny_hf_llama(out_dir: str | Path, tokenizer, *, seed: int = 0, num_la
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-5, rope_theta=500_000.0,
         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32",
+        pad_token_id=tokenizer.pad_token_id, dtype="float32",
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).float()

@@ -4,7 +4,9 @@
 Importing Megatron-Core and Megatron-Bridge on a machine without Transformer Engine or Apex
 prints a dozen UserWarnings about fallbacks (the CPU runtime uses the local implementations on
 purpose: `nemo_topr.cpu_runtime`), a logged traceback for an optional FP8 import, a note on
-Gemma 2's attention, and torch's note that no CUDA runtime was found; composing a user's YAML
+Gemma 2's attention, and torch's note that no CUDA runtime was found; building a model adds
+Megatron-Core 0.19's notes that GPTModel and its own default CUDA-graph scope are deprecated,
+and transformers' note on the `torch_dtype` keyword Bridge still passes it; composing a user's YAML
 adds Hydra's and multistorageclient's note that msc:// configs are not set up. None of it is
 something a user can act on, and it buried the first useful line of every verb. Only these exact messages are filtered; any other warning or
 log line still shows. What is not Python's cannot be filtered here: Gloo's "[Gloo] Rank N is
@@ -27,12 +29,21 @@ HARMLESS_WARNINGS = (
     r"Only transformer-engine>=\S+ supports MoE experts",
     r"MimoModelConfig is experimental",
     r"provider=msc-universal, path=\S* is not available",  # Hydra, composing a user's YAML (below)
+    # Megatron-Core 0.19's own default cuda_graph_modules="full" warns in every TransformerConfig
+    # (megatron/core/transformer/transformer_config.py); CUDA graphs are off in every preset
+    r"full scope is deprecated\. Use empty cuda_graph_modules",
 )
 # logger name -> the start of the messages dropped from it
 HARMLESS_LOG_LINES = {
     "megatron.bridge.utils.import_utils": r"Import of \w+ from megatron\.core\.extensions\.transformer_engine failed",
     "torch.utils.cpp_extension": r"No CUDA runtime is found",
     "megatron.bridge.models.gemma.gemma2_provider": r"Gemma2: ",  # a model family nemo-topr does not build
+    # Bridge's Llama provider builds Megatron-Core's GPTModel, which 0.19 calls deprecated at every build
+    "megatron.core.models.gpt.gpt_model": r"GPTModel IS DEPRECATED",
+    # Bridge still uses transformers 5's old name: config.torch_dtype (conversion/model_bridge.py),
+    # from_pretrained(torch_dtype=...) (hf_pretrained/causal_lm.py)
+    "transformers.configuration_utils": r"`torch_dtype` is deprecated! Use `dtype` instead!",
+    "transformers.modeling_utils": r"`torch_dtype` is deprecated! Use `dtype` instead!",
     # multistorageclient's Hydra plugin (msc:// config URLs, unused here) logs a traceback when a
     # config adds a search path (a user's YAML naming our presets: nemo_topr.training.config.compose)
     "multistorageclient.contrib.hydra": r"MSC config source not available",

@@ -75,7 +75,7 @@ def oracle(tmp_path_factory, megatron_world):
     data = root / "records.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     seqs = tokenize_records(load_records(data), load_tokenizer(hf_dir), max_seq_length=SEQ_LENGTH).sequences
-    hf_model = LlamaForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    hf_model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
     return {"hf_dir": hf_dir, "data": data, "seqs": seqs, "logprobs": hf_completion_logprobs(hf_model.eval(), seqs)}
 
 

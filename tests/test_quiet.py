@@ -54,6 +54,47 @@ def test_verbose_shows_everything():
     assert len(shown) == 3 and len(kept) == 2
 
 
+@pytest.mark.parametrize("environ, shown", [({}, False), ({"NEMO_TOPR_VERBOSE": "1"}, True)])
+def test_building_a_model_says_nothing_of_the_libraries_own_deprecations(megatron_world, environ, shown):
+    """Every model build printed Megatron-Core 0.19's 'GPTModel IS DEPRECATED', its warning on its
+    own default CUDA-graph scope ('full scope is deprecated') and transformers' note on the
+    `torch_dtype` name Bridge reads: the real messages, from a real TransformerConfig, GPTModel and
+    LlamaConfig."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+    from transformers import LlamaConfig
+    from transformers.utils.logging import warning_once
+
+    loggers = [logging.getLogger(name) for name in ("megatron.core.models.gpt.gpt_model",
+                                                     "transformers.configuration_utils")]
+    saved_filters, kept = [list(logger.filters) for logger in loggers], []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            kept.append(record.getMessage())
+
+    handler = Collect(level=logging.DEBUG)
+    for logger in loggers:
+        logger.filters[:] = []
+        logger.addHandler(handler)
+    warning_once.cache_clear()  # transformers says it once per process
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            quiet_known_noise(environ)
+            config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, use_cpu_initialization=True)
+            GPTModel(config, get_gpt_layer_local_spec(), vocab_size=16, max_sequence_length=8)
+            _ = LlamaConfig().torch_dtype  # as Bridge's model_bridge.py reads it
+    finally:
+        for logger, filters in zip(loggers, saved_filters):
+            logger.removeHandler(handler)
+            logger.filters[:] = filters
+    said = [str(w.message) for w in caught] + kept
+    for message in ("full scope is deprecated", "GPTModel IS DEPRECATED", "`torch_dtype` is deprecated"):
+        assert any(m.startswith(message) for m in said) is shown, (message, said)
+
+
 @pytest.mark.slow  # two Bridge imports in subprocesses, ~20 s each
 def test_plan_prints_no_start_up_noise_unless_verbose(tmp_path):
     """On a user's YAML extending a preset, which also makes Hydra ask multistorageclient's
