@@ -13,10 +13,10 @@ A record is one sampled completion with its reward (see docs/data.md):
     meta              optional JSON object, carried along untouched
 
 Rows come from `nemo_topr.data.sources` (JSONL, Parquet, Arrow, save_to_disk directories, hub
-datasets named hub:owner/name), renamed by an optional column mapping, each with its location, so that every error
-names `source:row: field: problem` (line 0: the file or dataset as a whole). Record-level problems
-raise in strict mode and are counted as drops otherwise; problems with a whole file, with the
-schema or with the column mapping always raise.
+datasets named hub:owner/name), renamed by an optional column mapping, each with its location, so
+that every error names `source:row: field: problem` (line 0: the file or dataset as a whole).
+Record-level problems raise in strict mode and are counted as drops otherwise; problems with a
+whole file, with the schema or with the column mapping always raise.
 """
 
 from __future__ import annotations
