@@ -37,6 +37,11 @@ class TokenizedDataset:
     prompt_keys: list[str]  # dense prompt_id -> Record.prompt_key (order of first appearance)
     report: ValidationReport
 
+    @property
+    def record_baselines(self) -> bool:
+        """Whether the records carry their own baseline (all or none: it is part of the schema)."""
+        return bool(self.sequences) and not math.isnan(self.sequences[0].baseline)
+
 
 def load_tokenizer(path: str | Path):
     """A tokenizer from a local directory (never downloaded): a Hugging Face directory, or any

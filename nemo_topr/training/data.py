@@ -76,7 +76,7 @@ class PreparedData:
             "sequences": len(sequences),
             "positives": sum(seq.reward >= 0 for seq in sequences),
             "prompts": len(self.dataset.prompt_keys),
-            "baselines": ("the records' own baseline field" if not math.isnan(sequences[0].baseline)
+            "baselines": ("the records' own baseline field" if self.dataset.record_baselines
                           else "whole-group mean reward of the records used"),
             "rows": self.num_rows,
             "filler_rows": self.filler_rows,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -83,7 +82,7 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
     train = run.container.train
     prepared = run.container.dataset.prepare(train.global_batch_size)
     check_baseline(run.objective, {seq.reward for seq in prepared.dataset.sequences},
-                   record_baselines=any(not math.isnan(seq.baseline) for seq in prepared.dataset.sequences))
+                   record_baselines=prepared.dataset.record_baselines)
     train.train_iters = prepared.num_rows // train.global_batch_size
     if rank_zero:
         resume_iteration = latest_iteration(Path(run.container.checkpoint.save))
