@@ -184,6 +184,42 @@ def test_a_resume_onto_changed_data_or_lr_is_refused_and_keeps_the_config_that_t
     assert [OmegaConf.load(p).optimizer.lr for p in sorted((run_dir / "configs").iterdir())] == [0.02, 0.02]
 
 
+def test_a_refused_resume_leaves_the_data_report_of_the_data_that_trained(tiny_hf, tmp_path):
+    from nemo_topr.training.recipe import prepare
+    from nemo_topr.training.run_state import RunStateError
+
+    run_dir = tmp_path / "run"
+    prepare(_run(tiny_hf, run_dir, f"dataset.train_path={_graded_data(tmp_path / 'four.jsonl', records=4)}"))
+    _fake_checkpoint(run_dir, 1)
+    trained = (run_dir / "data_report.json").read_text()
+    assert json.loads(trained)["records_in"] == 12  # build_graded_records: 3 samples of each prompt
+    with pytest.raises(RunStateError, match="Changed: the training data"):
+        prepare(_run(tiny_hf, run_dir, f"dataset.train_path={_graded_data(tmp_path / 'two.jsonl', records=2)}"))
+    assert (run_dir / "data_report.json").read_text() == trained
+
+
+@pytest.mark.parametrize("overrides, record_baseline, expected", [
+    ((), None, "objective.baseline (0.0) for every record"),
+    (("objective.baseline=-0.25",), None, "objective.baseline (-0.25) for every record"),
+    (("objective.variant=sft_positive",), None, "objective.baseline (0.0) for every record"),
+    (("objective.variant=asymre", "objective.asymre_delta_v=0.2"), None,
+     "the whole-group mean reward of the records used + objective.asymre_delta_v (0.2)"),
+    (("objective.variant=asymre",), 0.5, "the records' own baseline field + objective.asymre_delta_v (-0.1)"),
+    (("objective.variant=tis",), 0.5, "the records' own baseline field"),
+])
+def test_the_data_report_says_which_baseline_the_objective_uses(tiny_hf, tmp_path, overrides, record_baseline,
+                                                                expected):
+    """Only asymre takes the whole group's mean reward (nemo_topr/objective.py, "Baselines")."""
+    from nemo_topr.training.recipe import prepare
+
+    extra = {} if record_baseline is None else {"baseline": record_baseline}
+    data = _graded_data(tmp_path / "graded.jsonl", **extra)
+    summary = prepare(_run(tiny_hf, tmp_path / "run", f"dataset.train_path={data}", *overrides))
+    report = json.loads((tmp_path / "run" / "data_report.json").read_text())
+    assert report["baselines"] == summary["baselines"] == expected
+    assert report["record_baselines"] is (record_baseline is not None)
+
+
 def test_a_resume_with_another_objective_or_base_model_is_refused(tiny_hf, tmp_path):
     """The objective decides what every iteration trains towards, and a resume never reads
     base_model: either changed would be trained, or ignored, without a word."""

@@ -13,11 +13,9 @@ with every sequence into the batch (`group_mean_rewards`, `baselines`; see
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -76,8 +74,7 @@ class PreparedData:
             "sequences": len(sequences),
             "positives": sum(seq.reward >= 0 for seq in sequences),
             "prompts": len(self.dataset.prompt_keys),
-            "baselines": ("the records' own baseline field" if self.dataset.record_baselines
-                          else "whole-group mean reward of the records used"),
+            "record_baselines": self.dataset.record_baselines,
             "rows": self.num_rows,
             "filler_rows": self.filler_rows,
             "padding_share": round(self.padding_share, 4),
@@ -103,7 +100,7 @@ class ToprDatasetConfig(DatasetProvider):
     too_long: str | None = None  # "error" | "drop"; default follows `strict`
     shuffle_seed: int = 1234
     epochs: int = 1
-    report_path: str | None = None  # where the data report JSON is written
+    report_path: str | None = None  # where the data report JSON is written (training.recipe.prepare)
     dataloader_type: str | None = "single"
     num_workers: int = 0
 
@@ -150,9 +147,6 @@ class ToprDatasetConfig(DatasetProvider):
         filler = math.ceil(len(rows) / global_batch_size) * global_batch_size - len(rows)
         rows += [[] for _ in range(filler)]
         self._prepared = PreparedData(dataset, rows, pad_id, padding, filler, self.shared_prefix)
-        if self.report_path:
-            Path(self.report_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(self.report_path).write_text(json.dumps(self._prepared.summary(), indent=2) + "\n")
         return self._prepared
 
     def build_datasets(self, context: DatasetBuildContext):

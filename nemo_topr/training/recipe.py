@@ -94,9 +94,23 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
             print(f"[nemo-topr] sample ledger: dropped {dropped} entries of iterations after the checkpoint "
                   f"resumed from (iteration {resume_iteration or 0})", flush=True)
         save_start_config(run.run_dir, run.raw)
-    summary = {**prepared.summary(), "train_iters": train.train_iters,
-               "global_batch_size": train.global_batch_size}
+    summary = {**prepared.summary(), "baselines": baseline_in_use(run.objective, prepared.dataset.record_baselines),
+               "train_iters": train.train_iters, "global_batch_size": train.global_batch_size}
+    if rank_zero and run.container.dataset.report_path:
+        report = Path(run.container.dataset.report_path)
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def baseline_in_use(objective, record_baselines: bool) -> str:
+    """What c is in this run, for the data report (`nemo_topr.objective`, "Baselines")."""
+    delta_v = f" + objective.asymre_delta_v ({objective.asymre_delta_v})" if objective.variant == "asymre" else ""
+    if record_baselines:
+        return f"the records' own baseline field{delta_v}"
+    if objective.variant == "asymre":
+        return f"the whole-group mean reward of the records used{delta_v}"
+    return f"objective.baseline ({objective.baseline}) for every record"
 
 
 def one_checkpoint(run: TrainingRun) -> tuple[int, str]:
