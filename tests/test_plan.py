@@ -207,6 +207,21 @@ def test_cli_reports_does_not_fit(capsys):
     assert "verdict: DOES NOT FIT" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("options, problem", [
+    (["--nodes", "0"], "--nodes and --gpus-per-node must be >= 1"),
+    (["--gpus-per-node", "-2"], "--nodes and --gpus-per-node must be >= 1"),
+    (["--gpu-memory-gb", "0"], "--gpu-memory-gb 0: must be a GPU's memory in GiB, above 0 (H100: 80)"),
+    (["--gpu-memory-gb", "nan"], "--gpu-memory-gb nan: must be a GPU's memory in GiB, above 0 (H100: 80)"),
+    (["--reserve-gb", "-1"], "--reserve-gb -1: must be at least 0 and below --gpu-memory-gb 80"),
+    (["--gpu-memory-gb", "40", "--reserve-gb", "40"], "--reserve-gb 40: must be at least 0 and below --gpu-memory-gb 40"),
+])
+def test_a_machine_that_cannot_exist_is_a_usage_error_not_a_verdict(options, problem, capsys):
+    """Before, --gpu-memory-gb 0 (a typo for 80) printed a whole report ending "DOES NOT FIT"."""
+    assert main(["llama31_8b_bf16", *options]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"nemo-topr plan: {problem}\n" and captured.out == ""
+
+
 # ------------------------------------------------------------------------- the shipped presets
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -778,6 +778,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
+def machine_problem(args: argparse.Namespace) -> str | None:
+    """Why the machine described by the options cannot be planned for (a usage error, not a
+    layout that does not fit), or None."""
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        return "--nodes and --gpus-per-node must be >= 1"
+    if not (math.isfinite(args.gpu_memory_gb) and args.gpu_memory_gb > 0):
+        return f"--gpu-memory-gb {args.gpu_memory_gb:g}: must be a GPU's memory in GiB, above 0 (H100: 80)"
+    if not (math.isfinite(args.reserve_gb) and 0 <= args.reserve_gb < args.gpu_memory_gb):
+        return (f"--reserve-gb {args.reserve_gb:g}: must be at least 0 and below --gpu-memory-gb "
+                f"{args.gpu_memory_gb:g}")
+    return None
+
+
 def plan(cfg: dict[str, Any], title: str, args: argparse.Namespace) -> tuple[int, str]:
     """(exit status, report) for a composed config."""
     arch, source = resolve_architecture(cfg, title, args.arch)
@@ -794,8 +807,8 @@ def main(argv: list[str] | None = None) -> int:
     from nemo_topr.training.config import ConfigError
 
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.nodes < 1 or args.gpus_per_node < 1:
-        print("nemo-topr plan: --nodes and --gpus-per-node must be >= 1", file=sys.stderr)
+    if problem := machine_problem(args):
+        print(f"nemo-topr plan: {problem}", file=sys.stderr)
         return 2
     try:
         cfg, title = compose_config(args.config, args.overrides, args.config_path)
