@@ -201,6 +201,12 @@ def test_submit_takes_data_as_train_reads_it_and_names_a_typo(tmp_path, capsys):
         status, out, err = _submit(capsys, *submit, f"dataset.train_path={data}")
         assert status == 1 and out == ""
         assert [line.removeprefix("  - ") for line in err.splitlines()[1:]] == [f"dataset.train_path={data}: {problem}"]
+    # a hub name without its prefix is a path under the checkout there; the hint is train's
+    status, out, err = _submit(capsys, *submit, "dataset.train_path=someone/graded")
+    assert status == 1 and out == ""
+    assert [line.removeprefix("  - ") for line in err.splitlines()[1:]] == [
+        f"dataset.train_path={REPO / 'someone' / 'graded'}: does not exist (a Hugging Face hub dataset is read only "
+        "when named so: hub:someone/graded)"]
 
 
 def test_submit_rejects_a_layout_that_does_not_divide_the_gpus(tmp_path, capsys):

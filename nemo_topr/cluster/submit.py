@@ -158,22 +158,24 @@ def check_environment(job: ClusterJob, paths: dict[str, Path], mounts: list[Moun
     return problems, on_host
 
 
-def check_inputs(on_host: dict[str, Path], base_model_spec: str) -> list[str]:
+def check_inputs(on_host: dict[str, Path], cfg: dict[str, Any]) -> list[str]:
     """The starting model is complete (`nemo_topr.model_source`: an HF directory with config and
     tokenizer, or a finished Megatron checkpoint carrying its HF config), the data exists and the
-    run directory can be created and is no model."""
+    run directory can be created and is no model. `on_host`: the paths as the submit host sees
+    them; `cfg`'s values as the user wrote them name them in the errors."""
     from nemo_topr.outputs import nearest_existing
     from nemo_topr.training.config import ConfigError, check_run_dir
 
     problems = []
+    typed = settings_read(cfg)
     model = on_host.get("base_model")
     if model is not None:
         try:
-            model_source.resolve(f"{model}{model_source.split_iteration(base_model_spec)[1]}")
+            model_source.resolve(f"{model}{model_source.split_iteration(str(typed['base_model']))[1]}")
         except model_source.ModelSourceError as error:
             problems.append(str(error))
     data = on_host.get("dataset.train_path")
-    if data is not None and (missing := why_missing(str(data))):
+    if data is not None and (missing := why_missing(str(data), typed=str(typed["dataset.train_path"]))):
         problems.append(f"dataset.train_path={data}: {missing}")
     run_dir = on_host.get("run_dir")
     if run_dir is not None:
@@ -237,7 +239,7 @@ def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
     problems += check_time(job)
     mounts = (job.container_mounts or derived_mounts(paths)) if job.container_image else None
     environment_problems, on_host = check_environment(job, paths, parse_mounts(mounts or ""))
-    input_problems = check_inputs(on_host, str(cfg.get("base_model")))
+    input_problems = check_inputs(on_host, cfg)
     problems += environment_problems + input_problems
     warnings: list[str] = []
     if "base_model" in on_host and not input_problems:

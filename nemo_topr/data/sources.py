@@ -99,28 +99,29 @@ def _sources_of(spec: str, split: str | None) -> tuple[list[Source], str | None]
         if not HUB_NAME.match(name):
             raise DataError(spec, 0, "path", f"{name!r} is no hub dataset name (owner/name)")
         return [_hub_source(name, split)], None
-    raise DataError(spec, 0, "path", "does not exist" + _missing_hint(path))
+    raise DataError(spec, 0, "path", "does not exist" + _missing_hint(path, path))
 
 
-def why_missing(spec: str) -> str | None:
+def why_missing(spec: str, typed: str | None = None) -> str | None:
     """Why `spec` names no data here, in the words reading it would use, or None when it names a
     file, a directory, a matching pattern or a hub dataset; reads nothing (`nemo-topr submit`
-    checks a job's data this way before queueing it)."""
+    checks a job's data this way before queueing it, `typed` being the value as written, before
+    it was resolved against the checkout)."""
     if spec.startswith(HUB_PREFIX) or Path(spec).exists():
         return None
     if glob.has_magic(spec):
         return None if glob.glob(spec) else "pattern matches nothing"
-    return "does not exist" + _missing_hint(Path(spec))
+    return "does not exist" + _missing_hint(Path(spec), Path(typed or spec))
 
 
-def _missing_hint(path: Path) -> str:
+def _missing_hint(path: Path, typed: Path) -> str:
     """What a typo most likely meant: near names beside it, or the prefix an `owner/name` needs."""
     parent = path.parent
     if parent.is_dir():
         near = difflib.get_close_matches(path.name, [entry.name for entry in parent.iterdir()], n=3, cutoff=0.6)
         return f"; did you mean {' or '.join(str(parent / name) for name in near)}?" if near else ""
-    if len(path.parts) == 2 and HUB_NAME.match(str(path)):
-        return f" (a Hugging Face hub dataset is read only when named so: {HUB_PREFIX}{path})"
+    if len(typed.parts) == 2 and HUB_NAME.match(str(typed)):
+        return f" (a Hugging Face hub dataset is read only when named so: {HUB_PREFIX}{typed})"
     return f" (nor does its directory {parent})"
 
 
