@@ -6,7 +6,9 @@ prints a dozen UserWarnings about fallbacks (the CPU runtime uses the local impl
 purpose: `nemo_topr.cpu_runtime`), a logged traceback for an optional FP8 import, a note on
 Gemma 2's attention, and torch's note that no CUDA runtime was found; building a model adds
 Megatron-Core 0.19's notes that GPTModel and its own default CUDA-graph scope are deprecated,
-and transformers' note on the `torch_dtype` keyword Bridge still passes it; composing a user's YAML
+and transformers' note on the `torch_dtype` keyword Bridge still passes it; `train` adds Bridge's
+notes that finetune() is experimental and its own tokenizer call deprecated and, in a plain
+process without a launcher, Megatron's notes that it takes rank 0 of 1; composing a user's YAML
 adds Hydra's and multistorageclient's note that msc:// configs are not set up. None of it is
 something a user can act on, and it buried the first useful line of every verb. Only these exact messages are filtered; any other warning or
 log line still shows. What is not Python's cannot be filtered here: Gloo's "[Gloo] Rank N is
@@ -32,6 +34,14 @@ HARMLESS_WARNINGS = (
     # Megatron-Core 0.19's own default cuda_graph_modules="full" warns in every TransformerConfig
     # (megatron/core/transformer/transformer_config.py); CUDA graphs are off in every preset
     r"full scope is deprecated\. Use empty cuda_graph_modules",
+    # `nemo-topr train` as a plain process (no torchrun or srun): Megatron falls back to rank 0 of
+    # 1, local rank 0 (core/_rank_utils.py, training/utils/common_utils.py), as nemo-topr does
+    # (nemo_topr.distributed.launcher_rank)
+    r"Could not determine (rank|world size|local rank) from ",
+    # Bridge marks its own entry points so (bridge/utils/decorators.py); nemo-topr pins Bridge's version
+    r"Function '(finetune|pretrain)' is experimental",
+    # Bridge's own call (bridge/training/tokenizers/tokenizer.py)
+    r"`build_tokenizer` is deprecated and will be removed soon",
 )
 # logger name -> the start of the messages dropped from it
 HARMLESS_LOG_LINES = {

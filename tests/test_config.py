@@ -494,6 +494,14 @@ def test_te_attention_is_refused_at_set_up_where_its_backward_needs_a_newer_cudn
     assert asked == [run.container]
 
 
+def test_batches_are_pinned_only_for_a_gpu(tiny_hf, tmp_path):
+    """torch's DataLoader warns "'pin_memory' argument is set as true but no accelerator is found"
+    at every CPU run with Bridge's default (DatasetProvider.pin_memory=True)."""
+    assert _run(tiny_hf, tmp_path).container.dataset.pin_memory is False
+    assert _run(tiny_hf, tmp_path, "device=cuda").container.dataset.pin_memory is True
+    assert _run(tiny_hf, tmp_path, "dataset.pin_memory=true").container.dataset.pin_memory is True  # the user's
+
+
 def test_fp8_is_refused_where_no_transformer_engine_layer_would_run_it(tiny_hf, tmp_path, monkeypatch):
     """FP8 runs only in TE's layers on a GPU. The CPU runtime (fp32, local layers) and a GPU
     without TE (local layers) would train without it and say nothing: on a CPU copy of an H200

@@ -335,6 +335,9 @@ def test_a_new_run_warns_when_mu_is_not_the_starting_models(demo, tmp_path):
     assert len(warnings) == 1 and warnings[0].startswith(
         "[nemo-topr] WARNING: iteration 1: mean |log rho| = 2.000, negatives' mean weight 0.135 "), warnings
     assert "is far from the starting model" not in (demo / "train.log").read_text()
+    # a plain process (no launcher) on CPU: none of Megatron's rank fallbacks, Bridge's notes on
+    # finetune() and its tokenizer call, or torch's pin_memory note (nemo_topr/quiet.py)
+    assert proc.stderr == "", proc.stderr
 
 
 @pytest.mark.slow
