@@ -1,5 +1,5 @@
 """`nemo-topr export` never replaces what it did not make: a non-empty --hf-out is refused unless
---overwrite, and a model appears under its name only once written completely. The checkpoint
+--overwrite names an earlier export, and a model appears under its name only once written completely. The checkpoint
 is a file-level fake (what `nemo_topr.model_source` inspects); Bridge's writer is replaced by
 one that writes a marker file, so no Megatron import is needed (the real export is covered by
 tests/test_checkpoint_route.py and tests/test_training_e2e.py)."""
@@ -86,10 +86,10 @@ def test_an_export_into_the_runs_own_directory_beside_its_checkpoints_is_accepte
     assert (run / "hf" / "model.safetensors").read_text() == f"exported from {run / 'checkpoints' / 'iter_0000001'}"
 
 
-def test_overwrite_replaces_and_an_empty_directory_is_filled(checkpoint, tmp_path):
+def test_overwrite_replaces_an_earlier_export_and_an_empty_directory_is_filled(checkpoint, tmp_path):
     earlier, empty = tmp_path / "earlier", tmp_path / "empty"
-    earlier.mkdir()
-    (earlier / "stale.bin").write_text("an earlier export")
+    assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(earlier), "--device", "cpu"]) == 0
+    (earlier / "stale.bin").write_text("left by the earlier export")
     empty.mkdir()
     assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(earlier), "--device", "cpu", "--overwrite"]) == 0
     assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(empty), "--device", "cpu"]) == 0
@@ -97,6 +97,27 @@ def test_overwrite_replaces_and_an_empty_directory_is_filled(checkpoint, tmp_pat
         assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "nemo_topr_export.json"]
         assert (out / "model.safetensors").read_text() == f"exported from {checkpoint / 'iter_0000001'}"
     assert not list(tmp_path.glob(".*.partial"))
+
+
+@pytest.mark.parametrize("flags", [[], ["--all-iterations"]], ids=["one", "iterations"])
+def test_overwrite_never_replaces_what_export_did_not_make(checkpoint, tmp_path, flags):
+    """--overwrite used to delete any non-empty --hf-out: a typo naming the base model (or a
+    file) replaced it with the export."""
+    base = tmp_path / "Llama-3.1-8B"
+    target = base / "iter_0000001" if flags else base
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_text("the base weights")
+    before = _tree(tmp_path)
+    with pytest.raises(SystemExit, match=rf"^nemo-topr export: {target}: exists and holds no nemo_topr_export.json, "
+                                         r"so it is no earlier export; --overwrite replaces only those: remove it "
+                                         r"yourself or choose another --hf-out$"):
+        export.main(["--ckpt", str(checkpoint), "--hf-out", str(base), *flags, "--device", "cpu", "--overwrite"])
+    assert _tree(tmp_path) == before
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    with pytest.raises(SystemExit, match=rf"^nemo-topr export: {a_file}: exists and holds no nemo_topr_export.json"):
+        export.main(["--ckpt", str(checkpoint), "--hf-out", str(a_file), "--device", "cpu", "--overwrite"])
+    assert a_file.read_text() == "mine"
 
 
 def test_an_interrupted_export_leaves_nothing_under_the_target_name(checkpoint, tmp_path, monkeypatch):

@@ -16,8 +16,9 @@ hf_artifacts/ too, so the result loads with `transformers` as is. With several i
 goes to HF_OUT/iter_NNNNNNN; one process exports them all, so the ~10 s of Megatron start-up is
 paid once (each further checkpoint of a small model takes well under 1 s).
 
-A non-empty output directory is refused unless --overwrite (a typo could name the base model),
-and the checkpoint being exported (or a directory holding it, or one inside its root) always;
+A non-empty output directory is refused unless --overwrite, which replaces only an earlier
+export (a directory holding its nemo_topr_export.json: a typo could name the base model), and
+the checkpoint being exported (or a directory holding it, or one inside its root) always;
 each model is written beside its target and moved into place once complete; one that fails to
 be written (a full disk) is removed and named in one line.
 """
@@ -32,6 +33,9 @@ from pathlib import Path
 from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
 from nemo_topr.model_source import ModelSource, ModelSourceError, resolve
 from nemo_topr.training.checkpoints import iteration_dir_name
+
+
+EXPORT_RECORD = "nemo_topr_export.json"  # in every export: what it was exported from
 
 
 class ExportWriteError(RuntimeError):
@@ -60,7 +64,8 @@ def check_outputs(targets: dict[ModelSource, Path], overwrite: bool) -> None:
     """Refuse, `overwrite` or not, a target that is, holds or lies inside the checkpoint it is
     exported from (its root of iter_* directories, its HF config): replacing it would delete the
     weights being exported, or leave an HF model where Megatron looks for iterations. Refuse any
-    other non-empty target unless `overwrite`: a mistyped --hf-out could name the base model."""
+    other non-empty target unless `overwrite` and it is an earlier export: a mistyped --hf-out
+    could name the base model."""
     for source, out in targets.items():
         target, root, hf_dir = out.resolve(), source.checkpoint.parent.resolve(), source.hf_dir.resolve()
         for read in (source.path.resolve(), root, hf_dir):
@@ -70,9 +75,14 @@ def check_outputs(targets: dict[ModelSource, Path], overwrite: bool) -> None:
                 raise ModelSourceError(f"{out}: {where} {read}, part of the checkpoint being exported; writing "
                                        f"there would replace or corrupt it: choose an --hf-out outside {root}")
     for out in targets.values():
-        if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+        if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+            continue
+        if not overwrite:
             raise ModelSourceError(f"{out}: exists and is not empty; export writes a new directory "
                                    "(pass --overwrite to replace it)")
+        if not (out / EXPORT_RECORD).is_file():
+            raise ModelSourceError(f"{out}: exists and holds no {EXPORT_RECORD}, so it is no earlier export; "
+                                   "--overwrite replaces only those: remove it yourself or choose another --hf-out")
 
 
 def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = None,
@@ -94,7 +104,7 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
         shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted export
         try:
             bridge.export_ckpt(str(checkpoint.checkpoint), str(partial), show_progress=False)
-            (partial / "nemo_topr_export.json").write_text(json.dumps(
+            (partial / EXPORT_RECORD).write_text(json.dumps(
                 {"source": str(checkpoint.path), "checkpoint": str(checkpoint.checkpoint),
                  "iteration": checkpoint.iteration, "hf_config": str(checkpoint.hf_dir)}, indent=2) + "\n")
         except BaseException as error:  # a full disk, say: what was written would only take more room
@@ -120,7 +130,8 @@ def main(argv: list[str]) -> int:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--iteration", type=int, nargs="+", help="export these saved iterations")
     which.add_argument("--all-iterations", action="store_true", help="export every saved iteration")
-    parser.add_argument("--overwrite", action="store_true", help="replace existing non-empty output directories")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier export (a directory holding its nemo_topr_export.json)")
     add_device_argument(parser)
     args = parser.parse_args(argv)
     try:
