@@ -8,11 +8,13 @@ Gemma 2's attention, and torch's note that no CUDA runtime was found; building a
 Megatron-Core 0.19's notes that GPTModel and its own default CUDA-graph scope are deprecated,
 and transformers' note on the `torch_dtype` keyword Bridge still passes it; `train` adds Bridge's
 notes that finetune() is experimental and its own tokenizer call deprecated and, in a plain
-process without a launcher, Megatron's notes that it takes rank 0 of 1; composing a user's YAML
+process without a launcher, Megatron's notes that it takes rank 0 of 1; reading a checkpoint in
+one process (export, score-logprobs) adds torch's notes on Megatron's calls and Megatron's on the
+run config's sections it does not resolve; composing a user's YAML
 adds Hydra's and multistorageclient's note that msc:// configs are not set up. None of it is
 something a user can act on, and it buried the first useful line of every verb. Only these exact messages are filtered; any other warning or
 log line still shows. What is not Python's cannot be filtered here: Gloo's "[Gloo] Rank N is
-connected to ..." lines are printed by C++ (one per rank and process group on CPU runs).
+connected to ..." lines are printed by C++ on stdout (one per rank and process group on CPU runs).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import warnings
 
 VERBOSE_ENV = "NEMO_TOPR_VERBOSE"
 
-# Python warnings, by the start of their message (UserWarning)
+# Python warnings, by the start of their message
 HARMLESS_WARNINGS = (
     r"Transformer Engine and Apex are not installed",
     r"Apex is not installed",
@@ -42,6 +44,11 @@ HARMLESS_WARNINGS = (
     r"Function '(finetune|pretrain)' is experimental",
     # Bridge's own call (bridge/training/tokenizers/tokenizer.py)
     r"`build_tokenizer` is deprecated and will be removed soon",
+    # reading a checkpoint in one process (export, score-logprobs): torch's notes on Megatron's own
+    # calls of torch.distributed.checkpoint and ShardedTensor (a FutureWarning)
+    r"torch\.distributed is disabled, unavailable or uninitialized, assuming the intent is to load in a single",
+    r"The argument order of load has been changed",
+    r"Please use DTensor instead and we are deprecating ShardedTensor",
 )
 # logger name -> the start of the messages dropped from it
 HARMLESS_LOG_LINES = {
@@ -57,6 +64,11 @@ HARMLESS_LOG_LINES = {
     # multistorageclient's Hydra plugin (msc:// config URLs, unused here) logs a traceback when a
     # config adds a search path (a user's YAML naming our presets: nemo_topr.training.config.compose)
     "multistorageclient.contrib.hydra": r"MSC config source not available",
+    # a run's run_config.yaml read back for its model config: the dataset section names our class,
+    # the optimizer section a Bridge default Megatron-Core 0.19 no longer has; neither is used
+    "megatron.training.config.utils": (r"(Target 'nemo_topr\.training\.data\.ToprDatasetConfig' is not in the allowlist"
+                                       r"|Could not resolve target 'megatron\.core\.optimizer\.optimizer\.MegatronOptimizer"
+                                       r"\.scale_loss')"),
 }
 
 
@@ -74,7 +86,7 @@ def quiet_known_noise(environ=os.environ) -> bool:
     if environ.get(VERBOSE_ENV) == "1":
         return False
     for message in HARMLESS_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+        warnings.filterwarnings("ignore", message=message)  # UserWarning, one FutureWarning
     for name, pattern in HARMLESS_LOG_LINES.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMatching) for f in logger.filters):
