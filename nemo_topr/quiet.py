@@ -66,9 +66,9 @@ HARMLESS_LOG_LINES = {
     "multistorageclient.contrib.hydra": r"MSC config source not available",
     # a run's run_config.yaml read back for its model config: the dataset section names our class,
     # the optimizer section a Bridge default Megatron-Core 0.19 no longer has; neither is used
-    "megatron.training.config.utils": (r"(Target 'nemo_topr\.training\.data\.ToprDatasetConfig' is not in the allowlist"
-                                       r"|Could not resolve target 'megatron\.core\.optimizer\.optimizer\.MegatronOptimizer"
-                                       r"\.scale_loss')"),
+    "megatron.training.config.utils": (
+        r"(Target 'nemo_topr\.training\.data\.ToprDatasetConfig' is not in the allowlist"
+        r"|Could not resolve target 'megatron\.core\.optimizer\.optimizer\.MegatronOptimizer\.scale_loss')"),
 }
 
 
