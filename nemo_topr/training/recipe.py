@@ -41,6 +41,7 @@ from nemo_topr.training.config import (CONF_DIR, ConfigError, TrainingRun, build
 from nemo_topr.training.disk_space import (check_room, checkpoint_bytes, estimated_checkpoint_bytes, failure_hint,
                                            parameter_count)
 from nemo_topr.training.nonfinite import NonFiniteTrainingError
+from nemo_topr.training.step import baseline_source
 from nemo_topr.training.run_state import (
     COMPLETED_MARKER,
     RunLock,
@@ -104,11 +105,12 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
 
 
 def baseline_in_use(objective, record_baselines: bool) -> str:
-    """What c is in this run, for the data report (`nemo_topr.objective`, "Baselines")."""
+    """What c is in this run, for the data report (`nemo_topr.training.step.baseline_source`)."""
+    source = baseline_source(objective.variant, record_baselines)
     delta_v = f" + objective.asymre_delta_v ({objective.asymre_delta_v})" if objective.variant == "asymre" else ""
-    if record_baselines:
+    if source == "records":
         return f"the records' own baseline field{delta_v}"
-    if objective.variant == "asymre":
+    if source == "group_means":
         return f"the whole-group mean reward of the records used{delta_v}"
     return f"objective.baseline ({objective.baseline}) for every record"
 
@@ -127,7 +129,8 @@ def check_baseline(objective, rewards: set[float], *, warn: bool = True, record_
     above 0 are warned of (`nemo_topr.data.positives`) unless not `warn` (`main`'s early call,
     before Megatron's import; `prepare` warns), and where c is not what the records get (asymre's
     group means, the records' own baselines) or negatives are dropped by design (sft_positive)."""
-    scalar_baseline = objective.variant not in ("asymre", "sft_positive") and not record_baselines
+    scalar_baseline = (baseline_source(objective.variant, record_baselines) == "scalar"
+                       and objective.variant != "sft_positive")
     if warn and scalar_baseline and (warning := no_negatives_warning(rewards, objective.baseline,
                                                                      objective.negative_rule)):
         print(f"[nemo-topr] WARNING: {warning}", flush=True)

@@ -152,6 +152,16 @@ def reduce_over_context_parallel(table: torch.Tensor, group) -> torch.Tensor:  #
     return _AllReduceSumIdentityBackward.apply(table, group)
 
 
+def baseline_source(variant: str, record_baselines: bool) -> str:
+    """Where each sequence's baseline c comes from (docs/objective.md): "records", the data's own
+    `baselines` when it has them (asymre adds deltaV); else "group_means" for asymre, the whole
+    group's `group_mean_rewards`; else "scalar", `config.baseline`. The step takes c from here, and
+    so do the data report and `train`'s baseline check (`nemo_topr.training.recipe`)."""
+    if record_baselines:
+        return "records"
+    return "group_means" if variant == "asymre" else "scalar"
+
+
 def topr_loss(
     per_token_ce: torch.Tensor,
     batch: dict[str, torch.Tensor],
@@ -168,8 +178,7 @@ def topr_loss(
     data-parallel ranks before dividing. `report_denominator=False` (context-parallel ranks other
     than the first) reports a zero denominator so the global one counts each sequence once.
 
-    Baselines (docs/objective.md): the records' own `baselines` when the data has them, else for
-    asymre the whole-group `group_mean_rewards`, else the scalar `config.baseline`.
+    Baselines: `baseline_source`.
     """
     device = per_token_ce.device
     if summary.num_sequences == 0:  # only filler rows: contributes nothing (zero counts), keeps the graph
@@ -179,10 +188,8 @@ def topr_loss(
     token_logprobs, loss_mask = completion_logprob_table(per_token_ce, batch, summary.max_length)
     token_logprobs = reduce_over_context_parallel(token_logprobs, cp_group)
     loss_mask = reduce_over_context_parallel(loss_mask.to(torch.float64), cp_group) > 0
-    if summary.record_baselines:
-        baseline = batch["baselines"]
-    else:
-        baseline = batch["group_mean_rewards"] if config.variant == "asymre" else None
+    source = baseline_source(config.variant, summary.record_baselines)
+    baseline = None if source == "scalar" else batch["baselines" if source == "records" else "group_mean_rewards"]
     loss, metrics = policy_loss(token_logprobs, loss_mask, batch["behavior_logprobs"], batch["rewards"],
                                 config=config, baseline=baseline, check_values=False)
     denominator = metrics["num_tokens"] if config.normalization == "batch_token_mean" else metrics["num_sequences"]
