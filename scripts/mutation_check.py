@@ -378,7 +378,8 @@ def copy_checkout(destination: Path) -> None:
 
 
 def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[bool, float, str]:
-    """(passed, seconds, output tail) of pytest on `tests` in `copy`."""
+    """(passed, seconds, output tail) of pytest on `tests` in `copy`; a time-out is not a pass, and its
+    output says so (a mutant caught only by a hang is reported as such, not as a failed assertion)."""
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.monotonic()
     try:
@@ -428,11 +429,14 @@ def main(argv: list[str] | None = None) -> int:
                 survived, seconds, output = run_tests(copy, m.tests, args.timeout)
             finally:
                 target.write_text(original)
+            timed_out = output.startswith("timed out")
             results.append({"name": m.name, "path": m.path, "bug": m.bug, "tests": list(m.tests),
-                            "caught": not survived, "seconds": round(seconds, 1)})
-            print(f"{'caught  ' if not survived else 'SURVIVED'} {m.name:38} {seconds:5.0f} s  {m.bug}", flush=True)
+                            "caught": not survived, "timed_out": timed_out, "seconds": round(seconds, 1)})
+            verdict = "SURVIVED" if survived else "TIMEOUT " if timed_out else "caught  "
+            print(f"{verdict} {m.name:38} {seconds:5.0f} s  {m.bug}", flush=True)
     caught = sum(r["caught"] for r in results)
-    print(f"score: {caught} of {len(results)} caught")
+    timeouts = sum(r["timed_out"] for r in results)
+    print(f"score: {caught} of {len(results)} caught" + (f" ({timeouts} only by a time-out)" if timeouts else ""))
     if args.out:
         args.out.write_text(json.dumps({"caught": caught, "mutants": results}, indent=2) + "\n")
     return 0
