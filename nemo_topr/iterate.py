@@ -432,14 +432,13 @@ def summary_row(result: RoundResult) -> dict[str, Any]:
 
 
 def training_composition(run_dir: Path) -> dict[str, Any]:
-    """Records training used, their share of positives p, and p~ at the run's baseline."""
-    from nemo_topr.objective import effective_positive_share
-
+    """Records training used, their share of positives p, and p~ with the c each record got, as the
+    run's data report gives them (asymre's c is its group means, not `objective.baseline`). A report
+    written before 2026-11-28 has no p~ nor baselines: None, shown as "—"."""
     report = json.loads((run_dir / "data_report.json").read_text(encoding="utf-8"))
-    baseline = float(OmegaConf.load(run_dir / "config.yaml").objective.baseline)
-    p = report["positives"] / report["sequences"]
-    return {"training_records": report["records_used"], "positives": report["positives"], "p": p,
-            "baseline": baseline, "p_tilde": effective_positive_share(p, baseline)}
+    return {"training_records": report["records_used"], "positives": report["positives"],
+            "p": report["positives"] / report["sequences"], "baseline": report.get("baselines"),
+            "p_tilde": report.get("p_tilde")}
 
 
 def headline_metrics(results: dict[str, Any]) -> dict[str, float | None]:

@@ -224,9 +224,7 @@ def policy_loss(
     logprobs = torch.where(mask, token_logprobs.to(dtype), 0.0)
     seq_logprobs = logprobs.sum(-1)
 
-    rewards = rewards.detach().to(device=device, dtype=dtype)
-    advantages = rewards - _baseline(config, baseline, dtype, device)
-    negative = (advantages if config.negative_rule == "advantage" else rewards) < 0
+    advantages, negative = _advantages(rewards, config, baseline, dtype, device)
     behavior_logprobs = behavior_logprobs.detach().to(device=device, dtype=dtype)
     log_ratio = _log_ratio(logprobs, seq_logprobs, lengths, mask, behavior_logprobs, config.ratio_level)
 
@@ -310,13 +308,29 @@ def _check_inputs(
                          "sequence's whole prompt group (nemo_topr.data.packing.set_group_mean_rewards)")
 
 
-def _baseline(config: ObjectiveConfig, baseline: torch.Tensor | None, dtype: torch.dtype,
-              device: torch.device) -> torch.Tensor | float:
-    """c: the scalar config.baseline, or per sequence b_i (asymre: b_i + deltaV)."""
+def _advantages(rewards: torch.Tensor, config: ObjectiveConfig, baseline: torch.Tensor | None,
+                dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A = R - c, negative): c is the scalar config.baseline, or per sequence b_i (asymre: b_i +
+    deltaV); `negative_rule` decides the sides on R or on A."""
+    rewards = rewards.detach().to(device=device, dtype=dtype)
     if baseline is None:
-        return config.baseline
-    baseline = baseline.detach().to(device=device, dtype=dtype)
-    return baseline + config.asymre_delta_v if config.variant == "asymre" else baseline
+        c = config.baseline
+    else:
+        c = baseline.detach().to(device=device, dtype=dtype)
+        c = c + config.asymre_delta_v if config.variant == "asymre" else c
+    advantages = rewards - c
+    return advantages, (advantages if config.negative_rule == "advantage" else rewards) < 0
+
+
+def dataset_positive_share(rewards: torch.Tensor, config: ObjectiveConfig,
+                           baseline: torch.Tensor | None = None) -> float | None:
+    """p~ of a whole dataset as `policy_loss` weighs it: sum_{pos} |A_i| / sum_i |A_i| over every
+    sequence at once (its `effective_positive_share` metric, which is per batch), with `baseline`
+    as there. None when every A_i = 0. Unlike `effective_positive_share(p, c)` it takes any
+    rewards and per-sequence baselines (asymre's group means)."""
+    advantages, negative = _advantages(rewards, config, baseline, torch.float64, rewards.device)
+    total = advantages.abs().sum()
+    return None if total == 0 else float(advantages.abs()[~negative].sum() / total)
 
 
 def _log_ratio(

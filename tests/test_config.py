@@ -198,18 +198,23 @@ def test_a_refused_resume_leaves_the_data_report_of_the_data_that_trained(tiny_h
     assert (run_dir / "data_report.json").read_text() == trained
 
 
-@pytest.mark.parametrize("overrides, record_baseline, expected", [
-    ((), None, "objective.baseline (0.0) for every record"),
-    (("objective.baseline=-0.25",), None, "objective.baseline (-0.25) for every record"),
-    (("objective.variant=sft_positive",), None, "objective.baseline (0.0) for every record"),
+# p~ = sum_pos |R - c| / sum |R - c| by hand: every prompt has rewards +1, -1, -1 (group mean -1/3)
+@pytest.mark.parametrize("overrides, record_baseline, expected, p_tilde", [
+    ((), None, "objective.baseline (0.0) for every record", 1 / 3),
+    (("objective.baseline=-0.25",), None, "objective.baseline (-0.25) for every record", 1.25 / (1.25 + 2 * 0.75)),
+    (("objective.variant=sft_positive",), None, "objective.baseline (0.0) for every record", 1 / 3),
+    # c = -1/3 + 0.2 = -2/15: positives 17/15, each negative 13/15
     (("objective.variant=asymre", "objective.asymre_delta_v=0.2"), None,
-     "the whole-group mean reward of the records used + objective.asymre_delta_v (0.2)"),
-    (("objective.variant=asymre",), 0.5, "the records' own baseline field + objective.asymre_delta_v (-0.1)"),
-    (("objective.variant=tis",), 0.5, "the records' own baseline field"),
+     "the whole-group mean reward of the records used + objective.asymre_delta_v (0.2)", 17 / (17 + 2 * 13)),
+    # c = 0.5 - 0.1 = 0.4: positives 0.6, each negative 1.4
+    (("objective.variant=asymre",), 0.5, "the records' own baseline field + objective.asymre_delta_v (-0.1)",
+     0.6 / (0.6 + 2 * 1.4)),
+    (("objective.variant=tis",), 0.5, "the records' own baseline field", 0.5 / (0.5 + 2 * 1.5)),
 ])
 def test_the_data_report_says_which_baseline_the_objective_uses(tiny_hf, tmp_path, overrides, record_baseline,
-                                                                expected):
-    """Only asymre takes the whole group's mean reward (nemo_topr/objective.py, "Baselines")."""
+                                                                expected, p_tilde):
+    """Only asymre takes the whole group's mean reward (nemo_topr/objective.py, "Baselines"), and
+    the report's p~ is the data's at the c each record gets (the scalar formula only for a scalar)."""
     from nemo_topr.training.recipe import prepare
 
     extra = {} if record_baseline is None else {"baseline": record_baseline}
@@ -218,6 +223,7 @@ def test_the_data_report_says_which_baseline_the_objective_uses(tiny_hf, tmp_pat
     report = json.loads((tmp_path / "run" / "data_report.json").read_text())
     assert report["baselines"] == summary["baselines"] == expected
     assert report["record_baselines"] is (record_baseline is not None)
+    assert report["p_tilde"] == summary["p_tilde"] == round(p_tilde, 4)
 
 
 def test_a_resume_with_another_objective_or_base_model_is_refused(tiny_hf, tmp_path):

@@ -348,3 +348,31 @@ def test_configs_quoted_in_a_page_equal_the_files(page):
 
 def test_verifier_iterate_quotes_the_iterate_config():
     assert QUOTED_CONFIG.search((REPO / "docs" / "verifier_iterate.md").read_text())
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```$", page.read_text(encoding="utf-8"), re.M | re.S)
+
+
+def test_the_objective_pages_example_runs_as_written():
+    import torch
+
+    token_logprobs = torch.full((3, 4), -0.5, dtype=torch.float64, requires_grad=True)
+    inputs = {"token_logprobs": token_logprobs, "loss_mask": torch.tensor([[0, 1, 1, 1]] * 3),
+              "behavior_logprobs": torch.tensor([-1.0, -2.0, -1.2], dtype=torch.float64),
+              "rewards": torch.tensor([1.0, -1.0, -1.0], dtype=torch.float64)}
+    (block,) = _python_blocks(REPO / "docs" / "objective.md")
+    exec(block, inputs)  # noqa: S102 - the page's own code
+    assert torch.isfinite(inputs["loss"]) and token_logprobs.grad is not None
+    metrics = inputs["metrics"]
+    assert metrics["num_sequences"].item() == 3 and 0 < float(metrics["effective_positive_share"]) < 1
+
+
+def test_the_graders_example_gives_what_its_comments_say():
+    (block,) = _python_blocks(REPO / "docs" / "generation_evaluation.md")
+    namespace: dict = {}
+    exec(block.splitlines()[0], namespace)  # noqa: S102 - the import line
+    calls = [line.rsplit("  # ", 1) for line in block.splitlines()[1:] if "  # " in line]
+    assert len(calls) == 4
+    for call, expected in calls:
+        assert eval(call, namespace) == eval(expected), call  # noqa: S307

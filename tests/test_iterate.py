@@ -144,6 +144,23 @@ def test_a_round_without_positives_trains_on_its_negatives():
     assert curation_flags(CurateOptions(), records(-1.0, -1.0)) == (["--anna-karenina"], None)  # keeps every negative
 
 
+def test_the_summary_gives_p_tilde_with_the_baselines_training_used(tmp_path):
+    """asymre's c is each record's group mean + deltaV: p~ is the data report's, not the closed
+    form at the config's scalar `objective.baseline` (0.5 here would give 0.25 from p = 0.5)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("objective: {variant: asymre, baseline: 0.5}\n")
+    baselines = "the whole-group mean reward of the records used + objective.asymre_delta_v (-0.1)"
+    (run / "data_report.json").write_text(json.dumps({"records_used": 6, "sequences": 6, "positives": 3,
+                                                      "baselines": baselines, "p_tilde": 0.4123}))
+    row = iterate.training_composition(run)
+    assert row == {"training_records": 6, "positives": 3, "p": 0.5, "baseline": baselines, "p_tilde": 0.4123}
+    assert "| 6 | 0.500 | 0.412 |" in iterate.summary_markdown([{"round": "round_0", "note": "", **row}])
+    # a report from before p~ was in it: unknown, not the closed form
+    (run / "data_report.json").write_text(json.dumps({"records_used": 6, "sequences": 6, "positives": 3}))
+    assert iterate.training_composition(run)["p_tilde"] is None
+
+
 def fake_stage_outputs(args, log):
     """Stand-in for the real commands: generation writes no records (every completion empty)."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +207,9 @@ def test_two_rounds_on_cpu_then_a_rerun_redoes_nothing(tmp_path, monkeypatch, ca
     assert [row["round"] for row in summary["rounds"]] == ["start", "round_0", "round_1"]
     for row in (first, second):
         assert row["samples"]["records"] > 0 and 0 < row["training_records"] <= row["samples"]["records"]
-        assert 0.0 <= row["p_tilde"] <= 1.0 and row["p"] == row["positives"] / row["training_records"]
+        assert row["p"] == row["positives"] / row["training_records"]
+        # TOPR at c = 0 with +-1 rewards: p~ = p
+        assert row["baseline"] == "objective.baseline (0.0) for every record" and row["p_tilde"] == round(row["p"], 4)
     for row in summary["rounds"]:
         assert set(row["eval"]) == {"pass@1", "maj_k", "maj@k", "invalid_rate"} and row["eval"]["maj_k"] == 4
     assert (out / "rounds.png").read_bytes().startswith(b"\x89PNG")

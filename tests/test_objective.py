@@ -15,6 +15,7 @@ from nemo_topr.objective import (
     VARIANTS,
     ObjectiveConfig,
     baseline_for_share,
+    dataset_positive_share,
     effective_positive_share,
     policy_loss,
 )
@@ -294,6 +295,26 @@ def test_effective_positive_share_counts_gradient_mass(num_positive, c):
     assert effective_positive_share(p, c) == pytest.approx(share, rel=1e-12)
     assert metrics["effective_positive_share"] == pytest.approx(share, rel=1e-12)
     assert metrics["positive_share"] == pytest.approx(p)
+
+
+@pytest.mark.parametrize("c", [-0.9, -0.5, 0.0, 0.4, 0.8])
+def test_a_datasets_positive_share_is_the_closed_form_for_a_scalar_and_the_batch_metric_per_sequence(c):
+    rewards = torch.tensor([1.0] * 3 + [-1.0] * 7, dtype=torch.float64)
+    assert dataset_positive_share(rewards, ObjectiveConfig(baseline=c)) == pytest.approx(
+        effective_positive_share(0.3, c), rel=1e-12)
+    # per-sequence c (asymre: b_i + deltaV), any rewards: the batch metric of policy_loss on the same
+    # sequences, and by hand for c = b + 0.1 = (0.6, -0.4, 0.1): |0.4| / (|0.4| + |-0.1| + |-0.6|)
+    rewards, group_means = torch.tensor([1.0, -0.5, -0.5]), torch.tensor([0.5, -0.5, 0.0])
+    config = ObjectiveConfig(variant="asymre", asymre_delta_v=0.1)
+    logp = torch.full((3, 1), -0.7, dtype=torch.float64)
+    _, metrics = policy_loss(logp, torch.ones(3, 1), logp[:, 0], rewards, config, baseline=group_means)
+    share = dataset_positive_share(rewards, config, group_means)
+    assert share == pytest.approx(0.4 / 1.1, rel=1e-12) == pytest.approx(metrics["effective_positive_share"].item())
+    # negative_rule="advantage": -0.5 with c = -0.9 (A = 0.4) is a positive
+    by_advantage = ObjectiveConfig(variant="asymre", asymre_delta_v=0.1, negative_rule="advantage")
+    assert dataset_positive_share(rewards, by_advantage, torch.tensor([0.5, -1.0, 0.0])) == pytest.approx(
+        (0.4 + 0.4) / (0.4 + 0.4 + 0.6), rel=1e-12)
+    assert dataset_positive_share(torch.tensor([1.0, 1.0]), ObjectiveConfig(baseline=1.0)) is None
 
 
 @pytest.mark.parametrize("p", [0.05, 0.3, 0.5, 0.9])

@@ -96,6 +96,7 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
                   f"resumed from (iteration {resume_iteration or 0})", flush=True)
         save_start_config(run.run_dir, run.raw)
     summary = {**prepared.summary(), "baselines": baseline_in_use(run.objective, prepared.dataset.record_baselines),
+               "p_tilde": positive_share_in_use(run.objective, prepared.dataset),
                "train_iters": train.train_iters, "global_batch_size": train.global_batch_size}
     if rank_zero and run.container.dataset.report_path:
         report = Path(run.container.dataset.report_path)
@@ -113,6 +114,22 @@ def baseline_in_use(objective, record_baselines: bool) -> str:
     if source == "group_means":
         return f"the whole-group mean reward of the records used{delta_v}"
     return f"objective.baseline ({objective.baseline}) for every record"
+
+
+def positive_share_in_use(objective, dataset) -> float | None:
+    """p~ of the data trained, with each sequence's c as the step takes it: the step's per-batch
+    `effective_positive_share` over the whole dataset (4 decimals; None when every R - c is 0)."""
+    import torch
+
+    from nemo_topr.objective import dataset_positive_share
+
+    source = baseline_source(objective.variant, dataset.record_baselines)
+    rewards = torch.tensor([seq.reward for seq in dataset.sequences], dtype=torch.float64)
+    baseline = None if source == "scalar" else torch.tensor(
+        [seq.baseline if source == "records" else seq.group_mean_reward for seq in dataset.sequences],
+        dtype=torch.float64)
+    share = dataset_positive_share(rewards, objective, baseline)
+    return None if share is None else round(share, 4)
 
 
 def one_checkpoint(run: TrainingRun) -> tuple[int, str]:
