@@ -83,7 +83,7 @@ class GenerateOptions(SamplingOptions):
 class CurateOptions:
     mode: str = "anna_karenina"  # anna_karenina | target_p | target_p_tilde | none (dedup only)
     target: float | None = None  # the share target_p / target_p_tilde aims at
-    baseline: float = 0.0  # c of target_p_tilde: set it to the training objective.baseline
+    baseline: float | None = None  # c of target_p_tilde: the training's objective.baseline (another is refused)
     per_prompt: bool = False
     seed: int = 0
 
@@ -168,23 +168,41 @@ def check_config(config: IterateConfig) -> None:
         model_source.resolve(config.base_model)
     except model_source.ModelSourceError as error:
         problems.append(str(error))
-    problems += _training_config_problems(config.train)
+    try:
+        problems += curation_problems(config.curate, training_objective(config.train))
+    except IterateError as error:
+        problems.append(str(error))
     if problems:
         raise IterateError("; ".join(problems))
 
 
-def _training_config_problems(train: TrainOptions) -> list[str]:
-    """The checks `nemo-topr train` runs on its config before the data (keys, types, the
-    objective, the batch's division), now: not in round 1, after the sampling and scoring."""
+def training_objective(train: TrainOptions):  # noqa: ANN201 - nemo_topr.objective.ObjectiveConfig
+    """The objective of the training config, after the checks `nemo-topr train` runs on its config
+    before the data (keys, types, the objective, the batch's division): now, not in round 1 after
+    the sampling and scoring."""
     from nemo_topr.cluster.plan import compose_config
     from nemo_topr.distributed import launcher_world_size
-    from nemo_topr.training.config import ConfigError, check_batch_division
+    from nemo_topr.training.config import ConfigError, check_batch_division, objective_from
 
     try:
         values, _ = compose_config(train.config_name, list(train.overrides), None)  # with check_values
         check_batch_division(values, launcher_world_size())
+        return objective_from(values.get("objective") or {})
     except ConfigError as error:
-        return [f"train ({train.config_name} with train.overrides): {error}"]
+        raise IterateError(f"train ({train.config_name} with train.overrides): {error}") from None
+
+
+def curation_problems(curate: CurateOptions, objective) -> list[str]:  # noqa: ANN001
+    """target_p_tilde curates to p~ at one scalar c: it must be the c training uses."""
+    if curate.mode != "target_p_tilde":
+        return []
+    if objective.variant == "asymre":
+        return ["curate.mode target_p_tilde aims p~ at one baseline c, and asymre's c is each prompt's group mean "
+                "reward + asymre_delta_v: curate with target_p or anna_karenina (the run's data_report.json gives "
+                "the p~ training saw)"]
+    if curate.baseline is not None and curate.baseline != objective.baseline:
+        return [f"curate.baseline={curate.baseline} and the training's objective.baseline={objective.baseline} differ: "
+                "the curated p~ would not be the one training sees; leave curate.baseline out (it is the training's)"]
     return []
 
 
@@ -270,9 +288,10 @@ def read_graded(path: Path) -> list[Record]:
     return load_records(path).records
 
 
-def curation_flags(options: CurateOptions, records: list[Record] | None) -> tuple[list[str], str | None]:
+def curation_flags(options: CurateOptions, records: list[Record] | None,
+                   baseline: float = 0.0) -> tuple[list[str], str | None]:
     """`data curate` options for this round's records (None: not generated yet), and a note when
-    a sub-sampling had to go.
+    a sub-sampling had to go. `baseline` is the training's objective.baseline, target_p_tilde's c.
 
     Sub-sampling to a target share needs both positives and negatives; a round without one
     side (a weak model's: no correct answer at all) trains on all its records instead.
@@ -288,7 +307,7 @@ def curation_flags(options: CurateOptions, records: list[Record] | None) -> tupl
             return flags, (f"curate.mode {options.mode} skipped: {positives} positives and "
                            f"{len(records) - positives} negatives (sub-sampling needs both); trained on every record")
     target = ["--target-p", str(options.target)] if options.mode == "target_p" else [
-        "--target-p-tilde", str(options.target), "--baseline", str(options.baseline)]
+        "--target-p-tilde", str(options.target), "--baseline", str(baseline)]
     return [*flags, *target], None
 
 
@@ -329,6 +348,7 @@ class Driver:
         train = config.train
         # score mu at the training sequence length, so that exactly the sequences training accepts are scored
         self.seq_length = int(compose(train.config_name, list(train.overrides)).model.seq_length)
+        self.baseline = training_objective(train).baseline
         self.device_flag = ("--device", config.device)
 
     def run(self) -> list[RoundResult]:
@@ -368,7 +388,7 @@ class Driver:
                   f"the next round starts from {model} again", flush=True)
             return RoundResult(directory.name, directory, model, weights, evaluated=False,
                                note="no records generated: training skipped")
-        flags, note = curation_flags(self.config.curate, records)
+        flags, note = curation_flags(self.config.curate, records, self.baseline)
         if note:
             print(f"[{directory.name}] {note}", flush=True)
         train = self.config.train

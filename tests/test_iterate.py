@@ -54,6 +54,23 @@ def test_config_mistakes_are_errors(fake_model, tmp_path, override, message):
         tiny_config(fake_model, tmp_path, override)
 
 
+def test_target_p_tilde_curates_at_the_baseline_training_uses(fake_model, tmp_path):
+    """p~ depends on c: curating to p~ at another c than training's trains at another share."""
+    share = ("curate.mode=target_p_tilde", "curate.target=0.15")
+    config = tiny_config(fake_model, tmp_path, *share, "train.overrides=[objective.baseline=0.2]")
+    assert config.curate.baseline is None and Driver(config, dry_run=True).baseline == 0.2
+    tiny_config(fake_model, tmp_path, *share, "curate.baseline=0.2", "train.overrides=[objective.baseline=0.2]")
+    with pytest.raises(IterateError, match=r"^curate.baseline=0.3 and the training's objective.baseline=0.2 differ"):
+        tiny_config(fake_model, tmp_path, *share, "curate.baseline=0.3", "train.overrides=[objective.baseline=0.2]")
+    with pytest.raises(IterateError, match=r"^curate.baseline=0.3 and the training's objective.baseline=0.0 differ"):
+        tiny_config(fake_model, tmp_path, *share, "curate.baseline=0.3")
+    with pytest.raises(IterateError, match=r"asymre's c is each prompt's group mean reward \+ asymre_delta_v: curate "
+                                           r"with target_p or anna_karenina"):
+        tiny_config(fake_model, tmp_path, *share, "train.overrides=[objective.variant=asymre]")
+    tiny_config(fake_model, tmp_path, "curate.mode=target_p", "curate.target=0.3",
+                "train.overrides=[objective.variant=asymre]")  # p itself does not depend on c
+
+
 def test_overrides_may_follow_dry_run(fake_model, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(iterate, "run_command", lambda args, log: pytest.fail(f"ran {args}"))
     assert iterate.main(["iterate_tiny_cpu", "--dry-run", f"base_model={fake_model}", f"out={tmp_path / 'out'}",
@@ -136,10 +153,10 @@ def records(*rewards):
 
 
 def test_a_round_without_positives_trains_on_its_negatives():
-    share = CurateOptions(mode="target_p_tilde", target=0.15, baseline=0.2)
-    assert curation_flags(share, records(1.0, -1.0, -1.0)) == (["--target-p-tilde", "0.15", "--baseline", "0.2"],
-                                                               None)
-    flags, note = curation_flags(share, records(-1.0, -1.0, -1.0))
+    share = CurateOptions(mode="target_p_tilde", target=0.15)
+    assert curation_flags(share, records(1.0, -1.0, -1.0), 0.2) == (
+        ["--target-p-tilde", "0.15", "--baseline", "0.2"], None)
+    flags, note = curation_flags(share, records(-1.0, -1.0, -1.0), 0.2)
     assert flags == [] and note.startswith("curate.mode target_p_tilde skipped: 0 positives and 3 negatives")
     assert curation_flags(CurateOptions(), records(-1.0, -1.0)) == (["--anna-karenina"], None)  # keeps every negative
 
