@@ -169,17 +169,17 @@ def check_config(config: IterateConfig) -> None:
     except model_source.ModelSourceError as error:
         problems.append(str(error))
     try:
-        problems += curation_problems(config.curate, training_objective(config.train))
+        problems += curation_problems(config.curate, training_config(config.train)[1])
     except IterateError as error:
         problems.append(str(error))
     if problems:
         raise IterateError("; ".join(problems))
 
 
-def training_objective(train: TrainOptions):  # noqa: ANN201 - nemo_topr.objective.ObjectiveConfig
-    """The objective of the training config, after the checks `nemo-topr train` runs on its config
-    before the data (keys, types, the objective, the batch's division): now, not in round 1 after
-    the sampling and scoring."""
+def training_config(train: TrainOptions) -> tuple[dict[str, Any], Any]:
+    """The training config's values and objective (an ObjectiveConfig), after the checks `nemo-topr
+    train` runs on its config before the data (keys, types, the objective, the batch's division):
+    now, not in round 1 after the sampling and scoring."""
     from nemo_topr.cluster.plan import compose_config
     from nemo_topr.distributed import launcher_world_size
     from nemo_topr.training.config import ConfigError, check_batch_division, objective_from
@@ -187,7 +187,7 @@ def training_objective(train: TrainOptions):  # noqa: ANN201 - nemo_topr.objecti
     try:
         values, _ = compose_config(train.config_name, list(train.overrides), None)  # with check_values
         check_batch_division(values, launcher_world_size())
-        return objective_from(values.get("objective") or {})
+        return values, objective_from(values.get("objective") or {})
     except ConfigError as error:
         raise IterateError(f"train ({train.config_name} with train.overrides): {error}") from None
 
@@ -341,14 +341,12 @@ class Driver:
     """Walks every stage of every round in order, running those not done yet."""
 
     def __init__(self, config: IterateConfig, *, dry_run: bool = False):
-        from nemo_topr.training.config import compose
-
         self.config, self.dry_run = config, dry_run
         self.out = Path(config.out).resolve()
         train = config.train
         # score mu at the training sequence length, so that exactly the sequences training accepts are scored
-        self.seq_length = int(compose(train.config_name, list(train.overrides)).model.seq_length)
-        self.baseline = training_objective(train).baseline
+        values, objective = training_config(train)
+        self.seq_length, self.baseline = int(values["model"]["seq_length"]), objective.baseline
         self.device_flag = ("--device", config.device)
 
     def run(self) -> list[RoundResult]:
