@@ -9,10 +9,11 @@ import dataclasses
 import pytest
 from conftest import placeholder_hf_model
 
-from nemo_topr.cluster.plan import (
-    REFERENCE_ARCHITECTURES, Architecture, Layout, activation_bytes_per_layer, check_layout,
-    chunk_forwards_in_flight, estimate_memory, main, resolve_architecture,
-)
+from nemo_topr.cluster.architecture import REFERENCE_ARCHITECTURES, Architecture
+from nemo_topr.cluster.checks import check_layout
+from nemo_topr.cluster.layout import Layout
+from nemo_topr.cluster.memory import activation_bytes_per_layer, chunk_forwards_in_flight, estimate_memory
+from nemo_topr.cluster.plan import main, resolve_architecture
 
 LLAMA_8B = REFERENCE_ARCHITECTURES["llama31_8b"]
 LLAMA_70B = REFERENCE_ARCHITECTURES["llama31_70b"]

@@ -213,10 +213,12 @@ def check_time(job: ClusterJob) -> list[str]:
 
 def check_layout(cfg: dict[str, Any], title: str, job: ClusterJob) -> tuple[list[str], list[str]]:
     """`nemo-topr plan`'s layout rules for this node count: (problems, warnings)."""
-    from nemo_topr.cluster import plan
+    from nemo_topr.cluster import checks
+    from nemo_topr.cluster.layout import layout_from_config
+    from nemo_topr.cluster.plan import resolve_architecture
 
-    arch, _ = plan.resolve_architecture(cfg, title, None)
-    findings = plan.check_layout(arch, plan.layout_from_config(cfg, job.nodes, job.gpus_per_node))
+    arch, _ = resolve_architecture(cfg, title, None)
+    findings = checks.check_layout(arch, layout_from_config(cfg, job.nodes, job.gpus_per_node))
     problems = [f"layout: {f.rule}: {f.detail}" for f in findings if f.blocking]
     warnings = [f"layout: {f.rule}: {f.detail}" for f in findings if not f.passed and not f.blocking]
     return problems, warnings

@@ -78,7 +78,7 @@ def failure_hint(checkpoint_root: Path, needed: tuple[int, str]) -> str | None:
 def parameter_count(hf_dir: Path) -> int:
     """Parameters of the model whose Hugging Face config.json is in `hf_dir` (Llama family, as
     `nemo-topr plan` counts them)."""
-    from nemo_topr.cluster.plan import architecture_from_hf_config
+    from nemo_topr.cluster.architecture import architecture_from_hf_config
 
     config = json.loads((hf_dir / "config.json").read_text())
     return architecture_from_hf_config(config, hf_dir.name).total_params
