@@ -289,7 +289,7 @@ def read_graded(path: Path) -> list[Record]:
 
 
 def curation_flags(options: CurateOptions, records: list[Record] | None,
-                   baseline: float = 0.0) -> tuple[list[str], str | None]:
+                   baseline: float) -> tuple[list[str], str | None]:
     """`data curate` options for this round's records (None: not generated yet), and a note when
     a sub-sampling had to go. `baseline` is the training's objective.baseline, target_p_tilde's c.
 

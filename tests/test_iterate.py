@@ -158,7 +158,8 @@ def test_a_round_without_positives_trains_on_its_negatives():
         ["--target-p-tilde", "0.15", "--baseline", "0.2"], None)
     flags, note = curation_flags(share, records(-1.0, -1.0, -1.0), 0.2)
     assert flags == [] and note.startswith("curate.mode target_p_tilde skipped: 0 positives and 3 negatives")
-    assert curation_flags(CurateOptions(), records(-1.0, -1.0)) == (["--anna-karenina"], None)  # keeps every negative
+    # anna_karenina keeps every negative
+    assert curation_flags(CurateOptions(), records(-1.0, -1.0), 0.0) == (["--anna-karenina"], None)
 
 
 def test_the_summary_gives_p_tilde_with_the_baselines_training_used(tmp_path):
