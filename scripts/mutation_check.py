@@ -374,6 +374,10 @@ MUTANTS = (
            '"--baseline", str(baseline)]', '"--baseline", str(options.baseline or 0.0)]',
            ("tests/test_iterate.py::test_a_round_without_positives_trains_on_its_negatives",),
            "target_p_tilde curates at c = 0 whatever the training's objective.baseline"),
+    Mutant("unscored_data_refused_late", "nemo_topr/training/recipe.py",
+           "        require_scored(records)  # before", "        pass  # before",
+           ("tests/test_config.py::test_train_reports_config_and_data_errors_in_one_line_before_importing_megatron",),
+           "unscored data refused only after Megatron's import, with the run directory begun"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

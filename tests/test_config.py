@@ -399,8 +399,15 @@ def test_train_reports_config_and_data_errors_in_one_line_before_importing_megat
     from conftest import REPO
 
     malformed = REPO / "tests" / "fixtures" / "data" / "malformed.jsonl"
-    for overrides, message in ((["train.train_iters=abc"], "nemo-topr train: train.train_iters='abc' is not a setting"),
-                               ([f"dataset.train_path={malformed}"], f"nemo-topr train: {malformed}:2: record: invalid JSON")):
+    from nemo_topr.demo import build_graded_records
+
+    unscored = tmp_path / "graded.jsonl"  # graded, not scored yet: no behavior_logprob
+    unscored.write_text("".join(json.dumps(record) + "\n" for record in build_graded_records(2)))
+    refusals = ((["train.train_iters=abc"], "nemo-topr train: train.train_iters='abc' is not a setting"),
+                ([f"dataset.train_path={malformed}"], f"nemo-topr train: {malformed}:2: record: invalid JSON"),
+                ([f"dataset.train_path={unscored}"],
+                 f"nemo-topr train: {unscored}: behavior_logprob: absent: score the data first (`nemo-topr score-"))
+    for overrides, message in refusals:
         # an override before --config-name, as a user may write it: options and overrides are intermixed
         proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "nemo_topr.cli", "train",
                                f"hf_model={tiny_hf}", "--config-name", "tiny_cpu", f"run_dir={tmp_path / 'run'}",

@@ -259,6 +259,14 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
 # Checks across records
 
 
+def require_scored(records: RecordSet) -> None:
+    """Training needs log mu of every record: data without `behavior_logprob` (one schema per
+    dataset: all records have it or none) is refused, naming the command that adds it."""
+    if records.records and records.records[0].behavior_logprob is None:
+        raise DataError(",".join(records.report.files), 0, "behavior_logprob",
+                        "absent: score the data first (`nemo-topr score-logprobs`)")
+
+
 def schema_of(record: Record) -> dict[str, str]:
     """Field -> kind; all records of a dataset share it (meta is free-form and left out)."""
     schema = {"prompt": "string" if isinstance(record.prompt, str) else "messages"}

@@ -28,7 +28,7 @@ from nemo_topr.data.packing import (
     padding_share,
     set_group_mean_rewards,
 )
-from nemo_topr.data.records import DataError, RecordSet, load_records
+from nemo_topr.data.records import RecordSet, load_records, require_scored
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared, shared_padding_share
 from nemo_topr.data.tokenization import TokenizedDataset, load_tokenizer, pad_id_of, tokenize_records
 
@@ -121,14 +121,12 @@ class ToprDatasetConfig(DatasetProvider):
         records = getattr(self, "_records", None) or load_records(
             self.train_path, strict=self.strict, columns=self.columns, split=self.split,
             extra_columns=self.extra_columns)
+        require_scored(records)
         tokenizer = load_tokenizer(self.tokenizer_dir)
         dataset = tokenize_records(records, tokenizer, max_seq_length=self.seq_length, strict=self.strict,
                                    too_long=self.too_long)
         pad_id = pad_id_of(tokenizer)
         sequences = dataset.sequences
-        if math.isnan(sequences[0].behavior_logprob):  # one schema per dataset: all or none have it
-            raise DataError(",".join(dataset.report.files), 0, "behavior_logprob",
-                            "absent: score the data first (`nemo-topr score-logprobs`)")
         set_group_mean_rewards(sequences)
         if self.shared_prefix and not self.packed:
             raise ValueError("dataset.shared_prefix=true packs rows; it cannot be combined with dataset.packed=false")

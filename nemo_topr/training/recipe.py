@@ -35,7 +35,7 @@ from nemo_topr.distributed import (RendezvousError, check_rendezvous, free_port,
                                    launcher_world_size)
 from nemo_topr.model_source import write_hf_artifacts
 from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
-from nemo_topr.data.records import DataError, RecordSet, load_records
+from nemo_topr.data.records import DataError, RecordSet, load_records, require_scored
 from nemo_topr.training.config import (CONF_DIR, ConfigError, TrainingRun, build_training_run, check_batch_division,
                                        check_config, compose)
 from nemo_topr.training.disk_space import (check_room, checkpoint_bytes, estimated_checkpoint_bytes, failure_hint,
@@ -352,6 +352,7 @@ def main(argv: list[str]) -> int:
         values, _, objective = check_config(raw)
         check_batch_division(values, launcher_world_size())
         records = _records_of(raw)
+        require_scored(records)  # before Megatron's import and before the run directory is made
         check_baseline(objective, {record.reward for record in records.records}, warn=False)
         check_rendezvous()
         use_device(raw.get("device"), where="device", choices=DEVICES)  # imports Megatron
