@@ -378,6 +378,12 @@ MUTANTS = (
            "        require_scored(records)  # before", "        pass  # before",
            ("tests/test_config.py::test_train_reports_config_and_data_errors_in_one_line_before_importing_megatron",),
            "unscored data refused only after Megatron's import, with the run directory begun"),
+    Mutant("artifacts_written_before_the_data_checks", "nemo_topr/training/recipe.py",
+           "        check_room(Path(run.container.checkpoint.save), one_checkpoint(run))\n",
+           "        check_room(Path(run.container.checkpoint.save), one_checkpoint(run))\n"
+           "        write_hf_artifacts(run.base_model, Path(run.container.checkpoint.save))\n",
+           ("tests/test_config.py::test_a_new_run_refused_for_its_data_after_megatrons_import_leaves_no_run_directory",),
+           "a new run refused for its data leaves RUN_DIR/checkpoints/hf_artifacts behind"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -62,10 +62,11 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
     run directory's `lock`, repairs an interrupted checkpoint, refuses a filesystem without room
     for one checkpoint (`disk_space.check_room`) and a resume onto other data or settings
     (`run_state.check_resume`), truncates the sample ledger to the checkpoint, and saves this
-    start's config, the data report and the base model's HF artifacts. The other ranks cannot read the checkpoint directory before that repair is done:
-    they first wait for rank 0 in Bridge's process-group rendezvous (bridge/training/setup.py:253
-    initialize_megatron, whose initialize.py:747-756 init_process_group + barrier), and
-    checkpoints are read only after it (setup.py:397)."""
+    start's config, the base model's HF artifacts and the data report, after every check: a
+    refused new run leaves no directory. The other ranks cannot read the checkpoint directory
+    before that repair is done: they first wait for rank 0 in Bridge's process-group rendezvous
+    (bridge/training/setup.py:253 initialize_megatron, whose initialize.py:747-756
+    init_process_group + barrier), and checkpoints are read only after it (setup.py:397)."""
     rank_zero = _is_rank_zero()
     if rank_zero:
         taken_over = (lock or RunLock(run.run_dir)).acquire()
@@ -77,7 +78,6 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
             print(f"[nemo-topr] WARNING: {repaired}", flush=True)
         print(f"[nemo-topr] base model: {run.base_model.describe()}", flush=True)
         check_room(Path(run.container.checkpoint.save), one_checkpoint(run))
-        write_hf_artifacts(run.base_model, Path(run.container.checkpoint.save))
     else:
         run.container.dataset.report_path = None  # every rank tokenizes; rank 0 reports
     train = run.container.train
@@ -95,6 +95,7 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
             print(f"[nemo-topr] sample ledger: dropped {dropped} entries of iterations after the checkpoint "
                   f"resumed from (iteration {resume_iteration or 0})", flush=True)
         save_start_config(run.run_dir, run.raw)
+        write_hf_artifacts(run.base_model, Path(run.container.checkpoint.save))
     summary = {**prepared.summary(), "baselines": baseline_in_use(run.objective, prepared.dataset.record_baselines),
                "p_tilde": positive_share_in_use(run.objective, prepared.dataset),
                "train_iters": train.train_iters, "global_batch_size": train.global_batch_size}
