@@ -298,10 +298,13 @@ def test_effective_positive_share_counts_gradient_mass(num_positive, c):
 
 
 @pytest.mark.parametrize("c", [-0.9, -0.5, 0.0, 0.4, 0.8])
-def test_a_datasets_positive_share_is_the_closed_form_for_a_scalar_and_the_batch_metric_per_sequence(c):
+def test_a_datasets_positive_share_at_a_scalar_baseline_is_the_closed_form(c):
     rewards = torch.tensor([1.0] * 3 + [-1.0] * 7, dtype=torch.float64)
     assert dataset_positive_share(rewards, ObjectiveConfig(baseline=c)) == pytest.approx(
         effective_positive_share(0.3, c), rel=1e-12)
+
+
+def test_a_datasets_positive_share_with_per_sequence_baselines_is_the_batch_metric():
     # per-sequence c (asymre: b_i + deltaV), any rewards: the batch metric of policy_loss on the same
     # sequences, and by hand for c = b + 0.1 = (0.6, -0.4, 0.1): |0.4| / (|0.4| + |-0.1| + |-0.6|)
     rewards, group_means = torch.tensor([1.0, -0.5, -0.5]), torch.tensor([0.5, -0.5, 0.0])
