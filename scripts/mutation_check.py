@@ -54,8 +54,8 @@ KILLED_RANK_TEST = "tests/test_slurm.py::test_a_killed_rank_fails_the_real_job_w
 MUTANTS = (
     # objective.py
     Mutant("zero_reward_is_negative", "nemo_topr/objective.py",
-           'negative = (advantages if config.negative_rule == "advantage" else rewards) < 0',
-           'negative = (advantages if config.negative_rule == "advantage" else rewards) <= 0',
+           '(advantages if config.negative_rule == "advantage" else rewards) < 0',
+           '(advantages if config.negative_rule == "advantage" else rewards) <= 0',
            ("tests/test_objective.py",), "R = 0 treated as a negative (tapered) sample"),
     Mutant("topr_negatives_untruncated", "nemo_topr/objective.py",
            '"topr": (1.0, 1.0, 0.0, 1.0),', '"topr": (1.0, 1.0, 0.0, math.inf),',
@@ -341,9 +341,9 @@ MUTANTS = (
             "test_an_import_the_disk_cannot_hold_ends_in_one_line_and_leaves_no_checkpoint",),
            "an import that failed for space leaves a half-written OUT that the next import refuses as non-empty"),
     Mutant("iterate_training_config_unchecked", "nemo_topr/iterate.py",
-           "    problems += _training_config_problems(config.train)\n", "",
+           "        problems += curation_problems(config.curate, training_config(config.train)[1])\n", "        pass\n",
            ("tests/test_iterate.py::test_config_mistakes_are_errors",),
-           "a typo in iterate's train.overrides found in round 1's train stage, after the sampling and scoring"),
+           "iterate's config check leaves train.overrides (and the curation's baseline) unchecked"),
     Mutant("scoring_world_unchecked", "nemo_topr/training/scoring.py",
            "    if world_size % (tp * pp):", "    if False:",
            ("tests/test_tensor_parallel.py::"
@@ -358,8 +358,7 @@ MUTANTS = (
            ("tests/test_config.py::test_a_model_given_as_run_dir_is_refused_and_left_as_it_was",),
            "a run writes its checkpoints into the model directory given as run_dir"),
     Mutant("p_tilde_at_the_scalar_baseline", "nemo_topr/training/recipe.py",
-           '    baseline = None if source == "scalar" else torch.tensor(',
-           '    baseline = None if True else torch.tensor(',
+           "objective, None if column is None else columns[column])", "objective, None)",
            ("tests/test_config.py::test_the_data_report_says_which_baseline_the_objective_uses",),
            "the data report's p~ takes objective.baseline for asymre and record baselines too"),
     Mutant("negative_rule_advantage_ignored", "nemo_topr/objective.py",
@@ -438,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="nemo_topr_mutants_") as scratch:
         copy = Path(scratch) / "repo"
         copy_checkout(copy)
-        for m in mutants:  # every snippet still matches exactly once
+        for m in MUTANTS:  # every snippet, not only those run, still matches exactly once
             count = (copy / m.path).read_text().count(m.old)
             if count != 1:
                 raise SystemExit(f"mutant {m.name}: {m.path} holds its snippet {count} times (expected once)")

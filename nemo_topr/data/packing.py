@@ -142,17 +142,24 @@ def collate_packed(
     batch.update(
         seq_start=torch.tensor(seq_start, dtype=torch.long),
         seq_len=torch.tensor(seq_len, dtype=torch.long),
-        rewards=torch.tensor([seq.reward for seq in members], dtype=torch.float32),
-        # float64: log mu of a long completion is in the hundreds, where a float32 ulp (6e-5)
-        # would already move rho = exp(log pi - log mu) by that much
-        behavior_logprobs=torch.tensor([seq.behavior_logprob for seq in members], dtype=torch.float64),
-        group_mean_rewards=torch.tensor([seq.group_mean_reward for seq in members], dtype=torch.float64),
-        baselines=torch.tensor([seq.baseline for seq in members], dtype=torch.float64),
-        prompt_ids=torch.tensor([seq.prompt_id for seq in members], dtype=torch.long),
-        sample_ids=torch.tensor([seq.sample_id for seq in members], dtype=torch.long),
+        **sequence_columns(members),
         num_completion_tokens=torch.tensor(num_completion_tokens, dtype=torch.long),
     )
     return batch
+
+
+def sequence_columns(members: Sequence[TokenizedSequence]) -> dict[str, torch.Tensor]:
+    """The per-sequence columns of a batch, in the order of `members`."""
+    return {
+        "rewards": torch.tensor([seq.reward for seq in members], dtype=torch.float32),
+        # float64: log mu of a long completion is in the hundreds, where a float32 ulp (6e-5)
+        # would already move rho = exp(log pi - log mu) by that much
+        "behavior_logprobs": torch.tensor([seq.behavior_logprob for seq in members], dtype=torch.float64),
+        "group_mean_rewards": torch.tensor([seq.group_mean_reward for seq in members], dtype=torch.float64),
+        "baselines": torch.tensor([seq.baseline for seq in members], dtype=torch.float64),
+        "prompt_ids": torch.tensor([seq.prompt_id for seq in members], dtype=torch.long),
+        "sample_ids": torch.tensor([seq.sample_id for seq in members], dtype=torch.long),
+    }
 
 
 def collate_padded(

@@ -41,7 +41,7 @@ from nemo_topr.training.config import (CONF_DIR, ConfigError, TrainingRun, build
 from nemo_topr.training.disk_space import (check_room, checkpoint_bytes, estimated_checkpoint_bytes, failure_hint,
                                            parameter_count)
 from nemo_topr.training.nonfinite import NonFiniteTrainingError
-from nemo_topr.training.step import baseline_source
+from nemo_topr.training.step import baseline_column, baseline_source
 from nemo_topr.training.run_state import (
     COMPLETED_MARKER,
     RunLock,
@@ -119,17 +119,14 @@ def baseline_in_use(objective, record_baselines: bool) -> str:
 
 def positive_share_in_use(objective, dataset) -> float | None:
     """p~ of the data trained, with each sequence's c as the step takes it: the step's per-batch
-    `effective_positive_share` over the whole dataset (4 decimals; None when every R - c is 0)."""
-    import torch
-
+    `effective_positive_share` over the whole dataset, on the batch columns the step reads
+    (4 decimals; None when every R - c is 0)."""
+    from nemo_topr.data.packing import sequence_columns
     from nemo_topr.objective import dataset_positive_share
 
-    source = baseline_source(objective.variant, dataset.record_baselines)
-    rewards = torch.tensor([seq.reward for seq in dataset.sequences], dtype=torch.float64)
-    baseline = None if source == "scalar" else torch.tensor(
-        [seq.baseline if source == "records" else seq.group_mean_reward for seq in dataset.sequences],
-        dtype=torch.float64)
-    share = dataset_positive_share(rewards, objective, baseline)
+    columns = sequence_columns(dataset.sequences)
+    column = baseline_column(objective.variant, dataset.record_baselines)
+    share = dataset_positive_share(columns["rewards"], objective, None if column is None else columns[column])
     return None if share is None else round(share, 4)
 
 

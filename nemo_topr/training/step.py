@@ -162,6 +162,13 @@ def baseline_source(variant: str, record_baselines: bool) -> str:
     return "group_means" if variant == "asymre" else "scalar"
 
 
+def baseline_column(variant: str, record_baselines: bool) -> str | None:
+    """The batch column (`nemo_topr.data.packing`) holding each sequence's c per `baseline_source`,
+    or None for the scalar `config.baseline`."""
+    return {"records": "baselines", "group_means": "group_mean_rewards", "scalar": None}[
+        baseline_source(variant, record_baselines)]
+
+
 def topr_loss(
     per_token_ce: torch.Tensor,
     batch: dict[str, torch.Tensor],
@@ -188,8 +195,8 @@ def topr_loss(
     token_logprobs, loss_mask = completion_logprob_table(per_token_ce, batch, summary.max_length)
     token_logprobs = reduce_over_context_parallel(token_logprobs, cp_group)
     loss_mask = reduce_over_context_parallel(loss_mask.to(torch.float64), cp_group) > 0
-    source = baseline_source(config.variant, summary.record_baselines)
-    baseline = None if source == "scalar" else batch["baselines" if source == "records" else "group_mean_rewards"]
+    column = baseline_column(config.variant, summary.record_baselines)
+    baseline = None if column is None else batch[column]
     loss, metrics = policy_loss(token_logprobs, loss_mask, batch["behavior_logprobs"], batch["rewards"],
                                 config=config, baseline=baseline, check_values=False)
     denominator = metrics["num_tokens"] if config.normalization == "batch_token_mean" else metrics["num_sequences"]
