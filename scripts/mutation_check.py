@@ -39,6 +39,8 @@ class Mutant:
 
 
 HF_ORACLE = ("tests/test_hf_oracle.py",)
+BEYOND_CONTEXT_TEST = (
+    "tests/test_config.py::test_a_record_beyond_the_base_models_context_is_refused_by_train_and_score_logprobs")
 BASELINE_TESTS = ("tests/test_topr_step.py::test_whole_group_baselines_survive_rows_microbatches_and_dp_ranks",
                   "tests/test_topr_step.py::test_record_baselines_take_precedence_over_group_means")
 CHECKPOINT_TESTS = ("tests/test_checkpoints.py::test_consistent_directory_is_left_alone",
@@ -383,6 +385,22 @@ MUTANTS = (
            "        write_hf_artifacts(run.base_model, Path(run.container.checkpoint.save))\n",
            ("tests/test_config.py::test_a_new_run_refused_for_its_data_after_megatrons_import_leaves_no_run_directory",),
            "a new run refused for its data leaves RUN_DIR/checkpoints/hf_artifacts behind"),
+    Mutant("train_beyond_the_model_context", "nemo_topr/training/data.py",
+           "too_long=self.too_long, model_context=self.model_context)",
+           "too_long=self.too_long, model_context=None)",
+           (BEYOND_CONTEXT_TEST,),
+           "train packs a record longer than the model's max_position_embeddings (unseen RoPE positions)"),
+    Mutant("scored_beyond_the_model_context", "nemo_topr/training/scoring.py",
+           "model_context=source_model.context_length())",
+           "model_context=None)",
+           (BEYOND_CONTEXT_TEST,),
+           "score-logprobs scores a record longer than the model's max_position_embeddings"),
+    Mutant("model_context_off_by_one", "nemo_topr/data/tokenization.py",
+           "        if limit is not None and length > limit:\n",
+           "        if limit is not None and length >= limit:\n",
+           ("tests/test_data_tokenization.py::"
+            "test_a_record_longer_than_the_models_context_is_refused_or_dropped_though_it_fits_a_row",),
+           "a record of exactly the model's context (or max_seq_length) is refused"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

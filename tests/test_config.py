@@ -437,6 +437,27 @@ def test_a_new_run_refused_for_its_data_after_megatrons_import_leaves_no_run_dir
     assert not (tmp_path / "run").exists()
 
 
+def test_a_record_beyond_the_base_models_context_is_refused_by_train_and_score_logprobs(megatron_world, tmp_path):
+    """model.seq_length may exceed the model's max_position_embeddings (packed rows restart positions
+    per sequence); a record longer than it would be trained and scored at positions the model never saw."""
+    from nemo_topr.data.records import DataError
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.training.scoring import score_logprobs
+
+    short_context = build_tiny_hf_llama(tmp_path / "hf", build_tiny_tokenizer(), max_position_embeddings=128)
+    assert json.loads((short_context / "config.json").read_text())["max_position_embeddings"] == 128
+    data = _graded_data(tmp_path / "scored.jsonl", records=2)
+    run = _run(short_context, tmp_path / "run", f"dataset.train_path={data}")
+    assert run.container.dataset.model_context == 128 and run.container.model.seq_length == 512
+    beyond = rf"^{data}:1: completion: \d+ tokens .* > the model's context 128 \(max_position_embeddings"
+    with pytest.raises(DataError, match=beyond):
+        run.container.dataset.prepare(global_batch_size=4)
+    with pytest.raises(DataError, match=beyond):
+        score_logprobs(short_context, data, tmp_path / "out.jsonl", seq_length=512, device="cpu")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def test_the_distributed_optimizer_is_refused_where_it_cannot_train_or_resume(tiny_hf, tmp_path, monkeypatch):
     """Megatron's distributed optimizer needs CUDA tensors (on CPU its set-up raises a TypeError),
     and without TE's or Apex's FusedAdam (Megatron-Core's HAVE_APEX_OR_TE) it falls back to torch's

@@ -121,6 +121,30 @@ def test_a_too_long_prompt_is_blamed_on_the_prompt(plain_tokenizer):
                          plain_tokenizer, max_seq_length=12)
 
 
+def test_a_record_longer_than_the_models_context_is_refused_or_dropped_though_it_fits_a_row(plain_tokenizer, tmp_path):
+    """Packed rows restart positions at each sequence, so model.seq_length may exceed the model's
+    max_position_embeddings; a single record longer than it may not."""
+    pairs = [("Q: 1?\nA:", " 1"), ("Q: 2?\nA:", " one two three four five six seven eight nine ten eleven")]
+    data = tmp_path / "graded.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "completion": c, "reward": 1.0}) + "\n" for p, c in pairs))
+    lengths = [len(plain_tokenizer(p).input_ids) + len(plain_tokenizer(c, add_special_tokens=False).input_ids) + 1
+               for p, c in pairs]
+    context = lengths[1] - 1  # only the second record is over it
+    assert lengths[0] < context
+
+    def tokenized(**options):
+        return tokenize_records(load_records(data), plain_tokenizer, max_seq_length=4 * context, **options)
+
+    with pytest.raises(DataError, match=rf"^{data}:2: completion: {lengths[1]} tokens \(\d+ prompt \+ \d+ completion "
+                                        rf"\+ EOS\) > the model's context {context} \(max_position_embeddings"):
+        tokenized(model_context=context)
+    dropped = tokenized(model_context=context, too_long="drop")
+    assert [s.sample_id for s in dropped.sequences] == [0]
+    assert dict(dropped.report.dropped) == {"beyond_model_context": 1} and dropped.report.records_used == 1
+    assert len(tokenized(model_context=lengths[1]).sequences) == 2  # a record of exactly the context fits
+    assert len(tokenized().sequences) == 2
+
+
 def test_all_records_too_long_means_no_completion_tokens(plain_tokenizer):
     records = _record_set(("Question: 1 + 1?\nAnswer:", " 2"))
     with pytest.raises(DataError, match=r"dataset: no completion tokens"):

@@ -121,11 +121,14 @@ def tokenize_records(
     max_seq_length: int | None = None,
     strict: bool = True,
     too_long: TooLong | None = None,
+    model_context: int | None = None,
 ) -> TokenizedDataset:
     """Tokenize validated records, checking what only tokens reveal.
 
     A record whose prompt or completion tokenizes to nothing raises when strict and is dropped
-    otherwise; one over `max_seq_length` tokens (prompt + completion + EOS) is handled by
+    otherwise; one over `max_seq_length` tokens (prompt + completion + EOS), or over the model's
+    `model_context` (its max_position_embeddings: positions restart at each packed sequence, so
+    only a longer record reaches positions the model was never trained at), is handled by
     `too_long`, which defaults to "error" when strict and "drop" otherwise. Drops are added to
     `records.report`. The dense sample_id of a sequence is its record's `index`; the dense
     prompt_id numbers `Record.prompt_key` in order of first appearance.
@@ -160,13 +163,10 @@ def tokenize_records(
             name = "prompt" if not prompt_ids else "completion"
             report.reject(f"empty_{name}", record.error(name, "tokenizes to no tokens"), strict)
             continue
-        length = len(prompt_ids) + len(completion_ids) + 1
-        if max_seq_length is not None and length > max_seq_length:
-            # blame the prompt when it leaves no room for a completion token and EOS
-            name = "prompt" if len(prompt_ids) + 2 > max_seq_length else "completion"
-            problem = (f"{length} tokens ({len(prompt_ids)} prompt + {len(completion_ids)} completion + EOS) "
-                       f"> max_seq_length {max_seq_length}")
-            report.reject("too_long", record.error(name, problem), strict=too_long == "error")
+        problem = _over_a_limit(len(prompt_ids), len(completion_ids), max_seq_length, model_context)
+        if problem:
+            reason, name, text = problem
+            report.reject(reason, record.error(name, text), strict=too_long == "error")
             continue
         sequences.append(
             TokenizedSequence(
@@ -184,6 +184,21 @@ def tokenize_records(
         problem = f"no completion tokens: all {report.records_in} records dropped {dict(report.dropped)}"
         raise DataError(",".join(report.files), 0, "dataset", problem)
     return TokenizedDataset(sequences, list(dense_prompt_id), report)
+
+
+def _over_a_limit(prompt: int, completion: int, max_seq_length: int | None,
+                  model_context: int | None) -> tuple[str, str, str] | None:
+    """(drop reason, field to blame, problem) of a record of these token counts over a limit, or None."""
+    length = prompt + completion + 1
+    limits = (("too_long", max_seq_length, f"max_seq_length {max_seq_length}"),
+              ("beyond_model_context", model_context, f"the model's context {model_context} "
+               "(max_position_embeddings in its config.json): positions it was never trained at"))
+    for reason, limit, what in limits:
+        if limit is not None and length > limit:
+            # blame the prompt when it leaves no room for a completion token and EOS
+            name = "prompt" if prompt + 2 > limit else "completion"
+            return reason, name, f"{length} tokens ({prompt} prompt + {completion} completion + EOS) > {what}"
+    return None
 
 
 def load_tokenized(

@@ -92,6 +92,9 @@ class ToprDatasetConfig(DatasetProvider):
     extra_columns: str = "error"  # "meta": columns that are no field are carried under meta
     tokenizer_dir: str = ""
     seq_length: int = 2048
+    # the base model's max_position_embeddings (build_training_run): a longer record is refused or
+    # dropped as too long (positions restart per packed sequence, so only a record can exceed it)
+    model_context: int | None = None
     packed: bool = True  # False: one sequence per row (padded batches)
     # True: a row holds a prompt once, then several of its completions (docs/performance.md,
     # shared-prefix packing); TE layers then run FlexCoreAttention (training/flex_attention.py)
@@ -124,7 +127,7 @@ class ToprDatasetConfig(DatasetProvider):
         require_scored(records)
         tokenizer = load_tokenizer(self.tokenizer_dir)
         dataset = tokenize_records(records, tokenizer, max_seq_length=self.seq_length, strict=self.strict,
-                                   too_long=self.too_long)
+                                   too_long=self.too_long, model_context=self.model_context)
         pad_id = pad_id_of(tokenizer)
         sequences = dataset.sequences
         set_group_mean_rewards(sequences)
