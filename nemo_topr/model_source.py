@@ -132,7 +132,7 @@ def _resolve(spec: str | Path, named: str) -> ModelSource:
         raise ModelSourceError(f"{named}{text}: a file, not a directory; give the directory that holds it "
                                f"({path.parent}?) (expected {EXPECTED})")
     if not path.is_dir():
-        raise ModelSourceError(f"{named}{text}: no such directory (expected {EXPECTED})")
+        raise ModelSourceError(f"{named}{text}: no such directory (expected {EXPECTED}){_hub_id_hint(text)}")
     if (path / "context").is_dir() and (path / "weights").is_dir():
         raise ModelSourceError(_nemo2_message(path, named))
     if (path / "config.json").is_file() and _has_hf_weights(path):
@@ -149,6 +149,14 @@ def _resolve(spec: str | Path, named: str) -> ModelSource:
         raise ModelSourceError(f"{named}{path}: has config.json but no weights "
                                f"({' or '.join(HF_WEIGHT_PATTERNS)}); expected {EXPECTED}")
     raise ModelSourceError(f"{named}{path}: not a model directory; expected {EXPECTED}")
+
+
+def _hub_id_hint(text: str) -> str:
+    """For a missing owner/name path whose owner is no directory either: perhaps a hub ID."""
+    if not re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", text) or Path(text).parent.exists():
+        return ""
+    return (f". If {text} is a Hugging Face hub ID: nemo-topr reads models from disk and never downloads one; "
+            f"fetch it where there is internet (`huggingface-cli download {text} --local-dir DIR`) and give DIR")
 
 
 def _nemo2_message(path: Path, named: str) -> str:

@@ -401,6 +401,10 @@ MUTANTS = (
            ("tests/test_data_tokenization.py::"
             "test_a_record_longer_than_the_models_context_is_refused_or_dropped_though_it_fits_a_row",),
            "a record of exactly the model's context (or max_seq_length) is refused"),
+    Mutant("hub_id_hint_on_any_typo", "nemo_topr/model_source.py",
+           "or Path(text).parent.exists():", "or False:",
+           ("tests/test_model_source.py::test_a_hub_id_is_named_as_one_with_how_to_fetch_it",),
+           "a mistyped local path under an existing directory is called a possible hub ID"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -54,6 +54,20 @@ def test_a_directory_of_no_known_kind_names_what_was_expected(tmp_path, make, me
     assert "RUN@ITERATION" in str(error.value)  # the message lists every accepted kind
 
 
+def test_a_hub_id_is_named_as_one_with_how_to_fetch_it(tmp_path, monkeypatch):
+    """Nothing is downloaded; the first thing a user tries is often the model's hub ID."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelSourceError, match=r"^--model meta-llama/Llama-3.1-8B: no such directory \(expected .*\)\. "
+                                               r"If meta-llama/Llama-3.1-8B is a Hugging Face hub ID: .*never downloads.*"
+                                               r"`huggingface-cli download meta-llama/Llama-3.1-8B --local-dir DIR`"):
+        resolve("meta-llama/Llama-3.1-8B", named="--model ")
+    (tmp_path / "runs").mkdir()
+    for local in ("runs/round1", "./round1", str(tmp_path / "round1"), "round1"):
+        with pytest.raises(ModelSourceError, match="no such directory") as error:
+            resolve(local)
+        assert "hub ID" not in str(error.value), local  # a path under an existing directory is a typo, not an ID
+
+
 def test_a_file_given_as_the_model_is_named_a_file(tiny_hf):
     with pytest.raises(ModelSourceError, match=rf"base_model={tiny_hf / 'config.json'}: a file, not a directory; "
                                                rf"give the directory that holds it \({tiny_hf}\?\)"):
