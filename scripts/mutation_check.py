@@ -405,6 +405,16 @@ MUTANTS = (
            "or Path(text).parent.exists():", "or False:",
            ("tests/test_model_source.py::test_a_hub_id_is_named_as_one_with_how_to_fetch_it",),
            "a mistyped local path under an existing directory is called a possible hub ID"),
+    Mutant("stats_p_tilde_at_the_scalar_baseline", "nemo_topr/data/stats.py",
+           "        p_tilde = dataset_positive_share(rewards, objective, per_record)\n",
+           "        p_tilde = dataset_positive_share(rewards, ObjectiveConfig(baseline=baseline))\n",
+           ("tests/test_data_cli.py::"
+            "test_p_tilde_is_the_share_the_loss_sees_for_any_rewards_and_the_records_own_baselines",),
+           "data stats gives p~ at --baseline for records trained at their own baseline field"),
+    Mutant("curated_through_a_closed_form_that_does_not_hold", "nemo_topr/data/curation.py",
+           "            _check_closed_form_holds(kept)\n", "            pass\n",
+           ("tests/test_data_curation.py::test_target_p_tilde_is_refused_where_its_closed_form_does_not_hold",),
+           "curate --target-p-tilde steers non-+-1 rewards (or own baselines) to a share the loss does not see"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

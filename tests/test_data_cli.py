@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from nemo_topr.cli import main
-from nemo_topr.data.records import load_records
+from nemo_topr.data.records import Record, load_records
 from nemo_topr.data.stats import summarize
 from nemo_topr.objective import effective_positive_share
 from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
@@ -34,6 +34,37 @@ def test_summary_of_the_real_gsm8k_fixture():
     assert summary["reward"] == {"count": 24, "values": {"-1.0": 13, "1.0": 11}}
     assert summary["chars"]["completion"]["count"] == 24 and summary["behavior_logprob"]["max"] < 0
     assert "tokens" not in summary
+
+
+def test_p_tilde_is_the_share_the_loss_sees_for_any_rewards_and_the_records_own_baselines(tmp_path, capsys):
+    """p~ = sum_{R >= 0} |R - c| / sum |R - c|. The closed form holds for +-1 rewards only, and
+    records with a baseline field are trained at their own c, not at --baseline."""
+    from nemo_topr.data.stats import composition
+
+    def records(rewards, baselines=None):
+        return [Record(prompt=f"q{i}", completion="a", reward=r, index=i,
+                       baseline=None if baselines is None else baselines[i]) for i, r in enumerate(rewards)]
+
+    # +2, -1, -1 at c = 0: 2 / (2 + 1 + 1); the +-1 closed form would give p = 1/3
+    assert composition(records([2.0, -1.0, -1.0]))["p_tilde"] == pytest.approx(0.5)
+    # +-1 at c = 0.2: |1 - 0.2| = 0.8 against 2 x 1.2, the closed form's 0.8 / 3.2
+    assert composition(records([1.0, -1.0, -1.0]), 0.2)["p_tilde"] == pytest.approx(0.25)
+    assert effective_positive_share(1 / 3, 0.2) == pytest.approx(0.25)
+    # own baselines 0.5, 0.5, 0, 0, -0.5, -0.5: |A| = 0.5, 1.5, 1, 1, 0.5, 0.5; positives 0.5 + 1 of 5
+    own = records([1.0, -1.0, -1.0, 1.0, -1.0, -1.0], [0.5, 0.5, 0.0, 0.0, -0.5, -0.5])
+    mixed = composition(own, 0.2)
+    assert mixed["p_tilde"] == pytest.approx(0.3) and mixed["p"] == pytest.approx(1 / 3)
+    assert mixed["baseline"] == "the records' own baseline field"
+
+    data = tmp_path / "own.jsonl"
+    data.write_text("".join(json.dumps({"prompt": r.prompt, "completion": r.completion, "reward": r.reward,
+                                        "baseline": r.baseline}) + "\n" for r in own))
+    assert main(["data", "stats", str(data), "--baseline", "0.2"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["p_tilde"] == pytest.approx(0.3)
+    assert "--baseline 0.2 is not the records' c: they carry their own baseline field" in err
+    assert main(["data", "stats", str(data)]) == 0
+    assert "not the records' c" not in capsys.readouterr().err  # no --baseline given, nothing to say
 
 
 def test_validate_prints_the_report(capsys, tokenizer_dir):

@@ -119,3 +119,19 @@ def test_invalid_settings_and_unreachable_targets():
     positives_only = [Record(prompt="q", completion=str(i), reward=1.0, index=i) for i in range(4)]
     with pytest.raises(ValueError, match="both sides"):
         curate(positives_only, Curation(target_p=0.5))
+
+
+def test_target_p_tilde_is_refused_where_its_closed_form_does_not_hold():
+    """p~ = p(1 - c) / (1 + c(1 - 2p)) is for +-1 rewards and one c: with other rewards, or the
+    records' own baselines (training's c then), steering p through it aims at another share."""
+    def records(rewards, baseline=None):
+        return [Record(prompt=f"q{i}", completion="a", reward=r, baseline=baseline, index=i)
+                for i, r in enumerate(rewards)]
+
+    with pytest.raises(ValueError, match=r"holds for rewards of \+-1 only; these records also have rewards 0, 0.5: "
+                                         r"curate with target_p"):
+        curate(records([1.0, -1.0, 0.5, 0.0]), Curation(target_p_tilde=0.2))
+    with pytest.raises(ValueError, match=r"carry their own baseline field.*curate with target_p"):
+        curate(records([1.0, -1.0, -1.0], baseline=0.3), Curation(target_p_tilde=0.2))
+    # target_p counts records: it holds for any rewards and baselines
+    assert _counts(curate(records([1.0, 1.0, -1.0, 0.5], baseline=0.3), Curation(target_p=0.5)).records) == (1, 1)

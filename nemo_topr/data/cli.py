@@ -90,6 +90,9 @@ def _warn_of_the_baseline(records, baseline: float) -> None:
     own_baselines = any(record.baseline is not None for record in records)  # then c is not what they get
     if not own_baselines and (warning := no_negatives_warning(rewards, baseline)):
         print(f"warning: {warning}", file=sys.stderr)
+    if own_baselines and baseline != 0.0:
+        print(f"note: --baseline {baseline:g} is not the records' c: they carry their own baseline field, which "
+              "training uses in place of objective.baseline, and so does p~ here", file=sys.stderr)
     if problem := sign_flipping_baseline(rewards, baseline):
         print(f"warning: {problem}; `train` refuses this baseline", file=sys.stderr)
 

@@ -129,6 +129,20 @@ def _share_and_target(curation: Curation) -> tuple[Callable[[float], float], flo
     return (lambda p: effective_positive_share(p, curation.baseline)), curation.target_p_tilde
 
 
+def _check_closed_form_holds(records: Sequence[Record]) -> None:
+    """target_p_tilde steers p through p~ = p(1 - c) / (1 + c(1 - 2p)), which holds for +-1 rewards
+    and one c for all; otherwise p~ depends on which records are kept, and the loss would see
+    another share than the one aimed at (the stats' p~ is computed from the records themselves)."""
+    if records and records[0].baseline is not None:
+        raise ValueError("target_p_tilde steers p~ at one baseline c, but these records carry their own baseline "
+                         "field, which training uses instead: curate with target_p and read p~ in the stats")
+    others = sorted({r.reward for r in records} - {-1.0, 1.0})
+    if others:
+        shown = ", ".join(f"{reward:g}" for reward in others[:5]) + (", ..." if len(others) > 5 else "")
+        raise ValueError(f"target_p_tilde steers p~ = p(1 - c) / (1 + c(1 - 2p)), which holds for rewards of +-1 only; "
+                         f"these records also have rewards {shown}: curate with target_p and read p~ in the stats")
+
+
 def curate(records: Sequence[Record], curation: Curation) -> CurationResult:
     """Apply `curation`; `stats` holds the settings, drops by reason, and the composition
     (counts, p, p~ at the baseline) before and after."""
@@ -145,6 +159,8 @@ def curate(records: Sequence[Record], curation: Curation) -> CurationResult:
     if curation.anna_karenina:
         kept = step("anna_karenina", anna_karenina(kept))
     elif curation.target_p is not None or curation.target_p_tilde is not None:
+        if curation.target_p_tilde is not None:
+            _check_closed_form_holds(kept)
         share_of_p, target = _share_and_target(curation)
         result, side = subsample_to_share(kept, target, share_of_p, per_prompt=curation.per_prompt, rng=rng)
         kept = step(f"subsample_{side}", result)

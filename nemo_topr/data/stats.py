@@ -12,32 +12,40 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from nemo_topr.data.packing import TokenizedSequence
 from nemo_topr.data.records import Record, is_positive
-from nemo_topr.objective import effective_positive_share
+from nemo_topr.objective import ObjectiveConfig, dataset_positive_share
 from nemo_topr.outputs import write_whole
 
 HISTOGRAM_BINS = 20
+RECORD_BASELINES = "the records' own baseline field"  # composition's "baseline" where the data has one
 MAX_DISTINCT_REWARDS = 20  # up to this many distinct rewards are counted value by value
 
 
 def composition(records: Sequence[Record], baseline: float = 0.0) -> dict[str, Any]:
-    """Counts, p (share of positives, R >= 0) and p~ at `baseline` (None where undefined)."""
+    """Counts, p (share of positives, R >= 0) and p~, the share of sum |R - c| on positives as
+    TOPR's loss weighs them (`nemo_topr.objective.dataset_positive_share`; for +-1 rewards the
+    closed form p(1 - c) / (1 + c(1 - 2p))). c is the records' own baseline field where they have
+    one, as training takes it in place of objective.baseline, else `baseline`. p~ is None where
+    every R - c is 0."""
     positives = sum(is_positive(r.reward) for r in records)
-    p = positives / len(records) if records else None
-    try:
-        p_tilde = None if p is None else effective_positive_share(p, baseline)
-    except ValueError:  # baseline outside [-1, 1], or no side carries weight
-        p_tilde = None
+    own_baselines = bool(records) and records[0].baseline is not None  # all or none: part of the schema
+    p_tilde = None
+    if records:
+        rewards = torch.tensor([r.reward for r in records], dtype=torch.float64)
+        per_record = torch.tensor([r.baseline for r in records], dtype=torch.float64) if own_baselines else None
+        objective = ObjectiveConfig() if own_baselines else ObjectiveConfig(baseline=baseline)
+        p_tilde = dataset_positive_share(rewards, objective, per_record)
     return {
         "records": len(records),
         "prompts": len({r.prompt_key for r in records}),
         "positives": positives,
         "negatives": len(records) - positives,
-        "p": p,
+        "p": positives / len(records) if records else None,
         "p_tilde": p_tilde,
-        "baseline": baseline,
+        "baseline": RECORD_BASELINES if own_baselines else baseline,
     }
 
 
