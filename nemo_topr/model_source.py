@@ -80,13 +80,14 @@ class ModelSource:
     def saved_iterations(self) -> list[int]:
         return saved_iterations(self.checkpoint.parent) if self.is_megatron else []
 
-    def context_length(self) -> int | None:
-        """The model's max_position_embeddings (config.json): the longest sequence it was trained at."""
-        return json.loads((self.hf_dir / "config.json").read_text()).get("max_position_embeddings")
-
     def run_config(self) -> dict:
         """The iteration's run_config.yaml (Bridge's record of the config it was saved with)."""
         return yaml.safe_load((self.checkpoint / "run_config.yaml").read_text()) or {}
+
+
+def context_length(hf_dir: str | Path) -> int | None:
+    """A model's max_position_embeddings (config.json): the longest sequence it was trained at."""
+    return json.loads((Path(hf_dir) / "config.json").read_text()).get("max_position_embeddings")
 
 
 def split_iteration(spec: str | Path) -> tuple[str, str]:

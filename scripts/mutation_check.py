@@ -39,6 +39,8 @@ class Mutant:
 
 
 HF_ORACLE = ("tests/test_hf_oracle.py",)
+SAMPLING_CONTEXT_TEST = ("tests/test_generate_eval.py::"
+                         "test_sampling_leaves_room_in_the_models_context_and_refuses_a_full_prompt")
 BEYOND_CONTEXT_TEST = (
     "tests/test_config.py::test_a_record_beyond_the_base_models_context_is_refused_by_train_and_score_logprobs")
 BASELINE_TESTS = ("tests/test_topr_step.py::test_whole_group_baselines_survive_rows_microbatches_and_dp_ranks",
@@ -391,7 +393,7 @@ MUTANTS = (
            (BEYOND_CONTEXT_TEST,),
            "train packs a record longer than the model's max_position_embeddings (unseen RoPE positions)"),
     Mutant("scored_beyond_the_model_context", "nemo_topr/training/scoring.py",
-           "model_context=source_model.context_length())",
+           "model_context=model_source.context_length(source_model.hf_dir))",
            "model_context=None)",
            (BEYOND_CONTEXT_TEST,),
            "score-logprobs scores a record longer than the model's max_position_embeddings"),
@@ -415,6 +417,13 @@ MUTANTS = (
            "            _check_closed_form_holds(kept)\n", "            pass\n",
            ("tests/test_data_curation.py::test_target_p_tilde_is_refused_where_its_closed_form_does_not_hold",),
            "curate --target-p-tilde steers non-+-1 rewards (or own baselines) to a share the loss does not see"),
+    Mutant("sampled_past_the_model_context", "nemo_topr/evaluation/generate.py",
+           "max_new_tokens=budgets[index], num_return_sequences", "max_new_tokens=settings.max_new_tokens, "
+           "num_return_sequences", (SAMPLING_CONTEXT_TEST,),
+           "generate (transformers) samples past the model's max_position_embeddings"),
+    Mutant("full_prompt_refused_after_the_log", "nemo_topr/evaluation/generate.py",
+           "    new_token_budgets(args.model, dict(enumerate(problems)), settings.max_new_tokens)\n", "",
+           (SAMPLING_CONTEXT_TEST,), "a prompt with no room in the context refused only after OUT.samples is begun"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -389,3 +389,52 @@ def test_eval_leaves_grader_errors_out_of_the_metrics(monkeypatch, tmp_path):
     # 3 samples graded (2 correct, 1 wrong); the failed one is not a wrong answer: 2/3, not 2/4
     assert results["metrics"] == {"pass@1": pytest.approx(2 / 3), "invalid_rate": 0.0, "grader_error_rate": 0.25}
     assert results["grader_errors"]["grader_errors"] == 1 and results["samples_per_problem"] == 3
+
+
+def test_sampling_leaves_room_in_the_models_context_and_refuses_a_full_prompt(tmp_path, capsys, monkeypatch):
+    """score-logprobs and train refuse a record longer than max_position_embeddings
+    (`beyond_model_context`); transformers would sample on past it. Each prompt gets at most
+    context - prompt - 1 new tokens (room for the EOS training appends; the completion's text
+    tokenized again may differ by a few tokens); a prompt without room for one is refused before
+    anything is sampled or written."""
+    from nemo_topr.data.tokenization import prompt_token_ids
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    prompts = _math_prompts(tmp_path, 3)
+    problems = load_problems(str(prompts), task="math")
+    tokenizer = build_tiny_tokenizer()
+    lengths = [len(ids) for ids in prompt_token_ids(tokenizer, [p.prompt for p in problems])]
+    context = max(lengths) + 6  # the longest prompt leaves 5 new tokens and the EOS
+    model = build_tiny_hf_llama(tmp_path / "short", tokenizer, max_position_embeddings=context)
+    budgets = generate.new_token_budgets(model, dict(enumerate(problems)), 64)
+    assert budgets == {i: context - n - 1 for i, n in enumerate(lengths)} and min(budgets.values()) == 5
+    assert generate.new_token_budgets(model, dict(enumerate(problems)), 3) == {0: 3, 1: 3, 2: 3}
+
+    from transformers import GenerationMixin
+
+    real_generate, lengths_sampled = GenerationMixin.generate, []
+
+    def spy(self, input_ids, **options):  # the sequences transformers returns: prompt + sampled tokens
+        output = real_generate(self, input_ids, **options)
+        lengths_sampled.append((input_ids.shape[1], options["max_new_tokens"], output.sequences.shape[1]))
+        return output
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    out = tmp_path / "graded.jsonl"
+    assert generate.main(["--model", str(model), "--prompts", str(prompts), "--task", "math", "--num-samples", "2",
+                          "--max-new-tokens", "64", "--device", "cpu", "--max-grader-error-rate", "1",
+                          "--out", str(out)]) == 0
+    assert [(prompt, budget) for prompt, budget, _ in lengths_sampled] == [(n, context - n - 1) for n in lengths]
+    assert all(total <= context - 1 for _, _, total in lengths_sampled)  # room left for the EOS
+    assert any(total == context - 1 for _, _, total in lengths_sampled)  # a random model ran to its budget
+
+    tight = build_tiny_hf_llama(tmp_path / "tight", tokenizer, max_position_embeddings=max(lengths) + 1)
+    refused = tmp_path / "refused.jsonl"
+    assert generate.main(["--model", str(tight), "--prompts", str(prompts), "--task", "math", "--device", "cpu",
+                          "--out", str(refused)]) == 1
+    longest = problems[lengths.index(max(lengths))].prompt_id
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"nemo-topr generate: prompt {longest}: {max(lengths)} tokens leave no room for a completion token and EOS "
+        f"in the model's context of {max(lengths) + 1} (max_position_embeddings in {tight / 'config.json'})")
+    assert not refused.exists() and not Path(f"{refused}.samples").exists()

@@ -213,8 +213,9 @@ def _decoding(settings: SamplingSettings) -> dict:
     return {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": settings.top_k}
 
 
-def _sample_with_transformers(model_dir: Path, prompt_ids: dict[int, list[int]], settings: SamplingSettings,
-                              tokenizer, device: str) -> Iterator[tuple[int, list[Completion]]]:
+def _sample_with_transformers(model_dir: Path, prompt_ids: dict[int, list[int]], budgets: dict[int, int],
+                              settings: SamplingSettings, tokenizer, device: str
+                              ) -> Iterator[tuple[int, list[Completion]]]:
     """One `generate` call per prompt (its N samples batched), on CPU or one GPU, yielded as it
     finishes. The sampler log-prob comes from the processed scores (after temperature and top-k/top-p)."""
     import torch
@@ -233,7 +234,7 @@ def _sample_with_transformers(model_dir: Path, prompt_ids: dict[int, list[int]],
         with torch.no_grad():
             output = model.generate(
                 input_ids, attention_mask=torch.ones_like(input_ids), **_decoding(settings),
-                max_new_tokens=settings.max_new_tokens, num_return_sequences=settings.num_samples,
+                max_new_tokens=budgets[index], num_return_sequences=settings.num_samples,
                 stop_strings=list(settings.stop_strings) or None, tokenizer=tokenizer,
                 pad_token_id=pad_id, return_dict_in_generate=True,
                 output_scores=settings.sampler_logprobs,
@@ -248,8 +249,8 @@ def _sample_with_transformers(model_dir: Path, prompt_ids: dict[int, list[int]],
         yield index, [Completion(trim_at_stop(t, settings.stop_strings), lp) for t, lp in zip(texts, logprobs)]
 
 
-def _sample_with_vllm(model_dir: Path, prompt_ids: dict[int, list[int]], settings: SamplingSettings
-                     ) -> Iterator[tuple[int, list[Completion]]]:
+def _sample_with_vllm(model_dir: Path, prompt_ids: dict[int, list[int]], budgets: dict[int, int],
+                      settings: SamplingSettings) -> Iterator[tuple[int, list[Completion]]]:
     """VLLM_CHUNK prompts per vLLM call (large batches keep the GPU busy; a chunk at a time is
     what a crash can lose); vLLM cuts the stop strings itself. Never run on GPU in CI.
 
@@ -266,7 +267,7 @@ def _sample_with_vllm(model_dir: Path, prompt_ids: dict[int, list[int]], setting
         chunk = indices[start:start + VLLM_CHUNK]
         params = [
             SamplingParams(n=settings.num_samples, temperature=settings.temperature, top_p=settings.top_p,
-                           top_k=settings.top_k, max_tokens=settings.max_new_tokens, stop=list(settings.stop_strings),
+                           top_k=settings.top_k, max_tokens=budgets[index], stop=list(settings.stop_strings),
                            seed=prompt_seed(settings.seed, index), logprobs=0 if settings.sampler_logprobs else None)
             for index in chunk
         ]
@@ -283,16 +284,48 @@ def iter_completions(model_dir: str | Path, problems: dict[int, Problem], settin
     """(index, its `settings.num_samples` completions) for each of {index: problem} as each
     finishes, on `device` ("cpu" or "cuda", resolved by the caller:
     `nemo_topr.device.select_device`). The index seeds the prompt's samples (`prompt_seed`)."""
-    from nemo_topr.data.tokenization import load_tokenizer, prompt_token_ids
+    from nemo_topr.data.tokenization import load_tokenizer
 
     if not problems:
         return
     tokenizer = load_tokenizer(model_dir)
-    prompt_ids = dict(zip(problems, prompt_token_ids(tokenizer, [problem.prompt for problem in problems.values()])))
+    prompt_ids = _prompt_ids(tokenizer, problems)
+    budgets = new_token_budgets(model_dir, problems, settings.max_new_tokens, prompt_ids)
     if choose_backend(backend, device) == "vllm":
-        yield from _sample_with_vllm(Path(model_dir), prompt_ids, settings)
+        yield from _sample_with_vllm(Path(model_dir), prompt_ids, budgets, settings)
     else:
-        yield from _sample_with_transformers(Path(model_dir), prompt_ids, settings, tokenizer, device)
+        yield from _sample_with_transformers(Path(model_dir), prompt_ids, budgets, settings, tokenizer, device)
+
+
+def _prompt_ids(tokenizer, problems: dict[int, Problem]) -> dict[int, list[int]]:
+    """{index: the prompt's tokens}, as training tokenizes it (`prompt_token_ids`)."""
+    from nemo_topr.data.tokenization import prompt_token_ids
+
+    return dict(zip(problems, prompt_token_ids(tokenizer, [problem.prompt for problem in problems.values()])))
+
+
+def new_token_budgets(model_dir: str | Path, problems: dict[int, Problem], max_new_tokens: int,
+                      prompt_ids: dict[int, list[int]] | None = None) -> dict[int, int]:
+    """{index: new tokens to sample at most}: `max_new_tokens`, less where prompt + completion + the
+    EOS training appends would pass the model's context (max_position_embeddings), which
+    `score-logprobs` and `train` refuse (`beyond_model_context`); transformers would sample on past
+    it. A prompt that leaves no room at all is refused. `prompt_ids`: the prompts' tokens, when
+    the caller has them (else they are tokenized here)."""
+    from nemo_topr.data.tokenization import load_tokenizer
+    from nemo_topr.model_source import context_length
+
+    context = context_length(model_dir)
+    if context is None:
+        return {index: max_new_tokens for index in problems}
+    if prompt_ids is None:
+        prompt_ids = _prompt_ids(load_tokenizer(model_dir), problems)
+    full = [index for index, ids in prompt_ids.items() if len(ids) + 2 > context]
+    if full:
+        first = full[0]
+        raise ValueError(f"prompt {problems[first].prompt_id}: {len(prompt_ids[first])} tokens leave no room for a "
+                         f"completion token and EOS in the model's context of {context} (max_position_embeddings in "
+                         f"{Path(model_dir) / 'config.json'}); {len(full)} of {len(prompt_ids)} prompts are that long")
+    return {index: min(max_new_tokens, context - len(ids) - 1) for index, ids in prompt_ids.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,7 +477,11 @@ def logged_sample_and_grade(args: argparse.Namespace, problems: list[Problem], s
 
     device = select_device(args.device, where="--device")
     settings = settings_from_args(args, problems[0].task)
-    log = SampleLog(log_path(out), sampling_options(args, source, settings, device), problems)
+    options = sampling_options(args, source, settings, device)
+    # refused before the log is written (a refused command leaves nothing): prompts too long for the
+    # model's context. It tokenizes the prompts once more than sampling does: seconds, not minutes.
+    new_token_budgets(args.model, dict(enumerate(problems)), settings.max_new_tokens)
+    log = SampleLog(log_path(out), options, problems)
     if log.done:
         print(f"{what}: resuming: {len(log.done)} of {len(problems)} prompts already sampled in {log.path}",
               file=sys.stderr)

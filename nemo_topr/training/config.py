@@ -437,7 +437,8 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     _, provider = source_provider(base_model)
     # pinned host memory only speeds copies to an accelerator; without one torch warns at every loader
     dataset = ToprDatasetConfig(tokenizer_dir=str(base_model.hf_dir), report_path=str(run_dir / "data_report.json"),
-                                model_context=base_model.context_length(), pin_memory=values["device"] != "cpu")
+                                model_context=model_source.context_length(base_model.hf_dir),
+                                pin_memory=values["device"] != "cpu")
     container = default_container(provider, dataset)
     container.checkpoint.save = container.checkpoint.load = str(run_dir / "checkpoints")
     # Bridge loads this only while run_dir has no checkpoint of its own, as a finetune: weights

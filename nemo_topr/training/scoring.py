@@ -182,7 +182,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
                                   overwrite=overwrite)
     tokenizer = load_tokenizer(source_model.hf_dir)
     tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict,
-                                 model_context=source_model.context_length())
+                                 model_context=model_source.context_length(source_model.hf_dir))
     _, provider = source_provider(source_model, seq_length=seq_length)
     applied = apply_scoring_layout(provider, device, train_config=train_config, precision=precision,
                                    tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
