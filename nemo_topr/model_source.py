@@ -90,6 +90,18 @@ def context_length(hf_dir: str | Path) -> int | None:
     return json.loads((Path(hf_dir) / "config.json").read_text()).get("max_position_embeddings")
 
 
+def context_of(path: str | Path) -> int | None:
+    """`context_length` of the model at `path`, anything `base_model=` takes (a checkpoint's
+    hf_artifacts/ hold its config.json); None where `path` holds no model config (a bare tokenizer)."""
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        try:
+            directory = resolve(path, megatron=False).hf_dir
+        except ModelSourceError:
+            return None
+    return context_length(directory)
+
+
 def split_iteration(spec: str | Path) -> tuple[str, str]:
     """(the directory part, "@N" or "") of a base_model value: RUN@ITERATION reads RUN. A path
     that exists as given (a directory whose name contains "@N") is never split."""

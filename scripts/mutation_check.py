@@ -424,6 +424,10 @@ MUTANTS = (
     Mutant("full_prompt_refused_after_the_log", "nemo_topr/evaluation/generate.py",
            "    new_token_budgets(args.model, dict(enumerate(problems)), settings.max_new_tokens)\n", "",
            (SAMPLING_CONTEXT_TEST,), "a prompt with no room in the context refused only after OUT.samples is begun"),
+    Mutant("validate_blind_to_the_model_context", "nemo_topr/data/cli.py",
+           "model_context=context_of(args.tokenizer))", "model_context=None)",
+           ("tests/test_data_cli.py::test_validate_with_a_models_tokenizer_finds_records_beyond_its_context",),
+           "data validate --tokenizer MODEL passes records that score-logprobs and train refuse"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

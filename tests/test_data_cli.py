@@ -1,6 +1,7 @@
 """`nemo-topr data validate|stats|curate` end to end, and the statistics they print."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,23 @@ def test_validate_non_strict_counts_drops_including_too_long(capsys, tokenizer_d
     out = capsys.readouterr().out
     assert "records in: 16\nrecords used: 3\nrecords dropped: 13" in out
     assert f"too_long: 1  (first: {MALFORMED}:14: completion:" in out
+
+
+def test_validate_with_a_models_tokenizer_finds_records_beyond_its_context(capsys, tmp_path, tokenizer_dir):
+    """What score-logprobs and train refuse (`beyond_model_context`) is found by validate when
+    --tokenizer names a model; a bare tokenizer directory has no context to check."""
+    from nemo_topr.model import build_tiny_hf_llama
+
+    model = build_tiny_hf_llama(tmp_path / "short", build_tiny_tokenizer(chat_template=False),
+                                max_position_embeddings=200)  # the fixture's records: 125 to 293 tokens
+    capsys.readouterr()  # the model's build
+    assert main(["data", "validate", str(SCORED), "--tokenizer", str(model)]) == 1
+    assert capsys.readouterr().err.startswith(f"nemo-topr data validate: {SCORED}:9: completion: 221 tokens (130 "
+                                              "prompt + 90 completion + EOS) > the model's context 200 "
+                                              "(max_position_embeddings")
+    assert main(["data", "validate", str(SCORED), "--tokenizer", str(model), "--too-long", "drop"]) == 0
+    assert re.search(r"^  beyond_model_context: 12 ", capsys.readouterr().out, re.MULTILINE)  # 12 over 200
+    assert main(["data", "validate", str(SCORED), "--tokenizer", str(tokenizer_dir)]) == 0
 
 
 def test_validate_reports_a_missing_tokenizer(capsys, tmp_path):

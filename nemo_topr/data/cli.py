@@ -54,7 +54,7 @@ def _load(args: argparse.Namespace) -> RecordSet:
 
 
 def _tokenize(args: argparse.Namespace, records: RecordSet, **limits):
-    """(tokenizer, TokenizedDataset); `limits`: max_seq_length and too_long."""
+    """(tokenizer, TokenizedDataset); `limits`: max_seq_length, too_long and model_context."""
     from nemo_topr.data.tokenization import load_tokenizer, tokenize_records
 
     tokenizer = load_tokenizer(args.tokenizer)
@@ -68,7 +68,11 @@ def _validate(args: argparse.Namespace) -> int:
         return 2
     records = _load(args)
     if args.tokenizer is not None:
-        tokenizer, tokenized = _tokenize(args, records, max_seq_length=args.max_seq_length, too_long=args.too_long)
+        from nemo_topr.model_source import context_of
+
+        # a record beyond the model's context is refused by score-logprobs and train: found here first
+        tokenizer, tokenized = _tokenize(args, records, max_seq_length=args.max_seq_length, too_long=args.too_long,
+                                         model_context=context_of(args.tokenizer))
         if args.max_seq_length is not None:
             from nemo_topr.data.packing import pack_sequences, padding_share
             from nemo_topr.data.tokenization import pad_id_of
