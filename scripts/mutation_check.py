@@ -428,6 +428,16 @@ MUTANTS = (
            "model_context=context_of(args.tokenizer))", "model_context=None)",
            ("tests/test_data_cli.py::test_validate_with_a_models_tokenizer_finds_records_beyond_its_context",),
            "data validate --tokenizer MODEL passes records that score-logprobs and train refuse"),
+    Mutant("rendered_prompt_templated_again", "nemo_topr/data/tokenization.py",
+           "    if prompts and isinstance(prompts[0], RenderedPrompt):\n"
+           "        return _encode(tokenizer, list(prompts), add_special_tokens=False)\n", "",
+           ("tests/test_data_tokenization.py::"
+            "test_rendered_prompts_are_read_as_written_and_equal_the_template_of_the_plain_prompt",),
+           "a rendered prompt gets the chat template and BOS a second time"),
+    Mutant("train_drops_the_rendered_prompts_option", "nemo_topr/training/recipe.py",
+           'rendered_prompts=dataset.get("rendered_prompts", False))', "rendered_prompts=False)",
+           ("tests/test_config.py::test_rendered_prompts_train_and_score_as_their_plain_text",),
+           "nemo-topr train reads dataset.rendered_prompts=true data as plain prompts"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -458,6 +458,41 @@ def test_a_record_beyond_the_base_models_context_is_refused_by_train_and_score_l
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_rendered_prompts_train_and_score_as_their_plain_text(megatron_world, tiny_hf, tmp_path):
+    """dataset.rendered_prompts / --rendered-prompts: prompts stored rendered (chat template written
+    out) give the sequences and the log mu of the same records with the user's text."""
+    from nemo_topr.data.records import DataError, load_records
+    from nemo_topr.data.tokenization import load_tokenizer
+    from nemo_topr.training.recipe import _records_of
+    from nemo_topr.training.scoring import score_logprobs
+
+    plain = _graded_data(tmp_path / "plain.jsonl", records=4)
+    tokenizer = load_tokenizer(tiny_hf)
+    rows = [json.loads(line) for line in plain.read_text().splitlines()]
+    for row in rows:
+        row["prompt"] = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], tokenize=False,
+                                                      add_generation_prompt=True)
+    rendered = tmp_path / "rendered.jsonl"
+    rendered.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    def sequences(data, *overrides):
+        run = _run(tiny_hf, tmp_path / data.stem, f"dataset.train_path={data}", *overrides)
+        run.container.dataset.use_records(_records_of(run.raw))  # as `nemo-topr train` reads them
+        prepared = run.container.dataset.prepare(global_batch_size=4)
+        return [(s.input_ids, s.loss_mask) for s in prepared.dataset.sequences]
+
+    assert sequences(rendered, "dataset.rendered_prompts=true") == sequences(plain)
+    with pytest.raises(DataError, match=rf"^{rendered}:1: prompt: holds the tokenizer's special token "
+                                        r"'<\|begin_of_text\|>'.*dataset.rendered_prompts=true"):
+        sequences(rendered)
+    scores = {}
+    for data, source in ((plain, {}), (rendered, {"rendered_prompts": True})):
+        score_logprobs(tiny_hf, data, tmp_path / f"{data.stem}_scored.jsonl", seq_length=512, device="cpu",
+                       source=source)
+        scores[data.stem] = [r.behavior_logprob for r in load_records(tmp_path / f"{data.stem}_scored.jsonl").records]
+    assert scores["rendered"] == scores["plain"]
+
+
 def test_the_distributed_optimizer_is_refused_where_it_cannot_train_or_resume(tiny_hf, tmp_path, monkeypatch):
     """Megatron's distributed optimizer needs CUDA tensors (on CPU its set-up raises a TypeError),
     and without TE's or Apex's FusedAdam (Megatron-Core's HAVE_APEX_OR_TE) it falls back to torch's

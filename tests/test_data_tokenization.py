@@ -179,7 +179,8 @@ def test_special_tokens_written_in_a_records_text_are_refused_naming_line_field_
     assert str(refused.value) == (f"{data}:2: prompt: holds the tokenizer's special token '<|begin_of_text|>' as text: "
                                   "the prompt looks rendered already, and tokenization adds the chat template (or "
                                   "BOS) itself, so it would be there twice; give the user's text, or the conversation "
-                                  "as a list of messages")
+                                  "as a list of messages, or, for prompts rendered as the sampler read them, set "
+                                  "dataset.rendered_prompts=true (--rendered-prompts)")
     tokenized = load_tokenized(data, chat_tokenizer_dir, strict=False)
     report = tokenized.report
     assert (report.records_in, report.records_used, dict(report.dropped)) == (3, 1, {"special_token": 2})
@@ -190,6 +191,34 @@ def test_special_tokens_written_in_a_records_text_are_refused_naming_line_field_
                                     "completion": " 8", "reward": -1.0}) + "\n")
     with pytest.raises(DataError, match=rf"^{messages}:1: prompt: holds the tokenizer's special token '<\|eot_id\|>'"):
         load_tokenized(messages, chat_tokenizer_dir)
+
+
+def test_rendered_prompts_are_read_as_written_and_equal_the_template_of_the_plain_prompt(chat_tokenizer_dir,
+                                                                                          plain_tokenizer, tmp_path):
+    """`rendered_prompts`: a prompt stored as the sampler read it gives the very ids the chat
+    template gives its user text (BOS once); a completion's special token is still refused, and
+    a message list is no rendered prompt."""
+    tokenizer = load_tokenizer(chat_tokenizer_dir)
+    data = tmp_path / "rendered.jsonl"
+    rows = [{"prompt": RENDERED, "completion": " 4", "reward": 1.0},
+            {"prompt": RENDERED, "completion": " 5<|eot_id|>", "reward": -1.0},
+            {"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "completion": " 4", "reward": 1.0}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    kept = tokenize_records(load_records(data, strict=False, rendered_prompts=True), tokenizer, strict=False)
+    assert dict(kept.report.dropped) == {"wrong_type": 1, "special_token": 1}
+    assert kept.report.first_error["wrong_type"].startswith(f"{data}:3: prompt: a list of messages, but "
+                                                            "rendered_prompts is set")
+    assert kept.report.first_error["special_token"].startswith(f"{data}:2: completion: ")
+    (sequence,) = kept.sequences
+    from_template = prompt_token_ids(tokenizer, ["What is 2 + 2?"])[0]
+    assert sequence.input_ids[:len(from_template)] == from_template and sum(sequence.loss_mask) == 2  # " 4", EOS
+    assert from_template.count(tokenizer.bos_token_id) == 1 and sequence.input_ids[len(from_template)] != \
+        tokenizer.bos_token_id
+
+    plain = tmp_path / "plain.jsonl"  # no chat template: BOS written out, where the plain path adds it
+    plain.write_text(json.dumps({"prompt": "<|begin_of_text|>Q: 1 + 1?\nA:", "completion": " 2", "reward": 1.0}))
+    (rendered,) = tokenize_records(load_records(plain, rendered_prompts=True), plain_tokenizer).sequences
+    assert rendered.input_ids[:-2] == prompt_token_ids(plain_tokenizer, ["Q: 1 + 1?\nA:"])[0]
 
 
 def test_a_completion_with_eos_written_out_is_refused_without_a_chat_template(plain_tokenizer):

@@ -25,11 +25,15 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", help="split of a saved DatasetDict or a hub dataset")
     parser.add_argument("--extra-columns", choices=("error", "meta"), default="error",
                         help="columns that are no field: an error (default) or carried under meta")
+    parser.add_argument("--rendered-prompts", action="store_true",
+                        help="prompts are rendered already, as the sampler read them (chat template and special "
+                             "tokens written out): tokenized as written, nothing added")
 
 
 def source_options(args: argparse.Namespace) -> dict:
     """`load_records` keyword arguments from `add_source_arguments`' options."""
-    return {"columns": args.columns, "split": args.split, "extra_columns": args.extra_columns}
+    return {"columns": args.columns, "split": args.split, "extra_columns": args.extra_columns,
+            "rendered_prompts": args.rendered_prompts}
 
 
 def _add_input_arguments(

@@ -25,7 +25,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,12 @@ from nemo_topr.data.sources import ColumnMapping, open_sources, spec_name
 from nemo_topr.outputs import written_whole
 
 Messages = list[dict[str, str]]
+
+
+class RenderedPrompt(str):
+    """A prompt rendered already, as the sampler read it (chat template, BOS and other special
+    tokens written out): `load_records(rendered_prompts=True)`. Tokenization reads it as written,
+    its special tokens as tokens, and adds nothing (`nemo_topr.data.tokenization`)."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +261,13 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
     )
 
 
+def _rendered(record: Record) -> Record:
+    if not isinstance(record.prompt, str):
+        raise RejectedRow("wrong_type", record.error("prompt", "a list of messages, but rendered_prompts is set: a "
+                                                               "rendered prompt is one string, as the sampler read it"))
+    return replace(record, prompt=RenderedPrompt(record.prompt))
+
+
 # ---------------------------------------------------------------------------------------------
 # Checks across records
 
@@ -337,13 +350,15 @@ def load_records(
     columns: Mapping[str, str] | str | Sequence[str] | None = None,
     split: str | None = None,
     extra_columns: str = "error",
+    rendered_prompts: bool = False,
 ) -> RecordSet:
     """Read and validate every record under `paths` (see `nemo_topr.data.sources`: files,
     directories, globs, save_to_disk directories, hub:owner/name).
 
     `columns` maps our fields to the source's columns (`{"prompt": "question"}`, or
     "prompt=question,reward=score"); `split` picks a DatasetDict's or hub dataset's split;
-    `extra_columns="meta"` carries columns that are no field under `meta`.
+    `extra_columns="meta"` carries columns that are no field under `meta`; `rendered_prompts`:
+    every prompt is one string rendered already (`RenderedPrompt`; a message list is refused).
 
     Strict: the first problem raises DataError. Non-strict: records with a problem are
     dropped and counted by reason in the report. Missing, empty or unreadable files, mixed
@@ -365,6 +380,8 @@ def load_records(
                 if isinstance(row, RejectedRow):
                     raise row
                 record = _record_from_row(source.name, line, row, index, mapping)
+                if rendered_prompts:
+                    record = _rendered(record)
                 consistency.check(record)
             except RejectedRow as rejected:
                 report.reject(rejected.reason, rejected.error, strict)

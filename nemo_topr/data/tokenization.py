@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from nemo_topr.data.packing import TokenizedSequence
-from nemo_topr.data.records import DataError, Messages, RecordSet, ValidationReport, load_records
+from nemo_topr.data.records import DataError, Messages, RecordSet, RenderedPrompt, ValidationReport, load_records
 
 TooLong = Literal["error", "drop"]
 
@@ -78,12 +78,17 @@ def special_token_text(tokenizer) -> re.Pattern | None:
 
 
 def _special_token_problem(record, pattern: re.Pattern) -> tuple[str, str] | None:
-    """(field, problem) for the first special token written in the record's text, else None."""
-    prompt = [record.prompt] if isinstance(record.prompt, str) else [m.get("content", "") for m in record.prompt]
+    """(field, problem) for the first special token written in the record's text (a rendered
+    prompt's excepted), else None."""
+    if isinstance(record.prompt, RenderedPrompt):
+        prompt = []
+    else:
+        prompt = [record.prompt] if isinstance(record.prompt, str) else [m.get("content", "") for m in record.prompt]
     for name, texts, why in (
         ("prompt", prompt, "the prompt looks rendered already, and tokenization adds the chat template (or BOS) "
                            "itself, so it would be there twice; give the user's text, or the conversation as a "
-                           "list of messages"),
+                           "list of messages, or, for prompts rendered as the sampler read them, set "
+                           "dataset.rendered_prompts=true (--rendered-prompts)"),
         ("completion", [record.completion], "tokenization ends every completion with EOS itself; give the text "
                                             "without special tokens"),
     ):
@@ -98,7 +103,10 @@ def _encode(tokenizer, texts: list[str], *, add_special_tokens: bool) -> list[li
 
 
 def prompt_token_ids(tokenizer, prompts: Sequence[str | Messages]) -> list[list[int]]:
-    """Ids of everything the model reads before the completion, for each prompt."""
+    """Ids of everything the model reads before the completion, for each prompt. Rendered prompts
+    (`RenderedPrompt`, all or none) are read as written: special tokens parsed, nothing added."""
+    if prompts and isinstance(prompts[0], RenderedPrompt):
+        return _encode(tokenizer, list(prompts), add_special_tokens=False)
     if tokenizer.chat_template:
         texts = [
             tokenizer.apply_chat_template(

@@ -90,6 +90,7 @@ class ToprDatasetConfig(DatasetProvider):
     columns: dict[str, str] = field(default_factory=dict)  # our field -> the data's column
     split: str | None = None  # of a saved DatasetDict or a hub dataset
     extra_columns: str = "error"  # "meta": columns that are no field are carried under meta
+    rendered_prompts: bool = False  # prompts rendered already, as the sampler read them (records.RenderedPrompt)
     tokenizer_dir: str = ""
     seq_length: int = 2048
     # the base model's max_position_embeddings (build_training_run): a longer record is refused or
@@ -123,7 +124,7 @@ class ToprDatasetConfig(DatasetProvider):
             raise ValueError(f"dataset.epochs must be >= 1; got {self.epochs}")
         records = getattr(self, "_records", None) or load_records(
             self.train_path, strict=self.strict, columns=self.columns, split=self.split,
-            extra_columns=self.extra_columns)
+            extra_columns=self.extra_columns, rendered_prompts=self.rendered_prompts)
         require_scored(records)
         tokenizer = load_tokenizer(self.tokenizer_dir)
         dataset = tokenize_records(records, tokenizer, max_seq_length=self.seq_length, strict=self.strict,

@@ -370,4 +370,5 @@ def _records_of(raw) -> RecordSet:  # noqa: ANN001
     columns = dataset.get("columns") or {}
     return load_records(dataset.train_path, strict=dataset.get("strict", True),
                         columns=OmegaConf.to_container(columns) if OmegaConf.is_config(columns) else columns,
-                        split=dataset.get("split"), extra_columns=dataset.get("extra_columns", "error"))
+                        split=dataset.get("split"), extra_columns=dataset.get("extra_columns", "error"),
+                        rendered_prompts=dataset.get("rendered_prompts", False))
