@@ -78,8 +78,8 @@ def special_token_text(tokenizer) -> re.Pattern | None:
 
 
 def _special_token_problem(record, pattern: re.Pattern) -> tuple[str, str] | None:
-    """(field, problem) for the first special token written in the record's text (a rendered
-    prompt's excepted), else None."""
+    """(field, problem) for the first special token written in the record's text, else None; a
+    rendered prompt holds its special tokens by design and is not checked."""
     if isinstance(record.prompt, RenderedPrompt):
         prompt = []
     else:
