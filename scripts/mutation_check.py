@@ -438,6 +438,11 @@ MUTANTS = (
            'rendered_prompts=dataset.get("rendered_prompts", False))', "rendered_prompts=False)",
            ("tests/test_config.py::test_rendered_prompts_train_and_score_as_their_plain_text",),
            "nemo-topr train reads dataset.rendered_prompts=true data as plain prompts"),
+    Mutant("plain_prompts_read_as_rendered", "nemo_topr/data/tokenization.py",
+           "        if not pattern.search(record.prompt):\n", "        if False:\n",
+           ("tests/test_data_tokenization.py::"
+            "test_rendered_prompts_are_read_as_written_and_equal_the_template_of_the_plain_prompt",),
+           "rendered_prompts set on plain prompts: trained without chat template or BOS"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

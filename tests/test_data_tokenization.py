@@ -215,6 +215,12 @@ def test_rendered_prompts_are_read_as_written_and_equal_the_template_of_the_plai
     assert from_template.count(tokenizer.bos_token_id) == 1 and sequence.input_ids[len(from_template)] != \
         tokenizer.bos_token_id
 
+    not_rendered = tmp_path / "not_rendered.jsonl"  # the option set on plain prompts: no template, no BOS
+    not_rendered.write_text(json.dumps({"prompt": "What is 2 + 2?", "completion": " 4", "reward": 1.0}) + "\n")
+    with pytest.raises(DataError, match=rf"^{not_rendered}:1: prompt: holds none of the tokenizer's special tokens, "
+                                        r"so it is not rendered, but rendered_prompts is set"):
+        tokenize_records(load_records(not_rendered, rendered_prompts=True), tokenizer)
+
     plain = tmp_path / "plain.jsonl"  # no chat template: BOS written out, where the plain path adds it
     plain.write_text(json.dumps({"prompt": "<|begin_of_text|>Q: 1 + 1?\nA:", "completion": " 2", "reward": 1.0}))
     (rendered,) = tokenize_records(load_records(plain, rendered_prompts=True), plain_tokenizer).sequences

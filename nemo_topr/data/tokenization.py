@@ -77,10 +77,15 @@ def special_token_text(tokenizer) -> re.Pattern | None:
     return re.compile("|".join(map(re.escape, specials))) if specials else None
 
 
-def _special_token_problem(record, pattern: re.Pattern) -> tuple[str, str] | None:
-    """(field, problem) for the first special token written in the record's text, else None; a
-    rendered prompt holds its special tokens by design and is not checked."""
+def _special_token_problem(record, pattern: re.Pattern) -> tuple[str, str, str] | None:
+    """(drop reason, field, problem) for the first special token written in the record's text,
+    else None. A rendered prompt holds special tokens by design; one without any is not rendered,
+    and read as written it would lack the chat template and BOS."""
     if isinstance(record.prompt, RenderedPrompt):
+        if not pattern.search(record.prompt):
+            return ("not_rendered", "prompt", "holds none of the tokenizer's special tokens, so it is not rendered, "
+                    "but rendered_prompts is set: read as written it would get no chat template and no BOS; drop "
+                    "the option for prompts in plain text")
         prompt = []
     else:
         prompt = [record.prompt] if isinstance(record.prompt, str) else [m.get("content", "") for m in record.prompt]
@@ -94,7 +99,7 @@ def _special_token_problem(record, pattern: re.Pattern) -> tuple[str, str] | Non
     ):
         found = next((match[0] for text in texts if (match := pattern.search(text))), None)
         if found:
-            return name, f"holds the tokenizer's special token {found!r} as text: {why}"
+            return "special_token", name, f"holds the tokenizer's special token {found!r} as text: {why}"
     return None
 
 
@@ -154,7 +159,8 @@ def tokenize_records(
     pattern = special_token_text(tokenizer)
     for record in records.records:
         if pattern and (problem := _special_token_problem(record, pattern)):
-            report.reject("special_token", record.error(*problem), strict)
+            reason, name, text = problem
+            report.reject(reason, record.error(name, text), strict)
         else:
             kept.append(record)
     prompts: dict[str, str | Messages] = {}  # load_records ensures one prompt per prompt_id
