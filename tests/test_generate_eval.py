@@ -397,6 +397,8 @@ def test_sampling_leaves_room_in_the_models_context_and_refuses_a_full_prompt(tm
     context - prompt - 1 new tokens (room for the EOS training appends; the completion's text
     tokenized again may differ by a few tokens); a prompt without room for one is refused before
     anything is sampled or written."""
+    from transformers import GenerationMixin
+
     from nemo_topr.data.tokenization import prompt_token_ids
     from nemo_topr.model import build_tiny_hf_llama
     from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
@@ -410,8 +412,6 @@ def test_sampling_leaves_room_in_the_models_context_and_refuses_a_full_prompt(tm
     budgets = generate.new_token_budgets(model, dict(enumerate(problems)), 64)
     assert budgets == {i: context - n - 1 for i, n in enumerate(lengths)} and min(budgets.values()) == 5
     assert generate.new_token_budgets(model, dict(enumerate(problems)), 3) == {0: 3, 1: 3, 2: 3}
-
-    from transformers import GenerationMixin
 
     real_generate, lengths_sampled = GenerationMixin.generate, []
 
