@@ -456,6 +456,10 @@ def test_a_record_beyond_the_base_models_context_is_refused_by_train_and_score_l
     with pytest.raises(DataError, match=beyond):
         score_logprobs(short_context, data, tmp_path / "out.jsonl", seq_length=512, device="cpu")
     assert not (tmp_path / "out.jsonl").exists()
+    # a run that extends the context on purpose says so
+    extended = _run(short_context, tmp_path / "extended", f"dataset.train_path={data}", "dataset.model_context=512")
+    report = extended.container.dataset.prepare(global_batch_size=4).dataset.report
+    assert report.records_used == report.records_in == len(data.read_text().splitlines())
 
 
 def test_rendered_prompts_train_and_score_as_their_plain_text(megatron_world, tiny_hf, tmp_path):
