@@ -307,8 +307,9 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
         from nemo_topr.model import build_tiny_hf_llama
         from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
 
-        # FP8 GEMMs need every dimension a multiple of 16 (the demo's 172-wide MLP is not)
-        build_tiny_hf_llama(model_dir, build_tiny_tokenizer(), intermediate_size=176)
+        # FP8 GEMMs need every dimension a multiple of 16 (the demo's 172-wide MLP is not); eval's
+        # 8-shot GSM8K prompt is ~3,000 tiny-tokenizer tokens, which `generate` keeps within the context
+        build_tiny_hf_llama(model_dir, build_tiny_tokenizer(), intermediate_size=176, max_position_embeddings=4096)
         records = build_graded_records(PROMPTS)
         graded.write_text("".join(json.dumps(r) + "\n" for r in records))
         return f"2-layer Llama ({model_dir}), {len(records)} graded records"
