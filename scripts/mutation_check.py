@@ -435,9 +435,9 @@ MUTANTS = (
             "test_rendered_prompts_are_read_as_written_and_equal_the_template_of_the_plain_prompt",),
            "a rendered prompt gets the chat template and BOS a second time"),
     Mutant("train_drops_the_rendered_prompts_option", "nemo_topr/training/recipe.py",
-           'rendered_prompts=dataset.get("rendered_prompts", False))', "rendered_prompts=False)",
+           'strict=dataset.get("strict", True), **options)', 'strict=dataset.get("strict", True))',
            ("tests/test_config.py::test_rendered_prompts_train_and_score_as_their_plain_text",),
-           "nemo-topr train reads dataset.rendered_prompts=true data as plain prompts"),
+           "nemo-topr train reads its data without the dataset section's source options (rendered_prompts: as plain)"),
     Mutant("plain_prompts_read_as_rendered", "nemo_topr/data/tokenization.py",
            "        if not pattern.search(record.prompt):\n", "        if False:\n",
            ("tests/test_data_tokenization.py::"

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from nemo_topr.data.records import RecordSet, load_records
+from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records
 from nemo_topr.outputs import add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file
 
 
@@ -32,8 +32,7 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 def source_options(args: argparse.Namespace) -> dict:
     """`load_records` keyword arguments from `add_source_arguments`' options."""
-    return {"columns": args.columns, "split": args.split, "extra_columns": args.extra_columns,
-            "rendered_prompts": args.rendered_prompts}
+    return {name: getattr(args, name) for name in SOURCE_OPTIONS}
 
 
 def _add_input_arguments(

@@ -35,6 +35,10 @@ from nemo_topr.outputs import written_whole
 
 Messages = list[dict[str, str]]
 
+# load_records' options that say how to read a source, under the same names in a config's
+# `dataset:` section, ToprDatasetConfig's fields and the verbs' flags (data/cli.add_source_arguments)
+SOURCE_OPTIONS = ("columns", "split", "extra_columns", "rendered_prompts")
+
 
 class RenderedPrompt(str):
     """A prompt rendered already, as the sampler read it (chat template, BOS and other special

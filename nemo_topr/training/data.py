@@ -28,7 +28,7 @@ from nemo_topr.data.packing import (
     padding_share,
     set_group_mean_rewards,
 )
-from nemo_topr.data.records import RecordSet, load_records, require_scored
+from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records, require_scored
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared, shared_padding_share
 from nemo_topr.data.tokenization import TokenizedDataset, load_tokenizer, pad_id_of, tokenize_records
 
@@ -123,8 +123,7 @@ class ToprDatasetConfig(DatasetProvider):
         if self.epochs < 1:
             raise ValueError(f"dataset.epochs must be >= 1; got {self.epochs}")
         records = getattr(self, "_records", None) or load_records(
-            self.train_path, strict=self.strict, columns=self.columns, split=self.split,
-            extra_columns=self.extra_columns, rendered_prompts=self.rendered_prompts)
+            self.train_path, strict=self.strict, **{name: getattr(self, name) for name in SOURCE_OPTIONS})
         require_scored(records)
         tokenizer = load_tokenizer(self.tokenizer_dir)
         dataset = tokenize_records(records, tokenizer, max_seq_length=self.seq_length, strict=self.strict,

@@ -35,7 +35,7 @@ from nemo_topr.distributed import (RendezvousError, check_rendezvous, free_port,
                                    launcher_world_size)
 from nemo_topr.model_source import write_hf_artifacts
 from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
-from nemo_topr.data.records import DataError, RecordSet, load_records, require_scored
+from nemo_topr.data.records import SOURCE_OPTIONS, DataError, RecordSet, load_records, require_scored
 from nemo_topr.training.config import (CONF_DIR, ConfigError, TrainingRun, build_training_run, check_batch_division,
                                        check_config, compose)
 from nemo_topr.training.disk_space import (check_room, checkpoint_bytes, estimated_checkpoint_bytes, failure_hint,
@@ -367,8 +367,6 @@ def _records_of(raw) -> RecordSet:  # noqa: ANN001
     dataset = raw.get("dataset") or {}
     if not dataset.get("train_path"):
         raise ConfigError("dataset.train_path is not set")
-    columns = dataset.get("columns") or {}
-    return load_records(dataset.train_path, strict=dataset.get("strict", True),
-                        columns=OmegaConf.to_container(columns) if OmegaConf.is_config(columns) else columns,
-                        split=dataset.get("split"), extra_columns=dataset.get("extra_columns", "error"),
-                        rendered_prompts=dataset.get("rendered_prompts", False))
+    options = {name: OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+               for name in SOURCE_OPTIONS if (value := dataset.get(name)) is not None}
+    return load_records(dataset.train_path, strict=dataset.get("strict", True), **options)
