@@ -422,7 +422,7 @@ MUTANTS = (
            "num_return_sequences", (SAMPLING_CONTEXT_TEST,),
            "generate (transformers) samples past the model's max_position_embeddings"),
     Mutant("full_prompt_refused_after_the_log", "nemo_topr/evaluation/generate.py",
-           "    new_token_budgets(args.model, dict(enumerate(problems)), settings.max_new_tokens)\n", "",
+           "    new_token_budgets(args.model, indexed, settings.max_new_tokens, prompt_ids)\n", "",
            (SAMPLING_CONTEXT_TEST,), "a prompt with no room in the context refused only after OUT.samples is begun"),
     Mutant("validate_blind_to_the_model_context", "nemo_topr/data/cli.py",
            "model_context=context_of(args.tokenizer))", "model_context=None)",
@@ -439,10 +439,20 @@ MUTANTS = (
            ("tests/test_config.py::test_rendered_prompts_train_and_score_as_their_plain_text",),
            "nemo-topr train reads its data without the dataset section's source options (rendered_prompts: as plain)"),
     Mutant("plain_prompts_read_as_rendered", "nemo_topr/data/tokenization.py",
-           "        if not pattern.search(record.prompt):\n", "        if False:\n",
+           "        if pattern.search(prompt):\n            return None\n", "        return None\n",
            ("tests/test_data_tokenization.py::"
             "test_rendered_prompts_are_read_as_written_and_equal_the_template_of_the_plain_prompt",),
            "rendered_prompts set on plain prompts: trained without chat template or BOS"),
+    Mutant("generate_templates_rendered_prompts_again", "nemo_topr/evaluation/generate.py",
+           "        if wrong:\n", "        if False:\n",
+           ("tests/test_generate_eval.py::"
+            "test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when_said",),
+           "generate samples a rendered prompt file from the template applied twice"),
+    Mutant("generate_drops_the_rendered_prompts_option", "nemo_topr/evaluation/generate.py",
+           "jsonl_problems(source, task, rendered_prompts)", "jsonl_problems(source, task)",
+           ("tests/test_generate_eval.py::"
+            "test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when_said",),
+           "generate --rendered-prompts reads the prompts as plain text"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -9,6 +9,7 @@ wherever the venv's editable install points -- another checkout when the venv is
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -114,18 +115,31 @@ def checkout_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
+@functools.cache
+def _tiny_tokenizer_files() -> dict[str, bytes]:
+    """The files of a tiny chat tokenizer (Llama 3's special tokens and template), built once."""
+    import tempfile
+
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    with tempfile.TemporaryDirectory() as directory:
+        build_tiny_tokenizer(directory, vocab_size=300, corpus=["a small corpus: 12 + 7 = 19."])
+        return {path.name: path.read_bytes() for path in Path(directory).iterdir()}
+
+
 def placeholder_hf_model(directory: Path, config: dict | str | None = None, *, tokenizer: bool = True) -> Path:
     """`directory`, made shaped like a Hugging Face model as nemo_topr.model_source inspects it:
     config.json (`config`, by default a Llama's architecture; a str is written as it is, so it may
-    be malformed), an empty weights file and, unless `tokenizer` is false, a tokenizer file.
-    Nothing loads them."""
+    be malformed), an empty weights file and, unless `tokenizer` is false, a tiny tokenizer that
+    loads (`generate` and `eval` check the prompts with it before sampling). No weights load."""
     directory.mkdir(parents=True)
     if config is None:
         config = {"architectures": ["LlamaForCausalLM"]}
     (directory / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
     (directory / "model.safetensors").write_bytes(b"")
     if tokenizer:
-        (directory / "tokenizer.json").write_text("{}")
+        for name, content in _tiny_tokenizer_files().items():
+            (directory / name).write_bytes(content)
     return directory
 
 

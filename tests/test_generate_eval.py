@@ -438,3 +438,60 @@ def test_sampling_leaves_room_in_the_models_context_and_refuses_a_full_prompt(tm
         f"nemo-topr generate: prompt {longest}: {max(lengths)} tokens leave no room for a completion token and EOS "
         f"in the model's context of {max(lengths) + 1} (max_position_embeddings in {tight / 'config.json'})")
     assert not refused.exists() and not Path(f"{refused}.samples").exists()
+
+
+def test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when_said(tmp_path, capsys, monkeypatch):
+    """A prompt file of prompts rendered already (chat template and BOS written out, as sampling
+    pipelines keep them) got the template again: sampled from a context that scoring and training
+    never see, into records `train` refuses (`special_token`) after the sampling. `generate`
+    refuses them before anything is sampled or written; with --rendered-prompts it samples them as
+    written, from the tokens the template gives the plain text."""
+    from transformers import GenerationMixin
+
+    from nemo_topr.data.tokenization import prompt_token_ids
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_hf_llama(tmp_path / "model", tokenizer)
+    plain = [f"What is {i}+5-{i}?" for i in range(2)]
+    rendered = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                              add_generation_prompt=True) for text in plain]
+    assert all(text.startswith("<|begin_of_text|><|start_header_id|>user") for text in rendered)
+    files = {}
+    for name, texts in (("rendered", rendered), ("plain", plain)):
+        files[name] = tmp_path / f"{name}.jsonl"
+        files[name].write_text("".join(json.dumps({"prompt": text, "reference_answer": "5", "prompt_id": f"q{i}"})
+                                       + "\n" for i, text in enumerate(texts)))
+    real_generate, sampled = GenerationMixin.generate, []
+
+    def spy(self, input_ids, **options):
+        sampled.append(input_ids[0].tolist())
+        return real_generate(self, input_ids, **options)
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    out = tmp_path / "graded.jsonl"
+    args = ["--model", str(model), "--task", "math", "--num-samples", "1", "--max-new-tokens", "4", "--device", "cpu",
+            "--max-grader-error-rate", "1", "--out", str(out)]
+
+    assert generate.main(["--prompts", str(files["rendered"]), *args]) == 1
+    err = capsys.readouterr().err
+    assert (f"nemo-topr generate: {files['rendered']}: prompt q0: holds the tokenizer's special token "
+            "'<|begin_of_text|>' as text: the prompt looks rendered already") in err
+    assert "(--rendered-prompts) (2 of 2 prompts)" in err
+    assert sampled == [] and not out.exists() and not Path(f"{out}.samples").exists()
+
+    assert generate.main(["--prompts", str(files["rendered"]), "--rendered-prompts", *args]) == 0
+    assert sampled == prompt_token_ids(tokenizer, plain)  # as written: no second template, no second BOS
+    assert "read them with dataset.rendered_prompts=true (train)" in capsys.readouterr().out
+    assert [record.prompt for record in load_records(out, rendered_prompts=True).records] == rendered
+    assert json.loads(Path(f"{out}.samples").read_text().splitlines()[0])["options"]["rendered_prompts"] is True
+
+    # the option on plain prompts, which read as written would lose the template and BOS
+    refused = tmp_path / "refused.jsonl"
+    assert generate.main(["--prompts", str(files["plain"]), "--rendered-prompts", *args[:-1], str(refused)]) == 1
+    assert (f"{files['plain']}: prompt q0: holds none of the tokenizer's special tokens, so it is not rendered"
+            in capsys.readouterr().err)
+    assert not refused.exists() and len(sampled) == 2
+    with pytest.raises(ValueError, match="--rendered-prompts is for a prompt file of rendered prompts; gsm8k-test's"):
+        load_problems("gsm8k-test", rendered_prompts=True)

@@ -77,29 +77,35 @@ def special_token_text(tokenizer) -> re.Pattern | None:
     return re.compile("|".join(map(re.escape, specials))) if specials else None
 
 
+def prompt_text_problem(prompt: str | Messages, pattern: re.Pattern) -> tuple[str, str] | None:
+    """(drop reason, problem) when a prompt's text disagrees with how it is read, else None: a
+    plain prompt holding a special token is rendered already, and tokenization adds the chat
+    template (or BOS) itself, so they would be there twice; a rendered prompt holding none is not
+    rendered, and read as written it would lack the chat template and BOS."""
+    if isinstance(prompt, RenderedPrompt):
+        if pattern.search(prompt):
+            return None
+        return ("not_rendered", "holds none of the tokenizer's special tokens, so it is not rendered, but "
+                "rendered_prompts is set: read as written it would get no chat template and no BOS; drop the option "
+                "for prompts in plain text")
+    texts = [prompt] if isinstance(prompt, str) else [message.get("content", "") for message in prompt]
+    found = next((match[0] for text in texts if (match := pattern.search(text))), None)
+    if found is None:
+        return None
+    return ("special_token", f"holds the tokenizer's special token {found!r} as text: the prompt looks rendered "
+            "already, and tokenization adds the chat template (or BOS) itself, so it would be there twice; give the "
+            "user's text, or the conversation as a list of messages, or, for prompts rendered as the sampler read "
+            "them, set dataset.rendered_prompts=true (--rendered-prompts)")
+
+
 def _special_token_problem(record, pattern: re.Pattern) -> tuple[str, str, str] | None:
-    """(drop reason, field, problem) for the first special token written in the record's text,
-    else None. A rendered prompt holds special tokens by design; one without any is not rendered,
-    and read as written it would lack the chat template and BOS."""
-    if isinstance(record.prompt, RenderedPrompt):
-        if not pattern.search(record.prompt):
-            return ("not_rendered", "prompt", "holds none of the tokenizer's special tokens, so it is not rendered, "
-                    "but rendered_prompts is set: read as written it would get no chat template and no BOS; drop "
-                    "the option for prompts in plain text")
-        prompt = []
-    else:
-        prompt = [record.prompt] if isinstance(record.prompt, str) else [m.get("content", "") for m in record.prompt]
-    for name, texts, why in (
-        ("prompt", prompt, "the prompt looks rendered already, and tokenization adds the chat template (or BOS) "
-                           "itself, so it would be there twice; give the user's text, or the conversation as a "
-                           "list of messages, or, for prompts rendered as the sampler read them, set "
-                           "dataset.rendered_prompts=true (--rendered-prompts)"),
-        ("completion", [record.completion], "tokenization ends every completion with EOS itself; give the text "
-                                            "without special tokens"),
-    ):
-        found = next((match[0] for text in texts if (match := pattern.search(text))), None)
-        if found:
-            return "special_token", name, f"holds the tokenizer's special token {found!r} as text: {why}"
+    """(drop reason, field, problem) for a prompt read other than as written (`prompt_text_problem`)
+    or a special token written in the completion, else None."""
+    if problem := prompt_text_problem(record.prompt, pattern):
+        return problem[0], "prompt", problem[1]
+    if match := pattern.search(record.completion):
+        return ("special_token", "completion", f"holds the tokenizer's special token {match[0]!r} as text: "
+                "tokenization ends every completion with EOS itself; give the text without special tokens")
     return None
 
 

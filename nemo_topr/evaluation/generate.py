@@ -42,7 +42,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nemo_topr.data.records import DataError, Messages, Record, write_jsonl
+from nemo_topr.data.records import DataError, Messages, Record, RenderedPrompt, write_jsonl
 from nemo_topr.device import add_device_argument, select_device
 from nemo_topr.grading import (
     GRADES, MAX_GRADER_ERROR_RATE, TASKS, Grade, GradeResult, GraderErrorRateExceeded, check_grader_errors,
@@ -123,8 +123,9 @@ def benchmark_problems(name: str, data_dir: str | Path | None = None) -> list[Pr
             for i, row in enumerate(prompts.load_gsm8k(split, data_dir))]
 
 
-def jsonl_problems(path: str | Path, task: str) -> list[Problem]:
-    """Problems from JSONL rows {prompt, reference_answer, prompt_id (default: the line number)}."""
+def jsonl_problems(path: str | Path, task: str, rendered_prompts: bool = False) -> list[Problem]:
+    """Problems from JSONL rows {prompt, reference_answer, prompt_id (default: the line number)};
+    `rendered_prompts`: each prompt is rendered already, to be read as written (`RenderedPrompt`)."""
     from nemo_topr.data.schema import RejectedRow
     from nemo_topr.data.sources import jsonl_rows
 
@@ -135,18 +136,24 @@ def jsonl_problems(path: str | Path, task: str) -> list[Problem]:
         for name in ("prompt", "reference_answer"):
             if not isinstance(row, dict) or not row.get(name):
                 raise DataError(path, number, name, "missing or empty")
-        problems.append(Problem(str(row.get("prompt_id", number)), row["prompt"], str(row["reference_answer"]), task))
+        if rendered_prompts and not isinstance(row["prompt"], str):
+            raise DataError(path, number, "prompt", "a list of messages, but --rendered-prompts is set: a rendered "
+                                                    "prompt is one string, as the sampler read it")
+        prompt = RenderedPrompt(row["prompt"]) if rendered_prompts else row["prompt"]
+        problems.append(Problem(str(row.get("prompt_id", number)), prompt, str(row["reference_answer"]), task))
     if not problems:
         raise DataError(path, 0, "file", "empty (no prompts)")
     return problems
 
 
 def load_problems(source: str, *, task: str | None = None, data_dir: str | Path | None = None,
-                  limit: int | None = None) -> list[Problem]:
+                  limit: int | None = None, rendered_prompts: bool = False) -> list[Problem]:
     """The first `limit` problems of a benchmark name or of a JSONL file (which needs `task`)."""
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be at least 1; got {limit}")
     if source in BENCHMARKS:
+        if rendered_prompts:
+            raise ValueError(f"--rendered-prompts is for a prompt file of rendered prompts; {source}'s are plain text")
         problems = benchmark_problems(source, data_dir)
     elif Path(source).is_dir():
         raise ValueError(f"{source}: a directory; --prompts takes a JSONL file or a benchmark name "
@@ -157,7 +164,7 @@ def load_problems(source: str, *, task: str | None = None, data_dir: str | Path 
         hint = f"; did you mean {close[0]}?" if close else ""
         raise ValueError(f"{source}: no such prompt file, and not a benchmark ({', '.join(BENCHMARKS)}){hint}")
     elif task in TASKS:
-        problems = jsonl_problems(source, task)
+        problems = jsonl_problems(source, task, rendered_prompts)
     else:
         raise ValueError(f"{source}: a prompt file needs --task {'|'.join(TASKS)}")
     return problems[:limit]
@@ -289,7 +296,7 @@ def iter_completions(model_dir: str | Path, problems: dict[int, Problem], settin
     if not problems:
         return
     tokenizer = load_tokenizer(model_dir)
-    prompt_ids = _prompt_ids(tokenizer, problems)
+    prompt_ids = prompt_ids_checked(tokenizer, problems)
     budgets = new_token_budgets(model_dir, problems, settings.max_new_tokens, prompt_ids)
     if choose_backend(backend, device) == "vllm":
         yield from _sample_with_vllm(Path(model_dir), prompt_ids, budgets, settings)
@@ -297,10 +304,18 @@ def iter_completions(model_dir: str | Path, problems: dict[int, Problem], settin
         yield from _sample_with_transformers(Path(model_dir), prompt_ids, budgets, settings, tokenizer, device)
 
 
-def _prompt_ids(tokenizer, problems: dict[int, Problem]) -> dict[int, list[int]]:
-    """{index: the prompt's tokens}, as training tokenizes it (`prompt_token_ids`)."""
-    from nemo_topr.data.tokenization import prompt_token_ids
+def prompt_ids_checked(tokenizer, problems: dict[int, Problem], source: str = "prompts") -> dict[int, list[int]]:
+    """{index: the prompt's tokens}, as training tokenizes it (`prompt_token_ids`), once the prompts'
+    text passed training's check (`prompt_text_problem`): a prompt rendered already, templated
+    again, would be sampled from a context the records' scoring and training never see."""
+    from nemo_topr.data.tokenization import prompt_text_problem, prompt_token_ids, special_token_text
 
+    if pattern := special_token_text(tokenizer):
+        wrong = [(problem, found) for problem in problems.values()
+                 if (found := prompt_text_problem(problem.prompt, pattern))]
+        if wrong:
+            (first, (_, problem)), count = wrong[0], len(wrong)
+            raise ValueError(f"{source}: prompt {first.prompt_id}: {problem} ({count} of {len(problems)} prompts)")
     return dict(zip(problems, prompt_token_ids(tokenizer, [problem.prompt for problem in problems.values()])))
 
 
@@ -318,7 +333,7 @@ def new_token_budgets(model_dir: str | Path, problems: dict[int, Problem], max_n
     if context is None:
         return {index: max_new_tokens for index in problems}
     if prompt_ids is None:
-        prompt_ids = _prompt_ids(load_tokenizer(model_dir), problems)
+        prompt_ids = prompt_ids_checked(load_tokenizer(model_dir), problems)
     full = [index for index, ids in prompt_ids.items() if len(ids) + 2 > context]
     if full:
         first = full[0]
@@ -441,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompts", required=True,
                         help=f"{' | '.join(BENCHMARKS)}, or a JSONL file of {{prompt, reference_answer, prompt_id}}")
     parser.add_argument("--model", type=Path, required=True, help="local Hugging Face checkpoint directory")
+    parser.add_argument("--rendered-prompts", action="store_true",
+                        help="the prompt file's prompts are rendered already (chat template and BOS written out), as "
+                             "a sampler read them: sampled as written; give the same option to what reads the records")
     add_sampling_arguments(parser, num_samples=16)
     parser.add_argument("--out", type=Path, required=True, help="JSONL of graded records")
     add_overwrite_argument(parser)
@@ -473,14 +491,19 @@ def logged_sample_and_grade(args: argparse.Namespace, problems: list[Problem], s
                             ) -> tuple[SamplingSettings, list[list[GradedCompletion]], dict]:
     """(settings, graded samples, grader-error report) of `generate` and `eval --benchmark`:
     sampled into the log beside `out` (resumed from it), the grader-error rate checked last."""
+    from nemo_topr.data.tokenization import load_tokenizer
     from nemo_topr.evaluation.sample_log import SampleLog, log_path
 
     device = select_device(args.device, where="--device")
     settings = settings_from_args(args, problems[0].task)
     options = sampling_options(args, source, settings, device)
-    # refused before the log is written (a refused command leaves nothing): prompts too long for the
-    # model's context. It tokenizes the prompts once more than sampling does: seconds, not minutes.
-    new_token_budgets(args.model, dict(enumerate(problems)), settings.max_new_tokens)
+    if isinstance(problems[0].prompt, RenderedPrompt):  # logged only then: earlier logs resume as they were
+        options["rendered_prompts"] = True
+    # refused before the log is written (a refused command leaves nothing): prompts read other than
+    # as written, or too long for the model's context. Sampling tokenizes them once more: seconds.
+    indexed = dict(enumerate(problems))
+    prompt_ids = prompt_ids_checked(load_tokenizer(args.model), indexed, source)
+    new_token_budgets(args.model, indexed, settings.max_new_tokens, prompt_ids)
     log = SampleLog(log_path(out), options, problems)
     if log.done:
         print(f"{what}: resuming: {len(log.done)} of {len(problems)} prompts already sampled in {log.path}",
@@ -499,7 +522,8 @@ def logged_sample_and_grade(args: argparse.Namespace, problems: list[Problem], s
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        problems = load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit)
+        problems = load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit,
+                                 rendered_prompts=args.rendered_prompts)
         source = args.prompts if args.prompts in BENCHMARKS else str(Path(args.prompts).resolve())
         writable_records_file(args.out, inputs=[] if args.prompts in BENCHMARKS else [args.prompts],
                              overwrite=args.overwrite)
@@ -515,4 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     if errors["grader_errors"]:
         print(f"grader errors: {json.dumps(errors)}")
     print(f"settings: {json.dumps(asdict(settings))}")
+    if args.rendered_prompts:
+        print("the records' prompts are rendered: read them with dataset.rendered_prompts=true (train) or "
+              "--rendered-prompts (score-logprobs, data)")
     return 0
