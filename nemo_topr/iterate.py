@@ -77,6 +77,9 @@ class GenerateOptions(SamplingOptions):
     prompts: str = "gsm8k-train"  # a benchmark of `nemo-topr generate`, or a JSONL prompt file
     task: str | None = None  # grader of a prompt file (gsm8k | math)
     zero_shot: bool = False  # GSM8K benchmark: "Question: q\nAnswer:" prompts, not the 8-shot prompt
+    # a prompt file of prompts rendered already (chat template written out): sampled as written, and
+    # the records tokenized so by score-logprobs and train (dataset.rendered_prompts)
+    rendered_prompts: bool = False
 
 
 @dataclass
@@ -150,6 +153,7 @@ def _key_problem(error: OmegaConfBaseException) -> str:
 
 def check_config(config: IterateConfig) -> None:
     from nemo_topr.evaluation.evaluate import EVAL_BENCHMARKS
+    from nemo_topr.evaluation.generate import BENCHMARKS
 
     problems = []
     if config.rounds < 1:
@@ -162,6 +166,9 @@ def check_config(config: IterateConfig) -> None:
         problems.append("curate.target is needed by, and only by, curate.mode target_p / target_p_tilde")
     if config.generate.zero_shot and config.generate.prompts not in ("gsm8k-train", "gsm8k-test"):
         problems.append(f"generate.zero_shot needs GSM8K benchmark prompts; got {config.generate.prompts!r}")
+    if config.generate.rendered_prompts and config.generate.prompts in BENCHMARKS:
+        problems.append(f"generate.rendered_prompts is for a prompt file of rendered prompts; "
+                        f"{config.generate.prompts}'s are plain text")
     if config.eval.benchmark not in EVAL_BENCHMARKS:
         problems.append(f"eval.benchmark must be one of {sorted(EVAL_BENCHMARKS)}; got {config.eval.benchmark!r}")
     try:
@@ -389,15 +396,16 @@ class Driver:
         flags, note = curation_flags(self.config.curate, records, self.baseline)
         if note:
             print(f"[{directory.name}] {note}", flush=True)
-        train = self.config.train
+        train, rendered = self.config.train, self.config.generate.rendered_prompts
         stages = [
             Stage("curate", directory, ("data", "curate", str(graded), *flags, "--seed", str(self.config.curate.seed),
                                         "--out", str(curated)), (curated, curated.with_suffix(".stats.json"))),
             Stage("score", directory, ("score-logprobs", "--model", weights, "--data", str(curated),
-                                       "--out", str(scored), "--seq-length", str(self.seq_length), *self.device_flag),
-                  (scored,)),
+                                       "--out", str(scored), "--seq-length", str(self.seq_length), *self.device_flag,
+                                       *(["--rendered-prompts"] if rendered else [])), (scored,)),
             Stage("train", directory, ("train", "--config-name", train.config_name, *train.overrides,
                                        f"base_model={weights}", f"run_dir={run_dir}", f"dataset.train_path={scored}",
+                                       *(["dataset.rendered_prompts=true"] if rendered else []),
                                        f"device={self.config.device}"), (run_dir,), overwrite=False),
             Stage("export", directory, ("export", "--ckpt", str(run_dir), "--hf-out", str(exported), *self.device_flag),
                   (exported,)),
@@ -414,8 +422,9 @@ class Driver:
             prompts, task = str(self.out / "prompts" / f"{options.prompts}-zero-shot.jsonl"), "gsm8k"
             if not self.dry_run and not Path(prompts).is_file():
                 zero_shot_prompts(options.prompts, Path(prompts))
-        task_flag = [] if task is None else ["--task", task]
-        return Stage("generate", directory, ("generate", "--model", str(model), "--prompts", prompts, *task_flag,
+        prompt_flags = [] if task is None else ["--task", task]
+        prompt_flags += ["--rendered-prompts"] if options.rendered_prompts else []
+        return Stage("generate", directory, ("generate", "--model", str(model), "--prompts", prompts, *prompt_flags,
                                              *sampling_flags(options, options.seed + index), *self.device_flag,
                                              "--out", str(graded)),
                      (graded,))

@@ -448,6 +448,14 @@ MUTANTS = (
            ("tests/test_generate_eval.py::"
             "test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when_said",),
            "generate samples a rendered prompt file from the template applied twice"),
+    Mutant("iterate_scores_rendered_records_as_plain", "nemo_topr/iterate.py",
+           '*(["--rendered-prompts"] if rendered else [])), (scored,)),', "), (scored,)),",
+           ("tests/test_iterate.py::test_rendered_prompts_reach_every_stage_that_reads_the_records",),
+           "iterate's score-logprobs refuses (or templates again) the rendered records generate wrote"),
+    Mutant("iterate_trains_rendered_records_as_plain", "nemo_topr/iterate.py",
+           '*(["dataset.rendered_prompts=true"] if rendered else []),', "",
+           ("tests/test_iterate.py::test_rendered_prompts_reach_every_stage_that_reads_the_records",),
+           "iterate's train refuses the rendered records generate wrote"),
     Mutant("generate_drops_the_rendered_prompts_option", "nemo_topr/evaluation/generate.py",
            "jsonl_problems(source, task, rendered_prompts)", "jsonl_problems(source, task)",
            ("tests/test_generate_eval.py::"

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO, placeholder_hf_model
 from nemo_topr import iterate
-from nemo_topr.data.records import Record
+from nemo_topr.data.records import Record, load_records
 from nemo_topr.iterate import CurateOptions, Driver, IterateError, Stage, curation_flags, load_config, run_stage
 
 
@@ -201,6 +201,63 @@ def test_a_round_that_generated_no_records_is_skipped_and_counted(fake_model, tm
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [row["note"] for row in summary["rounds"]] == [None] + ["no records generated: training skipped"] * 2
     assert summary["rounds"][1]["samples"] == {"records": 0, "correct": 0, "wrong": 0, "invalid": 0}
+
+
+class StopAfterTrain(Exception):
+    pass
+
+
+def test_rendered_prompts_reach_every_stage_that_reads_the_records(fake_model, tmp_path, monkeypatch):
+    """generate.rendered_prompts: `generate` samples the prompt file as written, and `score-logprobs`
+    and `train` tokenize its records so (each verb's reading is tested in its own module:
+    test_generate_eval, test_config). Here each stage's arguments go through the verb's own parser
+    or config, and curate (which does not tokenize) runs for real; generate writes fixed records,
+    score-logprobs stops at its call, train at its composed config."""
+    from nemo_topr.cluster.plan import compose_config
+    from nemo_topr.data import cli as data_cli
+    from nemo_topr.evaluation import generate
+    from nemo_topr.training import scoring
+
+    rendered = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+3?<|eot_id|>"
+    prompts = tmp_path / "rendered.jsonl"
+    prompts.write_text(json.dumps({"prompt": rendered, "reference_answer": "5"}) + "\n")
+    seen = {}
+
+    def score(model, data, out, **options):
+        seen["score"] = options["source"]
+        Path(out).write_text(Path(data).read_text())
+
+    monkeypatch.setattr(scoring, "score_logprobs", score)
+
+    def run(args, log):
+        out = Path(args[args.index("--out") + 1]) if "--out" in args else log
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if args[0] == "generate":
+            seen["generate"] = generate.build_parser().parse_args(args[1:]).rendered_prompts
+            out.write_text("".join(json.dumps({"prompt": rendered, "completion": answer, "reward": reward,
+                                               "prompt_id": "p0", "meta": {"grade": grade}}) + "\n"
+                                   for answer, reward, grade in (("5", 1.0, "correct"), ("6", -1.0, "wrong"))))
+        elif args[0] == "data":
+            assert data_cli.main(list(args[1:])) == 0
+            seen["curate"] = [record.prompt for record in load_records(out).records]
+        elif args[0] == "score-logprobs":
+            assert scoring.main(list(args[1:])) == 0
+        elif args[0] == "train":
+            seen["train"] = compose_config(args[2], list(args[3:]), None)[0]["dataset"]["rendered_prompts"]
+            raise StopAfterTrain
+        elif args[:2] == ("eval", "--model"):
+            out.write_text(json.dumps({"ks": [1], "metrics": {"pass@1": 0.0, "invalid_rate": 1.0}}))
+
+    monkeypatch.setattr(iterate, "run_command", run)
+    config = tiny_config(fake_model, tmp_path / "out", f"generate.prompts={prompts}", "generate.task=math",
+                         "generate.zero_shot=false", "generate.rendered_prompts=true", "curate.mode=none")
+    with pytest.raises(StopAfterTrain):
+        Driver(config).run()
+    assert seen["generate"] is True and seen["curate"] == [rendered, rendered]
+    assert seen["score"]["rendered_prompts"] is True and seen["train"] is True
+    with pytest.raises(IterateError, match="generate.rendered_prompts is for a prompt file of rendered prompts; "
+                                           "gsm8k-train's are plain text"):
+        tiny_config(fake_model, tmp_path / "out", "generate.rendered_prompts=true")
 
 
 # ---------------------------------------------------------------------------------------------
