@@ -448,6 +448,16 @@ MUTANTS = (
            ("tests/test_generate_eval.py::"
             "test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when_said",),
            "generate samples a rendered prompt file from the template applied twice"),
+    Mutant("reference_answer_zero_refused", "nemo_topr/evaluation/generate.py",
+           '("reference_answer", not str(answer).strip())', '("reference_answer", not answer)',
+           ("tests/test_generate_eval.py::"
+            "test_a_prompt_files_numeric_answers_zero_included_and_its_ids_are_read_as_given",),
+           "a prompt file's reference answer 0 refused as empty"),
+    Mutant("prompt_ids_shared_silently", "nemo_topr/evaluation/generate.py",
+           "        if problem.prompt_id in lines_of_ids:", "        if False:",
+           ("tests/test_generate_eval.py::"
+            "test_a_prompt_files_numeric_answers_zero_included_and_its_ids_are_read_as_given",),
+           "two prompts under one prompt_id: one prompt to records, curation and group means"),
     Mutant("iterate_scores_rendered_records_as_plain", "nemo_topr/iterate.py",
            '*(["--rendered-prompts"] if rendered else [])), (scored,)),', "), (scored,)),",
            ("tests/test_iterate.py::test_rendered_prompts_reach_every_stage_that_reads_the_records",),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import placeholder_hf_model
 
-from nemo_topr.data.records import load_records
+from nemo_topr.data.records import DataError, load_records
 from nemo_topr.evaluation import evaluate, generate
 from nemo_topr.evaluation.generate import (
     Completion,
@@ -373,6 +373,43 @@ def test_a_misspelled_benchmark_or_a_bad_prompt_file_is_named(tmp_path, capsys):
     assert capsys.readouterr().err == (f"nemo-topr generate: {prompts}:2: record: invalid JSON: Expecting property "
                                        "name enclosed in double quotes (column 23)\n")
     assert not out.exists() and not list(tmp_path.glob("*.samples"))
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"question": "Q: 1+1?", "answer": "2"}, "prompt: missing; the row has 'question', 'answer'"),
+    ({"prompt": "Q: 1+1?"}, "reference_answer: missing; the row has 'prompt'"),
+    ({"prompt": 7, "reference_answer": "2"}, "prompt: expected a string or a list of {role, content} messages"),
+    ({"prompt": [{"role": "user"}], "reference_answer": "2"}, "prompt: expected a string or a list of"),
+    ({"prompt": "", "reference_answer": "2"}, "prompt: empty"),
+    ({"prompt": "Q: 1+1?", "reference_answer": " "}, "reference_answer: empty"),
+    ({"prompt": "Q: 1+1?", "reference_answer": True}, "reference_answer: expected a string or a number, got True"),
+    ({"prompt": "Q: 1+1?", "reference_answer": "2", "prompt_id": 1.5},
+     "prompt_id: expected a string or an integer, got 1.5"),
+    (["Q: 1+1?", "2"], "row: expected a JSON object, got list"),
+])
+def test_a_prompt_files_bad_row_is_named_by_line_and_field(tmp_path, row, message):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Q: 2+2?", "reference_answer": "4"}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(DataError) as error:
+        load_problems(str(prompts), task="gsm8k")
+    assert str(error.value).startswith(f"{prompts}:2: {message}")
+
+
+def test_a_prompt_files_numeric_answers_zero_included_and_its_ids_are_read_as_given(tmp_path):
+    """A reference answer of 0 was refused as "missing or empty"; two prompts under one id would be
+    one prompt to the records, curation and asymre's group means."""
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "Q: 5-5?", "reference_answer": 0}, {"prompt": "Q: 1/2?", "reference_answer": 0.5},
+            {"prompt": "Q: 2+2?", "reference_answer": "4", "prompt_id": "four"},
+            {"prompt": "Q: 3+3?", "reference_answer": "6", "prompt_id": None}]
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    problems = load_problems(str(prompts), task="gsm8k")
+    assert [(p.prompt_id, p.reference_answer) for p in problems] == [("1", "0"), ("2", "0.5"), ("four", "4"), ("4", "6")]
+    assert grade("gsm8k", "5 - 5 = 0. The answer is 0", problems[0].reference_answer) == "correct"
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in [*rows, {"prompt": "Q: 4+4?", "reference_answer": 8,
+                                                                          "prompt_id": "four"}]))
+    with pytest.raises(DataError, match=r":5: prompt_id: 'four' is also line 3's; each prompt needs its own$"):
+        load_problems(str(prompts), task="gsm8k")
 
 
 def test_eval_leaves_grader_errors_out_of_the_metrics(monkeypatch, tmp_path):

@@ -129,21 +129,45 @@ def jsonl_problems(path: str | Path, task: str, rendered_prompts: bool = False) 
     from nemo_topr.data.schema import RejectedRow
     from nemo_topr.data.sources import jsonl_rows
 
-    problems = []
+    problems, lines_of_ids = [], {}
     for number, row in jsonl_rows(Path(path)):
         if isinstance(row, RejectedRow):
             raise row.error
-        for name in ("prompt", "reference_answer"):
-            if not isinstance(row, dict) or not row.get(name):
-                raise DataError(path, number, name, "missing or empty")
-        if rendered_prompts and not isinstance(row["prompt"], str):
-            raise DataError(path, number, "prompt", "a list of messages, but --rendered-prompts is set: a rendered "
-                                                    "prompt is one string, as the sampler read it")
-        prompt = RenderedPrompt(row["prompt"]) if rendered_prompts else row["prompt"]
-        problems.append(Problem(str(row.get("prompt_id", number)), prompt, str(row["reference_answer"]), task))
+        problem = _problem_of_row(path, number, row, task, rendered_prompts)
+        if problem.prompt_id in lines_of_ids:  # records, curation and group baselines tell prompts apart by it
+            raise DataError(path, number, "prompt_id", f"{problem.prompt_id!r} is also line "
+                                                       f"{lines_of_ids[problem.prompt_id]}'s; each prompt needs its own")
+        lines_of_ids[problem.prompt_id] = number
+        problems.append(problem)
     if not problems:
         raise DataError(path, 0, "file", "empty (no prompts)")
     return problems
+
+
+def _problem_of_row(path: str | Path, number: int, row: object, task: str, rendered_prompts: bool) -> Problem:
+    if not isinstance(row, dict):
+        raise DataError(path, number, "row", f"expected a JSON object, got {type(row).__name__}")
+    prompt, answer = row.get("prompt"), row.get("reference_answer")
+    prompt_id = number if row.get("prompt_id") is None else row["prompt_id"]
+    for name, value in (("prompt", prompt), ("reference_answer", answer)):
+        if value is None:
+            raise DataError(path, number, name, f"missing; the row has {', '.join(map(repr, row)) or 'no fields'}")
+    messages = isinstance(prompt, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                for m in prompt)
+    if not (isinstance(prompt, str) or messages):
+        raise DataError(path, number, "prompt", "expected a string or a list of {role, content} messages")
+    if rendered_prompts and messages:
+        raise DataError(path, number, "prompt", "a list of messages, but --rendered-prompts is set: a rendered "
+                                                "prompt is one string, as the sampler read it")
+    # a number is an answer (0 among them); a boolean or an object is no answer a grader compares
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        raise DataError(path, number, "reference_answer", f"expected a string or a number, got {answer!r}")
+    if isinstance(prompt_id, bool) or not isinstance(prompt_id, (str, int)):
+        raise DataError(path, number, "prompt_id", f"expected a string or an integer, got {prompt_id!r}")
+    for name, empty in (("prompt", not prompt), ("reference_answer", not str(answer).strip())):
+        if empty:
+            raise DataError(path, number, name, "empty")
+    return Problem(str(prompt_id), RenderedPrompt(prompt) if rendered_prompts else prompt, str(answer), task)
 
 
 def load_problems(source: str, *, task: str | None = None, data_dir: str | Path | None = None,
