@@ -404,7 +404,8 @@ def test_a_prompt_files_numeric_answers_zero_included_and_its_ids_are_read_as_gi
             {"prompt": "Q: 3+3?", "reference_answer": "6", "prompt_id": None}]
     prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
     problems = load_problems(str(prompts), task="gsm8k")
-    assert [(p.prompt_id, p.reference_answer) for p in problems] == [("1", "0"), ("2", "0.5"), ("four", "4"), ("4", "6")]
+    assert [(p.prompt_id, p.reference_answer) for p in problems] == [
+        ("1", "0"), ("2", "0.5"), ("four", "4"), ("4", "6")]
     assert grade("gsm8k", "5 - 5 = 0. The answer is 0", problems[0].reference_answer) == "correct"
     prompts.write_text("".join(json.dumps(row) + "\n" for row in [*rows, {"prompt": "Q: 4+4?", "reference_answer": 8,
                                                                           "prompt_id": "four"}]))

@@ -135,8 +135,9 @@ def jsonl_problems(path: str | Path, task: str, rendered_prompts: bool = False) 
             raise row.error
         problem = _problem_of_row(path, number, row, task, rendered_prompts)
         if problem.prompt_id in lines_of_ids:  # records, curation and group baselines tell prompts apart by it
-            raise DataError(path, number, "prompt_id", f"{problem.prompt_id!r} is also line "
-                                                       f"{lines_of_ids[problem.prompt_id]}'s; each prompt needs its own")
+            first = lines_of_ids[problem.prompt_id]
+            raise DataError(path, number, "prompt_id", f"{problem.prompt_id!r} is also line {first}'s; each prompt "
+                                                       "needs its own")
         lines_of_ids[problem.prompt_id] = number
         problems.append(problem)
     if not problems:
