@@ -380,6 +380,8 @@ def test_a_misspelled_benchmark_or_a_bad_prompt_file_is_named(tmp_path, capsys):
     ({"prompt": "Q: 1+1?"}, "reference_answer: missing; the row has 'prompt'"),
     ({"prompt": 7, "reference_answer": "2"}, "prompt: expected a string or a list of {role, content} messages"),
     ({"prompt": [{"role": "user"}], "reference_answer": "2"}, "prompt: expected a string or a list of"),
+    ({"prompt": [{"content": "Q: 1+1?"}], "reference_answer": "2"}, "prompt: expected a string or a list of"),
+    ({"prompt": [], "reference_answer": "2"}, "prompt: empty"),
     ({"prompt": "", "reference_answer": "2"}, "prompt: empty"),
     ({"prompt": "Q: 1+1?", "reference_answer": " "}, "reference_answer: empty"),
     ({"prompt": "Q: 1+1?", "reference_answer": True}, "reference_answer: expected a string or a number, got True"),

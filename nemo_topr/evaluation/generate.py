@@ -153,8 +153,9 @@ def _problem_of_row(path: str | Path, number: int, row: object, task: str, rende
     for name, value in (("prompt", prompt), ("reference_answer", answer)):
         if value is None:
             raise DataError(path, number, name, f"missing; the row has {', '.join(map(repr, row)) or 'no fields'}")
-    messages = isinstance(prompt, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                for m in prompt)
+    messages = isinstance(prompt, list) and all(
+        isinstance(message, dict) and all(isinstance(message.get(key), str) for key in ("role", "content"))
+        for message in prompt)
     if not (isinstance(prompt, str) or messages):
         raise DataError(path, number, "prompt", "expected a string or a list of {role, content} messages")
     if rendered_prompts and messages:
@@ -339,8 +340,8 @@ def prompt_ids_checked(tokenizer, problems: dict[int, Problem], source: str = "p
         wrong = [(problem, found) for problem in problems.values()
                  if (found := prompt_text_problem(problem.prompt, pattern))]
         if wrong:
-            (first, (_, problem)), count = wrong[0], len(wrong)
-            raise ValueError(f"{source}: prompt {first.prompt_id}: {problem} ({count} of {len(problems)} prompts)")
+            (first, (_, why)), count = wrong[0], len(wrong)
+            raise ValueError(f"{source}: prompt {first.prompt_id}: {why} ({count} of {len(problems)} prompts)")
     return dict(zip(problems, prompt_token_ids(tokenizer, [problem.prompt for problem in problems.values()])))
 
 
