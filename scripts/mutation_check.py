@@ -458,6 +458,11 @@ MUTANTS = (
            ("tests/test_generate_eval.py::"
             "test_a_prompt_files_numeric_answers_zero_included_and_its_ids_are_read_as_given",),
            "two prompts under one prompt_id: one prompt to records, curation and group means"),
+    Mutant("records_eval_without_the_empty_samples", "nemo_topr/evaluation/evaluate.py",
+           "        if empty_ids[key]:\n", "        if False:\n",
+           ("tests/test_generate_eval.py::"
+            "test_eval_of_the_samples_records_equals_eval_of_the_samples_empty_completions_included",),
+           "eval --records of generate's records leaves empty completions out: pass@k too high"),
     Mutant("iterate_scores_rendered_records_as_plain", "nemo_topr/iterate.py",
            '*(["--rendered-prompts"] if rendered else [])), (scored,)),', "), (scored,)),",
            ("tests/test_iterate.py::test_rendered_prompts_reach_every_stage_that_reads_the_records",),

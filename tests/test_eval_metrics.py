@@ -103,6 +103,14 @@ def test_verifier_weighted_metrics_by_hand():
     assert "weighted_maj@4" not in benchmark_metrics(_problems(scored=False), [4])
 
 
+def test_the_weighted_vote_needs_the_scores_of_the_samples_that_vote_only():
+    empty = SampleOutcome(None, False)  # an empty completion: no answer, no record, so no score
+    voters = [SampleOutcome("7", True, 0.9), SampleOutcome("8", False, 0.2), SampleOutcome("8", False, 0.2)]
+    assert benchmark_metrics([[*voters, empty]], [4])["weighted_maj@4"] == 1.0  # 7: 0.9 > 8: 0.4
+    assert "weighted_maj@4" not in benchmark_metrics([[*voters[:2], SampleOutcome("8", False), empty]], [4])
+    assert "weighted_maj@2" not in benchmark_metrics([[empty, empty]], [2])  # no score at all: no verifier
+
+
 def test_default_ks_are_powers_of_two_and_n():
     assert default_ks(1) == [1]
     assert default_ks(16) == [1, 2, 4, 8, 16]

@@ -110,9 +110,10 @@ def test_eval_writes_results_and_plots_rounds(model_dir, tmp_path):
     assert evaluate.main(["--records", str(scored), "--k", "1", "--out", str(tmp_path / "r2.json")]) == 0
     rescored = json.loads((tmp_path / "r2.json").read_text())
     assert rescored["task"] == "math" and "weighted_maj@1" not in rescored["metrics"]
-    if rescored["samples_per_problem"] >= 2:  # empty completions are not records
-        assert evaluate.main(["--records", str(scored), "--out", str(tmp_path / "r2.json")]) == 0
-        assert "weighted_maj@2" in json.loads((tmp_path / "r2.json").read_text())["metrics"]
+    # both samples of each problem, empty ones included (`meta.empty_sample_ids`), so k = 2 votes
+    assert rescored["samples_per_problem"] == 2
+    assert evaluate.main(["--records", str(scored), "--out", str(tmp_path / "r3.json")]) == 0
+    assert "weighted_maj@2" in json.loads((tmp_path / "r3.json").read_text())["metrics"]
 
     plot = tmp_path / "rounds.png"
     assert evaluate.main(["--plot", str(result), str(tmp_path / "r2.json"), "--out", str(plot)]) == 0
@@ -429,6 +430,43 @@ def test_eval_leaves_grader_errors_out_of_the_metrics(monkeypatch, tmp_path):
     # 3 samples graded (2 correct, 1 wrong); the failed one is not a wrong answer: 2/3, not 2/4
     assert results["metrics"] == {"pass@1": pytest.approx(2 / 3), "invalid_rate": 0.0, "grader_error_rate": 0.25}
     assert results["grader_errors"]["grader_errors"] == 1 and results["samples_per_problem"] == 3
+
+
+def test_eval_of_the_samples_records_equals_eval_of_the_samples_empty_completions_included(monkeypatch, tmp_path):
+    """An empty completion (EOS first) is an invalid sample to `eval --benchmark`, but no record:
+    `eval --records` of its `--samples-out` (the verifier's route to weighted votes) counted
+    fewer samples, so a higher pass@k and a lower invalid rate than the model had. The records
+    now name their prompt's empty samples (`meta.empty_sample_ids`) and both routes agree."""
+    def sampler(model_dir, problems, settings, backend, device):
+        for index, problem in problems.items():
+            right, wrong = f"so \\boxed{{{problem.reference_answer}}}", "so \\boxed{-7}"
+            texts = ([right, "", wrong, right], ["", right, "", "no box"], [wrong, right, "", ""])[index]
+            yield index, [Completion(text) for text in texts]
+
+    monkeypatch.setattr(generate, "iter_completions", sampler)
+    model, direct, samples = placeholder_hf_model(tmp_path / "model"), tmp_path / "direct.json", tmp_path / "s.jsonl"
+    assert evaluate.main(["--model", str(model), "--benchmark", "math500", "--limit", "3", "--num-samples", "4",
+                          "--device", "cpu", "--samples-out", str(samples), "--out", str(direct)]) == 0
+    from_model = json.loads(direct.read_text())
+    # by hand: 12 samples, 5 empty and 1 without a box; right answers 2, 1, 1 of 4
+    assert from_model["num_samples"] == 12 and from_model["metrics"]["invalid_rate"] == pytest.approx(6 / 12)
+    assert from_model["metrics"]["pass@1"] == pytest.approx((2 / 4 + 1 / 4 + 1 / 4) / 3)
+    records = load_records(samples).records
+    first_prompts = [r.meta.get("empty_sample_ids") for r in records if r.prompt_id == records[0].prompt_id]
+    assert len(records) == 7 and first_prompts == [[1], [1], [1]]
+
+    from_records = tmp_path / "records.json"
+    assert evaluate.main(["--records", str(samples), "--out", str(from_records)]) == 0
+    regraded = json.loads(from_records.read_text())
+    assert regraded["metrics"] == from_model["metrics"] and regraded["num_samples"] == 12
+
+    # the verifier's scores: the weighted vote is reported though the empty samples (which do not vote) have none
+    scored = tmp_path / "scored.jsonl"
+    scored.write_text("".join(json.dumps({**record.to_json(), "meta": {**record.meta, "verifier_score": 0.5}}) + "\n"
+                              for record in records))
+    assert evaluate.main(["--records", str(scored), "--out", str(tmp_path / "weighted.json")]) == 0
+    weighted = json.loads((tmp_path / "weighted.json").read_text())["metrics"]
+    assert weighted["weighted_maj@4"] == weighted["maj@4"] and weighted["invalid_rate"] == pytest.approx(6 / 12)
 
 
 def test_sampling_leaves_room_in_the_models_context_and_refuses_a_full_prompt(tmp_path, capsys, monkeypatch):

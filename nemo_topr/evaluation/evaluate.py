@@ -89,9 +89,12 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
     """(task, samples per prompt in file order, grader-error report), re-graded from
     `meta.reference_answer`; samples the grader failed on are left out and counted.
 
-    The task is `task` when given, else the records' `meta.task`.
+    The task is `task` when given, else the records' `meta.task`. The empty completions `generate`
+    names in `meta.empty_sample_ids` (no records) are invalid samples at their places in sample
+    order, as `eval --benchmark` counts them; a prompt with no record at all is not in the file.
     """
-    by_prompt: dict[str, list[SampleOutcome]] = {}
+    by_prompt: dict[str, list[tuple[Any, SampleOutcome]]] = {}
+    empty_ids: dict[str, set[int]] = {}
     tasks, results = set(), []
     for record in records:
         meta = record.meta or {}
@@ -102,12 +105,25 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
         results.append(result)
         samples = by_prompt.setdefault(record.prompt_key, [])
         if result.grade != "error":
-            samples.append(SampleOutcome(result.answer, result.grade == "correct", meta.get("verifier_score")))
+            samples.append((record.sample_id,
+                            SampleOutcome(result.answer, result.grade == "correct", meta.get("verifier_score"))))
+        empty = meta.get("empty_sample_ids", [])
+        if not (isinstance(empty, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in empty)
+                and (not empty or isinstance(record.sample_id, int))):
+            raise record.error("meta.empty_sample_ids", "expected a list of the prompt's integer sample ids, on a "
+                                                        "record with an integer sample_id (as `generate` writes)")
+        empty_ids.setdefault(record.prompt_key, set()).update(empty)
         tasks.add(record_task)
     if len(tasks) > 1:
         raise DataError(records[0].path, 0, "meta.task", f"mixes tasks {sorted(tasks)}; evaluate them separately")
     report = check_grader_errors(results, max_grader_error_rate)
-    return tasks.pop(), [samples for samples in by_prompt.values() if samples], report
+    outcomes = []
+    for key, samples in by_prompt.items():
+        if empty_ids[key]:
+            samples = sorted([*samples, *((i, SampleOutcome(None, False)) for i in empty_ids[key])],
+                             key=lambda sample: sample[0])
+        outcomes.append([outcome for _, outcome in samples])
+    return tasks.pop(), [samples for samples in outcomes if samples], report
 
 
 def results_markdown(results: dict[str, Any]) -> str:

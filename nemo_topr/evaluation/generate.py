@@ -383,14 +383,17 @@ def grade_completions(problem: Problem, completions: Sequence[Completion]) -> li
 
 def graded_records(problems: Sequence[Problem], graded: Sequence[Sequence[GradedCompletion]]) -> list[Record]:
     """Pre-scored records, sample_id = the sample's index for its prompt; empty completions and
-    grader errors (no verdict, so no reward) are not records."""
+    grader errors (no verdict, so no reward) are not records. An empty completion is still an
+    invalid sample: its id is in `meta.empty_sample_ids` of its prompt's records, so that `eval
+    --records` counts it as `eval --benchmark` does."""
     records = []
     for problem, samples in zip(problems, graded):
+        empty = [sample_id for sample_id, sample in enumerate(samples) if not sample.completion.text]
         for sample_id, sample in enumerate(samples):
             if not sample.completion.text or sample.grade == "error":
                 continue
             meta = {"task": problem.task, "reference_answer": problem.reference_answer,
-                    "answer": sample.answer, "grade": sample.grade}
+                    "answer": sample.answer, "grade": sample.grade, **({"empty_sample_ids": empty} if empty else {})}
             if sample.completion.sampler_logprob is not None:
                 meta["sampler_logprob"] = sample.completion.sampler_logprob
             records.append(Record(prompt=problem.prompt, completion=sample.completion.text,

@@ -86,12 +86,16 @@ def vote_is_correct(samples: Sequence[SampleOutcome], *, weighted: bool = False,
 
 
 def has_verifier_scores(problems: Sequence[Sequence[SampleOutcome]]) -> bool:
-    return all(sample.verifier_score is not None for samples in problems for sample in samples)
+    """Whether samples were scored by a verifier: some sample has a score, and every sample that
+    votes (one with an answer) has one; an empty completion, never scored, does not vote."""
+    samples = [sample for samples in problems for sample in samples]
+    return (any(sample.verifier_score is not None for sample in samples)
+            and all(sample.verifier_score is not None for sample in samples if sample.answer is not None))
 
 
 def benchmark_metrics(problems: Sequence[Sequence[SampleOutcome]], ks: Sequence[int],
                       same: Same = operator.eq) -> dict[str, float]:
-    """pass@k for each k, maj@k (and weighted_maj@k when every sample has a verifier score) for
+    """pass@k for each k, maj@k (and weighted_maj@k when every voting sample has a verifier score) for
     each k > 1, and the invalid rate; each k must be at most the smallest number of samples of a
     problem."""
     if not problems or not all(problems):
