@@ -36,8 +36,9 @@ find_python312() {
 }
 
 # A venv made from nothing holds 8.2 GB (torch's CUDA build and its NVIDIA libraries) and pip keeps its
-# 4.3 GB of downloads in TMPDIR until it ends: 12.5 GB at the peak on one filesystem (measured with
-# `df` once a second). Say so before starting, not as pip's "No space left on device" half-way.
+# 4.3 GB of downloads in TMPDIR until it ends: 12.5 GB at the peak on one filesystem (bench/venv_disk.sh,
+# bench/results/venv_disk_2026-11-29.json). Say so before starting, not as pip's "No space left on
+# device" half-way.
 gigabytes() { awk -v bytes="$1" 'BEGIN { printf "%.1f GB", bytes / 1e9 }'; }
 check_free_space() {
     local venv_parent tmp_dir=${TMPDIR:-/tmp} free
