@@ -212,7 +212,7 @@ def test_rendered_prompts_reach_every_stage_that_reads_the_records(fake_model, t
     and `train` tokenize its records so (each verb's reading is tested in its own module:
     test_generate_eval, test_config). Here each stage's arguments go through the verb's own parser
     or config, and curate (which does not tokenize) runs for real; generate writes fixed records,
-    score-logprobs stops at its call, train at its composed config."""
+    score-logprobs' work is a stand-in that copies them, and the round stops at train's config."""
     from nemo_topr.cluster.plan import compose_config
     from nemo_topr.data import cli as data_cli
     from nemo_topr.evaluation import generate
