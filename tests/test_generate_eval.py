@@ -380,8 +380,9 @@ def test_a_misspelled_benchmark_or_a_bad_prompt_file_is_named(tmp_path, capsys):
     ({"question": "Q: 1+1?", "answer": "2"}, "prompt: missing; the row has 'question', 'answer'"),
     ({"prompt": "Q: 1+1?"}, "reference_answer: missing; the row has 'prompt'"),
     ({"prompt": 7, "reference_answer": "2"}, "prompt: expected a string or a list of {role, content} messages"),
-    ({"prompt": [{"role": "user"}], "reference_answer": "2"}, "prompt: expected a string or a list of"),
-    ({"prompt": [{"content": "Q: 1+1?"}], "reference_answer": "2"}, "prompt: expected a string or a list of"),
+    ({"prompt": [{"role": "user"}], "reference_answer": "2"}, "prompt[0].content: expected a string, got null"),
+    ({"prompt": [{"content": "Q: 1+1?"}], "reference_answer": "2"}, "prompt[0].role: expected a string, got null"),
+    ({"prompt": ["Q: 1+1?"], "reference_answer": "2"}, "prompt[0]: expected a message object, got string"),
     ({"prompt": [], "reference_answer": "2"}, "prompt: empty"),
     ({"prompt": "", "reference_answer": "2"}, "prompt: empty"),
     ({"prompt": "Q: 1+1?", "reference_answer": " "}, "reference_answer: empty"),
@@ -396,6 +397,15 @@ def test_a_prompt_files_bad_row_is_named_by_line_and_field(tmp_path, row, messag
     with pytest.raises(DataError) as error:
         load_problems(str(prompts), task="gsm8k")
     assert str(error.value).startswith(f"{prompts}:2: {message}")
+
+
+def test_messages_in_a_file_of_rendered_prompts_are_refused(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": [{"role": "user", "content": "Q: 1+1?"}], "reference_answer": "2"}) + "\n")
+    with pytest.raises(DataError) as error:
+        load_problems(str(prompts), task="gsm8k", rendered_prompts=True)
+    assert str(error.value) == (f"{prompts}:1: prompt: a list of messages, but --rendered-prompts is set: a rendered "
+                                "prompt is one string, as the sampler read it")
 
 
 def test_a_prompt_files_numeric_answers_zero_included_and_its_ids_are_read_as_given(tmp_path):

@@ -155,11 +155,13 @@ class RecordSet:
 # Validating one row
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A JSON number: an int or a float, never a boolean."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _is_id(value: Any) -> bool:
+def is_id(value: Any) -> bool:
+    """A `prompt_id` or `sample_id`: a string or an integer, never a boolean."""
     return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
@@ -168,7 +170,8 @@ def _type_name(value: Any) -> str:
     return names.get(type(value), "number")
 
 
-def _check_messages(path: str, line: int, messages: list) -> None:
+def check_messages(path: str | Path, line: int, messages: list) -> None:
+    """Each message is an object with string `role` and `content`; RejectedRow names the first that is not."""
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             problem = f"expected a message object, got {_type_name(message)}"
@@ -212,13 +215,13 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
     if isinstance(completion, list):
         completion = _assistant_content(completion, reject)
     if isinstance(prompt, list):
-        _check_messages(path, line, prompt)
+        check_messages(path, line, prompt)
     elif not isinstance(prompt, str):
         raise reject("wrong_type", "prompt", f"expected a string or a list of messages, got {_type_name(prompt)}")
     if not isinstance(completion, str):
         raise reject("wrong_type", "completion", f"expected a string, got {_type_name(completion)}")
     for name in ("reward", "behavior_logprob", "baseline"):
-        if values[name] is not None and not _is_number(values[name]):
+        if values[name] is not None and not is_number(values[name]):
             # a sampler's per-token log-probs (vLLM's `logprobs`): TOPR's ratio is over the whole sequence
             per_token = (": the completion's log mu(y|x) is one number, the sum over its tokens; score it with "
                          "`nemo-topr score-logprobs` (the trainer's own numerics, so rho = 1 at step 0)"
@@ -226,7 +229,7 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
             raise reject("wrong_type", name, f"expected a number, got {_type_name(values[name])} "
                                              f"{values[name]!r}{per_token}")
     for name in ("prompt_id", "sample_id"):
-        if values[name] is not None and not _is_id(values[name]):
+        if values[name] is not None and not is_id(values[name]):
             raise reject("wrong_type", name, f"expected a string or an integer, got {_type_name(values[name])}")
     if values["meta"] is not None and not isinstance(values["meta"], dict):
         raise reject("wrong_type", "meta", f"expected an object, got {_type_name(values['meta'])}")

@@ -146,6 +146,9 @@ def jsonl_problems(path: str | Path, task: str, rendered_prompts: bool = False) 
 
 
 def _problem_of_row(path: str | Path, number: int, row: object, task: str, rendered_prompts: bool) -> Problem:
+    from nemo_topr.data.records import check_messages, is_id, is_number
+    from nemo_topr.data.schema import RejectedRow
+
     if not isinstance(row, dict):
         raise DataError(path, number, "row", f"expected a JSON object, got {type(row).__name__}")
     prompt, answer = row.get("prompt"), row.get("reference_answer")
@@ -153,18 +156,20 @@ def _problem_of_row(path: str | Path, number: int, row: object, task: str, rende
     for name, value in (("prompt", prompt), ("reference_answer", answer)):
         if value is None:
             raise DataError(path, number, name, f"missing; the row has {', '.join(map(repr, row)) or 'no fields'}")
-    messages = isinstance(prompt, list) and all(
-        isinstance(message, dict) and all(isinstance(message.get(key), str) for key in ("role", "content"))
-        for message in prompt)
-    if not (isinstance(prompt, str) or messages):
+    if isinstance(prompt, list):  # the messages a record's prompt may be, checked as records check them
+        if rendered_prompts:
+            raise DataError(path, number, "prompt", "a list of messages, but --rendered-prompts is set: a rendered "
+                                                    "prompt is one string, as the sampler read it")
+        try:
+            check_messages(path, number, prompt)
+        except RejectedRow as rejected:
+            raise rejected.error from None
+    elif not isinstance(prompt, str):
         raise DataError(path, number, "prompt", "expected a string or a list of {role, content} messages")
-    if rendered_prompts and messages:
-        raise DataError(path, number, "prompt", "a list of messages, but --rendered-prompts is set: a rendered "
-                                                "prompt is one string, as the sampler read it")
     # a number is an answer (0 among them); a boolean or an object is no answer a grader compares
-    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+    if not (isinstance(answer, str) or is_number(answer)):
         raise DataError(path, number, "reference_answer", f"expected a string or a number, got {answer!r}")
-    if isinstance(prompt_id, bool) or not isinstance(prompt_id, (str, int)):
+    if not is_id(prompt_id):
         raise DataError(path, number, "prompt_id", f"expected a string or an integer, got {prompt_id!r}")
     for name, empty in (("prompt", not prompt), ("reference_answer", not str(answer).strip())):
         if empty:
