@@ -447,8 +447,7 @@ def summary_row(result: RoundResult) -> dict[str, Any]:
     row: dict[str, Any] = {"round": result.label, "model": str(result.model), "note": result.note}
     graded = result.directory / "graded.jsonl"
     if graded.is_file():
-        grades = Counter((record.meta or {}).get("grade") for record in read_graded(graded))
-        row["samples"] = {"records": sum(grades.values()), **{g: grades[g] for g in ("correct", "wrong", "invalid")}}
+        row["samples"] = sample_counts(graded)
     report = result.directory / "run" / "data_report.json"
     if report.is_file():
         row.update(training_composition(result.directory / "run"))
@@ -456,6 +455,22 @@ def summary_row(result: RoundResult) -> dict[str, Any]:
     if evaluation.is_file():
         row["eval"] = headline_metrics(json.loads(evaluation.read_text(encoding="utf-8")))
     return row
+
+
+def sample_counts(graded: Path) -> dict[str, int | None]:
+    """The round's samples by grade, from `generate`'s sample log: every sample drawn, empty
+    completions (invalid samples) and grader errors (no verdict) included, which are no records.
+    Without the log (deleted by hand) only the records' grades are known: `drawn` and `error` are None."""
+    from nemo_topr.evaluation.sample_log import log_path, logged_samples
+
+    records = read_graded(graded)
+    if log_path(graded).is_file():
+        grades = Counter(sample.grade for samples in logged_samples(log_path(graded)) for sample in samples)
+        drawn, errors = sum(grades.values()), grades["error"]
+    else:
+        grades, drawn, errors = Counter((record.meta or {}).get("grade") for record in records), None, None
+    return {"drawn": drawn, "records": len(records), "correct": grades["correct"], "wrong": grades["wrong"],
+            "invalid": grades["invalid"], "error": errors}
 
 
 def training_composition(run_dir: Path) -> dict[str, Any]:
@@ -482,7 +497,7 @@ def summary_markdown(rows: list[dict[str, Any]]) -> str:
         return f"{100 * value:.1f}" if percent else f"{value:.3f}"
 
     ks = {row["eval"]["maj_k"] for row in rows if "eval" in row}
-    lines = ["| round | samples: correct / wrong / invalid | training records | p | p̃ | pass@1 % | "
+    lines = ["| round | samples: correct / wrong / invalid / grader error | training records | p | p̃ | pass@1 % | "
              f"maj@{'/'.join(map(str, sorted(ks)))} % | invalid % | note |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
@@ -490,7 +505,8 @@ def summary_markdown(rows: list[dict[str, Any]]) -> str:
         evaluation = row.get("eval", {})
         lines.append(" | ".join([
             f"| {row['round']}",
-            f"{samples['correct']} / {samples['wrong']} / {samples['invalid']}" if samples else "—",
+            " / ".join(str(samples[grade]) if samples[grade] is not None else "— (no sample log)"
+                       for grade in ("correct", "wrong", "invalid", "error")) if samples else "—",
             str(row.get("training_records", "—")),
             number(row.get("p")), number(row.get("p_tilde")),
             number(evaluation.get("pass@1"), True), number(evaluation.get("maj@k"), True),

@@ -10,7 +10,9 @@ import pytest
 
 from conftest import REPO, placeholder_hf_model
 from nemo_topr import iterate
-from nemo_topr.data.records import Record, load_records
+from nemo_topr.data.records import Record, load_records, write_jsonl
+from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem, graded_records
+from nemo_topr.evaluation.sample_log import SampleLog, log_path
 from nemo_topr.iterate import CurateOptions, Driver, IterateError, Stage, curation_flags, load_config, run_stage
 
 
@@ -179,6 +181,10 @@ def test_the_summary_gives_p_tilde_with_the_baselines_training_used(tmp_path):
     assert iterate.training_composition(run)["p_tilde"] is None
 
 
+def sample(text, answer, grade, grader_error=None):
+    return GradedCompletion(Completion(text, None), answer, grade, grader_error)
+
+
 def fake_stage_outputs(args, log):
     """Stand-in for the real commands: generation writes no records (every completion empty)."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -186,6 +192,9 @@ def fake_stage_outputs(args, log):
     out.parent.mkdir(parents=True, exist_ok=True)
     if args[0] == "generate":
         out.write_text("")
+        log = SampleLog(log_path(out), {}, [])
+        for index in range(2):
+            log.append(index, Problem(f"q{index}", "Q?", "4", "gsm8k"), [sample("", None, "invalid")] * 3)
     elif args[:2] == ("eval", "--model"):
         out.write_text(json.dumps({"ks": [1], "metrics": {"pass@1": 0.0, "invalid_rate": 1.0}}))
     fake_stage_outputs.calls.append(args)
@@ -200,7 +209,30 @@ def test_a_round_that_generated_no_records_is_skipped_and_counted(fake_model, tm
     assert [r.model for r in results] == [fake_model] * 3  # nothing trained: round 1 starts from the base model
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [row["note"] for row in summary["rounds"]] == [None] + ["no records generated: training skipped"] * 2
-    assert summary["rounds"][1]["samples"] == {"records": 0, "correct": 0, "wrong": 0, "invalid": 0}
+    assert summary["rounds"][1]["samples"] == {"drawn": 6, "records": 0, "correct": 0, "wrong": 0, "invalid": 6,
+                                               "error": 0}
+
+
+def test_the_summary_counts_every_sample_drawn_empty_and_grader_failed_ones_included(tmp_path):
+    """Empty completions (invalid samples) and grader errors (no verdict) are no records: the
+    counts come from generate's sample log, and from the records only when the log is gone."""
+    problems = [Problem("a", "Q: 1+1?", "2", "gsm8k"), Problem("b", "Q: 2+2?", "4", "gsm8k")]
+    graded = [[sample(" 2", "2", "correct"), sample("", None, "invalid"), sample(" x", None, "invalid")],
+              [sample(" 5", "5", "wrong"), sample(" 4!", None, "error", "sympy exploded"), sample("", None, "invalid")]]
+    round_dir = tmp_path / "round_0"
+    round_dir.mkdir()
+    write_jsonl(graded_records(problems, graded), round_dir / "graded.jsonl")
+    log = SampleLog(log_path(round_dir / "graded.jsonl"), {}, problems)
+    for index, (problem, samples) in enumerate(zip(problems, graded)):
+        log.append(index, problem, samples)
+    result = iterate.RoundResult("round_0", round_dir, tmp_path / "model", str(tmp_path / "run"))
+    row = iterate.summary_row(result)
+    assert row["samples"] == {"drawn": 6, "records": 3, "correct": 1, "wrong": 1, "invalid": 3, "error": 1}
+    assert "| round_0 | 1 / 1 / 3 / 1 | — |" in iterate.summary_markdown([row])
+    log_path(round_dir / "graded.jsonl").unlink()
+    row = iterate.summary_row(result)
+    assert row["samples"] == {"drawn": None, "records": 3, "correct": 1, "wrong": 1, "invalid": 1, "error": None}
+    assert "| round_0 | 1 / 1 / 1 / — (no sample log) | — |" in iterate.summary_markdown([row])
 
 
 class StopAfterTrain(Exception):
@@ -282,6 +314,9 @@ def test_two_rounds_on_cpu_then_a_rerun_redoes_nothing(tmp_path, monkeypatch, ca
     assert [row["round"] for row in summary["rounds"]] == ["start", "round_0", "round_1"]
     for row in (first, second):
         assert row["samples"]["records"] > 0 and 0 < row["training_records"] <= row["samples"]["records"]
+        # conf/iterate_tiny_cpu.yaml: 4 questions, 4 samples each; every sample has one grade
+        counts = row["samples"]
+        assert counts["drawn"] == 16 == sum(counts[grade] for grade in ("correct", "wrong", "invalid", "error"))
         assert row["p"] == row["positives"] / row["training_records"]
         # TOPR at c = 0 with +-1 rewards: p~ = p
         assert row["baseline"] == "objective.baseline (0.0) for every record" and row["p_tilde"] == round(row["p"], 4)

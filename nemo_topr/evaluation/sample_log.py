@@ -37,6 +37,12 @@ def _sample_of(row: dict[str, Any]) -> GradedCompletion:
                             row["grader_error"])
 
 
+def logged_samples(path: Path) -> list[list[GradedCompletion]]:
+    """The graded samples of each prompt the log holds, in the order they were logged."""
+    lines = path.read_text(encoding="utf-8").splitlines()[1:]
+    return [[_sample_of(sample) for sample in json.loads(line)["samples"]] for line in lines]
+
+
 class SampleLog:
     """The log of one command's samples: `done` holds {prompt index: its graded samples}."""
 
