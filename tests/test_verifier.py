@@ -71,6 +71,39 @@ def test_build_writes_a_valid_pre_scored_dataset(tmp_path):
     assert [r.completion for r in judge if r.reward > 0] == [NO, YES, NO]
 
 
+def test_a_prompt_rendered_by_the_chat_template_is_judged_as_its_plain_problem():
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}]
+    rendered = build_tiny_tokenizer().apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert rendered.startswith("<|begin_of_text|><|start_header_id|>system")  # as a sampler read it
+    expected = "What is 2+3?\n\nProposed solution:\n2+3=5.\n\nIs the answer correct? Answer Yes or No."
+    for prompt in (rendered, chat, "What is 2+3?"):
+        assert judge_prompt(graded(prompt, " 2+3=5.", 1.0)) == expected
+    # a base model's rendering: BOS, then the 8-shot prompt
+    eight_shot = "Question: 1+1?\nAnswer: 2.\nThe answer is 2.\n\nQuestion: What is 2+3?\nAnswer:"
+    assert judged_problem("<|begin_of_text|>" + eight_shot) == judged_problem(eight_shot) == "Question: What is 2+3?"
+
+
+def test_build_and_score_refuse_special_tokens_the_judge_prompt_would_hold_naming_row_and_field(model_dir, tmp_path,
+                                                                                                  capsys):
+    only_system = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nWhat is 2+3?<|eot_id|>"
+    cases = [(graded(only_system, " 5", 1.0), "prompt", "<|start_header_id|>"),
+             (graded("What is 2+3?", " 5<|eot_id|>", 1.0), "completion", "<|eot_id|>")]
+    for number, (record, field, token) in enumerate(cases):
+        rows = [graded("What is 1+1?", " 2", 1.0, prompt_id="p"), record]
+        data = write_records(rows, tmp_path / f"graded{number}.jsonl")
+        out = tmp_path / f"judge{number}.jsonl"
+        with pytest.raises(ValueError) as error:
+            judge_records(load_records(data).records)
+        assert str(error.value).startswith(f"{data}:2: {field}: holds Llama 3's special token {token!r} as text")
+        assert verifier.main(["build", "--graded", str(data), "--out", str(out)]) == 1 and not out.exists()
+        assert verifier.main(["score", "--model", str(model_dir), "--records", str(data), "--out", str(out),
+                              "--device", "cpu"]) == 1
+        assert not out.exists() and not out.with_suffix(".report.json").exists()
+        assert capsys.readouterr().err.count(f"{data}:2: {field}: holds Llama 3's special token {token!r}") == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # P(Yes)
 

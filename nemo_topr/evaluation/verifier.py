@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -38,13 +39,26 @@ THRESHOLD = 0.5
 # Judge prompts and judge data
 
 
+# Llama 3's special tokens written out (the recipe trains Llama 3 only): a prompt rendered already, as a
+# sampler read it, holds them; the judge needs the problem's text between them
+LLAMA3_SPECIAL_TOKEN = re.compile(r"<\|(?:begin_of_text|end_of_text|start_header_id|end_header_id|eot_id|eom_id|"
+                                  r"python_tag|finetune_right_pad_id|reserved_special_token_\d+)\|>")
+LLAMA3_USER_TURN = re.compile(r"<\|start_header_id\|>user<\|end_header_id\|>\n\n(.*?)<\|eot_id\|>", re.DOTALL)
+
+
 def judged_problem(prompt: str | Messages) -> str:
     """The problem a candidate answered: a chat prompt's last user message, or the prompt text.
 
-    The paper's GSM8K prompt is reduced to its last question (from the last "Question: ", its
-    trailing "Answer:" removed): the judge needs the problem, not the few-shot demonstrations.
+    A prompt rendered already by Llama 3's chat template is read as its last user turn, and one
+    rendered without turns (a base model's) as its text after BOS: the same problem as the plain
+    prompt. The paper's GSM8K prompt is reduced to its last question (from the last "Question: ",
+    its trailing "Answer:" removed): the judge needs the problem, not the few-shot demonstrations.
     """
-    text = prompt if isinstance(prompt, str) else [m for m in prompt if m["role"] == "user"][-1]["content"]
+    if isinstance(prompt, str):
+        turns = LLAMA3_USER_TURN.findall(prompt)
+        text = turns[-1] if turns else prompt.removeprefix("<|begin_of_text|>")
+    else:
+        text = [m for m in prompt if m["role"] == "user"][-1]["content"]
     last_question = text.rfind("Question: ")
     if last_question >= 0:
         text = text[last_question:]
@@ -52,8 +66,17 @@ def judged_problem(prompt: str | Messages) -> str:
 
 
 def judge_prompt(record: Record) -> str:
-    """What the verifier reads before answering " Yes" or " No"."""
-    return f"{judged_problem(record.prompt)}\n\nProposed solution:\n{record.completion.strip()}\n\n{JUDGE_QUESTION}"
+    """What the verifier reads before answering " Yes" or " No". A special token left in the
+    problem or written in the completion is refused: tokenized inside the judge's own turn, it
+    would be read as the token, and `train` refuses the judge data that holds it."""
+    problem = judged_problem(record.prompt)
+    for field, text in (("prompt", problem), ("completion", record.completion)):
+        if match := LLAMA3_SPECIAL_TOKEN.search(text):
+            raise record.error(field, f"holds Llama 3's special token {match[0]!r} as text, which the verifier's "
+                                      "judge prompt cannot hold: give the prompt as plain text, as messages, or "
+                                      "rendered by the chat template with its user turn (read as that turn's text), "
+                                      "and the completion without special tokens")
+    return f"{problem}\n\nProposed solution:\n{record.completion.strip()}\n\n{JUDGE_QUESTION}"
 
 
 def judge_records(graded: Sequence[Record]) -> list[Record]:
@@ -107,10 +130,11 @@ def yes_probabilities(model_dir: str | Path, records: Sequence[Record], batch_si
 
     from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, prompt_token_ids
 
+    judge_prompts = [judge_prompt(record) for record in records]  # a refused record before the model loads
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval().to(device)
     # tokenized exactly as training tokenizes judge records: chat template, completion on its own
-    prompts = prompt_token_ids(tokenizer, [judge_prompt(record) for record in records])
+    prompts = prompt_token_ids(tokenizer, judge_prompts)
     options = [tokenizer(option, add_special_tokens=False)["input_ids"] for option in (YES, NO)]
     pairs = [(prompt, option) for prompt in prompts for option in options]
     logprobs: list[float] = []
