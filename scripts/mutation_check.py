@@ -495,6 +495,10 @@ MUTANTS = (
            ("tests/test_verifier.py::"
             "test_build_and_score_refuse_special_tokens_the_judge_prompt_would_hold_naming_row_and_field",),
            "verifier score reads special tokens inside the judge's turn; train refuses the judge data"),
+    Mutant("prompts_without_records_unsaid", "nemo_topr/evaluation/generate.py",
+           "    if not missing:\n", "    if True:\n",
+           ("tests/test_generate_eval.py::test_a_prompt_left_without_records_is_named_where_the_records_are_written",),
+           "a prompt whose samples are all empty leaves the records, and eval --records' metrics, without a word"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -479,6 +479,30 @@ def test_eval_of_the_samples_records_equals_eval_of_the_samples_empty_completion
     assert weighted["weighted_maj@4"] == weighted["maj@4"] and weighted["invalid_rate"] == pytest.approx(6 / 12)
 
 
+def test_a_prompt_left_without_records_is_named_where_the_records_are_written(monkeypatch, tmp_path, capsys):
+    """A prompt whose samples are all empty has no record, so `eval --records` cannot count it:
+    `generate` and `eval --samples-out` say so, with the count and the first such prompt."""
+    def sampler(model_dir, problems, settings, backend, device):
+        for index, problem in problems.items():
+            yield index, [Completion(text) for text in (["", ""], ["", f"so \\boxed{{{problem.reference_answer}}}"],
+                                                        ["", ""])[index]]
+
+    monkeypatch.setattr(generate, "iter_completions", sampler)
+    model = placeholder_hf_model(tmp_path / "model")
+    note = ("2 of 3 prompts have no record, every sample empty or failed by the grader (first: {first}): "
+            "`eval --records` of these records leaves them out, where `eval --benchmark` counts one of empty samples "
+            "as failed")
+    assert evaluate.main(["--model", str(model), "--benchmark", "math500", "--limit", "3", "--num-samples", "2",
+                          "--device", "cpu", "--samples-out", str(tmp_path / "s.jsonl"),
+                          "--out", str(tmp_path / "e.json")]) == 0
+    assert f"nemo-topr eval: --samples-out: {note.format(first='math500-0')}\n" in capsys.readouterr().err
+    assert [r.prompt_id for r in load_records(tmp_path / "s.jsonl").records] == ["math500-1"]
+    prompts = _math_prompts(tmp_path, 3)
+    assert generate.main(["--prompts", str(prompts), "--task", "math", "--model", str(model), "--device", "cpu",
+                          "--num-samples", "2", "--out", str(tmp_path / "g.jsonl")]) == 0
+    assert f"\n{note.format(first='q0')}\n" in capsys.readouterr().out
+
+
 def test_sampling_leaves_room_in_the_models_context_and_refuses_a_full_prompt(tmp_path, capsys, monkeypatch):
     """score-logprobs and train refuse a record longer than max_position_embeddings
     (`beyond_model_context`); transformers would sample on past it. Each prompt gets at most

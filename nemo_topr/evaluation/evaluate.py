@@ -40,6 +40,7 @@ from nemo_topr.evaluation.generate import (
     graded_records,
     load_problems,
     logged_sample_and_grade,
+    no_record_note,
 )
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics
 from nemo_topr.evaluation.sample_log import log_path
@@ -91,7 +92,8 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
 
     The task is `task` when given, else the records' `meta.task`. The empty completions `generate`
     names in `meta.empty_sample_ids` (no records) are invalid samples at their places in sample
-    order, as `eval --benchmark` counts them; a prompt with no record at all is not in the file.
+    order, as `eval --benchmark` counts them; a prompt with no record at all is not in the file
+    (`generate.no_record_note` says so when the records are written).
     """
     by_prompt: dict[str, list[tuple[Any, SampleOutcome]]] = {}
     empty_ids: dict[str, set[int]] = {}
@@ -175,6 +177,8 @@ def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
     settings, graded, grader_errors = logged_sample_and_grade(args, problems, args.benchmark, args.out, "nemo-topr eval")
     if args.samples_out:
         write_jsonl(graded_records(problems, graded), args.samples_out)
+        if note := no_record_note(problems, graded):
+            print(f"nemo-topr eval: --samples-out: {note}", file=sys.stderr)
     return benchmark_results(outcomes_of_completions(graded), problems[0].task, args.k, grader_errors,
                              label=args.label or args.model.name, source=args.benchmark,
                              model=str(args.model), sampling=asdict(settings))

@@ -395,7 +395,7 @@ def graded_records(problems: Sequence[Problem], graded: Sequence[Sequence[Graded
     for problem, samples in zip(problems, graded):
         empty = [sample_id for sample_id, sample in enumerate(samples) if not sample.completion.text]
         for sample_id, sample in enumerate(samples):
-            if not sample.completion.text or sample.grade == "error":
+            if not _makes_a_record(sample):
                 continue
             meta = {"task": problem.task, "reference_answer": problem.reference_answer,
                     "answer": sample.answer, "grade": sample.grade, **({"empty_sample_ids": empty} if empty else {})}
@@ -405,6 +405,22 @@ def graded_records(problems: Sequence[Problem], graded: Sequence[Sequence[Graded
                                   reward=reward_of(sample.grade), prompt_id=problem.prompt_id,
                                   sample_id=sample_id, meta=meta))
     return records
+
+
+def _makes_a_record(sample: GradedCompletion) -> bool:
+    return bool(sample.completion.text) and sample.grade != "error"
+
+
+def no_record_note(problems: Sequence[Problem], graded: Sequence[Sequence[GradedCompletion]]) -> str | None:
+    """What `graded_records` leaves out whole: prompts whose samples are all empty or failed by the
+    grader have no record, so `eval --records` of the records cannot count them. None if none."""
+    missing = [problem.prompt_id for problem, samples in zip(problems, graded)
+               if not any(_makes_a_record(sample) for sample in samples)]
+    if not missing:
+        return None
+    return (f"{len(missing)} of {len(problems)} prompts have no record, every sample empty or failed by the grader "
+            f"(first: {missing[0]}): `eval --records` of these records leaves them out, where `eval --benchmark` "
+            "counts one of empty samples as failed")
 
 
 def sample_and_grade(model_dir: str | Path, problems: Sequence[Problem], settings: SamplingSettings,
@@ -570,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     empty = sum(not sample.completion.text for samples in graded for sample in samples)
     print(f"wrote {len(records)} records to {args.out} ({empty} empty completions and "
           f"{errors['grader_errors']} grader errors not written)")
+    if note := no_record_note(problems, graded):
+        print(note)
     if errors["grader_errors"]:
         print(f"grader errors: {json.dumps(errors)}")
     print(f"settings: {json.dumps(asdict(settings))}")
