@@ -499,6 +499,10 @@ MUTANTS = (
            "    if not missing:\n", "    if True:\n",
            ("tests/test_generate_eval.py::test_a_prompt_left_without_records_is_named_where_the_records_are_written",),
            "a prompt whose samples are all empty leaves the records, and eval --records' metrics, without a word"),
+    Mutant("scoring_ends_the_callers_world", "nemo_topr/training/scoring.py",
+           "    if made_the_world:\n", "    if True:\n",
+           ("tests/test_distributed.py::test_score_logprobs_leaves_no_process_group_behind_and_a_callers_own_in_place",),
+           "score-logprobs called in a process with a world destroys it (a pytest worker's session world)"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

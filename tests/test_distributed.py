@@ -60,18 +60,25 @@ def test_train_refuses_an_unresolvable_master_addr_before_importing_megatron(tmp
     assert not (tmp_path / "run").exists()
 
 
-def test_score_logprobs_leaves_no_process_group_behind(demo_inputs, tmp_path):
+def test_score_logprobs_leaves_no_process_group_behind_and_a_callers_own_in_place(demo_inputs, tmp_path):
     """NCCL warns at exit about a process group never destroyed: every `score-logprobs` on the
-    H200 printed it (bench/results/gpu_verbs_h200_2026-11-26_0e4bf37.json, the score logs)."""
+    H200 printed it (bench/results/gpu_verbs_h200_2026-11-26_0e4bf37.json, the score logs). A
+    world the caller made before is the caller's: scoring in-process in a pytest worker destroyed
+    the session's world, and the worker's later Megatron tests failed in Bridge's NCCL set-up."""
     model_dir, scored = demo_inputs
     data = tmp_path / "two.jsonl"
     data.write_text("".join(scored.read_text().splitlines(keepends=True)[:2]))
     script = ("import sys, torch; from nemo_topr.training import scoring; "
-              "code = scoring.main(sys.argv[1:]); print('initialized:', torch.distributed.is_initialized())")
-    proc = subprocess.run([sys.executable, "-c", script, "--model", str(model_dir), "--data", str(data), "--out",
-                           str(tmp_path / "out.jsonl"), "--seq-length", "512", "--device", "cpu"],
+              "from nemo_topr.distributed import initialize_model_parallel; out, args = sys.argv[1], sys.argv[2:]; "
+              "scoring.main(args + ['--out', out + '/first.jsonl']); "
+              "print('made and ended:', not torch.distributed.is_initialized()); "
+              "initialize_model_parallel(1, 1); scoring.main(args + ['--out', out + '/second.jsonl']); "
+              "print('kept:', torch.distributed.is_initialized())")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path), "--model", str(model_dir), "--data", str(data),
+                           "--seq-length", "512", "--device", "cpu"],
                           cwd=REPO, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stdout.strip().endswith("initialized: False")
-    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 2
+    assert "made and ended: True\n" in proc.stdout and proc.stdout.strip().endswith("kept: True")
+    assert (tmp_path / "first.jsonl").read_text() == (tmp_path / "second.jsonl").read_text()
+    assert len((tmp_path / "first.jsonl").read_text().splitlines()) == 2

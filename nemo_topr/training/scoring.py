@@ -277,6 +277,7 @@ def main(argv: list[str]) -> int:
                         help="drop malformed or over-long records (counted in OUT.report.json)")
     add_source_arguments(parser)
     args = parser.parse_args(argv)
+    made_the_world = not torch.distributed.is_initialized()  # a caller's own world is the caller's to end
     try:
         summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
                                  tensor_parallel=args.tp, pipeline_parallel=args.pp, rows_per_batch=args.rows_per_batch,
@@ -292,5 +293,6 @@ def main(argv: list[str]) -> int:
     if launcher_world_size() > 1:
         torch.distributed.barrier()
     # NCCL warns at exit about a process group left alive (on every GPU scoring of the H200 run)
-    destroy_model_parallel()
+    if made_the_world:
+        destroy_model_parallel()
     return 0
