@@ -503,6 +503,10 @@ MUTANTS = (
            "    if made_the_world:\n", "    if True:\n",
            ("tests/test_distributed.py::test_score_logprobs_leaves_no_process_group_behind_and_a_callers_own_in_place",),
            "score-logprobs called in a process with a world destroys it (a pytest worker's session world)"),
+    Mutant("batch_size_zero_accepted", "nemo_topr/arguments.py",
+           "    if value < 1:\n", "    if value < 0:\n",
+           ("tests/test_arguments.py",),
+           "verifier score --batch-size 0 or score-logprobs --rows-per-batch 0 ends in a traceback"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from nemo_topr.arguments import at_least_one
 from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
 from nemo_topr.device import add_device_argument, select_device
 from nemo_topr.model_source import require_hugging_face
@@ -215,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--out", type=Path, required=True, help="the records with meta.verifier_score (JSONL); "
                        "the accuracy report goes next to it (.report.json)")
     add_overwrite_argument(score)
-    score.add_argument("--batch-size", type=int, default=8, help="samples per forward pass")
+    score.add_argument("--batch-size", type=at_least_one, default=8, help="samples per forward pass")
     add_device_argument(score)
     score.set_defaults(run=_score)
     return parser

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from nemo_topr import model_source
+from nemo_topr.arguments import at_least_one
 from nemo_topr.data.cli import add_source_arguments, source_options
 from nemo_topr.data.packing import collate_packed, pack_sequences
 from nemo_topr.data.records import load_records, write_jsonl
@@ -263,7 +264,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seq-length", type=int, default=2048)
     parser.add_argument("--tp", type=int, help="tensor parallel size (default 1)")
     parser.add_argument("--pp", type=int, help="pipeline parallel size (default 1)")
-    parser.add_argument("--rows-per-batch", type=int, default=4)
+    parser.add_argument("--rows-per-batch", type=at_least_one, default=4)
     parser.add_argument("--precision", choices=("bf16", "fp32"),
                         help="model precision; match training's (default: bf16 on cuda, fp32 on cpu)")
     parser.add_argument("--train-config", help="score with this training config's model section (a conf/ name such "

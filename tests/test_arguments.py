@@ -1,0 +1,33 @@
+"""Counts on the command line: 0 or a negative batch size is a usage error before anything runs.
+
+`verifier score --batch-size -1` ran no batch (`range(0, n, -2)` is empty), wrote an empty
+scored file and a report of no accuracy, and exited 0; `--batch-size 0` and `score-logprobs
+--rows-per-batch 0` ended in a ZeroDivisionError or `range()` traceback, `--rows-per-batch -1`
+after writing an empty scored file."""
+
+import pytest
+
+from conftest import placeholder_hf_model
+from nemo_topr.evaluation import verifier
+from nemo_topr.training import scoring
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_batch_size_below_one_is_a_usage_error_and_nothing_is_written(tmp_path, capsys, value):
+    model, data = placeholder_hf_model(tmp_path / "model"), tmp_path / "graded.jsonl"
+    data.write_text('{"prompt": "Q", "completion": " a", "reward": 1}\n')
+    commands = {
+        "nemo-topr verifier score: error: argument --batch-size": lambda out: verifier.main(
+            ["score", "--model", str(model), "--records", str(data), "--out", str(out), "--batch-size", value,
+             "--device", "cpu"]),
+        "nemo-topr score-logprobs: error: argument --rows-per-batch": lambda out: scoring.main(
+            ["--model", str(model), "--data", str(data), "--out", str(out), "--rows-per-batch", value,
+             "--device", "cpu"]),
+    }
+    for number, (message, command) in enumerate(commands.items()):
+        out = tmp_path / f"out{number}.jsonl"
+        with pytest.raises(SystemExit) as exit_:
+            command(out)
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.endswith(f"{message}: must be at least 1; got {value}\n")
+        assert not out.exists() and not out.with_suffix(".report.json").exists()
