@@ -42,7 +42,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nemo_topr.data.records import DataError, Messages, Record, RenderedPrompt, write_jsonl
+from nemo_topr.data.records import (
+    DataError, Messages, Record, RenderedPrompt, check_messages, is_id, is_number, write_jsonl,
+)
+from nemo_topr.data.schema import RejectedRow
+from nemo_topr.data.sources import jsonl_rows
 from nemo_topr.device import add_device_argument, select_device
 from nemo_topr.grading import (
     GRADES, MAX_GRADER_ERROR_RATE, TASKS, Grade, GradeResult, GraderErrorRateExceeded, check_grader_errors,
@@ -126,9 +130,6 @@ def benchmark_problems(name: str, data_dir: str | Path | None = None) -> list[Pr
 def jsonl_problems(path: str | Path, task: str, rendered_prompts: bool = False) -> list[Problem]:
     """Problems from JSONL rows {prompt, reference_answer, prompt_id (default: the line number)};
     `rendered_prompts`: each prompt is rendered already, to be read as written (`RenderedPrompt`)."""
-    from nemo_topr.data.schema import RejectedRow
-    from nemo_topr.data.sources import jsonl_rows
-
     problems, lines_of_ids = [], {}
     for number, row in jsonl_rows(Path(path)):
         if isinstance(row, RejectedRow):
@@ -146,9 +147,6 @@ def jsonl_problems(path: str | Path, task: str, rendered_prompts: bool = False) 
 
 
 def _problem_of_row(path: str | Path, number: int, row: object, task: str, rendered_prompts: bool) -> Problem:
-    from nemo_topr.data.records import check_messages, is_id, is_number
-    from nemo_topr.data.schema import RejectedRow
-
     if not isinstance(row, dict):
         raise DataError(path, number, "row", f"expected a JSON object, got {type(row).__name__}")
     prompt, answer = row.get("prompt"), row.get("reference_answer")
