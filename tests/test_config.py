@@ -48,6 +48,12 @@ def test_yaml_and_overrides_land_on_the_bridge_container(tiny_hf, tmp_path):
     ("optimizer.lr=abc", r"optimizer.lr='abc' is not a valid value"),
     ("train.global_batch_size=0", "train.global_batch_size=0 must be at least 1"),
     ("model.tensor_model_parallel_size=0", "model.tensor_model_parallel_size=0 must be at least 1"),
+    # a word outside a choice: too_long=foo used to drop over-long records (anything but "error" did)
+    ("dataset.too_long=foo", r"^dataset.too_long='foo' is not a valid value: expected 'error' or 'drop' or None$"),
+    ("dataset.extra_columns=metadata", r"^dataset.extra_columns='metadata' is not a valid value: expected 'error' or "
+                                       r"'meta'$"),
+    # named where it was written, not as the dataset.seq_length that interpolates it
+    ("model.seq_length=abc", r"^model.seq_length='abc' is not a valid value: expected int$"),
     # records carry sum log mu per completion: the per-token ratio used to fail at the first step
     ("objective.ratio_level=token", r"^objective.ratio_level=token needs log mu of every completion token, and "
                                     r"records carry one behavior_logprob per completion"),
@@ -77,6 +83,11 @@ def test_bad_values_and_names_are_clear_errors(tiny_hf, tmp_path):
     (4, ["train.global_batch_size=1", "train.micro_batch_size=1"], "train.global_batch_size=1 is not a multiple of "
      "train.micro_batch_size x data-parallel size = 1 x 4 = 4 (data-parallel size = WORLD_SIZE 4 / TP*PP*CP 1): use "
      "a multiple, e.g. 4"),
+    # read before Bridge's classes check the types: a string was a TypeError traceback
+    (1, ["train.global_batch_size=abc"], "train.global_batch_size='abc' is not a valid value: expected int"),
+    (2, ["model.tensor_model_parallel_size=two"], "model.tensor_model_parallel_size='two' is not a valid value: "
+     "expected int"),
+    (2, ["model.pipeline_model_parallel_size=0"], "model.pipeline_model_parallel_size=0 must be at least 1"),
     (3, ["model.tensor_model_parallel_size=2"], "WORLD_SIZE 3 (ranks launched) is not a multiple of "
      "model.tensor_model_parallel_size=2 x model.pipeline_model_parallel_size=1 x model.context_parallel_size=1 = 2: "
      "launch a multiple of it, or change the model-parallel sizes"),

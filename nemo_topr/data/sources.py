@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
 
@@ -32,7 +32,8 @@ READ_SUFFIXES = ".jsonl, .parquet or .arrow"  # FILE_FORMATS, as the errors name
 FORMAT_HINTS = {**dict.fromkeys((".gz", ".bz2", ".xz", ".zst", ".zip"), "decompress it first"),
                 ".json": "JSON Lines named .json, as datasets' to_json writes? rename it .jsonl; a JSON array: write "
                          "one record per line"}
-EXTRA_COLUMNS = ("error", "meta")
+ExtraColumns = Literal["error", "meta"]
+EXTRA_COLUMNS = get_args(ExtraColumns)
 # what datasets.load_from_disk looks for (datasets/load.py:1740-1747)
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json")
 SAVED_DATASET_DICT_FILE = "dataset_dict.json"

@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from nemo_topr.data.packing import TokenizedSequence
 from nemo_topr.data.records import DataError, Messages, RecordSet, RenderedPrompt, ValidationReport, load_records
@@ -153,6 +153,8 @@ def tokenize_records(
     prompt_id numbers `Record.prompt_key` in order of first appearance.
     """
     too_long = too_long or ("error" if strict else "drop")
+    if too_long not in get_args(TooLong):  # anything but "error" would drop
+        raise ValueError(f"too_long must be one of {get_args(TooLong)}; got {too_long!r}")
     eos_id = tokenizer.eos_token_id
     if eos_id is None:
         raise ValueError("the tokenizer has no EOS token to end completions with")

@@ -24,6 +24,7 @@ import difflib
 import math
 import os
 import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,8 +117,6 @@ LOWER_BOUNDS = {
 
 def _section_classes() -> dict[str, type]:
     """The dataclass each top-level section lands on in `build_training_run`."""
-    import typing
-
     from nemo_topr import cpu_runtime
 
     cpu_runtime.import_bridge()
@@ -133,8 +132,6 @@ def _section_classes() -> dict[str, type]:
 
 def _dataclass_in(hint: Any) -> type | None:
     """The dataclass an annotation names (alone, or in an Optional/Union), else None."""
-    import typing
-
     members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     return next((m for m in members if isinstance(m, type) and dataclasses.is_dataclass(m)), None)
 
@@ -142,8 +139,6 @@ def _dataclass_in(hint: Any) -> type | None:
 def _matches(value: Any, hint: Any) -> bool:
     """Whether a YAML/override value fits a field annotation. Only the plain scalar types are
     judged; anything else (dtypes, enums, callables, containers) Bridge's setter converts."""
-    import typing
-
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         return any(_matches(value, member) for member in typing.get_args(hint))
@@ -162,11 +157,19 @@ def _matches(value: Any, hint: Any) -> bool:
     return True
 
 
+def _expected(hint: Any) -> str:
+    """An annotation as a user reads it: `float`, `int or None`, `'error' or 'drop' or None`."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_expected(member) for member in typing.get_args(hint))
+    if origin is typing.Literal:
+        return " or ".join(repr(choice) for choice in typing.get_args(hint))
+    return "None" if hint is type(None) else getattr(hint, "__name__", str(hint))
+
+
 def _check_section(target: type, values: dict[str, Any], path: str) -> None:
     """Raise ConfigError for a key `target` (a dataclass) does not have, a value of the wrong
     type, or a value below its bound in LOWER_BOUNDS."""
-    import typing
-
     hints = typing.get_type_hints(target)
     names = {f.name for f in dataclasses.fields(target) if not f.name.startswith("_")}
     for key, value in values.items():
@@ -178,11 +181,15 @@ def _check_section(target: type, values: dict[str, Any], path: str) -> None:
         nested = _dataclass_in(hints[key])
         if isinstance(value, dict) and nested is not None and "_target_" not in value:
             _check_section(nested, value, dotted)
-        elif not _matches(value, hints[key]):
-            raise ConfigError(f"{dotted}={value!r} is not a valid value: {target.__name__}.{key} is "
-                              f"{typing.get_args(hints[key]) if typing.get_origin(hints[key]) is typing.Literal else hints[key]}")
-        elif dotted in LOWER_BOUNDS and value is not None and value < LOWER_BOUNDS[dotted]:
-            raise ConfigError(f"{dotted}={value} must be at least {LOWER_BOUNDS[dotted]}")
+        else:
+            _check_value(dotted, value, hints[key])
+
+
+def _check_value(dotted: str, value: Any, hint: Any) -> None:
+    if not _matches(value, hint):
+        raise ConfigError(f"{dotted}={value!r} is not a valid value: expected {_expected(hint)}")
+    if dotted in LOWER_BOUNDS and value is not None and value < LOWER_BOUNDS[dotted]:
+        raise ConfigError(f"{dotted}={value} must be at least {LOWER_BOUNDS[dotted]}")
 
 
 def check_values(values: dict[str, Any]) -> ObjectiveConfig:
@@ -191,7 +198,9 @@ def check_values(values: dict[str, Any]) -> ObjectiveConfig:
     through ObjectiveConfig's own checks. `plan` and `submit` call this too, so what they pass
     `train` accepts. Imports Bridge (the classes); builds no model."""
     classes = _section_classes()
-    for section, section_values in values.items():
+    # `model` first: the presets' dataset.seq_length interpolates model.seq_length, and a bad value
+    # is named as it was written (`model.seq_length=abc`)
+    for section, section_values in sorted(values.items(), key=lambda item: item[0] != "model"):
         if section in OUR_KEYS:
             continue
         if section not in classes:
@@ -216,15 +225,16 @@ def check_batch_division(values: dict[str, Any], world_size: int) -> None:
     inside finetune(), after the run directory is set up, as a traceback (`nemo-topr plan` checks
     the same for a planned cluster)."""
     model, train = values.get("model") or {}, values.get("train") or {}
-    sizes = {key: model.get(key) or 1 for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                                  "context_parallel_size")}
+    sizes = {key: _count(model, "model", key, 1) for key in ("tensor_model_parallel_size",
+                                                           "pipeline_model_parallel_size", "context_parallel_size")}
     model_parallel = math.prod(sizes.values())
     if world_size % model_parallel:
         spelled = " x ".join(f"model.{key}={size}" for key, size in sizes.items())
         raise ConfigError(f"WORLD_SIZE {world_size} (ranks launched) is not a multiple of {spelled} = "
                           f"{model_parallel}: launch a multiple of it, or change the model-parallel sizes")
     data_parallel = world_size // model_parallel
-    global_batch, micro_batch = train.get("global_batch_size") or 8, train.get("micro_batch_size") or 1
+    global_batch = _count(train, "train", "global_batch_size", 8)
+    micro_batch = _count(train, "train", "micro_batch_size", 1)
     step = micro_batch * data_parallel
     if global_batch % step:
         below = global_batch - global_batch % step
@@ -232,6 +242,16 @@ def check_batch_division(values: dict[str, Any], world_size: int) -> None:
         raise ConfigError(f"train.global_batch_size={global_batch} is not a multiple of train.micro_batch_size x "
                           f"data-parallel size = {micro_batch} x {data_parallel} = {step} (data-parallel size = "
                           f"WORLD_SIZE {world_size} / TP*PP*CP {model_parallel}): use a multiple, e.g. {near}")
+
+
+def _count(section: dict[str, Any], name: str, key: str, default: int) -> int:
+    """A size `check_batch_division` divides by, checked as `check_values` would: it runs before
+    Bridge's classes are imported, so a string there was a TypeError traceback."""
+    value = section.get(key)
+    if value is None:
+        return default
+    _check_value(f"{name}.{key}", value, int)
+    return value
 
 
 def objective_from(values: dict[str, Any]) -> ObjectiveConfig:

@@ -30,7 +30,8 @@ from nemo_topr.data.packing import (
 )
 from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records, require_scored
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared, shared_padding_share
-from nemo_topr.data.tokenization import TokenizedDataset, load_tokenizer, pad_id_of, tokenize_records
+from nemo_topr.data.sources import ExtraColumns
+from nemo_topr.data.tokenization import TokenizedDataset, TooLong, load_tokenizer, pad_id_of, tokenize_records
 
 
 class PackedRows(torch.utils.data.Dataset):
@@ -89,7 +90,7 @@ class ToprDatasetConfig(DatasetProvider):
     train_path: str = ""  # files, directory, glob, save_to_disk directory or hub:owner/name (nemo_topr.data.sources)
     columns: dict[str, str] = field(default_factory=dict)  # our field -> the data's column
     split: str | None = None  # of a saved DatasetDict or a hub dataset
-    extra_columns: str = "error"  # "meta": columns that are no field are carried under meta
+    extra_columns: ExtraColumns = "error"  # "meta": columns that are no field are carried under meta
     rendered_prompts: bool = False  # prompts rendered already, as the sampler read them (records.RenderedPrompt)
     tokenizer_dir: str = ""
     seq_length: int = 2048
@@ -101,7 +102,7 @@ class ToprDatasetConfig(DatasetProvider):
     # shared-prefix packing); TE layers then run FlexCoreAttention (training/flex_attention.py)
     shared_prefix: bool = False
     strict: bool = True  # False: malformed records are dropped and counted in the report
-    too_long: str | None = None  # "error" | "drop"; default follows `strict`
+    too_long: TooLong | None = None  # default follows `strict`
     shuffle_seed: int = 1234
     epochs: int = 1
     report_path: str | None = None  # where the data report JSON is written (training.recipe.prepare)
