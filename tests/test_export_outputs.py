@@ -163,3 +163,30 @@ def test_bad_inputs_are_refused_before_megatron_is_imported(tmp_path):
         assert proc.returncode == 1 and lines[-1].startswith("nemo-topr export: ") and message in lines[-1], lines
         assert "| megatron" not in proc.stderr  # -X importtime lists every module imported
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("named, flags", [
+    ("run@2", ["--iteration", "1"]),
+    ("run/checkpoints/iter_0000002", ["--iteration", "1"]),
+    ("run/checkpoints/iter_0000002", ["--all-iterations"]),
+], ids=["run-at-iteration", "iteration-directory", "all-iterations"])
+def test_an_iteration_named_twice_is_refused_not_one_of_the_two_dropped(tmp_path, monkeypatch, named, flags):
+    """`--ckpt RUN@2 --iteration 1` exported iteration 1 without a word, and an iter_* directory
+    with --all-iterations exported every iteration."""
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge())
+    run = tmp_path / "run"
+    checkpoints = _fake_checkpoint(run / "checkpoints")
+    (checkpoints / "iter_0000002").mkdir()
+    for made in (checkpoints / "iter_0000001").iterdir():
+        (checkpoints / "iter_0000002" / made.name).write_text(made.read_text())
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("2")
+    (run / "config.yaml").write_text("run_dir: run\n")
+    monkeypatch.chdir(tmp_path)
+    whole = "run" if "@" in named else str(checkpoints)
+    with pytest.raises(SystemExit, match=rf"^nemo-topr export: --ckpt {named} names one iteration and {flags[0]} "
+                                         rf"chooses the iterations too: give --ckpt {whole} with {flags[0]}, or drop "
+                                         rf"{flags[0]}$"):
+        export.main(["--ckpt", named, "--hf-out", "hf", *flags, "--device", "cpu"])
+    assert not (tmp_path / "hf").exists()
+    assert export.main(["--ckpt", "run", "--hf-out", "hf", "--iteration", "1", "--device", "cpu"]) == 0
+    assert (tmp_path / "hf/iter_0000001/model.safetensors").read_text() == f"exported from {checkpoints}/iter_0000001"
