@@ -30,8 +30,10 @@ goes to every stage: `--device` of generate, score-logprobs, export and eval, `d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
+import io
 import json
 import subprocess
 import sys
@@ -171,6 +173,7 @@ def check_config(config: IterateConfig) -> None:
                         f"{config.generate.prompts}'s are plain text")
     if config.eval.benchmark not in EVAL_BENCHMARKS:
         problems.append(f"eval.benchmark must be one of {sorted(EVAL_BENCHMARKS)}; got {config.eval.benchmark!r}")
+    problems += sampling_problems(config, eval_benchmark_known=config.eval.benchmark in EVAL_BENCHMARKS)
     try:
         model_source.resolve(config.base_model)
     except model_source.ModelSourceError as error:
@@ -181,6 +184,37 @@ def check_config(config: IterateConfig) -> None:
         problems.append(str(error))
     if problems:
         raise IterateError("; ".join(problems))
+
+
+def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> list[str]:
+    """`generate`'s and `eval`'s options (the config's and `args`) read by those commands' own
+    parsers and checks, now: a typo in `args` or a count of 0 used to fail the round's `generate`
+    after the starting model's evaluation, or `eval` after the round's training."""
+    from nemo_topr.evaluation import evaluate, generate
+
+    options = config.generate
+    task = [] if options.task is None else ["--task", options.task]
+    commands = [("generate", generate.build_parser(), ["--prompts", options.prompts, *task], None)]
+    if eval_benchmark_known:
+        commands.append(("eval", evaluate.build_parser(), ["--benchmark", config.eval.benchmark],
+                         evaluate.usage_problem))
+    problems = []
+    for section, parser, argv, usage_problem in commands:
+        sampling = getattr(config, section)
+        argv += [*sampling_flags(sampling, sampling.seed), "--model", "MODEL", "--out", "OUT.json"]
+        failed = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(failed):
+                args = parser.parse_args(argv)
+            generate.check_sampling_args(args)
+            problem = usage_problem and usage_problem(args)
+        except SystemExit:  # argparse's usage error, its last line
+            problem = failed.getvalue().strip().splitlines()[-1].split(": error: ", 1)[-1]
+        except ValueError as error:
+            problem = str(error)
+        if problem:
+            problems.append(f"{section}: {problem} ({section}'s options and {section}.args)")
+    return problems
 
 
 def training_config(train: TrainOptions) -> tuple[dict[str, Any], Any]:

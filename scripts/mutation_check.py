@@ -523,6 +523,11 @@ MUTANTS = (
            "    if option and (at or source.path == source.checkpoint):", "    if option and at:",
            ("tests/test_export_outputs.py::test_an_iteration_named_twice_is_refused_not_one_of_the_two_dropped",),
            "export --ckpt CKPT/iter_N --all-iterations exports every iteration, not N, without a word"),
+    Mutant("iterate_sampling_options_unchecked", "nemo_topr/iterate.py",
+           "    problems += sampling_problems(config, eval_benchmark_known=config.eval.benchmark in EVAL_BENCHMARKS)\n",
+           "",
+           ("tests/test_iterate.py::test_config_mistakes_are_errors",),
+           "iterate passes generate.num_samples=0 or a misspelt generate.args flag to a stage that fails rounds later"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -50,6 +50,14 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
     ("curate.mode=best", "curate.mode"),
     ("eval.benchmark=gsm8k-test", "eval.benchmark"),
     ("rounds=0", "rounds"),
+    # generate's and eval's options through those commands' own parsers and checks, at the start:
+    # they used to fail the round's generate after the start's eval, or eval after the training
+    ("generate.num_samples=0", r"^generate: --num-samples must be at least 1; got 0 \(generate's options and "
+                               r"generate.args\)$"),
+    ("generate.limit=-1", r"^generate: --limit must be at least 1; got -1 "),
+    ("generate.args=[--temprature,0.5]", r"^generate: unrecognized arguments: --temprature 0.5 "),
+    ("eval.args=[--temperature,-1]", r"^eval: --temperature must be at least 0 \(0: greedy decoding\); got -1.0 "),
+    ("eval.args=[--k,8]", r"^eval: --k 8 exceeds --num-samples 4: pass@k and maj@k need at least k samples "),
 ])
 def test_config_mistakes_are_errors(fake_model, tmp_path, override, message):
     with pytest.raises(IterateError, match=message):

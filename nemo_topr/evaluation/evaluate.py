@@ -208,17 +208,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def usage_problem(args: argparse.Namespace) -> str | None:
+    """What makes these options unusable together, found before the sampling (not after it)."""
+    if args.benchmark and args.model is None:
+        return "--benchmark needs --model"
+    if args.k and min(args.k) < 1:
+        return f"--k {min(args.k)}: k must be at least 1"
+    if args.benchmark and args.k and max(args.k) > args.num_samples:
+        return (f"--k {max(args.k)} exceeds --num-samples {args.num_samples}: pass@k and maj@k need at least k "
+                "samples of each problem")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.benchmark and args.model is None:
-        print("nemo-topr eval: --benchmark needs --model", file=sys.stderr)
-        return 2
-    if args.k and min(args.k) < 1:  # before the sampling, not after
-        print(f"nemo-topr eval: --k {min(args.k)}: k must be at least 1", file=sys.stderr)
-        return 2
-    if args.benchmark and args.k and max(args.k) > args.num_samples:
-        print(f"nemo-topr eval: --k {max(args.k)} exceeds --num-samples {args.num_samples}: pass@k and maj@k need "
-              "at least k samples of each problem", file=sys.stderr)
+    if problem := usage_problem(args):
+        print(f"nemo-topr eval: {problem}", file=sys.stderr)
         return 2
     try:  # the outputs now, not after the sampling
         records = load_records(args.records) if args.records else None

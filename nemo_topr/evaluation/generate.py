@@ -175,11 +175,15 @@ def _problem_of_row(path: str | Path, number: int, row: object, task: str, rende
     return Problem(str(prompt_id), RenderedPrompt(prompt) if rendered_prompts else prompt, str(answer), task)
 
 
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be at least 1; got {limit}")
+
+
 def load_problems(source: str, *, task: str | None = None, data_dir: str | Path | None = None,
                   limit: int | None = None, rendered_prompts: bool = False) -> list[Problem]:
     """The first `limit` problems of a benchmark name or of a JSONL file (which needs `task`)."""
-    if limit is not None and limit < 1:
-        raise ValueError(f"--limit must be at least 1; got {limit}")
+    _check_limit(limit)
     if source in BENCHMARKS:
         if rendered_prompts:
             raise ValueError(f"--rendered-prompts is for a prompt file of rendered prompts; {source}'s are plain text")
@@ -477,7 +481,10 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, num_samples: int)
                         help="vLLM backend: GPUs to split the model over (70B in bf16 needs >= 2 x 80 GB)")
 
 
-def settings_from_args(args: argparse.Namespace, task: str) -> SamplingSettings:
+def check_sampling_args(args: argparse.Namespace) -> None:
+    """The sampling options' values (ValueError), before anything is loaded; `iterate` checks its
+    generate and eval stages' options with it at its start."""
+    _check_limit(args.limit)
     for flag in ("num_samples", "max_new_tokens", "top_k", "tensor_parallel_size"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1; got {getattr(args, flag)}")
@@ -492,6 +499,10 @@ def settings_from_args(args: argparse.Namespace, task: str) -> SamplingSettings:
     if args.temperature == 0 and args.sampler_logprobs:
         raise ValueError("--sampler-logprobs with --temperature 0: greedy decoding samples from no distribution "
                          "(its log-prob is 0); score the completions with `nemo-topr score-logprobs`")
+
+
+def settings_from_args(args: argparse.Namespace, task: str) -> SamplingSettings:
+    check_sampling_args(args)
     stops = STOP_STRINGS[task] if args.stop is None else args.stop
     return SamplingSettings(num_samples=args.num_samples, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
