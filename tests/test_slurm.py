@@ -332,6 +332,30 @@ def test_submit_rejects_a_warning_at_or_after_the_time_limit(tmp_path, capsys):
                                     "the ranks would be told to stop as soon as they start"]
 
 
+@pytest.mark.parametrize("option, value", [("--nodes", "0"), ("--gpus-per-node", "-1"), ("--preemption-warning", "0")])
+def test_submit_refuses_a_count_below_one_before_rendering(option, value, capsys):
+    """`--nodes 0` rendered `#SBATCH --nodes=0` and passed every check: TP x PP divides 0 GPUs."""
+    from nemo_topr.cluster.submit import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", "llama31_70b_bf16", "--dry-run", option, value])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2 and out == ""
+    assert err.endswith(f"nemo-topr submit: error: argument {option}: must be at least 1; got {value}\n")
+
+
+def test_submit_refuses_a_double_quote_an_sbatch_line_cannot_hold(tmp_path, capsys):
+    model = placeholder_hf_model(tmp_path / "Llama-3.1-70B", LLAMA_31_70B)
+    (tmp_path / "scored.jsonl").write_text("{}\n")
+    status, out, err = _submit(
+        capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--run-dir", str(tmp_path / "run"), "--dry-run",
+        "--container-image", "img", "--job-name", 'my "best" run', f"base_model={model}",
+        f"dataset.train_path={tmp_path / 'scored.jsonl'}")
+    assert status == 1 and out == ""
+    assert err.splitlines()[1:] == ["  - --job-name 'my \"best\" run': an #SBATCH line cannot hold a double quote or a "
+                                    "line break; choose one without"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Real TOPR jobs through the fakes: two ranks (one task per "GPU") over gloo
 

@@ -70,3 +70,23 @@ def test_submit_shows_sbatchs_error_and_fails(slurm_cluster, tmp_path):
                      container_image=None, container_mounts=None)
     with pytest.raises(SystemExit, match="invalid partition specified: no-such-partition"):
         submit(job, job.sbatch_script())
+
+
+def test_a_job_name_and_run_directory_with_spaces_reach_sbatch_whole(slurm_cluster, tmp_path):
+    """`nemo-topr submit --job-name "a b" --run-dir "runs/r b"` wrote `#SBATCH --job-name=a b`,
+    which sbatch refuses ("Invalid directive found in batch script: b"); the values are now
+    double-quoted, and sbatch reads them whole."""
+    from nemo_topr.cluster.submit import ClusterJob
+
+    run_dir = tmp_path / "r b"
+    run_dir.mkdir()
+    text = ClusterJob(config_name="tiny_cpu", job_name="a b", run_dir=run_dir).sbatch_script()
+    header = [line for line in text.splitlines() if line.startswith(("#SBATCH --job-name", "#SBATCH --output"))]
+    assert header == ['#SBATCH --job-name="a b"', f'#SBATCH --output="{run_dir}/%x-%j.out"']
+    script = tmp_path / "job.sbatch"
+    script.write_text("\n".join(["#!/bin/bash", *header, "#SBATCH --time=00:02:00", 'echo "name=$SLURM_JOB_NAME"', ""]))
+    sub = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0]
+    assert (run_dir / f"a b-{job_id}.out").read_text() == "name=a b\n"

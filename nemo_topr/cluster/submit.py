@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr import model_source
+from nemo_topr.arguments import at_least_one
 from nemo_topr.data.sources import HUB_PREFIX, why_missing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,7 +69,7 @@ class ClusterJob:
             "open-mode": "append",  # a requeued job writes the same file: keep every start's log
         }
         lines = ["#!/usr/bin/env bash", f"# rendered by nemo-topr submit for config {self.config_name}"]
-        lines += [f"#SBATCH --{key}" + (f"={value}" if value != "" else "")
+        lines += [f"#SBATCH --{key}" + (f"={sbatch_value(value)}" if value != "" else "")
                   for key, value in header.items() if value is not None]
         environment = {
             "NEMO_TOPR_ROOT": str(REPO),
@@ -211,6 +212,22 @@ def check_time(job: ClusterJob) -> list[str]:
     return []
 
 
+def check_sbatch_words(job: ClusterJob) -> list[str]:
+    """The job name and run directory go into #SBATCH lines, where a value with whitespace is
+    double-quoted (`sbatch_value`); one holding a double quote or a line break cannot be written."""
+    return [f"{option} {value!r}: an #SBATCH line cannot hold a double quote or a line break; choose one without"
+            for option, value in (("--job-name", job.job_name), ("--run-dir", str(job.run_dir)))
+            if '"' in value or "\n" in value or "\r" in value]
+
+
+def sbatch_value(value: object) -> str:
+    """A value as an #SBATCH line holds it: sbatch reads an unquoted one up to the first blank and
+    refuses the rest ("Invalid directive found in batch script: b" for `--job-name=a b`, Slurm
+    22.05, tried), and reads a double-quoted one whole."""
+    text = str(value)
+    return f'"{text}"' if any(c.isspace() for c in text) else text
+
+
 def check_layout(cfg: dict[str, Any], title: str, job: ClusterJob) -> tuple[list[str], list[str]]:
     """`nemo-topr plan`'s layout rules for this node count: (problems, warnings)."""
     from nemo_topr.cluster import checks
@@ -238,7 +255,7 @@ def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
     if Path(job.config_name).is_absolute():  # a user's YAML: the ranks read it (and whatever is beside it)
         paths["--config"] = Path(job.config_name).parent
     problems = [f"{key} is not set" for key, value in settings_read(cfg).items() if value is None]
-    problems += check_time(job)
+    problems += check_time(job) + check_sbatch_words(job)
     mounts = (job.container_mounts or derived_mounts(paths)) if job.container_image else None
     environment_problems, on_host = check_environment(job, paths, parse_mounts(mounts or ""))
     input_problems = check_inputs(on_host, cfg)
@@ -303,8 +320,8 @@ def main(argv: list[str]) -> int:
                                                         "your own YAML file, whose defaults may name those")
     parser.add_argument("--job-name", help="default: topr-CONFIG (the YAML file's name without .yaml)")
     parser.add_argument("--run-dir", type=Path, help="default: runs/JOB_NAME")
-    parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--nodes", type=at_least_one, default=1)
+    parser.add_argument("--gpus-per-node", type=at_least_one, default=8)
     parser.add_argument("--time", default="04:00:00")
     parser.add_argument("--account")
     parser.add_argument("--partition")
@@ -312,7 +329,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--container-mounts", help="pyxis SRC:DST[,...] (default: derived from the run config)")
     parser.add_argument("--venv", type=Path, default=REPO / ".venv",
                         help="bare venv mode: the virtual environment on the nodes (default: %(default)s)")
-    parser.add_argument("--preemption-warning", type=int, default=600, dest="preemption_warning_s",
+    parser.add_argument("--preemption-warning", type=at_least_one, default=600, dest="preemption_warning_s",
                         help="seconds before the time limit at which the ranks checkpoint and the job requeues")
     parser.add_argument("--dry-run", action="store_true", help="check and print the sbatch script; queue nothing")
     parser.add_argument("overrides", nargs="*", help="key=value overrides passed to nemo-topr train")
