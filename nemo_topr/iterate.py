@@ -155,7 +155,6 @@ def _key_problem(error: OmegaConfBaseException) -> str:
 
 def check_config(config: IterateConfig) -> None:
     from nemo_topr.evaluation.evaluate import EVAL_BENCHMARKS
-    from nemo_topr.evaluation.generate import BENCHMARKS
 
     problems = []
     if config.rounds < 1:
@@ -168,9 +167,6 @@ def check_config(config: IterateConfig) -> None:
         problems.append("curate.target is needed by, and only by, curate.mode target_p / target_p_tilde")
     if config.generate.zero_shot and config.generate.prompts not in ("gsm8k-train", "gsm8k-test"):
         problems.append(f"generate.zero_shot needs GSM8K benchmark prompts; got {config.generate.prompts!r}")
-    if config.generate.rendered_prompts and config.generate.prompts in BENCHMARKS:
-        problems.append(f"generate.rendered_prompts is for a prompt file of rendered prompts; "
-                        f"{config.generate.prompts}'s are plain text")
     if config.eval.benchmark not in EVAL_BENCHMARKS:
         problems.append(f"eval.benchmark must be one of {sorted(EVAL_BENCHMARKS)}; got {config.eval.benchmark!r}")
     problems += sampling_problems(config, eval_benchmark_known=config.eval.benchmark in EVAL_BENCHMARKS)
@@ -187,19 +183,21 @@ def check_config(config: IterateConfig) -> None:
 
 
 def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> list[str]:
-    """`generate`'s and `eval`'s options (the config's and `args`) read by those commands' own
-    parsers and checks, now: a typo in `args` or a count of 0 used to fail the round's `generate`
-    after the starting model's evaluation, or `eval` after the round's training."""
+    """`generate`'s and `eval`'s options (the config's and `args`) and generate's prompts, read by
+    those commands' own parsers and checks, now: a typo in `args`, a count of 0 or a missing prompt
+    file used to fail the round's `generate` after the starting model's evaluation, or `eval` after
+    the round's training."""
     from nemo_topr.evaluation import evaluate, generate
 
     options = config.generate
-    task = [] if options.task is None else ["--task", options.task]
-    commands = [("generate", generate.build_parser(), ["--prompts", options.prompts, *task], None)]
+    prompts = ["--prompts", options.prompts, *(["--task", options.task] if options.task else []),
+               *(["--rendered-prompts"] if options.rendered_prompts else [])]
+    commands = [("generate", generate.build_parser(), prompts, read_prompts)]
     if eval_benchmark_known:
         commands.append(("eval", evaluate.build_parser(), ["--benchmark", config.eval.benchmark],
                          evaluate.usage_problem))
     problems = []
-    for section, parser, argv, usage_problem in commands:
+    for section, parser, argv, more_checks in commands:
         sampling = getattr(config, section)
         argv += [*sampling_flags(sampling, sampling.seed), "--model", "MODEL", "--out", "OUT.json"]
         failed = io.StringIO()
@@ -207,14 +205,23 @@ def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> l
             with contextlib.redirect_stderr(failed):
                 args = parser.parse_args(argv)
             generate.check_sampling_args(args)
-            problem = usage_problem and usage_problem(args)
+            problem = more_checks(args)  # a problem, or None; a ValueError from generate's
         except SystemExit:  # argparse's usage error, its last line
             problem = failed.getvalue().strip().splitlines()[-1].split(": error: ", 1)[-1]
-        except ValueError as error:
+        except (OSError, ValueError) as error:
             problem = str(error)
         if problem:
             problems.append(f"{section}: {problem} ({section}'s options and {section}.args)")
     return problems
+
+
+def read_prompts(args: argparse.Namespace) -> None:
+    """`generate`'s prompts read as it reads them (a misspelt benchmark, a missing or malformed
+    prompt file), before the starting model's evaluation; generate's own errors (ValueError)."""
+    from nemo_topr.evaluation.generate import load_problems
+
+    load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit,
+                  rendered_prompts=args.rendered_prompts)
 
 
 def training_config(train: TrainOptions) -> tuple[dict[str, Any], Any]:

@@ -58,10 +58,12 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
     ("generate.args=[--temprature,0.5]", r"^generate: unrecognized arguments: --temprature 0.5 "),
     ("eval.args=[--temperature,-1]", r"^eval: --temperature must be at least 0 \(0: greedy decoding\); got -1.0 "),
     ("eval.args=[--k,8]", r"^eval: --k 8 exceeds --num-samples 4: pass@k and maj@k need at least k samples "),
+    ("generate.prompts=my_prompts.jsonl generate.zero_shot=false generate.task=math",
+     r"^generate: my_prompts.jsonl: no such prompt file, and not a benchmark "),
 ])
 def test_config_mistakes_are_errors(fake_model, tmp_path, override, message):
     with pytest.raises(IterateError, match=message):
-        tiny_config(fake_model, tmp_path, override)
+        tiny_config(fake_model, tmp_path, *override.split())
 
 
 def test_target_p_tilde_curates_at_the_baseline_training_uses(fake_model, tmp_path):
@@ -295,7 +297,7 @@ def test_rendered_prompts_reach_every_stage_that_reads_the_records(fake_model, t
         Driver(config).run()
     assert seen["generate"] is True and seen["curate"] == [rendered, rendered]
     assert seen["score"]["rendered_prompts"] is True and seen["train"] is True
-    with pytest.raises(IterateError, match="generate.rendered_prompts is for a prompt file of rendered prompts; "
+    with pytest.raises(IterateError, match="generate: --rendered-prompts is for a prompt file of rendered prompts; "
                                            "gsm8k-train's are plain text"):
         tiny_config(fake_model, tmp_path / "out", "generate.rendered_prompts=true")
 
