@@ -520,7 +520,7 @@ MUTANTS = (
            ("tests/test_config.py::test_a_batch_or_world_that_does_not_divide_stops_train_before_anything_is_written",),
            "train.global_batch_size=abc ends nemo-topr train in a TypeError traceback"),
     Mutant("export_iteration_named_twice", "nemo_topr/training/export.py",
-           "    if option and (at or source.path == source.checkpoint):", "    if option and at:",
+           "    if at or source.path == source.checkpoint:", "    if at:",
            ("tests/test_export_outputs.py::test_an_iteration_named_twice_is_refused_not_one_of_the_two_dropped",),
            "export --ckpt CKPT/iter_N --all-iterations exports every iteration, not N, without a word"),
     Mutant("iterate_sampling_options_unchecked", "nemo_topr/iterate.py",

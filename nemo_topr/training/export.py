@@ -120,11 +120,11 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
     return {checkpoint.checkpoint: out for checkpoint, out in targets.items()}
 
 
-def check_one_choice_of_iterations(ckpt: str, source: ModelSource, option: str | None) -> None:
+def check_one_choice_of_iterations(ckpt: str, source: ModelSource, option: str) -> None:
     """RUN@N or an iter_* directory chooses an iteration; with `option` as well, one of the two
     choices used to be dropped without a word (`--ckpt RUN@10 --iteration 5` exported 5)."""
     directory, at = split_iteration(ckpt)
-    if option and (at or source.path == source.checkpoint):
+    if at or source.path == source.checkpoint:
         whole = directory if at else source.checkpoint.parent
         raise ModelSourceError(f"--ckpt {ckpt} names one iteration and {option} chooses the iterations too: give "
                                f"--ckpt {whole} with {option}, or drop {option}")
@@ -145,10 +145,12 @@ def main(argv: list[str]) -> int:
     add_device_argument(parser)
     args = parser.parse_args(argv)
     try:
-        source = resolve(args.ckpt, named="--ckpt ")
-        check_one_choice_of_iterations(args.ckpt, source, "--all-iterations" if args.all_iterations
-                                       else "--iteration" if args.iteration else None)
-        iterations = source.saved_iterations() if args.all_iterations else args.iteration
+        iterations = None
+        if args.iteration or args.all_iterations:  # else `export` checks the device before the model
+            source = resolve(args.ckpt, named="--ckpt ")
+            check_one_choice_of_iterations(args.ckpt, source, "--all-iterations" if args.all_iterations
+                                           else "--iteration")
+            iterations = source.saved_iterations() if args.all_iterations else args.iteration
         exported = export(args.ckpt, args.hf_out, iterations, args.device, args.overwrite)
     except (ModelSourceError, DeviceError, ExportWriteError) as error:
         raise SystemExit(f"nemo-topr export: {error}") from None
