@@ -220,6 +220,11 @@ def train(run: TrainingRun) -> int:
         if _is_rank_zero():
             print(f"[nemo-topr] data: {json.dumps(summary)}", flush=True)
         forward_step = ToprForwardStep(run.objective, sample_log_dir=run.run_dir)
+        if "WORLD_SIZE" not in os.environ:  # a plain single process: Bridge would default to port 29500
+            # picked now, not before the imports and the data: another process took the port in
+            # those ~30 s once (EADDRINUSE in the suite, 2026-11-29)
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
         try:
             finetune(run.container, forward_step,
                      callbacks=[ReleaseExitSignal(), NothingLeftToTrain(), stop_on_non_finite(forward_step),
@@ -338,9 +343,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if "WORLD_SIZE" not in os.environ:  # a plain single process: Bridge would default to port 29500
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
     # Config and data errors are one message, and come before Megatron's ~25 s of imports
     # (`check_config`, `load_records`) wherever they can: only Bridge's own sections need those.
     try:
