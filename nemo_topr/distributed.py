@@ -15,6 +15,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def local_rendezvous(environ=os.environ) -> None:  # noqa: B008 - the process environment by default
+    """For a plain process (no launcher) whose process group Bridge makes from the environment
+    (env://, which would default to port 29500): this host and a free port, set as late as the
+    caller can, since the port is only free until another process takes it."""
+    environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    environ.setdefault("MASTER_PORT", str(free_port()))
+
+
 class RendezvousError(RuntimeError):
     """The launcher's rendezvous variables cannot work; raised before any process group exists."""
 

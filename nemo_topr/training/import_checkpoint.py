@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import time
@@ -25,7 +24,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from nemo_topr import cpu_runtime
-from nemo_topr.distributed import free_port
+from nemo_topr.distributed import local_rendezvous
 from nemo_topr.model_settings import device_model_settings
 from nemo_topr.model_source import ModelSourceError, resolve, write_hf_artifacts
 from nemo_topr.training.disk_space import estimated_checkpoint_bytes, free_bytes, size_text
@@ -68,8 +67,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
     from megatron.bridge import AutoBridge
     from megatron.bridge.training.model_load_save import temporary_distributed_context
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    local_rendezvous()
     _progress(f"[1/3] {source.describe()}: {dtype} weights -> Megatron (TP1, PP1)")
     with temporary_distributed_context(backend="nccl" if torch.cuda.is_available() else "gloo"):
         bridge = AutoBridge.from_hf_pretrained(str(source.hf_dir), torch_dtype=DTYPES[dtype], local_files_only=True)

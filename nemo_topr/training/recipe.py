@@ -31,8 +31,8 @@ from omegaconf import OmegaConf
 from nemo_topr.cluster.warning import release_the_warning
 from nemo_topr.data.positives import no_negatives_warning, sign_flipping_baseline
 from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
-from nemo_topr.distributed import (RendezvousError, check_rendezvous, free_port, launcher_rank,
-                                   launcher_world_size)
+from nemo_topr.distributed import (RendezvousError, check_rendezvous, launcher_rank, launcher_world_size,
+                                   local_rendezvous)
 from nemo_topr.model_source import write_hf_artifacts
 from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
 from nemo_topr.data.records import SOURCE_OPTIONS, DataError, RecordSet, load_records, require_scored
@@ -220,11 +220,10 @@ def train(run: TrainingRun) -> int:
         if _is_rank_zero():
             print(f"[nemo-topr] data: {json.dumps(summary)}", flush=True)
         forward_step = ToprForwardStep(run.objective, sample_log_dir=run.run_dir)
-        if "WORLD_SIZE" not in os.environ:  # a plain single process: Bridge would default to port 29500
-            # picked now, not before the imports and the data: another process took the port in
-            # those ~30 s once (EADDRINUSE in the suite, 2026-11-29)
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(free_port()))
+        if "WORLD_SIZE" not in os.environ:  # a plain single process
+            # now, not before the imports and the data: another process took the port in those
+            # ~30 s once (EADDRINUSE in the suite, 2026-11-29)
+            local_rendezvous()
         try:
             finetune(run.container, forward_step,
                      callbacks=[ReleaseExitSignal(), NothingLeftToTrain(), stop_on_non_finite(forward_step),
