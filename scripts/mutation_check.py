@@ -542,6 +542,10 @@ MUTANTS = (
            '    parser.add_argument("--nodes", type=int, default=1)',
            ("tests/test_slurm.py::test_submit_refuses_a_count_below_one_before_rendering",),
            "submit --nodes 0 renders #SBATCH --nodes=0 and passes the layout checks"),
+    Mutant("verifier_unsigned_grades_read_correct", "nemo_topr/evaluation/verifier.py",
+           "    if len(rewards) > 1 and min(rewards) >= 0:", "    if False:",
+           ("tests/test_verifier.py::test_grades_without_a_negative_are_refused_not_all_judged_correct",),
+           "verifier build on 0/1 grades judges every wrong answer correct (Yes +1)"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -71,6 +71,23 @@ def test_build_writes_a_valid_pre_scored_dataset(tmp_path):
     assert [r.completion for r in judge if r.reward > 0] == [NO, YES, NO]
 
 
+def test_grades_without_a_negative_are_refused_not_all_judged_correct(model_dir, tmp_path, capsys):
+    # graded 0/1: the wrong answers (0) are >= 0, the paper's "correct"; build would say Yes to them
+    records = [graded("Question: What is 2+3?\nAnswer:", f" The answer is {n}.", 1.0 if n == 5 else 0.0,
+                      sample_id=n) for n in (4, 5, 6)]
+    path = write_records(records, tmp_path / "graded01.jsonl")
+    for argv in (["build", "--graded", str(path), "--out", str(tmp_path / "judge.jsonl")],
+                 ["score", "--model", str(model_dir), "--records", str(path), "--out", str(tmp_path / "s.jsonl")]):
+        assert verifier.main(argv) == 1
+        assert (f"{path}: reward: no reward is negative, yet the rewards take 2 values (0 to 1)"
+                in capsys.readouterr().err)
+    assert not (tmp_path / "judge.jsonl").exists() and not (tmp_path / "s.jsonl").exists()
+    # one reward throughout (every sample correct) reads one way only: kept
+    same = write_records([graded("Question: What is 2+3?\nAnswer:", " The answer is 5.", 1.0, sample_id=i)
+                          for i in range(2)], tmp_path / "all_right.jsonl")
+    assert verifier.main(["build", "--graded", str(same), "--out", str(tmp_path / "judge.jsonl")]) == 0
+
+
 def test_a_prompt_rendered_by_the_chat_template_is_judged_as_its_plain_problem():
     from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
 

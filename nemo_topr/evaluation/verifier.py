@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr.arguments import at_least_one
-from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
+from nemo_topr.data.positives import MAP_TO_SIGNS
+from nemo_topr.data.records import Messages, Record, RecordSet, is_positive, load_records, write_jsonl
+from nemo_topr.data.schema import DataError
 from nemo_topr.device import add_device_argument, select_device
 from nemo_topr.model_source import require_hugging_face
 from nemo_topr.outputs import add_overwrite_argument, writable_output_file, writable_records_file, write_whole
@@ -78,6 +80,19 @@ def judge_prompt(record: Record) -> str:
                                       "rendered by the chat template with its user turn (read as that turn's text), "
                                       "and the completion without special tokens")
     return f"{problem}\n\nProposed solution:\n{record.completion.strip()}\n\n{JUDGE_QUESTION}"
+
+
+def require_signed_grades(loaded: RecordSet) -> None:
+    """The verifier reads a sample as correct when R >= 0 (`is_positive`, the paper's rule): grades
+    that take two or more values, none negative (0/1, a rubric in [0, 1]), would all read as
+    correct, so the judge data would say Yes to every wrong answer and the accuracy would count
+    them right. Refused, naming the files; one reward throughout (all correct) is kept."""
+    rewards = {record.reward for record in loaded.records}
+    if len(rewards) > 1 and min(rewards) >= 0:
+        raise DataError(",".join(loaded.report.files), 0, "reward",
+                        f"no reward is negative, yet the rewards take {len(rewards)} values "
+                        f"({min(rewards):g} to {max(rewards):g}): the verifier reads a sample as correct when "
+                        f"its reward is >= 0, so every sample would be judged correct; {MAP_TO_SIGNS}")
 
 
 def judge_records(graded: Sequence[Record]) -> list[Record]:
@@ -176,6 +191,7 @@ def with_scores(records: Sequence[Record], scores: Sequence[float]) -> list[Reco
 
 def _build(args: argparse.Namespace) -> int:
     loaded = load_records(args.graded)
+    require_signed_grades(loaded)
     writable_records_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
     graded = loaded.records
     judge = judge_records(graded)
@@ -188,6 +204,7 @@ def _build(args: argparse.Namespace) -> int:
 def _score(args: argparse.Namespace) -> int:
     model = require_hugging_face(args.model)  # first: a typo is named as --model, not as a tokenizer row
     loaded = load_records(args.records)
+    require_signed_grades(loaded)
     writable_records_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
     report_path = writable_output_file(args.out.with_suffix(".report.json"), "--out's report",
                                        inputs=loaded.report.files, overwrite=args.overwrite)
