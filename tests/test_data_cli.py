@@ -193,6 +193,26 @@ def test_zero_one_grades_with_a_baseline_above_zero_warn_that_there_are_no_negat
     assert "warning" not in capsys.readouterr().err
 
 
+def test_curate_refuses_anna_karenina_on_zero_one_grades_and_warns_of_them(tmp_path, capsys):
+    graded = _graded_01(tmp_path)
+    out = tmp_path / "curated.jsonl"
+    # no reward < 0: every record a "positive", so it would keep each prompt's first record, right or wrong
+    assert main(["data", "curate", str(graded), "--anna-karenina", "--out", str(out)]) == 1
+    assert (f"nemo-topr data curate: {graded}: reward: no reward is negative, yet the rewards take 2 values "
+            "(0 to 1): --anna-karenina keeps every negative") in capsys.readouterr().err
+    assert not out.exists()
+    # de-duplication alone is kept, with the warning stats and validate give
+    assert main(["data", "curate", str(graded), "--out", str(out)]) == 0
+    assert "warning: no record is negative (reward < 0), and the records with the smallest reward 0" in (
+        capsys.readouterr().err)
+    assert len(load_records(out).records) == 24
+    one_grade = tmp_path / "all_right.jsonl"  # one reward throughout reads one way: kept
+    one_grade.write_text("".join(json.dumps({**json.loads(line), "reward": 1.0}) + "\n"
+                                 for line in SCORED.read_text().splitlines()))
+    assert main(["data", "curate", str(one_grade), "--anna-karenina", "--out", str(tmp_path / "one.jsonl")]) == 0
+    assert len(load_records(tmp_path / "one.jsonl").records) == 6  # one per prompt
+
+
 def test_train_warns_of_zero_one_grades_in_check_baseline(capsys):
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.recipe import check_baseline

@@ -45,6 +45,16 @@ def no_negatives_warning(rewards: Iterable[float], baseline: float, negative_rul
             f"untruncated weight of a positive (naive REINFORCE on them); {MAP_GRADES}")
 
 
+def grades_without_a_negative(rewards: Iterable[float]) -> str | None:
+    """What is wrong when the rewards take two or more values and none is negative (0/1, a rubric
+    in [0, 1]): a reader of sides by the paper's rule (`data curate`'s, the verifier's) would read
+    every grade, the wrong answers' too, as positive. None otherwise (one value reads one way)."""
+    values = set(rewards)
+    if len(values) > 1 and min(values) >= 0:
+        return f"no reward is negative, yet the rewards take {len(values)} values ({min(values):g} to {max(values):g})"
+    return None
+
+
 def sign_flipping_baseline(rewards: Iterable[float], baseline: float) -> str | None:
     """Why `baseline` gives every record an advantage of one sign (see the module docstring); None
     when it lies strictly inside the rewards' range (or at 0 for rewards that are never negative)."""

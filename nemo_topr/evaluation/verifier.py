@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr.arguments import at_least_one
-from nemo_topr.data.positives import MAP_TO_SIGNS
+from nemo_topr.data.positives import MAP_TO_SIGNS, grades_without_a_negative
 from nemo_topr.data.records import Messages, Record, RecordSet, is_positive, load_records, write_jsonl
 from nemo_topr.data.schema import DataError
 from nemo_topr.device import add_device_argument, select_device
@@ -83,16 +83,14 @@ def judge_prompt(record: Record) -> str:
 
 
 def require_signed_grades(loaded: RecordSet) -> None:
-    """The verifier reads a sample as correct when R >= 0 (`is_positive`, the paper's rule): grades
-    that take two or more values, none negative (0/1, a rubric in [0, 1]), would all read as
-    correct, so the judge data would say Yes to every wrong answer and the accuracy would count
-    them right. Refused, naming the files; one reward throughout (all correct) is kept."""
-    rewards = {record.reward for record in loaded.records}
-    if len(rewards) > 1 and min(rewards) >= 0:
+    """The verifier reads a sample as correct when R >= 0 (`is_positive`, the paper's rule): 0/1
+    grades would all read as correct, so the judge data would say Yes to every wrong answer and
+    the accuracy would count them right. Refused, naming the files; one reward throughout (all
+    correct) is kept."""
+    if problem := grades_without_a_negative(record.reward for record in loaded.records):
         raise DataError(",".join(loaded.report.files), 0, "reward",
-                        f"no reward is negative, yet the rewards take {len(rewards)} values "
-                        f"({min(rewards):g} to {max(rewards):g}): the verifier reads a sample as correct when "
-                        f"its reward is >= 0, so every sample would be judged correct; {MAP_TO_SIGNS}")
+                        f"{problem}: the verifier reads a sample as correct when its reward is >= 0, so every "
+                        f"sample would be judged correct; {MAP_TO_SIGNS}")
 
 
 def judge_records(graded: Sequence[Record]) -> list[Record]:
