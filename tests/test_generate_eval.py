@@ -120,6 +120,38 @@ def test_eval_writes_results_and_plots_rounds(model_dir, tmp_path):
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
+def test_plot_refuses_what_it_cannot_draw_naming_the_file(tmp_path, capsys):
+    def result(name, task, **metrics):
+        (tmp_path / name).write_text(json.dumps({"task": task, "label": name, "metrics": metrics}))
+        return str(tmp_path / name)
+
+    gsm8k, math = result("r0.json", "gsm8k", **{"pass@1": 0.1}), result("r1.json", "math", **{"pass@1": 0.3})
+    other = result("r2.json", "gsm8k", invalid_rate=0.2)
+    records = tmp_path / "graded.jsonl"
+    records.write_text('{"a": 1}\n{"a": 2}\n')
+    (tmp_path / "doctor.json").write_text('{"passed": true}')
+    plot = tmp_path / "rounds.png"
+    cases = [  # before: a plot titled "gsm8k" holding MATH's rate, an empty plot, tracebacks, no file name
+        ([gsm8k, math], f"--plot: the results are of different tasks ({gsm8k}: gsm8k, {math}: math)"),
+        ([gsm8k, other], "--plot: no metric is in every result"),
+        ([str(records)], f"{records}: not JSON (Extra data: line 2 column 1"),
+        ([str(tmp_path / "doctor.json")], f"{tmp_path / 'doctor.json'}: not a result of `nemo-topr eval`"),
+        ([str(tmp_path / "r9.json")], f"{tmp_path / 'r9.json'}: cannot be read (No such file or directory)"),
+    ]
+    for paths, message in cases:
+        assert evaluate.main(["--plot", *paths, "--out", str(plot)]) == 1
+        assert f"nemo-topr eval: {message}" in capsys.readouterr().err
+    # matplotlib saves "rounds" as rounds.png (the file said written was not there, and another
+    # rounds.png was replaced without --overwrite), and fails on ".txt" after the reading
+    for out in ("rounds", "rounds.txt"):
+        assert evaluate.main(["--plot", gsm8k, "--out", str(tmp_path / out)]) == 2
+        assert f"--out {tmp_path / out}: a plot is written as .png, .pdf, .svg" in capsys.readouterr().err
+    assert not plot.exists() and not (tmp_path / "rounds.txt").exists()
+    assert evaluate.main(["--plot", gsm8k, other, "--out", str(tmp_path / "rounds.svg")]) == 1  # nothing in common
+    assert evaluate.main(["--plot", gsm8k, gsm8k, "--out", str(tmp_path / "rounds.svg")]) == 0
+    assert (tmp_path / "rounds.svg").read_text().lstrip().startswith("<?xml")
+
+
 # ---------------------------------------------------------------------------------------------
 # Grader errors (math-verify failing): dropped and counted, never -1 rewards or wrong answers
 

@@ -144,15 +144,50 @@ def write_results(results: dict[str, Any], out: Path) -> Path:
     return markdown
 
 
+PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+def common_metrics(results: Sequence[dict[str, Any]]) -> list[str]:
+    return [name for name in results[0]["metrics"] if all(name in result["metrics"] for result in results)]
+
+
+def read_round_results(result_paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """The results `eval` wrote, one per round, checked to plot as one line per metric: each a
+    JSON object with a task and metrics, all of one task, with a metric in common. Anything else
+    is an error naming the file, not a traceback or a plot that mixes benchmarks."""
+    results = []
+    for path in map(Path, result_paths):
+        try:
+            result = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as error:
+            raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not JSON ({error}): give the results JSON `nemo-topr eval --out` "
+                             "wrote") from None
+        if not (isinstance(result, dict) and isinstance(result.get("metrics"), dict) and "task" in result):
+            raise ValueError(f"{path}: not a result of `nemo-topr eval` (no task and metrics): give the results "
+                             "JSON its --out wrote")
+        results.append(result)
+    if len({result["task"] for result in results}) > 1:
+        raise ValueError("--plot: the results are of different tasks (" + ", ".join(
+            f"{path}: {result['task']}" for path, result in zip(result_paths, results)) + "): plot each task apart")
+    if not common_metrics(results):
+        raise ValueError(f"--plot: no metric is in every result ({', '.join(map(str, result_paths))}): nothing to draw")
+    return results
+
+
 def plot_rounds(result_paths: Sequence[Path], out: Path) -> None:
-    """One line per metric (those every result has), one point per result file, in order."""
+    """One line per metric (those every result has), one point per result file, in order; the
+    format is `out`'s suffix (one of `PLOT_FORMATS`), written whole."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results = [json.loads(Path(path).read_text(encoding="utf-8")) for path in result_paths]
-    names = [name for name in results[0]["metrics"] if all(name in r["metrics"] for r in results)]
+    results = read_round_results(result_paths)
+    names = common_metrics(results)
     rounds = range(1, len(results) + 1)
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name in names:
@@ -163,9 +198,10 @@ def plot_rounds(result_paths: Sequence[Path], out: Path) -> None:
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small")
     figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=120)
+    image = io.BytesIO()
+    figure.savefig(image, format=out.suffix[1:].lower(), dpi=120)  # matplotlib would add ".png" to a name without one
     plt.close(figure)
+    write_whole(out, image.getvalue())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,6 +248,9 @@ def usage_problem(args: argparse.Namespace) -> str | None:
     """What makes these options unusable together, found before the sampling (not after it)."""
     if args.benchmark and args.model is None:
         return "--benchmark needs --model"
+    if args.plot and args.out.suffix[1:].lower() not in PLOT_FORMATS:
+        return (f"--out {args.out}: a plot is written as " + ", ".join(f".{f}" for f in PLOT_FORMATS) +
+                " (by its suffix)")
     if args.k and min(args.k) < 1:
         return f"--k {min(args.k)}: k must be at least 1"
     if args.benchmark and args.k and max(args.k) > args.num_samples:
