@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def at_least_one(text: str) -> int:
@@ -11,4 +12,13 @@ def at_least_one(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """A time limit in seconds above 0: 0, a negative or a non-finite one is a usage error, not
+    a limit every check fails (after the model is built) or none meets."""
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0; got {text}")
     return value

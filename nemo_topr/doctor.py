@@ -51,6 +51,7 @@ from typing import Callable
 
 import torch
 
+from nemo_topr.arguments import positive_seconds
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.model_settings import CUDNN_922_ATTRIBUTE, CUDNN_922_FIX, loaded_cudnn, own_cudnn_fix
 from nemo_topr.outputs import OutputError, add_overwrite_argument, fresh_output_dir, writable_output_file, write_whole
@@ -449,7 +450,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--work-dir", type=Path, help="keep the model, data, runs and logs here: a new or empty "
                         "directory, or an earlier doctor's, emptied first (default: a temporary directory, removed "
                         "when every check passed)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per check (default: %(default)s)")
+    parser.add_argument("--timeout", type=positive_seconds, default=600,
+                        help="seconds per check (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         device = resolve_device(args.device, cuda_available=torch.cuda.is_available(), where="--device")

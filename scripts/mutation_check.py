@@ -559,6 +559,10 @@ MUTANTS = (
            "    if args.plot and args.out.suffix[1:].lower() not in PLOT_FORMATS:", "    if False:",
            ("tests/test_generate_eval.py::test_plot_refuses_what_it_cannot_draw_naming_the_file",),
            "eval --plot --out rounds says it wrote rounds; matplotlib wrote rounds.png"),
+    Mutant("doctor_timeout_unchecked", "nemo_topr/doctor.py",
+           'parser.add_argument("--timeout", type=positive_seconds,', 'parser.add_argument("--timeout", type=float,',
+           ("tests/test_arguments.py::test_a_doctor_time_limit_not_above_zero_is_a_usage_error_before_any_check",),
+           "doctor --timeout 0 builds its model, then fails every check"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -1,9 +1,11 @@
-"""Counts on the command line: 0 or a negative batch size is a usage error before anything runs.
+"""Counts and limits on the command line: 0 or a negative batch size, or a time limit that is not
+above 0, is a usage error before anything runs.
 
 `verifier score --batch-size -1` ran no batch (`range(0, n, -2)` is empty), wrote an empty
 scored file and a report of no accuracy, and exited 0; `--batch-size 0` and `score-logprobs
 --rows-per-batch 0` ended in a ZeroDivisionError or `range()` traceback, `--rows-per-batch -1`
-after writing an empty scored file."""
+after writing an empty scored file. `doctor --timeout 0` built its model, then failed every
+check ("no result within 0 s") and skipped the rest."""
 
 import pytest
 
@@ -31,3 +33,15 @@ def test_a_batch_size_below_one_is_a_usage_error_and_nothing_is_written(tmp_path
         assert exit_.value.code == 2
         assert capsys.readouterr().err.endswith(f"{message}: must be at least 1; got {value}\n")
         assert not out.exists() and not out.with_suffix(".report.json").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "inf", "nan"])
+def test_a_doctor_time_limit_not_above_zero_is_a_usage_error_before_any_check(tmp_path, capsys, value):
+    from nemo_topr import doctor
+
+    with pytest.raises(SystemExit) as exit_:
+        doctor.main(["--device", "cpu", "--timeout", value, "--work-dir", str(tmp_path / "work")])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"nemo-topr doctor: error: argument --timeout: must be a number of seconds above 0; got {value}\n")
+    assert not (tmp_path / "work").exists()
