@@ -22,3 +22,12 @@ def positive_seconds(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0; got {text}")
     return value
+
+
+def share(text: str) -> float:
+    """A share in [0, 1] (a rate, a fraction of samples): another value is a usage error. A
+    negative one failed every run after its sampling, NaN compared false and never failed."""
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a share in [0, 1]; got {text}")
+    return value

@@ -563,6 +563,11 @@ MUTANTS = (
            'parser.add_argument("--timeout", type=positive_seconds,', 'parser.add_argument("--timeout", type=float,',
            ("tests/test_arguments.py::test_a_doctor_time_limit_not_above_zero_is_a_usage_error_before_any_check",),
            "doctor --timeout 0 builds its model, then fails every check"),
+    Mutant("grader_error_rate_unchecked", "nemo_topr/evaluation/generate.py",
+           'parser.add_argument("--max-grader-error-rate", type=share,',
+           'parser.add_argument("--max-grader-error-rate", type=float,',
+           ("tests/test_arguments.py::test_a_grader_error_rate_outside_zero_to_one_is_a_usage_error_before_sampling",),
+           "--max-grader-error-rate -1 samples everything, then fails on an IndexError"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -5,7 +5,9 @@ above 0, is a usage error before anything runs.
 scored file and a report of no accuracy, and exited 0; `--batch-size 0` and `score-logprobs
 --rows-per-batch 0` ended in a ZeroDivisionError or `range()` traceback, `--rows-per-batch -1`
 after writing an empty scored file. `doctor --timeout 0` built its model, then failed every
-check ("no result within 0 s") and skipped the rest."""
+check ("no result within 0 s") and skipped the rest. `generate` and `eval` with
+`--max-grader-error-rate -1` sampled everything, then failed on an empty list of grader errors
+(IndexError); NaN compared false and never failed."""
 
 import pytest
 
@@ -45,3 +47,19 @@ def test_a_doctor_time_limit_not_above_zero_is_a_usage_error_before_any_check(tm
     assert capsys.readouterr().err.endswith(
         f"nemo-topr doctor: error: argument --timeout: must be a number of seconds above 0; got {value}\n")
     assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5", "nan"])
+def test_a_grader_error_rate_outside_zero_to_one_is_a_usage_error_before_sampling(tmp_path, capsys, value):
+    from nemo_topr.evaluation import evaluate, generate
+
+    model = placeholder_hf_model(tmp_path / "model")
+    for name, command in (("generate", generate.main), ("eval", evaluate.main)):
+        with pytest.raises(SystemExit) as exit_:
+            command(["--model", str(model), "--benchmark" if name == "eval" else "--prompts",
+                     "gsm8k" if name == "eval" else "gsm8k-test", "--device", "cpu", "--out",
+                     str(tmp_path / f"{name}.jsonl"), "--max-grader-error-rate", value])
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.endswith(
+            f"nemo-topr {name}: error: argument --max-grader-error-rate: must be a share in [0, 1]; got {value}\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]

@@ -42,6 +42,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nemo_topr.arguments import share
 from nemo_topr.data.records import (
     DataError, Messages, Record, RenderedPrompt, check_messages, is_id, is_number, write_jsonl,
 )
@@ -473,7 +474,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, num_samples: int)
     parser.add_argument("--backend", choices=BACKENDS, default="auto",
                         help="auto: vLLM when installed and the device is cuda, else transformers")
     add_device_argument(parser)
-    parser.add_argument("--max-grader-error-rate", type=float, default=MAX_GRADER_ERROR_RATE,
+    parser.add_argument("--max-grader-error-rate", type=share, default=MAX_GRADER_ERROR_RATE,
                         help="fail when the grader itself fails (math-verify raised or timed out) on more than this "
                              "share of the samples (default: %(default)s); failed samples are dropped and counted, "
                              "never graded wrong")
