@@ -17,10 +17,12 @@ def free_port() -> int:
 
 def local_rendezvous(environ=os.environ) -> None:  # noqa: B008 - the process environment by default
     """For a plain process (no launcher) whose process group Bridge makes from the environment
-    (env://, which would default to port 29500): this host and a free port, set as late as the
-    caller can, since the port is only free until another process takes it."""
+    (env://, which would default to port 29500): this host and port 0. In a world of one no
+    other rank needs the port, so torch's store binds whichever the OS gives it: no free port
+    chosen first, which another process could take before the store binds it (EADDRINUSE,
+    seen once in the suite)."""
     environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    environ.setdefault("MASTER_PORT", str(free_port()))
+    environ.setdefault("MASTER_PORT", "0")
 
 
 class RendezvousError(RuntimeError):

@@ -568,6 +568,10 @@ MUTANTS = (
            'parser.add_argument("--max-grader-error-rate", type=float,',
            ("tests/test_arguments.py::test_a_grader_error_rate_outside_zero_to_one_is_a_usage_error_before_sampling",),
            "--max-grader-error-rate -1 samples everything, then fails on an IndexError"),
+    Mutant("plain_process_port_chosen_ahead", "nemo_topr/distributed.py",
+           '    environ.setdefault("MASTER_PORT", "0")', '    environ.setdefault("MASTER_PORT", str(free_port()))',
+           ("tests/test_distributed.py::test_a_plain_process_world_of_one_needs_no_port_chosen_ahead",),
+           "a plain train picks a free port that another process can take before torch's store binds it"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -40,6 +40,28 @@ def test_a_rendezvous_that_cannot_work_is_named(environ, message):
     assert str(error.value).startswith(message)
 
 
+def test_a_plain_process_world_of_one_needs_no_port_chosen_ahead(tmp_path):
+    """A plain `train` or `import` makes its world of one from the environment. It used to pick a
+    free port and set it; torch's store bound it seconds later, so another process could take it
+    first (EADDRINUSE, once in the suite). Here the port that free_port() picked is taken before
+    the bind, as that process would: the world is still made, on a port the OS gives the store."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        script = ("import datetime, torch.distributed as dist\n"
+                  "from nemo_topr import distributed\n"
+                  f"distributed.free_port = lambda: {taken.getsockname()[1]}  # chosen, then taken by another\n"
+                  "distributed.local_rendezvous()\n"
+                  "dist.init_process_group('gloo', world_size=1, rank=0, timeout=datetime.timedelta(seconds=20))\n"
+                  "dist.barrier()\n"
+                  "print('world of', dist.get_world_size())\n")
+        environ = {key: value for key, value in os.environ.items() if key not in ("MASTER_ADDR", "MASTER_PORT")}
+        proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=environ, capture_output=True, text=True,
+                              timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("world of 1")
+
+
 def test_train_refuses_an_unresolvable_master_addr_before_importing_megatron(tmp_path):
     from nemo_topr.model import build_tiny_hf_llama
     from nemo_topr.tiny_tokenizer import build_tiny_tokenizer

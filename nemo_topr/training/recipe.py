@@ -221,8 +221,6 @@ def train(run: TrainingRun) -> int:
             print(f"[nemo-topr] data: {json.dumps(summary)}", flush=True)
         forward_step = ToprForwardStep(run.objective, sample_log_dir=run.run_dir)
         if "WORLD_SIZE" not in os.environ:  # a plain single process
-            # now, not before the imports and the data: another process took the port in those
-            # ~30 s once (EADDRINUSE in the suite, 2026-11-29)
             local_rendezvous()
         try:
             finetune(run.container, forward_step,
