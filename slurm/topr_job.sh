@@ -33,6 +33,17 @@ if (($# < 1)); then
 fi
 config_name=$1
 shift
+# The run directory is this script's to choose (below): it keeps the logs and the requeue marker
+# there and passes it to train, so a run_dir= override would have train write elsewhere, where no
+# STOPPED is looked for (a pre-empted job not requeued).
+for override in "$@"; do
+    if [[ $override =~ ^\+{0,2}run_dir= ]]; then
+        echo "$0: $override: give the run directory as NEMO_TOPR_RUN_DIR (sbatch --export=ALL,NEMO_TOPR_RUN_DIR=DIR," \
+             "or nemo-topr submit --run-dir), not as an override: this script keeps the job's logs and requeue" \
+             "marker there" >&2
+        exit 2
+    fi
+done
 
 repo=${NEMO_TOPR_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
 job_name=${SLURM_JOB_NAME:-topr}

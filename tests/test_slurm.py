@@ -356,6 +356,34 @@ def test_submit_refuses_a_double_quote_an_sbatch_line_cannot_hold(tmp_path, caps
                                     "line break; choose one without"]
 
 
+def test_submit_and_the_job_script_keep_one_run_dir(tmp_path, capsys):
+    """`--run-dir A run_dir=B` wrote the job's logs, script and requeue check in A while train wrote
+    B: a pre-emption's STOPPED marker in B was never seen, so the job was not requeued."""
+    model = placeholder_hf_model(tmp_path / "Llama-3.1-70B", LLAMA_31_70B)
+    (tmp_path / "scored.jsonl").write_text("{}\n")
+    common = ("--config", "llama31_70b_bf16", "--nodes", "4", "--container-image", "img", "--dry-run",
+              f"base_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}")
+    with pytest.raises(SystemExit) as stop:
+        _submit(capsys, *common, "--run-dir", str(tmp_path / "a"), f"run_dir={tmp_path / 'b'}")
+    assert stop.value.code == (f"nemo-topr submit: --run-dir {tmp_path / 'a'} and run_dir={tmp_path / 'b'} name "
+                               "different run directories: the job keeps its logs and requeue marker in --run-dir "
+                               "and train would write into the other; give one of them")
+    b, in_checkout = tmp_path / "b", REPO.resolve() / "runs" / "submit_test_never_made"
+    for run_dir_args, run_dir in (([f"run_dir={b}"], b), (["--run-dir", str(b), f"run_dir={b}"], b),
+                                  (["++run_dir=runs/submit_test_never_made"], in_checkout)):  # as the job reads it
+        status, out, err = _submit(capsys, *common, *run_dir_args)
+        assert status == 0, err
+        lines = out.splitlines()
+        assert f"export NEMO_TOPR_RUN_DIR={run_dir}" in lines, run_dir_args
+        assert "run_dir=" not in lines[-1]  # topr_job.sh passes its own, the one it watches
+    assert not in_checkout.exists()  # a dry run
+    # the job script refuses one too (the shipped sbatch scripts pass their arguments to it)
+    proc = subprocess.run(["bash", str(REPO / "slurm" / "topr_job.sh"), "llama31_8b_bf16", "run_dir=/elsewhere"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "run_dir=/elsewhere: give the run directory as NEMO_TOPR_RUN_DIR" in proc.stderr
+    assert list(tmp_path.glob("runs")) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # Real TOPR jobs through the fakes: two ranks (one task per "GPU") over gloo
 

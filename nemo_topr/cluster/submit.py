@@ -313,13 +313,36 @@ def submit(job: ClusterJob, script_text: str) -> str:
     return answer.stdout.strip()
 
 
+def job_run_dir(run_dir_option: Path | None, overrides: list[str], job_name: str) -> tuple[Path, list[str]]:
+    """The job's run directory and the overrides without `run_dir=`: --run-dir (from where submit
+    runs), else a `run_dir=` override (from the checkout, where the job reads it), else
+    runs/JOB_NAME. The job script keeps its logs, its script and the requeue marker there and
+    passes it to train; a `run_dir=` naming another directory would have train write there, where
+    the script never looks for the marker (a pre-empted job not requeued), so both, apart, are
+    an error."""
+    named = [override for override in overrides if override.split("=", 1)[0].lstrip("+") == "run_dir"]
+    rest = [override for override in overrides if override not in named]
+    from_override = {(REPO / override.split("=", 1)[1]).resolve() for override in named}
+    if len(from_override) > 1:
+        raise SystemExit(f"nemo-topr submit: {' and '.join(named)} name two run directories: give one")
+    if run_dir_option is None:
+        return (from_override.pop() if from_override else (REPO / "runs" / job_name).resolve()), rest
+    run_dir = run_dir_option.resolve()
+    if from_override and from_override != {run_dir}:
+        raise SystemExit(f"nemo-topr submit: --run-dir {run_dir_option} and {named[0]} name different run "
+                         "directories: the job keeps its logs and requeue marker in --run-dir and train would "
+                         "write into the other; give one of them")
+    return run_dir, rest
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nemo-topr submit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a config in conf/ (e.g. llama31_8b_bf16), or the path of "
                                                         "your own YAML file, whose defaults may name those")
     parser.add_argument("--job-name", help="default: topr-CONFIG (the YAML file's name without .yaml)")
-    parser.add_argument("--run-dir", type=Path, help="default: runs/JOB_NAME")
+    parser.add_argument("--run-dir", type=Path, help="default: a run_dir= override (from the checkout), else "
+                                                     "runs/JOB_NAME")
     parser.add_argument("--nodes", type=at_least_one, default=1)
     parser.add_argument("--gpus-per-node", type=at_least_one, default=8)
     parser.add_argument("--time", default="04:00:00")
@@ -343,8 +366,8 @@ def main(argv: list[str]) -> int:
     # a preset by its name, a YAML file elsewhere by its absolute path: the job runs train from the checkout
     config = name if config_dir == CONF_DIR.resolve() else str(config_dir / f"{name}.yaml")
     job_name = args.job_name or f"topr-{name}"
-    job = ClusterJob(config_name=config, overrides=args.overrides, job_name=job_name,
-                     run_dir=(args.run_dir or REPO / "runs" / job_name).resolve(), nodes=args.nodes,
+    run_dir, overrides = job_run_dir(args.run_dir, args.overrides, job_name)
+    job = ClusterJob(config_name=config, overrides=overrides, job_name=job_name, run_dir=run_dir, nodes=args.nodes,
                      gpus_per_node=args.gpus_per_node, time=args.time, account=args.account,
                      partition=args.partition, container_image=args.container_image,
                      container_mounts=args.container_mounts, venv=args.venv.resolve(),
