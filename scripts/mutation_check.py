@@ -580,6 +580,10 @@ MUTANTS = (
            "    if [[ $override =~ ^\\+{0,2}run_dir= ]]; then", "    if false; then",
            ("tests/test_slurm.py::test_submit_and_the_job_script_keep_one_run_dir",),
            "sbatch slurm/llama31_8b.sbatch run_dir=B: train writes B, the job script watches runs/JOB"),
+    Mutant("records_regraded_for_another_task", "nemo_topr/evaluation/evaluate.py",
+           '        if task and meta.get("task") not in (None, task):', "        if False:",
+           ("tests/test_generate_eval.py::test_records_eval_grades_each_record_for_its_own_task",),
+           "eval --records --task math re-grades GSM8K samples with MATH's grader"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

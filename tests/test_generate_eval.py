@@ -120,6 +120,36 @@ def test_eval_writes_results_and_plots_rounds(model_dir, tmp_path):
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
+def test_records_eval_grades_each_record_for_its_own_task(tmp_path, capsys):
+    def record(sample_id, completion, task="gsm8k", **meta):
+        return json.dumps({"prompt": "Q: 200 + 50?", "completion": completion, "reward": 1.0, "prompt_id": "p0",
+                           "sample_id": sample_id, "meta": {"task": task, "reference_answer": "250", **meta}})
+
+    graded = tmp_path / "graded.jsonl"
+    graded.write_text("\n".join([record(0, " The answer is 250."), record(1, " The answer is 12.")]) + "\n")
+    out = tmp_path / "r.json"
+    assert evaluate.main(["--records", str(graded), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["metrics"]["pass@1"] == 0.5  # hand-graded: one of two says 250
+    assert evaluate.main(["--records", str(graded), "--task", "gsm8k", "--out", str(out), "--overwrite"]) == 0
+    capsys.readouterr()
+    # --task that contradicts a record: MATH's grader on GSM8K samples, which used to pass unsaid
+    assert evaluate.main(["--records", str(graded), "--task", "math", "--out", str(tmp_path / "m.json")]) == 1
+    assert capsys.readouterr().err == (f"nemo-topr eval: {graded}:1: meta.task: is 'gsm8k' but --task is 'math': "
+                                       "--task is for records without a task; drop it, or evaluate records of that "
+                                       "task\n")
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join([record(0, " 250"), record(1, " 250", task="math")]) + "\n")
+    assert evaluate.main(["--records", str(mixed), "--out", str(tmp_path / "x.json")]) == 1
+    assert "meta.task: mixes tasks ['gsm8k', 'math']; evaluate them separately" in capsys.readouterr().err
+    bare = tmp_path / "bare.jsonl"  # no task: --task supplies it; no reference answer: named
+    bare.write_text(json.dumps({"prompt": "Q", "completion": " 250", "reward": 1.0, "prompt_id": "p0", "sample_id": 0,
+                                "meta": {"reference_answer": "250"}}) + "\n")
+    assert evaluate.main(["--records", str(bare), "--out", str(tmp_path / "b.json")]) == 1
+    assert f"{bare}:1: meta: needs reference_answer and a task (gsm8k|math; or pass --task)" in capsys.readouterr().err
+    assert evaluate.main(["--records", str(bare), "--task", "gsm8k", "--out", str(tmp_path / "b.json")]) == 0
+    assert not (tmp_path / "m.json").exists() and not (tmp_path / "x.json").exists()
+
+
 def test_plot_refuses_what_it_cannot_draw_naming_the_file(tmp_path, capsys):
     def result(name, task, **metrics):
         (tmp_path / name).write_text(json.dumps({"task": task, "label": name, "metrics": metrics}))

@@ -90,7 +90,8 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
     """(task, samples per prompt in file order, grader-error report), re-graded from
     `meta.reference_answer`; samples the grader failed on are left out and counted.
 
-    The task is `task` when given, else the records' `meta.task`. The empty completions `generate`
+    The task is the records' `meta.task`, else `task` (one that contradicts a record's is an
+    error: the samples were graded for their own task). The empty completions `generate`
     names in `meta.empty_sample_ids` (no records) are invalid samples at their places in sample
     order, as `eval --benchmark` counts them; a prompt with no record at all is not in the file
     (`generate.no_record_note` says so when the records are written).
@@ -100,6 +101,9 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
     tasks, results = set(), []
     for record in records:
         meta = record.meta or {}
+        if task and meta.get("task") not in (None, task):  # another grader than the one it was graded with
+            raise record.error("meta.task", f"is {meta['task']!r} but --task is {task!r}: --task is for records "
+                                            "without a task; drop it, or evaluate records of that task")
         record_task = task or meta.get("task")
         if record_task not in TASKS or "reference_answer" not in meta:
             raise record.error("meta", f"needs reference_answer and a task ({'|'.join(TASKS)}; or pass --task)")
