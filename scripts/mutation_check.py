@@ -584,6 +584,10 @@ MUTANTS = (
            '        if task and meta.get("task") not in (None, task):', "        if False:",
            ("tests/test_generate_eval.py::test_records_eval_grades_each_record_for_its_own_task",),
            "eval --records --task math re-grades GSM8K samples with MATH's grader"),
+    Mutant("empty_stop_string_sampled", "nemo_topr/evaluation/generate.py",
+           '    if args.stop and "" in args.stop:', "    if False:",
+           ("tests/test_generate_eval.py::test_sampling_options_are_checked_before_the_model_loads",),
+           "generate --stop '' samples every completion empty"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

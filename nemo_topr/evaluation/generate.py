@@ -494,6 +494,9 @@ def check_sampling_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--temperature must be at least 0 (0: greedy decoding); got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p must be in (0, 1]; got {args.top_p}")
+    if args.stop and "" in args.stop:  # the sampler matches it before the first token
+        raise ValueError("--stop '': an empty stop string ends every completion before its first token (all "
+                         "samples empty); give non-empty stop strings")
     if args.temperature == 0 and args.num_samples != 1:
         raise ValueError(f"--temperature 0 is greedy decoding, one completion per prompt: --num-samples 1 "
                          f"(got {args.num_samples})")
