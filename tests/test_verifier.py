@@ -176,7 +176,11 @@ def test_score_writes_verifier_scores_that_eval_votes_with(model_dir, tmp_path):
     scores = [record.meta["verifier_score"] for record in load_records(scored).records]
     assert scores == pytest.approx(verifier.yes_probabilities(model_dir, records))
     report = json.loads(scored.with_suffix(".report.json").read_text())
-    assert report["records"] == 4 and report["correct_samples"] == 2
+    assert report["records"] == 4 and report["correct_samples"] == 2 and "replaced_verifier_scores" not in report
+    # scored again (another verifier): the earlier scores are replaced in the output, and counted
+    assert verifier.main(["score", "--model", str(model_dir), "--records", str(scored), "--out",
+                          str(tmp_path / "again.jsonl"), "--device", "cpu"]) == 0
+    assert json.loads((tmp_path / "again.report.json").read_text())["replaced_verifier_scores"] == 4
     assert evaluate.main(["--records", str(scored), "--out", str(tmp_path / "eval.json")]) == 0
     assert "weighted_maj@4" in json.loads((tmp_path / "eval.json").read_text())["metrics"]
 

@@ -210,6 +210,8 @@ def _score(args: argparse.Namespace) -> int:
     scores = yes_probabilities(model, records, args.batch_size, select_device(args.device, where="--device"))
     write_jsonl(with_scores(records, scores), args.out)
     report = {"model": str(model), **judge_accuracy(records, scores)}
+    if replaced := sum("verifier_score" in (record.meta or {}) for record in records):
+        report["replaced_verifier_scores"] = replaced  # an earlier verifier's, kept only in the input
     write_whole(report_path, json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     print(f"wrote {args.out} and {report_path}")
