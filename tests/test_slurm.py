@@ -377,6 +377,9 @@ def test_submit_and_the_job_script_keep_one_run_dir(tmp_path, capsys):
         assert f"export NEMO_TOPR_RUN_DIR={run_dir}" in lines, run_dir_args
         assert "run_dir=" not in lines[-1]  # topr_job.sh passes its own, the one it watches
     assert not in_checkout.exists()  # a dry run
+    with pytest.raises(SystemExit) as stop:  # not the checkout (REPO / "")
+        _submit(capsys, *common, "run_dir=")
+    assert stop.value.code == "nemo-topr submit: run_dir= is empty: give the run directory (or --run-dir)"
     # the job script refuses one too (the shipped sbatch scripts pass their arguments to it)
     proc = subprocess.run(["bash", str(REPO / "slurm" / "topr_job.sh"), "llama31_8b_bf16", "run_dir=/elsewhere"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)

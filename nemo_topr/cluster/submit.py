@@ -322,6 +322,8 @@ def job_run_dir(run_dir_option: Path | None, overrides: list[str], job_name: str
     an error."""
     named = [override for override in overrides if override.split("=", 1)[0].lstrip("+") == "run_dir"]
     rest = [override for override in overrides if override not in named]
+    if any(not override.split("=", 1)[1] for override in named):  # REPO / "" is the checkout itself
+        raise SystemExit("nemo-topr submit: run_dir= is empty: give the run directory (or --run-dir)")
     from_override = {(REPO / override.split("=", 1)[1]).resolve() for override in named}
     if len(from_override) > 1:
         raise SystemExit(f"nemo-topr submit: {' and '.join(named)} name two run directories: give one")
