@@ -150,6 +150,25 @@ def test_records_eval_grades_each_record_for_its_own_task(tmp_path, capsys):
     assert not (tmp_path / "m.json").exists() and not (tmp_path / "x.json").exists()
 
 
+def test_records_scored_in_part_by_a_verifier_say_why_the_weighted_vote_is_left_out(tmp_path, capsys):
+    rows = [{"prompt": "Q: 200 + 50?", "completion": f" The answer is {answer}.", "reward": 1.0, "prompt_id": "p0",
+             "sample_id": i, "meta": {"task": "gsm8k", "reference_answer": "250",
+                                      **({"verifier_score": 0.9} if i < 2 else {})}}
+            for i, answer in enumerate((250, 250, 12, 12))]
+    graded = tmp_path / "graded.jsonl"
+    graded.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert evaluate.main(["--records", str(graded), "--out", str(tmp_path / "r.json")]) == 0
+    assert "weighted_maj@4" not in json.loads((tmp_path / "r.json").read_text())["metrics"]
+    # a verifier run that stopped half-way: the metric is left out, and now it says so
+    assert ("nemo-topr eval: weighted_maj@k left out: 2 of the 4 samples with an answer have meta.verifier_score"
+            in capsys.readouterr().err)
+    graded.write_text("".join(json.dumps({**row, "meta": {**row["meta"], "verifier_score": 0.5}}) + "\n"
+                              for row in rows))
+    assert evaluate.main(["--records", str(graded), "--out", str(tmp_path / "r.json"), "--overwrite"]) == 0
+    assert "weighted_maj@4" in json.loads((tmp_path / "r.json").read_text())["metrics"]
+    assert "left out" not in capsys.readouterr().err
+
+
 def test_plot_refuses_what_it_cannot_draw_naming_the_file(tmp_path, capsys):
     def result(name, task, **metrics):
         (tmp_path / name).write_text(json.dumps({"task": task, "label": name, "metrics": metrics}))

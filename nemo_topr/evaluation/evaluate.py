@@ -227,6 +227,10 @@ def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
 def _evaluate_records(args: argparse.Namespace, records: list[Record]) -> dict[str, Any]:
     task, problems, grader_errors = outcomes_of_records(records, args.task, args.max_grader_error_rate)
     problems = problems[: args.limit]
+    voting = [sample for samples in problems for sample in samples if sample.answer is not None]
+    if 0 < (scored := sum(sample.verifier_score is not None for sample in voting)) < len(voting):
+        print(f"nemo-topr eval: weighted_maj@k left out: {scored} of the {len(voting)} samples with an answer have "
+              "meta.verifier_score (score them all with `nemo-topr verifier score`)", file=sys.stderr)
     return benchmark_results(problems, task, args.k, grader_errors, label=args.label or Path(args.records[0]).stem,
                              source=[str(path) for path in args.records])
 
