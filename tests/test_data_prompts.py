@@ -92,8 +92,10 @@ def test_math500_prompt_asks_for_a_boxed_answer():
 def test_data_dir_is_configurable_and_never_downloaded(tmp_path, monkeypatch):
     monkeypatch.setenv(prompts.DATA_DIR_ENV, str(tmp_path))
     assert default_data_dir() == tmp_path
-    with pytest.raises(FileNotFoundError, match="NEMO_TOPR_DATA_DIR"):
+    with pytest.raises(FileNotFoundError) as missing:
         load_gsm8k("train")
+    assert str(missing.value).startswith(f"{tmp_path / 'gsm8k_train.jsonl'}: benchmark file not found; set "
+                                         "NEMO_TOPR_DATA_DIR or pass --data-dir: ")  # the verbs' option
     (tmp_path / "gsm8k_test.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
     assert load_gsm8k("test") == [{"question": "1 + 1?", "answer": "#### 2"}]
     with pytest.raises(ValueError, match="split"):

@@ -51,7 +51,7 @@ def _read_benchmark(benchmark: str, split: str, data_dir: str | Path | None) -> 
     path = directory / f"{benchmark}_{split}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path}: benchmark file not found; set {DATA_DIR_ENV} or pass data_dir: a directory of the "
+            f"{path}: benchmark file not found; set {DATA_DIR_ENV} or pass --data-dir: a directory of the "
             f"benchmark JSONL files or a save_to_disk dataset (the data is never downloaded)"
         )
     with path.open(encoding="utf-8") as lines:
