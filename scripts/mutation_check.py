@@ -588,6 +588,10 @@ MUTANTS = (
            '    if args.stop and "" in args.stop:', "    if False:",
            ("tests/test_generate_eval.py::test_sampling_options_are_checked_before_the_model_loads",),
            "generate --stop '' samples every completion empty"),
+    Mutant("config_file_read_as_preset", "nemo_topr/training/config.py",
+           '    if path.suffix == ".yaml" and not (directory / path.name).is_file():', "    if False:",
+           ("tests/test_config.py::test_a_users_own_yaml_extends_a_preset_and_a_file_beside_it",),
+           "train --config-name exp3.yaml (no such file here) looked up as the preset 'exp3'"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -135,6 +135,10 @@ def test_a_users_own_yaml_extends_a_preset_and_a_file_beside_it(tmp_path, monkey
         compose("my_runs/typo.yaml")
     with pytest.raises(ConfigError, match=r"^config my_runs/exp2.yaml: no such file$"):
         compose("my_runs/exp2.yaml")
+    # a file meant in the working directory: it used to be looked up as the preset 'exp3' alone
+    with pytest.raises(ConfigError, match=rf"^config exp3.yaml: no such file, here \({tmp_path}\) or among the "
+                                          rf"configs in {REPO}/conf$"):
+        compose("exp3.yaml")
     with pytest.raises(ConfigError, match=r"^config my_runs/exp1.yml: Hydra reads configs only from .yaml files; "
                                           r"rename it my_runs/exp1.yaml$"):
         compose("my_runs/exp1.yml")

@@ -93,11 +93,14 @@ def config_location(config: str, config_dir: str | Path | None = None) -> tuple[
     if path.suffix == ".yml":
         raise ConfigError(f"config {config}: Hydra reads configs only from .yaml files; rename it "
                           f"{path.with_suffix('.yaml')}")
+    directory = Path(config_dir or CONF_DIR).resolve()
     if path.suffix == ".yaml" and (path.is_file() or len(path.parts) > 1):
         if not path.is_file():
             raise ConfigError(f"config {config}: no such file")
         return path.resolve().parent, path.stem
-    return Path(config_dir or CONF_DIR).resolve(), path.name.removesuffix(".yaml")
+    if path.suffix == ".yaml" and not (directory / path.name).is_file():  # a file meant here, not a preset
+        raise ConfigError(f"config {config}: no such file, here ({Path.cwd()}) or among the configs in {directory}")
+    return directory, path.name.removesuffix(".yaml")
 
 
 # Keys whose value must be at least this (sizes, counts, intervals): a 0 passes Bridge's setter
