@@ -141,7 +141,10 @@ def _curate(args: argparse.Namespace) -> int:
     )
     records = _load(args)
     if args.anna_karenina:
-        _require_signed_grades(records)
+        from nemo_topr.data.positives import require_signed_grades
+
+        require_signed_grades(records, "--anna-karenina keeps every negative (reward < 0) and one positive per "
+                                       "prompt, so it would keep each prompt's first record, right or wrong")
     writable_records_file(args.out, inputs=records.report.files, overwrite=args.overwrite)
     distinct_outputs({"--out": args.out, "--stats": args.stats})
     stats_path = writable_output_file(args.stats or args.out.with_suffix(".stats.json"), "--stats" if args.stats else
@@ -154,18 +157,6 @@ def _curate(args: argparse.Namespace) -> int:
     print(f"wrote {args.out} and {stats_path}")
     _warn_of_the_baseline(records.records, args.baseline)
     return 0
-
-
-def _require_signed_grades(records) -> None:
-    """--anna-karenina keeps the negatives (R < 0) and one positive per prompt: on 0/1 grades, which
-    have no negative, it would keep each prompt's first record, right or wrong, and drop the rest."""
-    from nemo_topr.data.positives import MAP_TO_SIGNS, grades_without_a_negative
-    from nemo_topr.data.schema import DataError
-
-    if problem := grades_without_a_negative(record.reward for record in records.records):
-        raise DataError(",".join(records.report.files), 0, "reward",
-                        f"{problem}: --anna-karenina keeps every negative (reward < 0) and one positive per prompt, "
-                        f"so it would keep each prompt's first record, right or wrong; {MAP_TO_SIGNS}")
 
 
 def _add_baseline_argument(parser: argparse.ArgumentParser) -> None:

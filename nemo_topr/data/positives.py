@@ -18,6 +18,12 @@ warns of the first and refuses the second.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from nemo_topr.data.schema import DataError
+
+if TYPE_CHECKING:
+    from nemo_topr.data.records import RecordSet
 
 MAP_TO_SIGNS = "map 0/1 grades to -1/+1 (reward = 2 * grade - 1; docs/data.md, 'Rewards graded 0/1')"
 MAP_GRADES = f"{MAP_TO_SIGNS}, or set objective.negative_rule=advantage to mark R - c < 0 as negative"
@@ -45,14 +51,17 @@ def no_negatives_warning(rewards: Iterable[float], baseline: float, negative_rul
             f"untruncated weight of a positive (naive REINFORCE on them); {MAP_GRADES}")
 
 
-def grades_without_a_negative(rewards: Iterable[float]) -> str | None:
-    """What is wrong when the rewards take two or more values and none is negative (0/1, a rubric
-    in [0, 1]): a reader of sides by the paper's rule (`data curate`'s, the verifier's) would read
-    every grade, the wrong answers' too, as positive. None otherwise (one value reads one way)."""
-    values = set(rewards)
+def require_signed_grades(records: RecordSet, consequence: str) -> None:
+    """Refuse rewards that take two or more values with none negative (0/1, a rubric in [0, 1]),
+    naming the files: a reader that decides sides by the sign alone (the verifier's correct
+    answers, `data curate --anna-karenina`'s positives) would read every grade, the wrong
+    answers' too, as positive; `consequence` says what that reader would then do. One value
+    throughout reads one way only and is kept."""
+    values = {record.reward for record in records.records}
     if len(values) > 1 and min(values) >= 0:
-        return f"no reward is negative, yet the rewards take {len(values)} values ({min(values):g} to {max(values):g})"
-    return None
+        raise DataError(",".join(records.report.files), 0, "reward",
+                        f"no reward is negative, yet the rewards take {len(values)} values ({min(values):g} to "
+                        f"{max(values):g}): {consequence}; {MAP_TO_SIGNS}")
 
 
 def sign_flipping_baseline(rewards: Iterable[float], baseline: float) -> str | None:

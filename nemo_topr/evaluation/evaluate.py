@@ -42,7 +42,7 @@ from nemo_topr.evaluation.generate import (
     logged_sample_and_grade,
     no_record_note,
 )
-from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics
+from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics, scored_voters
 from nemo_topr.evaluation.sample_log import log_path
 from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, same_answer
 from nemo_topr.outputs import (add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file,
@@ -227,9 +227,9 @@ def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
 def _evaluate_records(args: argparse.Namespace, records: list[Record]) -> dict[str, Any]:
     task, problems, grader_errors = outcomes_of_records(records, args.task, args.max_grader_error_rate)
     problems = problems[: args.limit]
-    voting = [sample for samples in problems for sample in samples if sample.answer is not None]
-    if 0 < (scored := sum(sample.verifier_score is not None for sample in voting)) < len(voting):
-        print(f"nemo-topr eval: weighted_maj@k left out: {scored} of the {len(voting)} samples with an answer have "
+    scored, voters = scored_voters(problems)
+    if 0 < scored < voters:
+        print(f"nemo-topr eval: weighted_maj@k left out: {scored} of the {voters} samples with an answer have "
               "meta.verifier_score (score them all with `nemo-topr verifier score`)", file=sys.stderr)
     return benchmark_results(problems, task, args.k, grader_errors, label=args.label or Path(args.records[0]).stem,
                              source=[str(path) for path in args.records])

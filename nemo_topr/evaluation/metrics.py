@@ -85,12 +85,18 @@ def vote_is_correct(samples: Sequence[SampleOutcome], *, weighted: bool = False,
     return winner is not None and samples[winner].correct
 
 
+def scored_voters(problems: Sequence[Sequence[SampleOutcome]]) -> tuple[int, int]:
+    """(samples that vote and have a verifier score, samples that vote): a sample votes when it has
+    an answer; an empty completion, never scored, does not."""
+    voters = [sample for samples in problems for sample in samples if sample.answer is not None]
+    return sum(sample.verifier_score is not None for sample in voters), len(voters)
+
+
 def has_verifier_scores(problems: Sequence[Sequence[SampleOutcome]]) -> bool:
     """Whether samples were scored by a verifier: some sample has a score, and every sample that
-    votes (one with an answer) has one; an empty completion, never scored, does not vote."""
-    samples = [sample for samples in problems for sample in samples]
-    return (any(sample.verifier_score is not None for sample in samples)
-            and all(sample.verifier_score is not None for sample in samples if sample.answer is not None))
+    votes has one (`scored_voters`)."""
+    scored, voters = scored_voters(problems)
+    return scored == voters and any(sample.verifier_score is not None for samples in problems for sample in samples)
 
 
 def benchmark_metrics(problems: Sequence[Sequence[SampleOutcome]], ks: Sequence[int],

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr.arguments import at_least_one
-from nemo_topr.data.positives import MAP_TO_SIGNS, grades_without_a_negative
-from nemo_topr.data.records import Messages, Record, RecordSet, is_positive, load_records, write_jsonl
-from nemo_topr.data.schema import DataError
+from nemo_topr.data.positives import require_signed_grades
+from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
 from nemo_topr.device import add_device_argument, select_device
 from nemo_topr.model_source import require_hugging_face
 from nemo_topr.outputs import add_overwrite_argument, writable_output_file, writable_records_file, write_whole
@@ -36,6 +35,9 @@ from nemo_topr.outputs import add_overwrite_argument, writable_output_file, writ
 YES, NO = " Yes", " No"
 JUDGE_QUESTION = "Is the answer correct? Answer Yes or No."
 THRESHOLD = 0.5
+# what 0/1 grades would do here (`require_signed_grades`): R >= 0 is correct, the paper's rule
+ALL_JUDGED_CORRECT = ("the verifier reads a sample as correct when its reward is >= 0, so every sample would be "
+                      "judged correct")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,17 +82,6 @@ def judge_prompt(record: Record) -> str:
                                       "rendered by the chat template with its user turn (read as that turn's text), "
                                       "and the completion without special tokens")
     return f"{problem}\n\nProposed solution:\n{record.completion.strip()}\n\n{JUDGE_QUESTION}"
-
-
-def require_signed_grades(loaded: RecordSet) -> None:
-    """The verifier reads a sample as correct when R >= 0 (`is_positive`, the paper's rule): 0/1
-    grades would all read as correct, so the judge data would say Yes to every wrong answer and
-    the accuracy would count them right. Refused, naming the files; one reward throughout (all
-    correct) is kept."""
-    if problem := grades_without_a_negative(record.reward for record in loaded.records):
-        raise DataError(",".join(loaded.report.files), 0, "reward",
-                        f"{problem}: the verifier reads a sample as correct when its reward is >= 0, so every "
-                        f"sample would be judged correct; {MAP_TO_SIGNS}")
 
 
 def judge_records(graded: Sequence[Record]) -> list[Record]:
@@ -189,7 +180,7 @@ def with_scores(records: Sequence[Record], scores: Sequence[float]) -> list[Reco
 
 def _build(args: argparse.Namespace) -> int:
     loaded = load_records(args.graded)
-    require_signed_grades(loaded)
+    require_signed_grades(loaded, ALL_JUDGED_CORRECT)
     writable_records_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
     graded = loaded.records
     judge = judge_records(graded)
@@ -202,7 +193,7 @@ def _build(args: argparse.Namespace) -> int:
 def _score(args: argparse.Namespace) -> int:
     model = require_hugging_face(args.model)  # first: a typo is named as --model, not as a tokenizer row
     loaded = load_records(args.records)
-    require_signed_grades(loaded)
+    require_signed_grades(loaded, ALL_JUDGED_CORRECT)
     writable_records_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
     report_path = writable_output_file(args.out.with_suffix(".report.json"), "--out's report",
                                        inputs=loaded.report.files, overwrite=args.overwrite)
