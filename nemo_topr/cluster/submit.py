@@ -320,18 +320,19 @@ def job_run_dir(run_dir_option: Path | None, overrides: list[str], job_name: str
     passes it to train; a `run_dir=` naming another directory would have train write there, where
     the script never looks for the marker (a pre-empted job not requeued), so both, apart, are
     an error."""
-    named = [override for override in overrides if override.split("=", 1)[0].lstrip("+") == "run_dir"]
+    named = {override: override.split("=", 1)[1] for override in overrides
+             if override.split("=", 1)[0].lstrip("+") == "run_dir"}
     rest = [override for override in overrides if override not in named]
-    if any(not override.split("=", 1)[1] for override in named):  # REPO / "" is the checkout itself
+    if "" in named.values():  # REPO / "" is the checkout itself
         raise SystemExit("nemo-topr submit: run_dir= is empty: give the run directory (or --run-dir)")
-    from_override = {(REPO / override.split("=", 1)[1]).resolve() for override in named}
+    from_override = {(REPO / value).resolve() for value in named.values()}
     if len(from_override) > 1:
         raise SystemExit(f"nemo-topr submit: {' and '.join(named)} name two run directories: give one")
     if run_dir_option is None:
         return (from_override.pop() if from_override else (REPO / "runs" / job_name).resolve()), rest
     run_dir = run_dir_option.resolve()
     if from_override and from_override != {run_dir}:
-        raise SystemExit(f"nemo-topr submit: --run-dir {run_dir_option} and {named[0]} name different run "
+        raise SystemExit(f"nemo-topr submit: --run-dir {run_dir_option} and {next(iter(named))} name different run "
                          "directories: the job keeps its logs and requeue marker in --run-dir and train would "
                          "write into the other; give one of them")
     return run_dir, rest
