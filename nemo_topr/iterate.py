@@ -118,14 +118,19 @@ class IterateConfig:
 
 def load_config(source: str, overrides: list[str] = ()) -> IterateConfig:
     """The driver config at path `source` (or conf/SOURCE.yaml), then `key=value` overrides."""
-    from nemo_topr.training.config import CONF_DIR
+    import yaml
+
+    from nemo_topr.training.config import CONF_DIR, unparsed_yaml
 
     path = Path(source)
     if not path.is_file():
         path = CONF_DIR / f"{source}.yaml"
     if not path.is_file():
         raise IterateError(f"{source}: no such driver config (a YAML path, or a name in {CONF_DIR})")
-    loaded = OmegaConf.load(path)
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as error:
+        raise IterateError(unparsed_yaml(str(path), error)) from None
     if {"defaults", "objective", "dataset"} & set(loaded):  # e.g. tiny_cpu for iterate_tiny_cpu
         raise IterateError(f"{path}: a training config (for `nemo-topr train`); iterate takes a driver config, such "
                            "as iterate_tiny_cpu, whose train.config_name names the training config")
@@ -140,9 +145,11 @@ def load_config(source: str, overrides: list[str] = ()) -> IterateConfig:
 
 def _key_problem(error: OmegaConfBaseException) -> str:
     """OmegaConf's error in one line, naming the dotted key; an unknown key with the closest ones."""
-    key, message = getattr(error, "full_key", None) or "", str(getattr(error, "msg", error)).splitlines()[0]
+    from nemo_topr.training.config import omegaconf_problem
+
+    key = getattr(error, "full_key", None) or ""
     if not isinstance(error, ConfigKeyError) or not key:
-        return f"{key}: {message}" if key else message
+        return omegaconf_problem(error)
     parent, _, name = key.rpartition(".")
     section: Any = IterateConfig
     for part in filter(None, parent.split(".")):

@@ -592,6 +592,11 @@ MUTANTS = (
            '    if path.suffix == ".yaml" and not (directory / path.name).is_file():', "    if False:",
            ("tests/test_config.py::test_a_users_own_yaml_extends_a_preset_and_a_file_beside_it",),
            "train --config-name exp3.yaml (no such file here) looked up as the preset 'exp3'"),
+    Mutant("config_interpolation_unnamed", "nemo_topr/training/config.py",
+           "        OmegaConf.to_container(cfg, resolve=True)  # a failing interpolation named by its key, as "
+           "resolve() does not", "",
+           ("tests/test_config.py::test_a_yaml_that_does_not_parse_or_a_failing_interpolation_is_one_line_naming_"
+            "file_and_key",), "a failing interpolation's error names no key"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -144,6 +144,28 @@ def test_a_users_own_yaml_extends_a_preset_and_a_file_beside_it(tmp_path, monkey
         compose("my_runs/exp1.yml")
 
 
+def test_a_yaml_that_does_not_parse_or_a_failing_interpolation_is_one_line_naming_file_and_key(tmp_path,
+                                                                                                monkeypatch):
+    """Each was a traceback from Hydra or OmegaConf (`train`, `plan`; `submit` for a file that does
+    not parse), naming neither the file nor, for an interpolation, the key."""
+    monkeypatch.delenv("NEMO_TOPR_TEST_UNSET", raising=False)
+    (tmp_path / "bad.yaml").write_text("defaults:\n  - tiny_cpu\n  - _self_\nrun_dir: [a\n")
+    (tmp_path / "env.yaml").write_text("defaults:\n  - tiny_cpu\n  - _self_\n"
+                                       "run_dir: ${oc.env:NEMO_TOPR_TEST_UNSET}/run\n")
+    with pytest.raises(ConfigError, match=rf'^config {tmp_path}/bad.yaml does not parse as YAML: while parsing a '
+                                          rf'flow sequence in "{tmp_path}/bad.yaml", line 4, column 10 '):
+        compose(str(tmp_path / "bad.yaml"))
+    with pytest.raises(ConfigError, match=rf"^config {tmp_path}/env.yaml: run_dir: KeyError raised while resolving "
+                                          r"interpolation: \"Environment variable 'NEMO_TOPR_TEST_UNSET' not found\"$"):
+        compose(str(tmp_path / "env.yaml"))
+    for override, problem in (("run_dir=${oops", r"run_dir: no viable alternative at input '\$\{oops'"),
+                              ("optimizer.lr=${nope}", r"optimizer.lr: Interpolation key 'nope' not found")):
+        with pytest.raises(ConfigError, match=rf"^config {REPO}/conf/tiny_cpu.yaml with overrides: {problem}$"):
+            compose("tiny_cpu", [override])
+    # an interpolation that resolves is kept, resolved
+    assert compose("tiny_cpu", ["run_dir=${base_model}_run", "base_model=/m"]).run_dir == "/m_run"
+
+
 def test_resolved_config_is_saved_in_the_run_dir(tiny_hf, tmp_path):
     from nemo_topr.demo import build_graded_records
     from nemo_topr.training.recipe import prepare

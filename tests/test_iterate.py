@@ -85,6 +85,13 @@ def test_target_p_tilde_curates_at_the_baseline_training_uses(fake_model, tmp_pa
                 "train.overrides=[objective.variant=asymre]")  # p itself does not depend on c
 
 
+def test_a_driver_config_that_does_not_parse_is_named(tmp_path):
+    (tmp_path / "driver.yaml").write_text("train:\n  config_name: [tiny_cpu\n")
+    with pytest.raises(IterateError, match=rf'^{tmp_path}/driver.yaml does not parse as YAML: .* in '
+                                           rf'"{tmp_path}/driver.yaml", line 2, column 16 '):
+        load_config(str(tmp_path / "driver.yaml"))
+
+
 def test_overrides_may_follow_dry_run(fake_model, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(iterate, "run_command", lambda args, log: pytest.fail(f"ran {args}"))
     assert iterate.main(["iterate_tiny_cpu", "--dry-run", f"base_model={fake_model}", f"out={tmp_path / 'out'}",

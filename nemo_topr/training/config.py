@@ -56,9 +56,11 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
     `config_name` may also be the path of a YAML file of the user's (`my_runs/exp1.yaml`): its
     defaults list may name a file beside it or one of this repository's presets (`topr`,
     `llama31_8b_bf16`), which are searched after the user's directory."""
+    import yaml
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
 
     config_dir, config_name = config_location(config_name, config_dir)
     presets = [] if config_dir == CONF_DIR.resolve() else [f"hydra.searchpath=[file://{CONF_DIR.resolve()}]"]
@@ -73,6 +75,8 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
                               f"found neither in {searched}; the presets: "
                               f"{sorted(p.stem for p in CONF_DIR.glob('*.yaml'))}") from None
         raise ConfigError(f"no config {config_name!r} in {config_dir}; available: {available}") from None
+    except yaml.YAMLError as error:  # the mark names the file (the user's, or one its defaults name) and line
+        raise ConfigError(unparsed_yaml(f"config {config_dir / config_name}.yaml", error)) from None
     malformed = [item for item in overrides if "=" not in item]
     if malformed:
         raise ConfigError(f"overrides must be key=value; got {malformed}")
@@ -80,10 +84,25 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
     try:
         model_source.fold_alias(cfg)
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([model_source.alias_override(o) for o in overrides]))
+        OmegaConf.to_container(cfg, resolve=True)  # a failing interpolation named by its key, as resolve() does not
+        OmegaConf.resolve(cfg)
     except model_source.ModelSourceError as error:
         raise ConfigError(str(error)) from None
-    OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as error:  # an override that does not parse, an interpolation that fails
+        raise ConfigError(f"config {config_dir / config_name}.yaml{' with overrides' if overrides else ''}: "
+                          f"{omegaconf_problem(error)}") from None
     return cfg
+
+
+def unparsed_yaml(what: str, error: Exception) -> str:
+    """One line for a YAML file that does not parse; the parser's marks name the file, line and column."""
+    return f"{what} does not parse as YAML: {' '.join(str(error).split())}"
+
+
+def omegaconf_problem(error: Exception) -> str:
+    """OmegaConf's error in one line, naming the dotted key where it has one."""
+    key, message = getattr(error, "full_key", None) or "", str(getattr(error, "msg", None) or error).splitlines()[0]
+    return f"{key}: {message}" if key else message
 
 
 def config_location(config: str, config_dir: str | Path | None = None) -> tuple[Path, str]:
