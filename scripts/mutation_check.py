@@ -592,6 +592,10 @@ MUTANTS = (
            '    if path.suffix == ".yaml" and not (directory / path.name).is_file():', "    if False:",
            ("tests/test_config.py::test_a_users_own_yaml_extends_a_preset_and_a_file_beside_it",),
            "train --config-name exp3.yaml (no such file here) looked up as the preset 'exp3'"),
+    Mutant("submit_ignores_own_run_dir", "nemo_topr/cluster/submit.py",
+           "    if run_dir is None and config_dir != CONF_DIR.resolve():", "    if False:",
+           ("tests/test_slurm.py::test_submit_takes_the_run_dir_a_users_yaml_sets",),
+           "submit --config my.yaml replaces the run_dir the file sets with runs/JOB_NAME"),
     Mutant("config_interpolation_unnamed", "nemo_topr/training/config.py",
            "        OmegaConf.to_container(cfg, resolve=True)  # a failing interpolation named by its key, as "
            "resolve() does not", "",

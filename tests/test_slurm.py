@@ -158,6 +158,32 @@ def test_submit_of_a_users_yaml_passes_it_by_absolute_path_and_mounts_its_direct
                                          f"dataset.train_path={data}"), out.splitlines()[-1]
 
 
+def test_submit_takes_the_run_dir_a_users_yaml_sets(tmp_path, capsys, monkeypatch):
+    """A user's YAML that sets run_dir: the job's run directory, as `train` on that file would use
+    it (it was replaced by runs/JOB_NAME without a word); --run-dir and a run_dir= override still
+    come first, and a run_dir its presets set is no choice of the user's."""
+    model = placeholder_hf_model(tmp_path / "Llama-3.1-70B", LLAMA_31_70B)
+    (tmp_path / "scored.jsonl").write_text("{}\n")
+    own = tmp_path / "exp.yaml"
+    own.write_text(f"defaults:\n  - llama31_70b_bf16\n  - _self_\nrun_dir: {tmp_path / 'mine'}\n")
+    inherits = tmp_path / "plain.yaml"
+    inherits.write_text("defaults:\n  - llama31_70b_bf16\n  - _self_\n")
+    relative = tmp_path / "relative.yaml"  # from the checkout, where the job runs train
+    relative.write_text("defaults:\n  - llama31_70b_bf16\n  - _self_\nrun_dir: runs/submit_test_never_made\n")
+    monkeypatch.chdir(tmp_path)
+    for config, options, run_dir in (
+            (own, [], tmp_path / "mine"), (own, ["--run-dir", "cli"], tmp_path / "cli"),
+            (own, [f"run_dir={tmp_path / 'override'}"], tmp_path / "override"),
+            (inherits, [], REPO.resolve() / "runs" / "topr-plain"),
+            (relative, [], REPO.resolve() / "runs" / "submit_test_never_made")):
+        status, out, err = _submit(capsys, "--config", str(config), "--nodes", "4", "--container-image", "img",
+                                   "--dry-run", f"base_model={model}",
+                                   f"dataset.train_path={tmp_path / 'scored.jsonl'}", *options)
+        assert status == 0, err
+        assert f"export NEMO_TOPR_RUN_DIR={run_dir}" in out.splitlines(), (config.name, options)
+    assert not (tmp_path / "mine").exists() and not (REPO / "runs" / "submit_test_never_made").exists()
+
+
 def test_submit_names_every_unmounted_path_and_missing_input(tmp_path, capsys):
     host_models = tmp_path / "lustre" / "models"
     placeholder_hf_model(host_models / "Llama-3.1-70B", LLAMA_31_70B, tokenizer=False)

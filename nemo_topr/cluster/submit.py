@@ -313,10 +313,10 @@ def submit(job: ClusterJob, script_text: str) -> str:
     return answer.stdout.strip()
 
 
-def job_run_dir(run_dir_option: Path | None, overrides: list[str], job_name: str) -> tuple[Path, list[str]]:
+def job_run_dir(run_dir_option: Path | None, overrides: list[str]) -> tuple[Path | None, list[str]]:
     """The job's run directory and the overrides without `run_dir=`: --run-dir (from where submit
-    runs), else a `run_dir=` override (from the checkout, where the job reads it), else
-    runs/JOB_NAME. The job script keeps its logs, its script and the requeue marker there and
+    runs), else a `run_dir=` override (from the checkout, where the job reads it), else None (see
+    `own_run_dir`). The job script keeps its logs, its script and the requeue marker there and
     passes it to train; a `run_dir=` naming another directory would have train write there, where
     the script never looks for the marker (a pre-empted job not requeued), so both, apart, are
     an error."""
@@ -329,7 +329,7 @@ def job_run_dir(run_dir_option: Path | None, overrides: list[str], job_name: str
     if len(from_override) > 1:
         raise SystemExit(f"nemo-topr submit: {' and '.join(named)} name two run directories: give one")
     if run_dir_option is None:
-        return (from_override.pop() if from_override else (REPO / "runs" / job_name).resolve()), rest
+        return (from_override.pop() if from_override else None), rest
     run_dir = run_dir_option.resolve()
     if from_override and from_override != {run_dir}:
         raise SystemExit(f"nemo-topr submit: --run-dir {run_dir_option} and {next(iter(named))} name different run "
@@ -338,14 +338,35 @@ def job_run_dir(run_dir_option: Path | None, overrides: list[str], job_name: str
     return run_dir, rest
 
 
+def own_run_dir(config_file: Path, overrides: list[str]) -> Path | None:
+    """The run directory a user's YAML file sets itself (from the checkout, as the job reads it), as
+    train would compose it; None when the file sets none (its presets' `runs/NAME` is no choice of
+    the user's) or does not parse (pre-flight then says so and queues nothing)."""
+    import yaml
+
+    from nemo_topr.cluster.plan import compose_config
+    from nemo_topr.training.config import ConfigError
+
+    try:
+        own = yaml.safe_load(config_file.read_text())
+    except yaml.YAMLError:
+        return None
+    if not (isinstance(own, dict) and own.get("run_dir") is not None):
+        return None
+    try:
+        return (REPO / compose_config(str(config_file), overrides, None)[0]["run_dir"]).resolve()
+    except ConfigError as error:  # not replaced by runs/JOB_NAME, which would hide it from pre-flight
+        raise SystemExit(f"nemo-topr submit: not queued: run config: {error}") from None
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nemo-topr submit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a config in conf/ (e.g. llama31_8b_bf16), or the path of "
                                                         "your own YAML file, whose defaults may name those")
     parser.add_argument("--job-name", help="default: topr-CONFIG (the YAML file's name without .yaml)")
-    parser.add_argument("--run-dir", type=Path, help="default: a run_dir= override (from the checkout), else "
-                                                     "runs/JOB_NAME")
+    parser.add_argument("--run-dir", type=Path, help="default: a run_dir= override, else the run_dir your own "
+                                                     "YAML sets (both from the checkout), else runs/JOB_NAME")
     parser.add_argument("--nodes", type=at_least_one, default=1)
     parser.add_argument("--gpus-per-node", type=at_least_one, default=8)
     parser.add_argument("--time", default="04:00:00")
@@ -369,7 +390,10 @@ def main(argv: list[str]) -> int:
     # a preset by its name, a YAML file elsewhere by its absolute path: the job runs train from the checkout
     config = name if config_dir == CONF_DIR.resolve() else str(config_dir / f"{name}.yaml")
     job_name = args.job_name or f"topr-{name}"
-    run_dir, overrides = job_run_dir(args.run_dir, args.overrides, job_name)
+    run_dir, overrides = job_run_dir(args.run_dir, args.overrides)
+    if run_dir is None and config_dir != CONF_DIR.resolve():
+        run_dir = own_run_dir(config_dir / f"{name}.yaml", overrides)
+    run_dir = run_dir or (REPO / "runs" / job_name).resolve()
     job = ClusterJob(config_name=config, overrides=overrides, job_name=job_name, run_dir=run_dir, nodes=args.nodes,
                      gpus_per_node=args.gpus_per_node, time=args.time, account=args.account,
                      partition=args.partition, container_image=args.container_image,
