@@ -601,6 +601,10 @@ MUTANTS = (
            "resolve() does not", "",
            ("tests/test_config.py::test_a_yaml_that_does_not_parse_or_a_failing_interpolation_is_one_line_naming_"
             "file_and_key",), "a failing interpolation's error names no key"),
+    Mutant("benchmark_rows_unchecked", "nemo_topr/data/prompts.py",
+           "        if not isinstance(row.get(column), str) or not row[column].strip():", "        if False:",
+           ("tests/test_data_prompts.py::test_a_users_benchmark_file_is_read_row_by_row_naming_file_line_and_field",),
+           "a user's benchmark row without a question read until a KeyError"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -140,3 +140,24 @@ def test_a_save_to_disk_dataset_in_the_hub_math500_layout(tmp_path):
     datasets.Dataset.from_list([{"problem": "1+1?", "solution": "2"}]).save_to_disk(tmp_path / "no_answer")
     with pytest.raises(prompts.DataError, match=r"no_answer: answer: missing column \(columns: problem, solution\)"):
         load_math500(tmp_path / "no_answer")
+
+
+def test_a_users_benchmark_file_is_read_row_by_row_naming_file_line_and_field(tmp_path):
+    """A user's copy of a benchmark (--data-dir): an odd row ended `eval` in a KeyError traceback,
+    a broken line in `Expecting value: line 2 column 1`, naming neither file nor line."""
+    good = '{"question": "1 + 1?", "answer": "So 2.\\n#### 2"}\n'
+    path = tmp_path / "gsm8k_test.jsonl"
+    for second, message in (
+            ('{"question": "2 + 2?", "answer": \n', r"gsm8k_test.jsonl:2: record: invalid JSON: Expecting value"),
+            ('{"q": "2 + 2?", "answer": "#### 4"}\n', r"gsm8k_test.jsonl:2: question: missing \(fields: q, answer\)"),
+            ('{"question": "2 + 2?", "answer": 4}\n', r"gsm8k_test.jsonl:2: answer: expected a non-empty string, got 4"),
+            ('{"question": " ", "answer": "#### 4"}\n', r"gsm8k_test.jsonl:2: question: expected a non-empty string"),
+            ('["2 + 2?", "4"]\n', r"gsm8k_test.jsonl:2: record: expected a JSON object, got list"),
+            ('{"question": "2 + 2?", "answer": "4"}\n', r"gsm8k_test.jsonl:2: answer: a GSM8K answer ends with a "
+                                                        r"'#### N' line; this one has none")):
+        path.write_text(good + second)
+        with pytest.raises(prompts.DataError, match=rf"^{tmp_path}/{message}"):
+            load_gsm8k("test", tmp_path)
+    # MATH-500 as the hub writes it (`problem`), in JSONL too, as a saved dataset already was read
+    (tmp_path / "math500_test.jsonl").write_text('{"problem": "1 + 1?", "answer": "2", "unique_id": "a"}\n')
+    assert load_math500(tmp_path) == [{"question": "1 + 1?", "answer": "2", "unique_id": "a"}]

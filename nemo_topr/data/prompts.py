@@ -10,14 +10,13 @@ MATH-500: zero-shot, final answer in \\boxed{}.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
 from pathlib import Path
 
-from nemo_topr.data.schema import DataError
-from nemo_topr.data.sources import load_saved_dataset, saved_dataset_kind
+from nemo_topr.data.schema import DataError, RejectedRow
+from nemo_topr.data.sources import jsonl_rows, load_saved_dataset, saved_dataset_kind
 
 # Found from the package's location: the recipe runs from its clone (an editable install), so the
 # repository's files sit beside the package; a wheel installed elsewhere sets NEMO_TOPR_DATA_DIR.
@@ -54,8 +53,27 @@ def _read_benchmark(benchmark: str, split: str, data_dir: str | Path | None) -> 
             f"{path}: benchmark file not found; set {DATA_DIR_ENV} or pass --data-dir: a directory of the "
             f"benchmark JSONL files or a save_to_disk dataset (the data is never downloaded)"
         )
-    with path.open(encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
+    rows = []
+    for number, row in jsonl_rows(path):
+        if isinstance(row, RejectedRow):
+            raise row.error
+        rows.append(benchmark_row(row, path, number, benchmark))
+    return rows
+
+
+def benchmark_row(row: object, where: str | Path, number: int, benchmark: str) -> dict:
+    """`row` with its question under `question` (QUESTION_COLUMNS), checked as the prompts and
+    graders read it: a user's copy of a benchmark failed on its first odd row with a KeyError."""
+    if not isinstance(row, dict):
+        raise DataError(where, number, "record", f"expected a JSON object, got {type(row).__name__}")
+    question = next((column for column in QUESTION_COLUMNS if column in row), "question")
+    for column in (question, "answer"):
+        if not isinstance(row.get(column), str) or not row[column].strip():
+            found = "missing" if column not in row else f"expected a non-empty string, got {row[column]!r:.40}"
+            raise DataError(where, number, column, f"{found} (fields: {', '.join(row)})")
+    if benchmark == "gsm8k" and "####" not in row["answer"]:
+        raise DataError(where, number, "answer", "a GSM8K answer ends with a '#### N' line; this one has none")
+    return row if question == "question" else {"question": row.pop(question), **row}
 
 
 def _saved_benchmark_rows(directory: Path, benchmark: str, split: str) -> list[dict]:
@@ -70,10 +88,7 @@ def _saved_benchmark_rows(directory: Path, benchmark: str, split: str) -> list[d
     for field, column in (("question", question), ("answer", "answer")):
         if column not in dataset.column_names:
             raise DataError(name, 0, field, f"missing column (columns: {', '.join(dataset.column_names)})")
-    rows = dataset.to_list()
-    if question != "question":
-        rows = [{"question": row.pop(question), **row} for row in rows]
-    return rows
+    return [benchmark_row(row, name, number, benchmark) for number, row in enumerate(dataset.to_list(), start=1)]
 
 
 def load_gsm8k(split: str = "train", data_dir: str | Path | None = None) -> list[dict]:
