@@ -605,6 +605,11 @@ MUTANTS = (
            "        if not isinstance(row.get(column), str) or not row[column].strip():", "        if False:",
            ("tests/test_data_prompts.py::test_a_users_benchmark_file_is_read_row_by_row_naming_file_line_and_field",),
            "a user's benchmark row without a question read until a KeyError"),
+    Mutant("json_key_twice_read_as_last", "nemo_topr/data/sources.py",
+           ', object_pairs_hook=_object_of_distinct_keys)', ")",
+           ("tests/test_data_records.py::test_a_key_given_twice_with_different_values_is_refused_not_read_as_"
+            "the_last",),
+           "a record giving reward twice read as the last value"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -333,6 +333,22 @@ def test_a_byte_order_mark_opening_a_file_is_ignored_and_one_inside_is_named(tmp
     assert "utf-8-sig" not in str(error.value)
 
 
+def test_a_key_given_twice_with_different_values_is_refused_not_read_as_the_last(tmp_path):
+    """Python's json keeps a repeated key's last value: a reward written twice (say a grader's -1,
+    then a re-grader's 1) was read as 1 without a word."""
+    path = tmp_path / "twice.jsonl"
+    path.write_text('{"prompt": "Q?", "completion": " A", "reward": 1.0}\n'
+                    '{"prompt": "Q?", "completion": " B", "reward": -1.0, "reward": 1.0}\n'
+                    '{"prompt": "Q?", "completion": " C", "reward": -1.0, "reward": -1.0}\n'  # the same value
+                    '{"prompt": "Q?", "completion": " D", "reward": 1.0, "meta": {"k": 1, "k": 2}}\n')
+    with pytest.raises(DataError, match=rf"^{path}:2: reward: given 2 times in one object, with different values "
+                                        r"\(-1.0, 1.0\): which is meant\?$"):
+        load_records(path)
+    records = load_records(path, strict=False)
+    assert [r.completion for r in records.records] == [" A", " C"]
+    assert records.report.dropped == {"invalid_json": 2}
+
+
 def test_per_token_behavior_logprobs_are_refused_saying_it_is_one_sum(tmp_path):
     """A sampler's per-token log-probs (vLLM's, a Parquet list column): TOPR's ratio is over the
     whole sequence, so the message says what the field holds and how to score it."""

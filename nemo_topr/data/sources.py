@@ -158,6 +158,25 @@ def _file_source(path: Path) -> Source:
 # Files
 
 
+class KeyGivenTwice(ValueError):
+    def __init__(self, key: str, values: list[Any]):
+        super().__init__(f"given {len(values)} times in one object, with different values "
+                         f"({', '.join(f'{v!r:.40}' for v in values)}): which is meant?")
+        self.key = key
+
+
+def _object_of_distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys differ, or repeat a value: Python's json keeps a repeated key's
+    last value, and a reward written twice (a grader's and a re-grader's) read as the last."""
+    row = dict(pairs)
+    if len(row) < len(pairs):
+        for key in row:
+            values = [value for name, value in pairs if name == key]
+            if any(json.dumps(value) != json.dumps(values[0]) for value in values):  # NaN as NaN
+                raise KeyGivenTwice(key, values)
+    return row
+
+
 def jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
     """(line number, the row or a RejectedRow naming file, line and problem), line by line: not
     through `datasets`, which loses line numbers and coerces types."""
@@ -172,7 +191,9 @@ def jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
                 yield number, RejectedRow("invalid_utf8", DataError(path, number, "record", problem))
                 continue
             try:
-                yield number, json.loads(text.rstrip("\r\n"))
+                yield number, json.loads(text.rstrip("\r\n"), object_pairs_hook=_object_of_distinct_keys)
+            except KeyGivenTwice as error:
+                yield number, RejectedRow("invalid_json", DataError(path, number, error.key, str(error)))
             except json.JSONDecodeError as error:
                 problem = f"invalid JSON: {error.msg} (column {error.colno})"
                 if error.msg.startswith("Unexpected UTF-8 BOM"):  # Python's message suggests a decoding option
