@@ -610,6 +610,10 @@ MUTANTS = (
            ("tests/test_data_records.py::test_a_key_given_twice_with_different_values_is_refused_not_read_as_"
             "the_last",),
            "a record giving reward twice read as the last value"),
+    Mutant("hf_config_sizes_unchecked", "nemo_topr/cluster/architecture.py",
+           "    if problems:\n        raise ValueError(f\"{config_json}:", "    if False:\n        raise ValueError(f\"{config_json}:",
+           ("tests/test_plan.py::test_a_config_json_without_a_size_or_with_a_text_one_is_named_not_a_traceback",),
+           "plan on a config.json without num_attention_heads: a KeyError traceback"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

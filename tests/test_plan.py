@@ -259,6 +259,28 @@ def test_planner_reads_hf_config_json(tmp_path):
     assert arch.num_layers == 40  # model.* keys win, as in training
 
 
+
+def test_a_config_json_without_a_size_or_with_a_text_one_is_named_not_a_traceback(tmp_path, capsys):
+    """`plan` and `submit` ended in a KeyError or TypeError traceback from the architecture arithmetic."""
+    import json
+
+    model = placeholder_hf_model(tmp_path / "m", {"architectures": ["LlamaForCausalLM"]})
+    assert main(["llama31_8b_bf16", f"base_model={model}"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        f"nemo-topr plan: {model}/config.json: no num_hidden_layers, hidden_size, intermediate_size, "
+        "num_attention_heads, vocab_size (a Llama's")
+    config = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": "4096",
+              "intermediate_size": 64, "num_attention_heads": 0, "vocab_size": 100, "head_dim": None}
+    (model / "config.json").write_text(json.dumps(config))
+    assert main(["llama31_8b_bf16", f"base_model={model}"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        f"nemo-topr plan: {model}/config.json: hidden_size='4096', num_attention_heads=0: not a positive integer")
+    config.update(hidden_size=64, num_attention_heads=4)  # head_dim null: HF's default, hidden // heads
+    (model / "config.json").write_text(json.dumps(config))
+    arch, _ = resolve_architecture({"base_model": str(model), "model": {}}, "anything", None)
+    assert (arch.kv_channels, arch.num_query_groups) == (16, 4)
+
+
 @pytest.fixture(scope="module")
 def cpu_bridge():
     from nemo_topr import cpu_runtime

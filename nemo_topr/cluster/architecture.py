@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -101,10 +102,22 @@ HF_CONFIG_KEYS = {
     "tie_word_embeddings": "share_embeddings_and_output_weights",
 }
 
+HF_CONFIG_DEFAULTED = ("num_key_value_heads", "head_dim", "tie_word_embeddings")  # LlamaConfig's defaults apply
 
-def architecture_from_hf_config(config: dict[str, Any], name: str) -> Architecture:
-    """Architecture of a local HF Llama ``config.json`` (GQA and head_dim defaults as in HF)."""
-    values = {field: config[key] for key, field in HF_CONFIG_KEYS.items() if key in config}
+
+def architecture_from_hf_config(config_json: Path, name: str) -> Architecture:
+    """Architecture of a local HF Llama ``config.json`` (GQA and head_dim defaults as in HF); one
+    without a size, or with one that is no positive integer, is an error naming the keys."""
+    config = json.loads(config_json.read_text())
+    given = {key: value for key, value in config.items() if key in HF_CONFIG_KEYS and value is not None}
+    missing = [key for key in HF_CONFIG_KEYS if key not in given and key not in HF_CONFIG_DEFAULTED]
+    wrong = [f"{key}={value!r}" for key, value in given.items() if key != "tie_word_embeddings"
+             and (isinstance(value, bool) or not isinstance(value, int) or value < 1)]
+    problems = ([f"no {', '.join(missing)}"] if missing else []) + (
+        [f"{', '.join(wrong)}: not a positive integer"] if wrong else [])
+    if problems:
+        raise ValueError(f"{config_json}: {'; '.join(problems)} (a Llama's config.json has them)")
+    values = {HF_CONFIG_KEYS[key]: value for key, value in given.items()}
     values.setdefault("num_query_groups", values["num_attention_heads"])
     values.setdefault("kv_channels", values["hidden_size"] // values["num_attention_heads"])
     values.setdefault("share_embeddings_and_output_weights", False)  # LlamaConfig's default

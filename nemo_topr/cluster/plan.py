@@ -22,7 +22,6 @@ Exit status: 0 when every check passes and the estimate fits; 1 otherwise; 2 on 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -42,7 +41,7 @@ def resolve_architecture(cfg: dict[str, Any], config_name: str, arch_key: str | 
     source, route = load_route(cfg, must_exist=False)
     config_json = source.hf_dir / "config.json" if source is not None else None
     if arch_key is None and config_json is not None:
-        arch = architecture_from_hf_config(json.loads(config_json.read_text()), source.path.name)
+        arch = architecture_from_hf_config(config_json, source.path.name)
         return with_model_overrides(arch, cfg.get("model") or {}), str(config_json)
     why = "--arch" if arch_key else route
     key = arch_key or _reference_key_from_name(config_name)

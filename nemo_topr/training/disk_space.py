@@ -17,7 +17,6 @@ Quotas are not seen: only the filesystem's free space.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -80,8 +79,7 @@ def parameter_count(hf_dir: Path) -> int:
     `nemo-topr plan` counts them)."""
     from nemo_topr.cluster.architecture import architecture_from_hf_config
 
-    config = json.loads((hf_dir / "config.json").read_text())
-    return architecture_from_hf_config(config, hf_dir.name).total_params
+    return architecture_from_hf_config(hf_dir / "config.json", hf_dir.name).total_params
 
 
 def _complete_iterations(checkpoint_root: Path) -> list[int]:
