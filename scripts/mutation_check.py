@@ -614,6 +614,10 @@ MUTANTS = (
            "    if problems:\n        raise ValueError(f\"{config_json}:", "    if False:\n        raise ValueError(f\"{config_json}:",
            ("tests/test_plan.py::test_a_config_json_without_a_size_or_with_a_text_one_is_named_not_a_traceback",),
            "plan on a config.json without num_attention_heads: a KeyError traceback"),
+    Mutant("submit_venv_unchecked", "nemo_topr/cluster/submit.py",
+           "        venv_problems, warnings = check_venv(job.venv, cfg)", "        venv_problems = []",
+           ("tests/test_slurm.py::test_submit_checks_the_venv_the_ranks_run_before_queueing",),
+           "submit --venv of a vLLM venv, or FP8 without TE there, queued"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -158,6 +158,50 @@ def test_submit_of_a_users_yaml_passes_it_by_absolute_path_and_mounts_its_direct
                                          f"dataset.train_path={data}"), out.splitlines()[-1]
 
 
+def _venv(root: Path, script: str) -> Path:
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python").write_text(f"#!/bin/sh\n{script}\n")
+    (root / "bin" / "python").chmod(0o755)
+    return root
+
+
+def test_submit_checks_the_venv_the_ranks_run_before_queueing(tmp_path, capsys):
+    """Only bin/python's existence was checked: a vLLM venv (no Megatron), one whose python does
+    not run, or an FP8 run in a venv without Transformer Engine queued, and failed at its start."""
+    model = placeholder_hf_model(tmp_path / "Llama-3.1-70B", LLAMA_31_70B)
+    (tmp_path / "scored.jsonl").write_text("{}\n")
+
+    def problems_and_warnings(venv: Path, config: str = "llama31_70b_bf16", *overrides: str):
+        status, _, err = _submit(capsys, "--config", config, "--nodes", "4", "--venv", str(venv), "--dry-run",
+                                 "--run-dir", str(tmp_path / "run"), f"base_model={model}",
+                                 f"dataset.train_path={tmp_path / 'scored.jsonl'}", *overrides)
+        lines = err.splitlines()
+        return (status, [line.removeprefix("  - ") for line in lines if line.startswith("  - ")],
+                [line.removeprefix("nemo-topr submit: warning: ") for line in lines if "warning: " in line])
+
+    # this checkout's venv finds every package a rank imports (Transformer Engine or not)
+    status, problems, warnings = problems_and_warnings(Path(sys.prefix))
+    assert status == 0 and not problems and not any("lacks" in w for w in warnings), (problems, warnings)
+    # the same interpreter without its site-packages (-S): as a venv made for something else
+    bare = _venv(tmp_path / "bare", f'exec {sys.executable} -I -S "$@"')
+    assert problems_and_warnings(bare)[:2] == (1, [
+        f"--venv {bare} lacks torch, megatron.core, megatron.bridge, transformers, hydra, omegaconf, which every "
+        "rank imports: use a venv made by `make venv` (scripts/setup_venv.sh)"])
+    broken = _venv(tmp_path / "broken", 'echo "error while loading shared libraries: libpython3.12.so" >&2; exit 127')
+    assert problems_and_warnings(broken)[:2] == (1, [
+        f"--venv {broken}: {broken}/bin/python does not run (error while loading shared libraries: libpython3.12.so)"])
+    # a venv that has all but Transformer Engine (its finder's answer given): FP8 refused, BF16 warned
+    no_te = _venv(tmp_path / "no_te", """echo '["transformer_engine"]'""")
+    assert problems_and_warnings(no_te, "llama31_70b_fp8")[1] == [(
+        f"model.fp8=hybrid needs Transformer Engine, which --venv {no_te} lacks: install requirements-gpu.txt there "
+        "(docs/cluster.md, the venv route) or drop FP8 (model.fp8=null)")]
+    status, problems, warnings = problems_and_warnings(no_te)
+    assert status == 0 and warnings == [
+        f"--venv {no_te} has no Transformer Engine: the ranks build Megatron's local layers (BF16, no fused kernels), "
+        "slower than the presets are sized for; install requirements-gpu.txt there"]
+    assert problems_and_warnings(no_te, "llama31_70b_bf16", "device=cpu")[2] == []  # the CPU runtime needs no TE
+
+
 def test_submit_takes_the_run_dir_a_users_yaml_sets(tmp_path, capsys, monkeypatch):
     """A user's YAML that sets run_dir: the job's run directory, as `train` on that file would use
     it (it was replaced by runs/JOB_NAME without a word); --run-dir and a run_dir= override still

@@ -21,6 +21,7 @@ GPU. Without --dry-run it is written to RUN_DIR/submit/JOB_NAME.sbatch and passe
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -159,6 +160,43 @@ def check_environment(job: ClusterJob, paths: dict[str, Path], mounts: list[Moun
     return problems, on_host
 
 
+# what every rank imports (besides the checkout's nemo_topr and its light dependencies)
+RANK_PACKAGES = ("torch", "megatron.core", "megatron.bridge", "transformers", "hydra", "omegaconf")
+_FIND_PACKAGES = """import importlib.util, json, sys
+def found(name):
+    try:  # megatron.core without megatron: ModuleNotFoundError
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+print(json.dumps([name for name in sys.argv[1:] if not found(name)]))"""
+
+
+def check_venv(venv: Path, cfg: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of the venv the ranks will run, found before the queue wait rather than
+    at the job's start: its python runs and finds the packages the ranks import (a venv made for
+    vLLM, requirements-vllm.txt, has none of Megatron), and Transformer Engine where the run needs it."""
+    python = venv / "bin" / "python"
+    try:
+        found = subprocess.run([str(python), "-c", _FIND_PACKAGES, *RANK_PACKAGES, "transformer_engine"],
+                               capture_output=True, text=True, timeout=120)
+        missing = json.loads(found.stdout) if found.returncode == 0 else None
+        why = (found.stderr.strip().splitlines() or ["no output"])[-1]
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as error:
+        missing, why = None, str(error)
+    if missing is None:
+        return [f"--venv {venv}: {python} does not run ({why})"], []
+    if lacking := [name for name in RANK_PACKAGES if name in missing]:
+        return [f"--venv {venv} lacks {', '.join(lacking)}, which every rank imports: use a venv made by "
+                "`make venv` (scripts/setup_venv.sh)"], []
+    if "transformer_engine" not in missing or cfg.get("device") == "cpu":
+        return [], []
+    if (cfg.get("model") or {}).get("fp8"):
+        return [f"model.fp8={cfg['model']['fp8']} needs Transformer Engine, which --venv {venv} lacks: install "
+                "requirements-gpu.txt there (docs/cluster.md, the venv route) or drop FP8 (model.fp8=null)"], []
+    return [], [f"--venv {venv} has no Transformer Engine: the ranks build Megatron's local layers (BF16, no fused "
+                "kernels), slower than the presets are sized for; install requirements-gpu.txt there"]
+
+
 def check_inputs(on_host: dict[str, Path], cfg: dict[str, Any]) -> list[str]:
     """The starting model is complete (`nemo_topr.model_source`: an HF directory with config and
     tokenizer, or a finished Megatron checkpoint carrying its HF config), the data exists and the
@@ -261,10 +299,14 @@ def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
     input_problems = check_inputs(on_host, cfg)
     problems += environment_problems + input_problems
     warnings: list[str] = []
+    if not job.container_image and not environment_problems:
+        venv_problems, warnings = check_venv(job.venv, cfg)
+        problems += venv_problems
     if "base_model" in on_host and not input_problems:
         host_spec = f"{on_host['base_model']}{model_source.split_iteration(cfg['base_model'])[1]}"
-        layout_problems, warnings = check_layout({**cfg, "base_model": host_spec}, title, job)
+        layout_problems, layout_warnings = check_layout({**cfg, "base_model": host_spec}, title, job)
         problems += layout_problems
+        warnings += layout_warnings
         if "run_dir" in on_host:
             seen_as = (on_host["base_model"], paths["base_model"]) if job.container_image else None
             resume_problems, resume_warnings = check_run_it_resumes(cfg, host_spec, on_host["run_dir"], seen_as)
