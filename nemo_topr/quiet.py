@@ -15,14 +15,21 @@ adds Hydra's and multistorageclient's note that msc:// configs are not set up. N
 something a user can act on, and it buried the first useful line of every verb. Only these exact messages are filtered; any other warning or
 log line still shows. What is not Python's cannot be filtered here: Gloo's "[Gloo] Rank N is
 connected to ..." lines are printed by C++ on stdout (one per rank and process group on CPU runs).
+Where a verb's stdout is its result, `stdout_to_stderr` drops them, and Megatron's known prints,
+and moves the rest to stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import re
+import sys
+import threading
 import warnings
+from collections.abc import Iterator
 
 VERBOSE_ENV = "NEMO_TOPR_VERBOSE"
 
@@ -71,6 +78,15 @@ HARMLESS_LOG_LINES = {
         r"|Could not resolve target 'megatron\.core\.optimizer\.optimizer\.MegatronOptimizer\.scale_loss')"),
 }
 
+# what reading a checkpoint in one process writes to stdout (export, score-logprobs): C++ and prints
+HARMLESS_STDOUT_LINES = re.compile("|".join((
+    r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks",  # torch's Gloo, per rank and process group
+    r"Broadcasting config from rank 0 to all \d+ ranks",  # Megatron-Bridge reading the run's config
+    r"Loading checkpoint directly from iteration directory ",  # the verbs name the checkpoint themselves
+    r" > number of parameters on \(tensor, ",
+    r"sharded_state_dict metadata loaded from the checkpoint: ",
+)))
+
 
 class _DropMatching(logging.Filter):
     def __init__(self, pattern: str):
@@ -92,3 +108,34 @@ def quiet_known_noise(environ=os.environ) -> bool:
         if not any(isinstance(f, _DropMatching) for f in logger.filters):
             logger.addFilter(_DropMatching(pattern))
     return True
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(environ=os.environ) -> Iterator[None]:
+    """What is written to file descriptor 1 inside goes to stderr, less HARMLESS_STDOUT_LINES
+    (unless NEMO_TOPR_VERBOSE=1): Python's prints and logging, and what C++ writes there (Gloo's
+    lines, 24 in one CPU export), so a verb's stdout holds only its result (score-logprobs' JSON
+    summary for `| jq`, export's lines) and its stderr only what a user may act on."""
+    verbose = environ.get(VERBOSE_ENV) == "1"
+    sys.stdout.flush()
+    kept = os.dup(1)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 1)
+    os.close(write_end)
+
+    def forward() -> None:
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                if verbose or not HARMLESS_STDOUT_LINES.match(line.decode("utf-8", "replace")):
+                    os.write(2, line)
+
+    forwarder = threading.Thread(target=forward, name="stdout-to-stderr", daemon=True)
+    forwarder.start()
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        ctypes.CDLL(None).fflush(None)  # C stdio's buffer for descriptor 1, into the pipe
+        os.dup2(kept, 1)  # the pipe's last write end closes: the forwarder reads to its end
+        os.close(kept)
+        forwarder.join(timeout=10)  # a child process still holding the pipe keeps it open

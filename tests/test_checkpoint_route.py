@@ -132,7 +132,8 @@ def test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weigh
     assert (source.kind, source.iteration, source.hf_dir) == ("megatron", 0, out / "hf_artifacts")
     assert {"config.json", "tokenizer.json", "generation_config.json"} <= {p.name for p in source.hf_dir.iterdir()}
     # item 6: export straight from the import (no run) loads in transformers with the HF weights, bit for bit
-    nemo_topr("export", "--ckpt", out, "--hf-out", tmp_path / "back", "--device", "cpu")
+    exported = nemo_topr("export", "--ckpt", out, "--hf-out", tmp_path / "back", "--device", "cpu")
+    assert exported.stdout == f"exported {out / 'iter_0000000'} -> {tmp_path / 'back'}\n"  # Gloo's lines: stderr
     original, back = safetensors(tiny / "hf"), safetensors(tmp_path / "back")
     assert back.keys() == original.keys() and all(torch.equal(back[k], original[k]) for k in original)
     assert (tmp_path / "back" / "tokenizer.json").read_text() == (tiny / "hf" / "tokenizer.json").read_text()

@@ -149,3 +149,5 @@ def test_cpu_scoring_on_a_node_with_te_and_apex_installed_never_imports_them(tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in scored.read_text().splitlines()]
     assert len(rows) == len(graded.read_text().splitlines()) and all(r["behavior_logprob"] < 0 for r in rows)
+    # stdout is the summary alone, for `| jq`: Gloo's 24 lines and Megatron's prints went before it
+    assert json.loads(proc.stdout)["records_used"] == len(rows)

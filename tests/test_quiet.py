@@ -109,3 +109,30 @@ def test_plan_prints_no_start_up_noise_unless_verbose(tmp_path):
                              text=True, timeout=300)
     assert verbose.returncode == 0 and "Apex is not installed" in verbose.stderr
     assert "Import of FP8GlobalStateManager" in verbose.stderr and "MSC config source not available" in verbose.stderr
+
+
+STDOUT_WRITERS = r'''
+import ctypes, os, sys
+from nemo_topr.quiet import stdout_to_stderr
+print("before", flush=True)
+with stdout_to_stderr():
+    os.write(1, b"[Gloo] Rank 0 is connected to 0 peer ranks. Expected number of connected peer ranks is : 0\n")
+    ctypes.CDLL(None).printf(b"from C, unflushed\n")  # C stdio buffers it: a pipe is not a terminal
+    print("sharded_state_dict metadata loaded from the checkpoint: {}")  # a Megatron print, buffered too
+    print("a line a user may act on")
+print("the result")
+'''
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_verbs_stdout_holds_its_result_and_the_rest_goes_to_stderr_less_known_noise(verbose):
+    """`score-logprobs ... | jq` failed on Gloo's 24 lines and Megatron's prints before the JSON."""
+    env = {**os.environ, "NEMO_TOPR_VERBOSE": "1" if verbose else "0"}
+    proc = subprocess.run([sys.executable, "-c", STDOUT_WRITERS], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "before\nthe result\n"
+    noise = ["[Gloo] Rank 0 is connected to 0 peer ranks. Expected number of connected peer ranks is : 0",
+             "sharded_state_dict metadata loaded from the checkpoint: {}"]
+    shown = proc.stderr.splitlines()
+    assert sorted(shown) == sorted(["from C, unflushed", "a line a user may act on"] + (noise if verbose else []))

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
 from nemo_topr.model_source import ModelSource, ModelSourceError, resolve, split_iteration
+from nemo_topr.quiet import stdout_to_stderr
 from nemo_topr.training.checkpoints import iteration_dir_name
 
 
@@ -151,7 +152,8 @@ def main(argv: list[str]) -> int:
             check_one_choice_of_iterations(args.ckpt, source, "--all-iterations" if args.all_iterations
                                            else "--iteration")
             iterations = source.saved_iterations() if args.all_iterations else args.iteration
-        exported = export(args.ckpt, args.hf_out, iterations, args.device, args.overwrite)
+        with stdout_to_stderr():  # stdout: the `exported A -> B` lines alone
+            exported = export(args.ckpt, args.hf_out, iterations, args.device, args.overwrite)
     except (ModelSourceError, DeviceError, ExportWriteError) as error:
         raise SystemExit(f"nemo-topr export: {error}") from None
     for checkpoint, out in exported.items():

@@ -44,6 +44,7 @@ from nemo_topr.model_settings import device_model_settings
 from nemo_topr.outputs import (OutputError, add_overwrite_argument, writable_output_file, writable_records_file,
                                write_whole)
 from nemo_topr.progress import Progress
+from nemo_topr.quiet import stdout_to_stderr
 from nemo_topr.training.config import ConfigError, apply_section, check_fp8, check_values, compose
 
 
@@ -280,11 +281,13 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     made_the_world = not torch.distributed.is_initialized()  # a caller's own world is the caller's to end
     try:
-        summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
-                                 tensor_parallel=args.tp, pipeline_parallel=args.pp, rows_per_batch=args.rows_per_batch,
-                                 strict=args.strict, precision=args.precision, device=args.device,
-                                 source=source_options(args), shared_prefix=args.shared_prefix,
-                                 train_config=args.train_config, overwrite=args.overwrite)
+        with stdout_to_stderr():  # stdout: the JSON summary alone
+            summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
+                                     tensor_parallel=args.tp, pipeline_parallel=args.pp,
+                                     rows_per_batch=args.rows_per_batch, strict=args.strict, precision=args.precision,
+                                     device=args.device, source=source_options(args),
+                                     shared_prefix=args.shared_prefix, train_config=args.train_config,
+                                     overwrite=args.overwrite)
     except (DeviceError, model_source.ModelSourceError, ConfigError, DataError, OutputError) as error:
         raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:
