@@ -13,10 +13,10 @@ one process (export, score-logprobs) adds torch's notes on Megatron's calls and 
 run config's sections it does not resolve; composing a user's YAML
 adds Hydra's and multistorageclient's note that msc:// configs are not set up. None of it is
 something a user can act on, and it buried the first useful line of every verb. Only these exact messages are filtered; any other warning or
-log line still shows. What is not Python's cannot be filtered here: Gloo's "[Gloo] Rank N is
-connected to ..." lines are printed by C++ on stdout (one per rank and process group on CPU runs).
-Where a verb's stdout is its result, `stdout_to_stderr` drops them, and Megatron's known prints,
-and moves the rest to stderr.
+log line still shows. What is not Python's passes the warning and logging filters: Gloo's "[Gloo]
+Rank N is connected to ..." lines, printed by C++ on stdout (one per rank and process group on
+CPU runs). Where a verb's stdout is its result, `stdout_to_stderr` drops those and Megatron's
+known prints, and sends the rest to stderr.
 """
 
 from __future__ import annotations
