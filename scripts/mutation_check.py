@@ -628,6 +628,10 @@ MUTANTS = (
            "        with torch.no_grad():  # stdout: the JSON summary alone",
            ("tests/test_cpu_runtime.py::test_cpu_scoring_on_a_node_with_te_and_apex_installed_never_imports_them",),
            "score-logprobs' JSON summary after Gloo's lines on stdout"),
+    Mutant("sampling_seed_unchecked", "nemo_topr/evaluation/generate.py",
+           "    if not 0 <= args.seed < 2**63:", "    if False:",
+           ("tests/test_generate_eval.py::test_sampling_options_are_checked_before_the_model_loads",),
+           "generate --seed -1 sampled with a fixed seed -1"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

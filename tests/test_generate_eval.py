@@ -375,8 +375,13 @@ def test_eval_and_generate_refuse_zero_samples_or_tokens(flag, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("options, message", [
-    (["--temperature", "-1"], "--temperature must be at least 0 (0: greedy decoding); got -1.0"),
-    (["--temperature", "nan"], "--temperature must be at least 0 (0: greedy decoding); got nan"),
+    (["--temperature", "-1"], "--temperature must be at least 0 (0: greedy decoding) and finite; got -1.0"),
+    (["--temperature", "nan"], "--temperature must be at least 0 (0: greedy decoding) and finite; got nan"),
+    # inf sampled uniformly from the top-k and wrote `Infinity` (no JSON) in the settings line
+    (["--temperature", "inf"], "--temperature must be at least 0 (0: greedy decoding) and finite; got inf"),
+    # -1, a "random seed" in some tools, was one fixed seed here
+    (["--seed", "-1"], "--seed must be in [0, 2^63): the same seed draws the same samples; got -1"),
+    (["--seed", str(2**63)], f"--seed must be in [0, 2^63): the same seed draws the same samples; got {2**63}"),
     (["--top-p", "0"], "--top-p must be in (0, 1]; got 0.0"),
     (["--top-p", "1.5"], "--top-p must be in (0, 1]; got 1.5"),
     # an empty stop string (meant as "no stop string"?) made every sample empty, reported as such

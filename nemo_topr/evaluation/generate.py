@@ -35,6 +35,7 @@ import argparse
 import difflib
 import importlib.util
 import json
+import math
 import random
 import sys
 from collections import Counter
@@ -490,8 +491,10 @@ def check_sampling_args(args: argparse.Namespace) -> None:
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1; got {getattr(args, flag)}")
     # checked before the model loads (transformers refused a temperature of 0 only after loading it)
-    if not args.temperature >= 0:
-        raise ValueError(f"--temperature must be at least 0 (0: greedy decoding); got {args.temperature}")
+    if not 0 <= args.temperature < math.inf:  # inf: uniform over top-k, and `Infinity` in the settings' JSON
+        raise ValueError(f"--temperature must be at least 0 (0: greedy decoding) and finite; got {args.temperature}")
+    if not 0 <= args.seed < 2**63:  # torch's generators take 64 bits; -1 would be a fixed seed, not "random"
+        raise ValueError(f"--seed must be in [0, 2^63): the same seed draws the same samples; got {args.seed}")
     if not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p must be in (0, 1]; got {args.top_p}")
     if args.stop and "" in args.stop:  # the sampler matches it before the first token
