@@ -72,6 +72,12 @@ def test_bad_values_and_names_are_clear_errors(tiny_hf, tmp_path):
         compose("tiny_cpu", ["optimizer.lr"])
     with pytest.raises(ConfigError, match="not a model directory; expected one of"):  # nemo_topr.model_source
         _run(tmp_path, tmp_path)
+    # each missing key with its own example (run_dir's named base_model's)
+    from nemo_topr.training.config import check_config
+
+    with pytest.raises(ConfigError, match=r"^config keys \['base_model', 'run_dir'\] must be set \(e.g. "
+                                          r"base_model=/path/to/hf_llama_or_checkpoint; run_dir=runs/my_run\)$"):
+        check_config(compose("tiny_cpu", ["base_model=", "run_dir="]))
 
 
 @pytest.mark.parametrize("world_size, overrides, expected", [

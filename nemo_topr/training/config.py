@@ -445,9 +445,11 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
     `check_values` (Bridge's sections, which need Bridge's classes); `nemo-topr train` runs it
     before importing Megatron and loading the data."""
     values = OmegaConf.to_container(raw, resolve=True)
-    missing = [key for key in ("base_model", "run_dir", "objective") if values.get(key) in (None, "", "???")]
+    examples = {"base_model": "base_model=/path/to/hf_llama_or_checkpoint", "run_dir": "run_dir=runs/my_run",
+                "objective": "the objective section of conf/topr.yaml"}
+    missing = [key for key in examples if values.get(key) in (None, "", "???")]
     if missing:
-        raise ConfigError(f"config keys {missing} must be set (e.g. base_model=/path/to/hf_llama_or_checkpoint)")
+        raise ConfigError(f"config keys {missing} must be set (e.g. {'; '.join(examples[key] for key in missing)})")
     if "train_iters" in (values.get("train") or {}):
         raise ConfigError(
             f"train.train_iters={values['train']['train_iters']!r} is not a setting: a run trains on each of its "
