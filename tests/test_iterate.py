@@ -56,7 +56,8 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
                                r"generate.args\)$"),
     ("generate.limit=-1", r"^generate: --limit must be at least 1; got -1 "),
     ("generate.args=[--temprature,0.5]", r"^generate: unrecognized arguments: --temprature 0.5 "),
-    ("eval.args=[--temperature,-1]", r"^eval: --temperature must be at least 0 \(0: greedy decoding\); got -1.0 "),
+    ("eval.args=[--temperature,-1]", r"^eval: --temperature must be at least 0 \(0: greedy decoding\) and finite; "
+                                     r"got -1.0 "),
     ("eval.args=[--max-grader-error-rate,-1]", r"^eval: argument --max-grader-error-rate: must be a share in "
                                                r"\[0, 1\]; got -1 "),
     ("eval.args=[--k,8]", r"^eval: --k 8 exceeds --num-samples 4: pass@k and maj@k need at least k samples "),
