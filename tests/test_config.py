@@ -48,6 +48,11 @@ def test_yaml_and_overrides_land_on_the_bridge_container(tiny_hf, tmp_path):
     ("optimizer.lr=abc", r"optimizer.lr='abc' is not a valid value"),
     ("train.global_batch_size=0", "train.global_batch_size=0 must be at least 1"),
     ("model.tensor_model_parallel_size=0", "model.tensor_model_parallel_size=0 must be at least 1"),
+    # a non-finite value passed the bounds (NaN compares false); Adam's decay rates had none
+    ("optimizer.lr=.inf", r"^optimizer.lr=inf must be a finite number$"),
+    ("model.init_method_std=.nan", r"^model.init_method_std=nan must be a finite number$"),
+    ("optimizer.adam_beta1=1.0", r"^optimizer.adam_beta1=1.0 must be below 1$"),
+    ("scheduler.lr_warmup_iters=-5", r"^scheduler.lr_warmup_iters=-5 must be at least 0$"),
     # a word outside a choice: too_long=foo used to drop over-long records (anything but "error" did)
     ("dataset.too_long=foo", r"^dataset.too_long='foo' is not a valid value: expected 'error' or 'drop' or None$"),
     ("dataset.extra_columns=metadata", r"^dataset.extra_columns='metadata' is not a valid value: expected 'error' or "

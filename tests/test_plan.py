@@ -173,6 +173,10 @@ MISTYPED_OVERRIDES = [
     ("train.global_batch_size=0", "train.global_batch_size=0 must be at least 1"),
     ("model.sequence_parallel=maybe", r"model.sequence_parallel='maybe' is not a valid value: expected bool$"),
     ("objective.variant=grpo", "objective: variant must be one of"),
+    # NaN passed every bound; these three queued and failed (or trained a step on NaN) at the job's start
+    ("optimizer.lr=.nan", r"optimizer.lr=nan must be a finite number$"),
+    ("optimizer.adam_beta2=1.5", r"optimizer.adam_beta2=1.5 must be below 1$"),
+    ("train.train_iters=100", r"train.train_iters=100 is not a setting: .* Use dataset.epochs"),
 ]
 
 

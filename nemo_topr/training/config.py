@@ -134,7 +134,12 @@ LOWER_BOUNDS = {
     "dataset.epochs": 1,  # dataset.seq_length must equal model.seq_length (build_training_run)
     "checkpoint.save_interval": 1, "logger.log_interval": 1,
     "optimizer.lr": 0, "optimizer.min_lr": 0, "optimizer.weight_decay": 0, "optimizer.clip_grad": 0,
+    "optimizer.adam_beta1": 0, "optimizer.adam_beta2": 0, "optimizer.adam_eps": 0,
+    "scheduler.lr_warmup_iters": 0, "scheduler.lr_warmup_init": 0,
 }
+# ... and below this: Adam's decay rates. torch's Adam refuses others only when the optimizer is
+# built (after the imports and the data), Transformer Engine's FusedAdam on GPUs not at all.
+UPPER_BOUNDS = {"optimizer.adam_beta1": 1, "optimizer.adam_beta2": 1}
 
 
 def _section_classes() -> dict[str, type]:
@@ -210,15 +215,33 @@ def _check_section(target: type, values: dict[str, Any], path: str) -> None:
 def _check_value(dotted: str, value: Any, hint: Any) -> None:
     if not _matches(value, hint):
         raise ConfigError(f"{dotted}={value!r} is not a valid value: expected {_expected(hint)}")
+    if isinstance(value, float) and not math.isfinite(value) and (math.isnan(value) or dotted in LOWER_BOUNDS):
+        # NaN passes every comparison: a NaN rate queued, then torch's Adam refused it at set-up (a
+        # traceback) and Transformer Engine's FusedAdam (GPUs) checks none
+        raise ConfigError(f"{dotted}={value} must be a finite number")
     if dotted in LOWER_BOUNDS and value is not None and value < LOWER_BOUNDS[dotted]:
         raise ConfigError(f"{dotted}={value} must be at least {LOWER_BOUNDS[dotted]}")
+    if dotted in UPPER_BOUNDS and value >= UPPER_BOUNDS[dotted]:
+        raise ConfigError(f"{dotted}={value} must be below {UPPER_BOUNDS[dotted]}")
+
+
+def check_no_train_iters(values: dict[str, Any]) -> None:
+    """train.train_iters is Bridge's key, not ours: `plan` and `submit` passed it, and the job
+    failed at its start, after the queue wait."""
+    if "train_iters" in (values.get("train") or {}):
+        raise ConfigError(
+            f"train.train_iters={values['train']['train_iters']!r} is not a setting: a run trains on each of its "
+            "records dataset.epochs times, and its iterations follow from that (packed rows x epochs / "
+            "train.global_batch_size). Use dataset.epochs, or train on fewer records; to stop early and "
+            "resume later, send the exit signal (docs/training.md)")
 
 
 def check_values(values: dict[str, Any]) -> ObjectiveConfig:
     """Every key and value of a composed config, as `nemo-topr train` applies them: each section
-    against the Bridge dataclass it lands on (names, scalar types, LOWER_BOUNDS), the objective
+    against the Bridge dataclass it lands on (names, scalar types, finite floats, the bounds), the objective
     through ObjectiveConfig's own checks. `plan` and `submit` call this too, so what they pass
     `train` accepts. Imports Bridge (the classes); builds no model."""
+    check_no_train_iters(values)
     classes = _section_classes()
     # `model` first: the presets' dataset.seq_length interpolates model.seq_length, and a bad value
     # is named as it was written (`model.seq_length=abc`)
@@ -450,12 +473,7 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
     missing = [key for key in examples if values.get(key) in (None, "", "???")]
     if missing:
         raise ConfigError(f"config keys {missing} must be set (e.g. {'; '.join(examples[key] for key in missing)})")
-    if "train_iters" in (values.get("train") or {}):
-        raise ConfigError(
-            f"train.train_iters={values['train']['train_iters']!r} is not a setting: a run trains on each of its "
-            "records dataset.epochs times, and its iterations follow from that (packed rows x epochs / "
-            "train.global_batch_size). Use dataset.epochs, or train on fewer records; to stop early and "
-            "resume later, send the exit signal (docs/training.md)")
+    check_no_train_iters(values)
     try:
         base_model = model_source.resolve(values["base_model"])
     except model_source.ModelSourceError as error:
