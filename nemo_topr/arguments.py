@@ -15,6 +15,22 @@ def at_least_one(text: str) -> int:
     return value
 
 
+def non_negative(text: str) -> int:
+    """A saved iteration's number: a negative one named a directory like iter_-000001."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0; got {value}")
+    return value
+
+
+def finite(text: str) -> float:
+    """A finite number (a baseline): NaN passed every range check after it and made p~ NaN."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number; got {text}")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """A time limit in seconds above 0: 0, a negative or a non-finite one is a usage error, not
     a limit every check fails (after the model is built) or none meets."""

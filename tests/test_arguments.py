@@ -1,5 +1,6 @@
-"""Counts and limits on the command line: 0 or a negative batch size, or a time limit that is not
-above 0, is a usage error before anything runs.
+"""Counts and limits on the command line: 0 or a negative batch size or length, a time limit that
+is not above 0, a baseline that is no finite number or a negative iteration is a usage error
+before anything runs.
 
 `verifier score --batch-size -1` ran no batch (`range(0, n, -2)` is empty), wrote an empty
 scored file and a report of no accuracy, and exited 0; `--batch-size 0` and `score-logprobs
@@ -63,3 +64,31 @@ def test_a_grader_error_rate_outside_zero_to_one_is_a_usage_error_before_samplin
         assert capsys.readouterr().err.endswith(
             f"nemo-topr {name}: error: argument --max-grader-error-rate: must be a share in [0, 1]; got {value}\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]
+
+
+@pytest.mark.parametrize("command, message", [
+    # `data validate --baseline nan` printed p~ for no baseline without a word (`stats` refused it)
+    (["data", "validate", "{data}", "--baseline", "nan"], "data validate: error: argument --baseline: must be a "
+                                                          "finite number; got nan"),
+    (["data", "curate", "{data}", "--baseline=-inf", "--out", "{out}"],
+     "data curate: error: argument --baseline: must be a finite number; got -inf"),
+    # a limit of 0 or below read as "every record is too long" (or all dropped with --no-strict)
+    (["data", "validate", "{data}", "--tokenizer", "{model}", "--max-seq-length", "0", "--no-strict"],
+     "data validate: error: argument --max-seq-length: must be at least 1; got 0"),
+    (["score-logprobs", "--model", "{model}", "--data", "{data}", "--out", "{out}", "--device", "cpu",
+      "--seq-length", "-4"], "score-logprobs: error: argument --seq-length: must be at least 1; got -4"),
+    # a negative iteration was looked for as iter_-000001
+    (["export", "--ckpt", "{model}", "--hf-out", "{out}", "--iteration", "-1"],
+     "export: error: argument --iteration: must be at least 0; got -1"),
+])
+def test_a_baseline_length_or_iteration_out_of_range_is_a_usage_error(tmp_path, capsys, command, message):
+    from nemo_topr import cli
+
+    model, data = placeholder_hf_model(tmp_path / "model"), tmp_path / "graded.jsonl"
+    data.write_text('{"prompt": "Q", "completion": " a", "reward": 1}\n')
+    paths = {"data": str(data), "model": str(model), "out": str(tmp_path / "out.jsonl")}
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([word.format(**paths) for word in command])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.endswith(f"nemo-topr {message}\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["graded.jsonl", "model"]

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from nemo_topr.arguments import at_least_one, finite
 from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records
 from nemo_topr.outputs import add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file
 
@@ -47,7 +48,7 @@ def _add_input_arguments(
         parser.add_argument("--tokenizer", type=Path, help="the model whose tokenizer counts the tokens: a local "
                             "tokenizer or Hugging Face directory, or a Megatron checkpoint or run (as base_model=)")
     if length_limit:
-        parser.add_argument("--max-seq-length", type=int, help="limit on prompt + completion + EOS tokens")
+        parser.add_argument("--max-seq-length", type=at_least_one, help="limit on prompt + completion + EOS tokens")
         parser.add_argument("--too-long", choices=("error", "drop"),
                             help="what to do with sequences over the limit (default: error if strict, else drop)")
 
@@ -160,7 +161,7 @@ def _curate(args: argparse.Namespace) -> int:
 
 
 def _add_baseline_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--baseline", type=float, default=0.0,
+    parser.add_argument("--baseline", type=finite, default=0.0,
                         help="baseline c you train with (objective.baseline): p~, and the 0/1-grades warning (default 0)")
 
 

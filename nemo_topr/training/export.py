@@ -30,6 +30,7 @@ import json
 import shutil
 from pathlib import Path
 
+from nemo_topr.arguments import non_negative
 from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
 from nemo_topr.model_source import ModelSource, ModelSourceError, resolve, split_iteration
 from nemo_topr.quiet import stdout_to_stderr
@@ -139,7 +140,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hf-out", required=True, help="output Hugging Face directory (a parent directory "
                         "with --iteration / --all-iterations)")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--iteration", type=int, nargs="+", help="export these saved iterations")
+    which.add_argument("--iteration", type=non_negative, nargs="+", help="export these saved iterations")
     which.add_argument("--all-iterations", action="store_true", help="export every saved iteration")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier export (a directory holding its nemo_topr_export.json)")
