@@ -659,3 +659,17 @@ def test_fp8_is_refused_where_no_transformer_engine_layer_would_run_it(tiny_hf, 
     with pytest.raises(ConfigError, match=r"^model.fp8=e4m3 with model.transformer_impl='local': .*TE not installed"):
         _run(tiny_hf, tmp_path, "device=cuda", "model.fp8=e4m3")
     _run(tiny_hf, tmp_path, "device=cuda")  # BF16 on such a GPU is not refused
+
+
+def test_train_given_a_config_as_a_word_names_the_option(capsys):
+    """`nemo-topr train tiny_cpu` (plan's spelling) said only "overrides must be key=value"."""
+    from nemo_topr.training.recipe import parse_args
+
+    for word in ("tiny_cpu", "my_run.yaml"):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args([word, "run_dir=runs/x"])
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.endswith(
+            f"nemo-topr train: error: {word} is a config, not a key=value override: choose it with --config-name "
+            f"{word}\n")
+    assert parse_args(["--config-name", "tiny_cpu", "run_dir=runs/x"]).overrides == ["run_dir=runs/x"]

@@ -227,6 +227,22 @@ def test_a_machine_that_cannot_exist_is_a_usage_error_not_a_verdict(options, pro
     assert captured.err == f"nemo-topr plan: {problem}\n" and captured.out == ""
 
 
+def test_the_config_is_taken_as_submit_and_train_spell_it_too(capsys):
+    """`plan --config X` read --config as an abbreviation of --config-path and asked for a config;
+    train's `--config-name X` was unrecognized. Both now plan X, as its first word does."""
+    assert main(["llama31_8b_bf16", "--nodes", "1"]) == 0
+    report = capsys.readouterr().out
+    for argv in (["--config", "llama31_8b_bf16", "--nodes", "1"], ["--nodes", "1", "--config-name=llama31_8b_bf16"]):
+        assert main(argv) == 0
+        assert capsys.readouterr().out == report
+    for argv in (["--config"], ["--config", "--nodes", "1"], ["--config", "train.micro_batch_size=1"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.endswith("error: --config needs a config: a name in the config dir or a "
+                                                "YAML path\n")
+
+
 # ------------------------------------------------------------------------- the shipped presets
 
 @pytest.mark.parametrize("name", PRESETS)

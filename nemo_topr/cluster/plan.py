@@ -1,6 +1,7 @@
 """`nemo-topr plan`: pre-flight check of a parallel layout and of per-GPU memory.
 
     nemo-topr plan llama31_70b_fp8 --nodes 4 --gpus-per-node 8 [key=value ...]
+    nemo-topr plan --config my_run.yaml [key=value ...]    # as submit spells it (train: --config-name)
 
 Composes the run config exactly as `nemo-topr train` does (conf/ + key=value overrides), checks
 the layout against the rules Megatron-Core, Transformer Engine and the TOPR step enforce at
@@ -86,7 +87,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--arch", choices=sorted(REFERENCE_ARCHITECTURES),
                         help="use a built-in architecture instead of base_model's config.json")
     parser.add_argument("--config-path", default=None, help="config directory (default: the repository's conf/)")
-    return parser.parse_intermixed_args(argv)
+    return parser.parse_intermixed_args(_config_first(argv, parser))
+
+
+def _config_first(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`--config NAME` (as `submit` spells it) or `--config-name NAME` (as `train` does) made the
+    first word: argparse read `--config` as an abbreviation of --config-path, and then asked for
+    a config."""
+    for index, word in enumerate(argv):
+        option, equals, value = word.partition("=")
+        if option not in ("--config", "--config-name"):
+            continue
+        if not equals:
+            value = argv[index + 1] if index + 1 < len(argv) else ""
+        if not value or value.startswith("-") or ("=" in value and not equals):
+            parser.error(f"{option} needs a config: a name in the config dir or a YAML path")
+        return [value, *argv[:index], *argv[index + (1 if equals else 2):]]
+    return argv
 
 
 def machine_problem(args: argparse.Namespace) -> str | None:

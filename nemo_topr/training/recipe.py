@@ -335,7 +335,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "file, whose defaults list may name those presets")
     parser.add_argument("--config-path", default=str(CONF_DIR), help="config directory (default: %(default)s)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides (OmegaConf dotted keys)")
-    return parser.parse_intermixed_args(argv)  # --config-name before or after the overrides
+    args = parser.parse_intermixed_args(argv)  # --config-name before or after the overrides
+    # `plan` takes its config as a word, `train` by --config-name: `train tiny_cpu` said only
+    # "overrides must be key=value"
+    named = [word for word in args.overrides if "=" not in word
+             and (word.endswith(".yaml") or (Path(args.config_path) / f"{word}.yaml").is_file())]
+    if named:
+        parser.error(f"{named[0]} is a config, not a key=value override: choose it with --config-name {named[0]}")
+    return args
 
 
 def main(argv: list[str]) -> int:
