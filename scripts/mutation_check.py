@@ -649,6 +649,11 @@ MUTANTS = (
            "        with torch.no_grad():  # stdout: the JSON summary alone",
            ("tests/test_cpu_runtime.py::test_cpu_scoring_on_a_node_with_te_and_apex_installed_never_imports_them",),
            "score-logprobs' JSON summary after Gloo's lines on stdout"),
+    Mutant("import_stdout_mixed", "nemo_topr/training/import_checkpoint.py",
+           "        with stdout_to_stderr():  # progress and", "        if True:  # progress and",
+           ("tests/test_checkpoint_route.py::"
+            "test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weights",),
+           "import's result line after 24 Gloo lines and Megatron's prints on stdout"),
     Mutant("sampling_seed_unchecked", "nemo_topr/evaluation/generate.py",
            "    if not 0 <= args.seed < 2**63:", "    if False:",
            ("tests/test_generate_eval.py::test_sampling_options_are_checked_before_the_model_loads",),

@@ -123,8 +123,9 @@ def test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weigh
     from nemo_topr.model_source import resolve
 
     out, proc = imported
-    assert [line.split("]")[1].strip()[:5] for line in proc.stdout.splitlines() if line.startswith("[nemo-topr import]")
-            ] == ["[1/3", "[2/3", "[3/3"]  # progress
+    assert [line.split("]")[1].strip()[:5] for line in proc.stderr.splitlines() if line.startswith("[nemo-topr import]")
+            ] == ["[1/3", "[2/3", "[3/3"]  # progress, on stderr with Megatron's and Gloo's prints
+    assert proc.stdout == f"imported {tiny / 'hf'} -> {out}\n"  # the result alone, for a script
     report = json.loads((out / "nemo_topr_import.json").read_text())
     assert report["parameters"] == sum(t.numel() for t in safetensors(tiny / "hf").values())
     assert 0.1 < report["peak_host_memory_gib"]["self"] < 8

@@ -27,6 +27,7 @@ from nemo_topr import cpu_runtime
 from nemo_topr.distributed import local_rendezvous
 from nemo_topr.model_settings import device_model_settings
 from nemo_topr.model_source import ModelSourceError, resolve, write_hf_artifacts
+from nemo_topr.quiet import stdout_to_stderr
 from nemo_topr.training.disk_space import estimated_checkpoint_bytes, free_bytes, size_text
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -129,7 +130,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="weights dtype (default: the HF config's torch_dtype)")
     args = parser.parse_args(argv)
     try:
-        import_hf(args.hf_dir, args.out, dtype=args.dtype)
+        with stdout_to_stderr():  # progress and Megatron's and Gloo's prints; stdout: the result line alone
+            summary = import_hf(args.hf_dir, args.out, dtype=args.dtype)
     except ModelSourceError as error:
         raise SystemExit(f"nemo-topr import: {error}") from None
+    print(f"imported {summary['hf_dir']} -> {summary['out']}")
     return 0
