@@ -654,6 +654,11 @@ MUTANTS = (
            ("tests/test_checkpoint_route.py::"
             "test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weights",),
            "import's result line after 24 Gloo lines and Megatron's prints on stdout"),
+    Mutant("no_stop_gives_the_tasks", "nemo_topr/evaluation/generate.py",
+           'stops.add_argument("--no-stop", dest="stop", action="store_const", const=[],',
+           'stops.add_argument("--no-stop", dest="stop", action="store_const", const=None,',
+           ("tests/test_generate_devices.py::test_stop_strings_are_the_tasks_the_given_ones_or_none",),
+           "generate --no-stop still stops GSM8K samples at '\\n\\nQuestion:'"),
     Mutant("sampling_seed_unchecked", "nemo_topr/evaluation/generate.py",
            "    if not 0 <= args.seed < 2**63:", "    if False:",
            ("tests/test_generate_eval.py::test_sampling_options_are_checked_before_the_model_loads",),

@@ -46,3 +46,17 @@ def test_flags_reach_the_sampling_settings(prompt_run):
                                                "--out", "x.jsonl"])
     settings = generate.settings_from_args(args, "math")
     assert settings.tensor_parallel_size == 8
+
+
+def test_stop_strings_are_the_tasks_the_given_ones_or_none(prompt_run):
+    """GSM8K's default stops at the next few-shot question; `--no-stop` asks for none (`--stop ''`
+    is refused: it ended every completion before its first token)."""
+    def stops(*options: str) -> tuple[str, ...]:
+        args = generate.build_parser().parse_args([*prompt_run, *options, "--out", "x.jsonl"])
+        return generate.settings_from_args(args, "gsm8k").stop_strings
+
+    assert stops() == ("\n\nQuestion:",)
+    assert stops("--stop", "END", "--stop", "###") == ("END", "###")
+    assert stops("--no-stop") == ()
+    with pytest.raises(SystemExit):
+        stops("--no-stop", "--stop", "END")

@@ -386,7 +386,8 @@ def test_eval_and_generate_refuse_zero_samples_or_tokens(flag, tmp_path, capsys)
     (["--top-p", "1.5"], "--top-p must be in (0, 1]; got 1.5"),
     # an empty stop string (meant as "no stop string"?) made every sample empty, reported as such
     (["--stop", "\n\nQuestion:", "--stop", ""], "--stop '': an empty stop string ends every completion before its "
-                                                "first token (all samples empty); give non-empty stop strings"),
+                                                "first token (all samples empty); give non-empty stop strings, or "
+                                                "--no-stop for none"),
     (["--temperature", "0", "--num-samples", "4"], "--temperature 0 is greedy decoding, one completion per prompt: "
                                                    "--num-samples 1 (got 4)"),
     (["--temperature", "0", "--sampler-logprobs"], "--sampler-logprobs with --temperature 0: greedy decoding samples "

@@ -468,8 +468,12 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, num_samples: int)
     parser.add_argument("--top-k", type=int, default=defaults.top_k)
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--stop", action="append",
-                        help="stop string, repeatable (default: the task's, GSM8K: '\\n\\nQuestion:')")
+    stops = parser.add_mutually_exclusive_group()
+    stops.add_argument("--stop", action="append",
+                       help="stop string, repeatable (default: the task's, GSM8K: '\\n\\nQuestion:')")
+    # `--stop ''` ended every completion at once: this is how to ask for none
+    stops.add_argument("--no-stop", dest="stop", action="store_const", const=[],
+                       help="no stop string: sample to EOS or --max-new-tokens (a chat model on GSM8K)")
     parser.add_argument("--sampler-logprobs", action="store_true",
                         help="record the sampler's log-prob of each completion in meta.sampler_logprob")
     parser.add_argument("--backend", choices=BACKENDS, default="auto",
@@ -499,7 +503,7 @@ def check_sampling_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--top-p must be in (0, 1]; got {args.top_p}")
     if args.stop and "" in args.stop:  # the sampler matches it before the first token
         raise ValueError("--stop '': an empty stop string ends every completion before its first token (all "
-                         "samples empty); give non-empty stop strings")
+                         "samples empty); give non-empty stop strings, or --no-stop for none")
     if args.temperature == 0 and args.num_samples != 1:
         raise ValueError(f"--temperature 0 is greedy decoding, one completion per prompt: --num-samples 1 "
                          f"(got {args.num_samples})")
