@@ -673,3 +673,30 @@ def test_train_given_a_config_as_a_word_names_the_option(capsys):
             f"nemo-topr train: error: {word} is a config, not a key=value override: choose it with --config-name "
             f"{word}\n")
     assert parse_args(["--config-name", "tiny_cpu", "run_dir=runs/x"]).overrides == ["run_dir=runs/x"]
+
+
+def test_data_whose_every_advantage_is_zero_is_refused_before_the_run_directory(tiny_hf, tmp_path):
+    """0/1 grades with no correct answer at c = 0: every R - c = 0, so the loss and its gradients
+    are 0. Such a run trained its iterations, printed a loss of 0 and saved, exit 0. Refused by
+    `main` before Megatron's import (a scalar c), and by `prepare` for any c as the step takes it
+    (here the records' own, each equal to its reward)."""
+    from nemo_topr.demo import build_graded_records
+    from nemo_topr.training.recipe import main, prepare, train
+
+    zeros = _graded_data(tmp_path / "zeros.jsonl", reward=0.0)
+    with pytest.raises(SystemExit) as stop:
+        main(["--config-name", "tiny_cpu", f"base_model={tiny_hf}", f"run_dir={tmp_path / 'run'}",
+              f"dataset.train_path={zeros}"])
+    assert str(stop.value).startswith("nemo-topr train: objective.baseline=0.0: every record's advantage R - c is 0 "
+                                      "(each reward equals its baseline c): the loss and its gradients are 0")
+    own = tmp_path / "own.jsonl"
+    own.write_text("".join(json.dumps({**r, "behavior_logprob": -50.0, "baseline": r["reward"]}) + "\n"
+                           for r in build_graded_records(4)))
+    with pytest.raises(ConfigError, match=r"^dataset: every record's advantage R - c is 0 "):
+        train(_run(tiny_hf, tmp_path / "run", f"dataset.train_path={own}"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["own.jsonl", "zeros.jsonl"]
+    # one record whose reward is off its baseline trains: refused is every A = 0, not most
+    rows = [json.loads(line) for line in own.read_text().splitlines()]
+    own.write_text("".join(json.dumps({**r, "baseline": 0.5 if i == 0 else r["baseline"]}) + "\n"
+                           for i, r in enumerate(rows)))
+    assert prepare(_run(tiny_hf, tmp_path / "run", f"dataset.train_path={own}"))["p_tilde"] is not None

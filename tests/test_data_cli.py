@@ -260,6 +260,21 @@ def test_data_stats_warns_of_a_baseline_train_would_refuse(capsys):
                                        "down; `train` refuses this baseline\n")
 
 
+def test_data_validate_warns_when_every_advantage_is_zero(tmp_path, capsys):
+    """All rewards 0 at --baseline 0 (0/1 grades, none correct): nothing would train."""
+    rows = [json.loads(line) for line in SCORED.read_text().splitlines()]
+    zeros = tmp_path / "zeros.jsonl"
+    zeros.write_text("".join(json.dumps({**row, "reward": 0.0}) + "\n" for row in rows))
+    assert main(["data", "validate", str(zeros)]) == 0
+    assert capsys.readouterr().err == (
+        "warning: every record's advantage R - c is 0 (each reward equals its baseline c): the loss and its "
+        "gradients are 0 for every variant, so training would change nothing; if these are 0/1 grades with no "
+        "correct answer, sample more or map 0/1 grades to -1/+1 (reward = 2 * grade - 1; docs/data.md, 'Rewards "
+        "graded 0/1'); `train` refuses these records\n")
+    assert main(["data", "validate", str(zeros), "--baseline", "-1"]) == 0  # R - c = 1: SFT on every record
+    assert "advantage R - c is 0" not in capsys.readouterr().err
+
+
 def test_validate_max_seq_length_without_a_tokenizer_is_a_usage_error(capsys):
     assert main(["data", "validate", str(SCORED), "--max-seq-length", "16"]) == 2
     assert "--max-seq-length needs --tokenizer" in capsys.readouterr().err

@@ -92,7 +92,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _warn_of_the_baseline(records, baseline: float) -> None:
-    from nemo_topr.data.positives import no_negatives_warning, sign_flipping_baseline
+    from nemo_topr.data.positives import (
+        NO_ADVANTAGE, every_advantage_zero, no_negatives_warning, sign_flipping_baseline,
+    )
 
     rewards = [record.reward for record in records]
     own_baselines = any(record.baseline is not None for record in records)  # then c is not what they get
@@ -103,6 +105,8 @@ def _warn_of_the_baseline(records, baseline: float) -> None:
               "training uses in place of objective.baseline, and so does p~ here", file=sys.stderr)
     if problem := sign_flipping_baseline(rewards, baseline):
         print(f"warning: {problem}; `train` refuses this baseline", file=sys.stderr)
+    if every_advantage_zero(rewards, [baseline if record.baseline is None else record.baseline for record in records]):
+        print(f"warning: {NO_ADVANTAGE}; `train` refuses these records", file=sys.stderr)
 
 
 def _stats(args: argparse.Namespace) -> int:

@@ -10,9 +10,11 @@ advantage R - c takes.
 - A baseline at or beyond the rewards' range flips one side: c >= the largest reward gives every
   record R - c <= 0 (the best completions pushed down, or no signal), c <= the smallest negative
   reward gives every record R - c >= 0 (the worst pushed up).
+- Every reward equal to its baseline (0/1 grades with no correct answer, at c = 0) gives every
+  record R - c = 0: nothing trains.
 
-`nemo-topr data stats` and `data validate` print both as warnings; `train` (`recipe.check_baseline`)
-warns of the first and refuses the second.
+`nemo-topr data stats` and `data validate` print each as a warning; `train` (`recipe.check_baseline`,
+`recipe.prepare`) warns of the first and refuses the others.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ if TYPE_CHECKING:
 
 MAP_TO_SIGNS = "map 0/1 grades to -1/+1 (reward = 2 * grade - 1; docs/data.md, 'Rewards graded 0/1')"
 MAP_GRADES = f"{MAP_TO_SIGNS}, or set objective.negative_rule=advantage to mark R - c < 0 as negative"
+# The objective is A x weight x log pi for every variant: with every A = 0 the loss and its
+# gradients are 0. A run on such data (0/1 grades, none correct) trained and saved, loss 0.
+NO_ADVANTAGE = ("every record's advantage R - c is 0 (each reward equals its baseline c): the loss and its gradients "
+                f"are 0 for every variant, so training would change nothing; if these are 0/1 grades with no correct "
+                f"answer, sample more or {MAP_TO_SIGNS}")
 
 
 def no_negatives_warning(rewards: Iterable[float], baseline: float, negative_rule: str = "reward") -> str | None:
@@ -49,6 +56,12 @@ def no_negatives_warning(rewards: Iterable[float], baseline: float, negative_rul
     return (f"no record is negative (reward < 0), yet the baseline {baseline:g} is above the smallest reward "
             f"{min(rewards):g}: the records with reward below {baseline:g} get a negative advantage R - c but the "
             f"untruncated weight of a positive (naive REINFORCE on them); {MAP_GRADES}")
+
+
+def every_advantage_zero(rewards: Iterable[float], baselines: Iterable[float]) -> bool:
+    """Whether each reward equals its record's baseline c (and there is one): see NO_ADVANTAGE."""
+    pairs = list(zip(rewards, baselines, strict=True))
+    return bool(pairs) and all(reward == baseline for reward, baseline in pairs)
 
 
 def require_signed_grades(records: RecordSet, consequence: str) -> None:

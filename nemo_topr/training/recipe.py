@@ -29,7 +29,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from nemo_topr.cluster.warning import release_the_warning
-from nemo_topr.data.positives import no_negatives_warning, sign_flipping_baseline
+from nemo_topr.data.positives import NO_ADVANTAGE, no_negatives_warning, sign_flipping_baseline
 from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
 from nemo_topr.distributed import (RendezvousError, check_rendezvous, launcher_rank, launcher_world_size,
                                    local_rendezvous)
@@ -84,6 +84,9 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
     prepared = run.container.dataset.prepare(train.global_batch_size)
     check_baseline(run.objective, {seq.reward for seq in prepared.dataset.sequences},
                    record_baselines=prepared.dataset.record_baselines)
+    p_tilde = positive_share_in_use(run.objective, prepared.dataset)
+    if p_tilde is None:  # every c as the step takes it, asymre's group means and the records' own included
+        raise ConfigError(f"dataset: {NO_ADVANTAGE}")
     train.train_iters = prepared.num_rows // train.global_batch_size
     if rank_zero:
         resume_iteration = latest_iteration(Path(run.container.checkpoint.save))
@@ -97,7 +100,7 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
         save_start_config(run.run_dir, run.raw)
         write_hf_artifacts(run.base_model, Path(run.container.checkpoint.save))
     summary = {**prepared.summary(), "baselines": baseline_in_use(run.objective, prepared.dataset.record_baselines),
-               "p_tilde": positive_share_in_use(run.objective, prepared.dataset),
+               "p_tilde": p_tilde,
                "train_iters": train.train_iters, "global_batch_size": train.global_batch_size}
     if rank_zero and run.container.dataset.report_path:
         report = Path(run.container.dataset.report_path)
@@ -149,6 +152,8 @@ def check_baseline(objective, rewards: set[float], *, warn: bool = True, record_
     if warn and scalar_baseline and (warning := no_negatives_warning(rewards, objective.baseline,
                                                                      objective.negative_rule)):
         print(f"[nemo-topr] WARNING: {warning}", flush=True)
+    if baseline_source(objective.variant, record_baselines) == "scalar" and rewards == {objective.baseline}:
+        raise ConfigError(f"objective.baseline={objective.baseline}: {NO_ADVANTAGE}")  # before Megatron's import
     if problem := sign_flipping_baseline(rewards, objective.baseline):
         raise ConfigError(f"objective.baseline={objective.baseline}: {problem}; choose a baseline between the "
                           f"smallest and the largest reward (baseline_for_share(p, target) computes c for a "
@@ -357,7 +362,8 @@ def main(argv: list[str]) -> int:
         check_batch_division(values, launcher_world_size())
         records = _records_of(raw)
         require_scored(records)  # before Megatron's import and before the run directory is made
-        check_baseline(objective, {record.reward for record in records.records}, warn=False)
+        check_baseline(objective, {record.reward for record in records.records}, warn=False,
+                       record_baselines=any(record.baseline is not None for record in records.records))
         check_rendezvous()
         use_device(raw.get("device"), where="device", choices=DEVICES)  # imports Megatron
         run = build_training_run(raw)
