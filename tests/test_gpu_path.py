@@ -335,7 +335,7 @@ def test_scoring_takes_the_training_presets_model_section(megatron_world, tmp_pa
 def test_scoring_flags_that_contradict_the_training_config_are_refused(megatron_world, tmp_path, capsys):
     """On cuda `--train-config` sets precision and TP/PP; a `--tp`, `--pp` or `--precision` given
     with it would be silently overridden, so it is refused. On CPU the config is not applied
-    (said on stdout) and the flags hold."""
+    (said on stdout) and the flags hold, but it is read: a config that is not there is named."""
     from nemo_topr.model import build_tiny_hf_llama, hf_llama_provider
     from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
     from nemo_topr.training.config import ConfigError
@@ -360,6 +360,11 @@ def test_scoring_flags_that_contradict_the_training_config_are_refused(megatron_
     assert capsys.readouterr().out == ""
     assert layout("cpu", "llama31_8b_bf16", tensor_parallel=2) == (2, 1, torch.float32)
     assert "--train-config llama31_8b_bf16 is not applied (CPU scoring is fp32)" in capsys.readouterr().out
+    # not applied, yet read: a CPU dry run scored with a misspelled config, and the GPU run then failed on it
+    with pytest.raises(ConfigError, match=r"^no config 'llama31_8b_bf61' in .*; available: \["):
+        layout("cpu", "llama31_8b_bf61")
+    with pytest.raises(ConfigError, match=r"^config .*/nope\.yaml: no such file$"):
+        layout("cpu", str(tmp_path / "nope.yaml"))
     assert layout("cuda") == (1, 1, torch.bfloat16) and layout("cpu") == (1, 1, torch.float32)
     assert layout("cuda", precision="fp32", pipeline_parallel=2) == (1, 2, torch.float32)
 

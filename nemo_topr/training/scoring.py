@@ -82,15 +82,21 @@ def scoring_rows_per_batch(provider, requested: int) -> int:
     return requested
 
 
+def training_model_section(train_config: str) -> dict:
+    """A training config's ``model`` section, checked as `train` checks it, less the sizes that
+    describe the data rather than the model (seq_length stays the scoring command's).
+    `train_config` is a config name in conf/ or a YAML path."""
+    raw = compose(train_config)  # a YAML path or a preset's name, as train's --config-name
+    section = {k: v for k, v in dict(raw.get("model") or {}).items() if k != "seq_length"}
+    check_values({"model": section})
+    return section
+
+
 def apply_training_model_section(provider, train_config: str) -> dict:
     """Put a training config's ``model`` section (precision incl. the FP8 recipe, TP/PP/SP, ...)
     on the scoring provider, so that log mu is scored with the numerics training will use; returns
-    the section. `train_config` is a config name in conf/ or a YAML path. Sizes that describe the
-    data rather than the model (seq_length) stay the scoring command's."""
-    path = Path(train_config)
-    raw = compose(path.stem, [], path.parent) if path.suffix in (".yaml", ".yml") else compose(train_config)
-    section = {k: v for k, v in dict(raw.get("model") or {}).items() if k != "seq_length"}
-    check_values({"model": section})
+    the section."""
+    section = training_model_section(train_config)
     apply_section(provider, section)
     return section
 
@@ -101,6 +107,8 @@ def apply_scoring_layout(provider, device: str, *, train_config: str | None, pre
     section (`apply_training_model_section`), and a flag that would contradict it is refused
     rather than silently overridden; otherwise the flags (precision: bf16 on cuda, fp32 on cpu).
     Returns the training config applied, or None."""
+    if train_config and device != "cuda":  # read all the same: a typo there is named on a CPU dry run too
+        training_model_section(train_config)
     if train_config and device == "cuda":
         given = [flag for flag, value in (("--precision", precision), ("--tp", tensor_parallel),
                                           ("--pp", pipeline_parallel)) if value is not None]
