@@ -5,6 +5,7 @@ reproduce them exactly, with errors naming the source, the row and the field."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,26 @@ def test_unreadable_arrow_and_mixed_formats_are_file_errors(tmp_path):
     (tmp_path / "part.jsonl").write_bytes(SCORED.read_bytes())
     with pytest.raises(DataError, match=rf"^{tmp_path}: format: mixes JSONL .* and Parquet"):
         load_records(tmp_path)
+
+
+def test_a_file_named_twice_is_refused_naming_both_spellings(tmp_path, monkeypatch):
+    """Each of these used to fail as `duplicate sample_id 0 ...; first at a.jsonl:1`, the same line;
+    with --no-strict the second copy was dropped as duplicates."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    _write_jsonl(tmp_path / "d" / "a.jsonl", _rows(SCORED))
+    for paths, named, first in ((["d/a.jsonl", "d/a.jsonl"], "d/a.jsonl", "d/a.jsonl"),
+                                (["d/a.jsonl", str(tmp_path / "d" / ".." / "d" / "a.jsonl")],
+                                 str(tmp_path / "d" / ".." / "d" / "a.jsonl"), "d/a.jsonl"),
+                                (["d", "d/*.jsonl"], "d/a.jsonl", "d/a.jsonl")):
+        for strict in (True, False):
+            with pytest.raises(DataError, match=rf"^{re.escape(named)}: path: named twice \(also as "
+                                                rf"{re.escape(first)}\): its records would be read twice"):
+                load_records(paths, strict=strict)
+    # a copy is another file: its records are duplicates of the first's, refused as such
+    _write_jsonl(tmp_path / "copy.jsonl", _rows(SCORED))
+    with pytest.raises(DataError, match=r"^copy.jsonl:1: sample_id: duplicate sample_id 0 "):
+        load_records(["d/a.jsonl", "copy.jsonl"])
 
 
 def test_save_to_disk_dataset(tmp_path):

@@ -66,6 +66,13 @@ def open_sources(paths: str | Path | Sequence[str | Path], *,
         found, note = _sources_of(str(spec), split)
         sources += found
         notes += [note] if note else []
+    read_as: dict[Path | str, str] = {}
+    for source in sources:  # a file given twice (`a.jsonl d/`, or two spellings) was a "duplicate sample_id"
+        key = source.name if source.format == "hub" else Path(source.name).resolve()
+        if key in read_as:
+            raise DataError(source.name, 0, "path", f"named twice (also as {read_as[key]}): its records would be read "
+                            "twice; name each file or directory once")
+        read_as[key] = source.name
     formats = {source.format: source.name for source in sources}
     if len(formats) > 1:
         named = " and ".join(f"{fmt} ({name})" for fmt, name in sorted(formats.items()))
