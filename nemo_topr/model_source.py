@@ -264,11 +264,12 @@ def check_architecture(source: ModelSource) -> None:
 
 
 def require_hugging_face(spec: str | Path, *, named: str = "--model ") -> Path:
-    """The HF directory of `spec` for verbs that sample with transformers / vLLM (generate, eval);
-    a Megatron checkpoint is an error naming the export that makes one."""
+    """The HF directory of `spec` for verbs that run it with transformers / vLLM (generate, eval,
+    verifier score); a Megatron checkpoint is an error naming the export that makes one."""
     source = resolve(spec, named=named, megatron=False)  # transformers samples any causal LM
     if source.is_megatron:
-        raise ModelSourceError(f"{source.describe()}: sampling needs Hugging Face weights; export it once with "
+        raise ModelSourceError(f"{source.describe()}: generate, eval and verifier run the model with transformers "
+                               "or vLLM, which read Hugging Face weights only; export it once with "
                                f"`nemo-topr export --ckpt {spec} --hf-out HF_DIR` and pass HF_DIR")
     return source.path
 
