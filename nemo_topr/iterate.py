@@ -172,6 +172,9 @@ def check_config(config: IterateConfig) -> None:
         problems.append(f"curate.mode must be one of {CURATION_MODES}; got {config.curate.mode!r}")
     if (config.curate.mode in SUBSAMPLING_MODES) != (config.curate.target is not None):
         problems.append("curate.target is needed by, and only by, curate.mode target_p / target_p_tilde")
+    if config.curate.per_prompt and config.curate.mode not in SUBSAMPLING_MODES:
+        problems.append("curate.per_prompt spreads the sub-sampling of curate.mode target_p / target_p_tilde over "
+                        f"the prompts; curate.mode {config.curate.mode} has none")
     if config.generate.zero_shot and config.generate.prompts not in ("gsm8k-train", "gsm8k-test"):
         problems.append(f"generate.zero_shot needs GSM8K benchmark prompts; got {config.generate.prompts!r}")
     if config.eval.benchmark not in EVAL_BENCHMARKS:
@@ -351,19 +354,18 @@ def curation_flags(options: CurateOptions, records: list[Record] | None,
     Sub-sampling to a target share needs both positives and negatives; a round without one
     side (a weak model's: no correct answer at all) trains on all its records instead.
     """
-    flags = ["--per-prompt"] if options.per_prompt else []
     if options.mode == "anna_karenina":
-        return [*flags, "--anna-karenina"], None
+        return ["--anna-karenina"], None
     if options.mode == "none":
-        return flags, None
+        return [], None
     if records is not None:
         positives = sum(is_positive(record.reward) for record in records)
         if positives in (0, len(records)):
-            return flags, (f"curate.mode {options.mode} skipped: {positives} positives and "
-                           f"{len(records) - positives} negatives (sub-sampling needs both); trained on every record")
+            return [], (f"curate.mode {options.mode} skipped: {positives} positives and "
+                        f"{len(records) - positives} negatives (sub-sampling needs both); trained on every record")
     target = ["--target-p", str(options.target)] if options.mode == "target_p" else [
         "--target-p-tilde", str(options.target), "--baseline", str(baseline)]
-    return [*flags, *target], None
+    return [*(["--per-prompt"] if options.per_prompt else []), *target], None
 
 
 def zero_shot_prompts(benchmark: str, path: Path) -> None:

@@ -77,6 +77,14 @@ def test_per_prompt_balancing_caps_the_most_represented_prompts():
     assert _counts(result.records)[1] == _counts(records)[1]  # every negative kept
 
 
+def test_per_prompt_without_a_target_is_refused_not_ignored():
+    """`data curate --per-prompt` (or with --anna-karenina) wrote every record, as without it."""
+    for modes in ({}, {"anna_karenina": True}):
+        with pytest.raises(ValueError, match=r"^per_prompt spreads the sub-sampling to target_p or target_p_tilde "):
+            Curation(per_prompt=True, **modes)
+    Curation(target_p_tilde=0.2, per_prompt=True)
+
+
 def test_anna_karenina_keeps_the_first_positive_and_all_negatives_per_prompt():
     rows = [("a", 1), ("a", -1), ("a", 1), ("b", -1), ("a", -1), ("b", -1), ("c", 1), ("c", 1), ("b", 1)]
     records = [Record(prompt=p, completion=f"y{i}", reward=r, index=i) for i, (p, r) in enumerate(rows)]

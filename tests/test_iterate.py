@@ -48,6 +48,9 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
     ("train.overrides=[objective.ratio_level=token]", r"objective.ratio_level=token needs log mu of every "),
     ("curate.mode=target_p_tilde", "curate.target"),
     ("curate.mode=best", "curate.mode"),
+    # per_prompt spreads a target's sub-sampling: with anna_karenina (the default) it did nothing
+    ("curate.per_prompt=true", r"curate.per_prompt spreads the sub-sampling of curate.mode target_p / "
+                               r"target_p_tilde over the prompts; curate.mode anna_karenina has none"),
     ("eval.benchmark=gsm8k-test", "eval.benchmark"),
     ("rounds=0", "rounds"),
     # generate's and eval's options through those commands' own parsers and checks, at the start:
@@ -180,6 +183,10 @@ def test_a_round_without_positives_trains_on_its_negatives():
         ["--target-p-tilde", "0.15", "--baseline", "0.2"], None)
     flags, note = curation_flags(share, records(-1.0, -1.0, -1.0), 0.2)
     assert flags == [] and note.startswith("curate.mode target_p_tilde skipped: 0 positives and 3 negatives")
+    # --per-prompt goes with the target only: `data curate` refuses it without one
+    spread = CurateOptions(mode="target_p", target=0.5, per_prompt=True)
+    assert curation_flags(spread, records(1.0, -1.0), 0.0) == (["--per-prompt", "--target-p", "0.5"], None)
+    assert curation_flags(spread, records(-1.0, -1.0), 0.0)[0] == []
     # anna_karenina keeps every negative
     assert curation_flags(CurateOptions(), records(-1.0, -1.0), 0.0) == (["--anna-karenina"], None)
 

@@ -41,6 +41,9 @@ class Curation:
                 raise ValueError(f"{name} must be in [0, 1]; got {target}")
         if not -1.0 < self.baseline < 1.0:
             raise ValueError(f"baseline must be in (-1, 1); got {self.baseline}")
+        if self.per_prompt and self.target_p is None and self.target_p_tilde is None:  # was a silent no-op
+            raise ValueError("per_prompt spreads the sub-sampling to target_p or target_p_tilde over the prompts: "
+                             "give one of them (anna_karenina is per prompt already)")
 
 
 @dataclass
