@@ -6,10 +6,13 @@ when their verb runs, so `nemo-topr data stats` never pays for importing Megatro
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import importlib.metadata
 import os
 import sys
 
+from nemo_topr import __version__
 from nemo_topr.cluster.warning import hold_the_warning
 from nemo_topr.outputs import OutputWriteError
 from nemo_topr.quiet import VERBOSE_ENV, quiet_known_noise
@@ -33,11 +36,23 @@ VERBS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max((len(v) for v in VERBS), default=0)
-    lines = ["usage: nemo-topr [--verbose] VERB [args...]", "", "verbs:"]
+    lines = ["usage: nemo-topr [--verbose] VERB [args...]", "       nemo-topr --version", "", "verbs:"]
     lines += [f"  {verb:<{width}}  {help_}" for verb, (_, help_) in VERBS.items()]
     lines += ["", "Run `nemo-topr VERB --help` for a verb's options. --verbose (or NEMO_TOPR_VERBOSE=1) shows the "
               "start-up warnings known to be harmless (nemo_topr/quiet.py)."]
     return "\n".join(lines)
+
+
+def _version() -> str:
+    """nemo-topr's version and the installed stack's, from package metadata (nothing imported)."""
+    def installed(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    stack = ("megatron-bridge", "megatron-core", "torch", "transformer-engine")
+    return f"nemo-topr {__version__} ({', '.join(f'{name} {installed(name)}' for name in stack)})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,9 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] == "--version":  # what a bug report needs first
+        print(_version())
+        return 0
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:
-        print(f"nemo-topr: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
+        close = [name for name in VERBS if name.startswith(verb)] or difflib.get_close_matches(verb, VERBS, n=1)
+        print(f"nemo-topr: unknown verb {verb!r}{f'; did you mean {close[0]}?' if close else ''}\n\n{_usage()}",
+              file=sys.stderr)
         return 2
     if verb == "train":
         # Slurm's pre-emption warning (SIGUSR1, slurm/topr_job.sh) may come while the rank still

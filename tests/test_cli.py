@@ -1,0 +1,32 @@
+"""nemo_topr/cli.py: the verb dispatch, --version and a misspelled verb."""
+
+import importlib.util
+import re
+
+from conftest import REPO
+from nemo_topr.cli import main
+
+
+def _pins() -> dict[str, str]:
+    """name -> version pinned in the requirements `make venv` installs."""
+    text = "".join((REPO / name).read_text() for name in ("requirements.txt", "requirements-nodeps.txt"))
+    return dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.MULTILINE))
+
+
+def test_version_names_nemo_topr_and_the_installed_stack(capsys):
+    """What a bug report needs first; it was `unknown verb '--version'`."""
+    assert main(["--version"]) == 0
+    pins, version = _pins(), re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.MULTILINE)[1]
+    te = "not installed" if importlib.util.find_spec("transformer_engine") is None else r"\d+\.\d+\S*"
+    assert re.fullmatch(
+        rf"nemo-topr {re.escape(version)} \(megatron-bridge {re.escape(pins['megatron-bridge'])}, megatron-core "
+        rf"{re.escape(pins['megatron-core'])}, torch {re.escape(pins['torch'])}, transformer-engine {te}\)\n",
+        capsys.readouterr().out)
+
+
+def test_a_misspelled_or_shortened_verb_is_named_with_the_verb_meant(capsys):
+    for typed, meant in (("trian", "train"), ("score", "score-logprobs"), ("exprot", "export")):
+        assert main([typed]) == 2
+        assert capsys.readouterr().err.startswith(f"nemo-topr: unknown verb {typed!r}; did you mean {meant}?\n")
+    assert main(["xyz"]) == 2
+    assert capsys.readouterr().err.startswith("nemo-topr: unknown verb 'xyz'\n\nusage: nemo-topr")
