@@ -86,6 +86,13 @@ def test_grades_without_a_negative_are_refused_not_all_judged_correct(model_dir,
     same = write_records([graded("Question: What is 2+3?\nAnswer:", " The answer is 5.", 1.0, sample_id=i)
                           for i in range(2)], tmp_path / "all_right.jsonl")
     assert verifier.main(["build", "--graded", str(same), "--out", str(tmp_path / "judge.jsonl")]) == 0
+    # but for 0 throughout: 0/1 grades with no correct answer, which were built into "correct" judge examples
+    zeros = write_records([graded("Question: What is 2+3?\nAnswer:", f" The answer is {n}.", 0.0, sample_id=n)
+                           for n in (4, 6)], tmp_path / "all_wrong01.jsonl")
+    assert verifier.main(["build", "--graded", str(zeros), "--out", str(tmp_path / "judge0.jsonl")]) == 1
+    assert (f"{zeros}: reward: every reward is 0, which the sign reads as correct (0/1 grades with no correct "
+            "answer?)" in capsys.readouterr().err)
+    assert not (tmp_path / "judge0.jsonl").exists()
 
 
 def test_a_prompt_rendered_by_the_chat_template_is_judged_as_its_plain_problem():

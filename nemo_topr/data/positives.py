@@ -69,12 +69,16 @@ def require_signed_grades(records: RecordSet, consequence: str) -> None:
     naming the files: a reader that decides sides by the sign alone (the verifier's correct
     answers, `data curate --anna-karenina`'s positives) would read every grade, the wrong
     answers' too, as positive; `consequence` says what that reader would then do. One value
-    throughout reads one way only and is kept."""
+    throughout reads one way only and is kept, but for 0: 0/1 grades with no correct answer."""
     values = {record.reward for record in records.records}
     if len(values) > 1 and min(values) >= 0:
         raise DataError(",".join(records.report.files), 0, "reward",
                         f"no reward is negative, yet the rewards take {len(values)} values ({min(values):g} to "
                         f"{max(values):g}): {consequence}; {MAP_TO_SIGNS}")
+    if values == {0.0}:  # `verifier build` made every wrong answer a "correct" judge example
+        raise DataError(",".join(records.report.files), 0, "reward",
+                        f"every reward is 0, which the sign reads as correct (0/1 grades with no correct answer?): "
+                        f"{consequence}; {MAP_TO_SIGNS}")
 
 
 def sign_flipping_baseline(rewards: Iterable[float], baseline: float) -> str | None:
