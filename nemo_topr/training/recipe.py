@@ -146,7 +146,8 @@ def check_baseline(objective, rewards: set[float], *, warn: bool = True, record_
     one sign (with +-1 rewards, c >= 1 pushes the correct answers down). 0/1 grades with c at or
     above 0 are warned of (`nemo_topr.data.positives`) unless not `warn` (`main`'s early call,
     before Megatron's import; `prepare` warns), and where c is not what the records get (asymre's
-    group means, the records' own baselines) or negatives are dropped by design (sft_positive)."""
+    group means, the records' own baselines) or negatives are dropped by design (sft_positive).
+    Rewards all equal to a scalar c are refused too: nothing would train (`prepare` checks any c)."""
     scalar_baseline = (baseline_source(objective.variant, record_baselines) == "scalar"
                        and objective.variant != "sft_positive")
     if warn and scalar_baseline and (warning := no_negatives_warning(rewards, objective.baseline,
