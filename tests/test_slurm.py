@@ -123,6 +123,12 @@ def test_submit_dry_run_renders_a_container_job_with_mounts_from_the_config(tmp_
     assert lines[-1].endswith(f"llama31_70b_bf16 base_model={model} objective.baseline=0.2 "
                               f"'dataset.train_path={data / 'scored.jsonl'}'")
     assert not run_dir.exists()  # a dry run writes nothing
+    # `--config-name`, as train spells it, is the same job (it was "required: --config")
+    again = _submit(capsys, "--config-name", "llama31_70b_bf16", "--nodes", "4", "--account", "acct", "--partition",
+                    "batch", "--container-image", "nvcr.io/nvidia/pytorch:25.09-py3", "--run-dir", str(run_dir),
+                    "--dry-run", f"base_model={model}", "objective.baseline=0.2",
+                    f"dataset.train_path={data / 'scored.jsonl'}")
+    assert again == (0, out, err)
 
 
 def test_submit_of_a_users_yaml_passes_it_by_absolute_path_and_mounts_its_directory(tmp_path, capsys,

@@ -404,8 +404,10 @@ def own_run_dir(config_file: Path, overrides: list[str]) -> Path | None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nemo-topr submit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="a config in conf/ (e.g. llama31_8b_bf16), or the path of "
-                                                        "your own YAML file, whose defaults may name those")
+    # --config-name as `train` spells it (`plan` takes either, or the config as its first word)
+    parser.add_argument("--config", "--config-name", dest="config", required=True,
+                        help="a config in conf/ (e.g. llama31_8b_bf16), or the path of your own YAML file, whose "
+                             "defaults may name those")
     parser.add_argument("--job-name", help="default: topr-CONFIG (the YAML file's name without .yaml)")
     parser.add_argument("--run-dir", type=Path, help="default: a run_dir= override, else the run_dir your own "
                                                      "YAML sets (both from the checkout), else runs/JOB_NAME")
