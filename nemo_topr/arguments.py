@@ -24,7 +24,8 @@ def non_negative(text: str) -> int:
 
 
 def finite(text: str) -> float:
-    """A finite number (a baseline): NaN passed every range check after it and made p~ NaN."""
+    """A finite number (a baseline): NaN passes every comparison, so `data validate` took it
+    without a word."""
     value = float(text)
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number; got {text}")

@@ -32,7 +32,7 @@ MAP_GRADES = f"{MAP_TO_SIGNS}, or set objective.negative_rule=advantage to mark 
 # The objective is A x weight x log pi for every variant: with every A = 0 the loss and its
 # gradients are 0. A run on such data (0/1 grades, none correct) trained and saved, loss 0.
 NO_ADVANTAGE = ("every record's advantage R - c is 0 (each reward equals its baseline c): the loss and its gradients "
-                f"are 0 for every variant, so training would change nothing; if these are 0/1 grades with no correct "
+                "are 0 for every variant, so training would change nothing; if these are 0/1 grades with no correct "
                 f"answer, sample more or {MAP_TO_SIGNS}")
 
 
