@@ -112,15 +112,6 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
-
-
 def git_output(*args: str) -> str | None:
     try:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
@@ -131,6 +122,8 @@ def git_output(*args: str) -> str | None:
 def environment() -> dict:
     """What the numbers depend on: machine, load, library versions, date, commit."""
     import torch
+
+    from nemo_topr import installed_version
 
     dirty = git_output("status", "--porcelain", "--untracked-files=no")
     mem_total = None
@@ -151,9 +144,9 @@ def environment() -> dict:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "megatron_core": _version("megatron-core"),
-        "megatron_bridge": _version("megatron-bridge"),
-        "transformers": _version("transformers"),
+        "megatron_core": installed_version("megatron-core"),
+        "megatron_bridge": installed_version("megatron-bridge"),
+        "transformers": installed_version("transformers"),
         "cuda_available": torch.cuda.is_available(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.metadata
 import os
 import sys
 
-from nemo_topr import __version__
+from nemo_topr import __version__, installed_version
 from nemo_topr.cluster.warning import hold_the_warning
 from nemo_topr.outputs import OutputWriteError
 from nemo_topr.quiet import VERBOSE_ENV, quiet_known_noise
@@ -45,14 +44,9 @@ def _usage() -> str:
 
 def _version() -> str:
     """nemo-topr's version and the installed stack's, from package metadata (nothing imported)."""
-    def installed(name: str) -> str:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
     stack = ("megatron-bridge", "megatron-core", "torch", "transformer-engine")
-    return f"nemo-topr {__version__} ({', '.join(f'{name} {installed(name)}' for name in stack)})"
+    return (f"nemo-topr {__version__} ("
+            + ", ".join(f"{name} {installed_version(name) or 'not installed'}" for name in stack) + ")")
 
 
 def main(argv: list[str] | None = None) -> int:

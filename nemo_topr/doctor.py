@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.metadata
 import json
 import math
 import os
@@ -51,6 +50,7 @@ from typing import Callable
 
 import torch
 
+from nemo_topr import installed_version
 from nemo_topr.arguments import positive_seconds
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.model_settings import CUDNN_922_ATTRIBUTE, CUDNN_922_FIX, loaded_cudnn, own_cudnn_fix
@@ -179,24 +179,15 @@ class Doctor:
 
 def versions() -> dict[str, str | None]:
     """Versions of what the GPU path depends on (None: not installed / not available)."""
-
-    def installed(*names: str) -> str | None:
-        for name in names:
-            try:
-                return importlib.metadata.version(name)
-            except importlib.metadata.PackageNotFoundError:
-                continue
-        return None
-
     cuda = torch.cuda.is_available()
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else None
     cudnn, refusal = loaded_cudnn()  # a refusal is recorded, and the versions check fails
     return {"torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": f"error: {refusal}" if refusal else None if cudnn is None else str(cudnn),
             "nccl": nccl, "gpu": torch.cuda.get_device_name(0) if cuda else None,
-            "transformer_engine": installed("transformer_engine", "transformer-engine"),
-            "apex": installed("apex"), "megatron_core": installed("megatron-core", "megatron_core"),
-            "megatron_bridge": installed("megatron-bridge", "megatron_bridge")}
+            "transformer_engine": installed_version("transformer_engine", "transformer-engine"),
+            "apex": installed_version("apex"), "megatron_core": installed_version("megatron-core", "megatron_core"),
+            "megatron_bridge": installed_version("megatron-bridge", "megatron_bridge")}
 
 
 def check_versions(found: dict[str, str | None], device: str) -> str:
