@@ -226,6 +226,16 @@ class GradeResult:
     error: str | None = None
 
 
+def reference_problem(task: str, reference_answer: str) -> str | None:
+    """Why the task's grader cannot read this reference, or None. Grading reads a reference only
+    for a completion with an answer, so a bad one would fail the first such sample, after sampling."""
+    try:
+        grader_of(task).reference(reference_answer)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def graded_answer(task: str, completion: str, reference_answer: str) -> GradeResult:
     """The completion's extracted answer and grade ("error" when the grader failed)."""
     grader = grader_of(task)

@@ -691,6 +691,11 @@ MUTANTS = (
            "    if not 0 <= args.seed < 2**63:", "    if False:",
            ("tests/test_generate_eval.py::test_sampling_options_are_checked_before_the_model_loads",),
            "generate --seed -1 sampled with a fixed seed -1"),
+    Mutant("unreadable_reference_read_late", "nemo_topr/grading.py",
+           "        grader_of(task).reference(reference_answer)", "        grader_of(task)",
+           ("tests/test_generate_eval.py::test_a_prompt_files_bad_row_is_named_by_line_and_field",
+            "tests/test_generate_eval.py::test_records_eval_grades_each_record_for_its_own_task"),
+           "generate samples every prompt, then fails on a GSM8K reference without a number"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

@@ -147,7 +147,15 @@ def test_records_eval_grades_each_record_for_its_own_task(tmp_path, capsys):
     assert evaluate.main(["--records", str(bare), "--out", str(tmp_path / "b.json")]) == 1
     assert f"{bare}:1: meta: needs reference_answer and a task (gsm8k|math; or pass --task)" in capsys.readouterr().err
     assert evaluate.main(["--records", str(bare), "--task", "gsm8k", "--out", str(tmp_path / "b.json")]) == 0
+    # a reference GSM8K's grader cannot read: an unanswered sample used to count as merely invalid
+    unreadable = tmp_path / "unreadable.jsonl"
+    unreadable.write_text(json.dumps({"prompt": "Q", "completion": " I do not know.", "reward": -1.0, "prompt_id": "p0",
+                                      "sample_id": 0, "meta": {"task": "gsm8k", "reference_answer": "twelve"}}) + "\n")
+    assert evaluate.main(["--records", str(unreadable), "--out", str(tmp_path / "u.json")]) == 1
+    assert capsys.readouterr().err == (f"nemo-topr eval: {unreadable}:1: meta.reference_answer: GSM8K reference has "
+                                       "no number: 'twelve'\n")
     assert not (tmp_path / "m.json").exists() and not (tmp_path / "x.json").exists()
+    assert not (tmp_path / "u.json").exists()
 
 
 def test_records_scored_in_part_by_a_verifier_say_why_the_weighted_vote_is_left_out(tmp_path, capsys):
@@ -477,6 +485,8 @@ def test_a_misspelled_benchmark_or_a_bad_prompt_file_is_named(tmp_path, capsys):
     ({"prompt": "", "reference_answer": "2"}, "prompt: empty"),
     ({"prompt": "Q: 1+1?", "reference_answer": " "}, "reference_answer: empty"),
     ({"prompt": "Q: 1+1?", "reference_answer": True}, "reference_answer: expected a string or a number, got True"),
+    # read before sampling: the grader reads a reference only for a sample with an answer, hours later
+    ({"prompt": "Q: 1+1?", "reference_answer": "two"}, "reference_answer: GSM8K reference has no number: 'two'"),
     ({"prompt": "Q: 1+1?", "reference_answer": "2", "prompt_id": 1.5},
      "prompt_id: expected a string or an integer, got 1.5"),
     (["Q: 1+1?", "2"], "row: expected a JSON object, got list"),

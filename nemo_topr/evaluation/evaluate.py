@@ -44,7 +44,7 @@ from nemo_topr.evaluation.generate import (
 )
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics, scored_voters
 from nemo_topr.evaluation.sample_log import log_path
-from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, same_answer
+from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, reference_problem, same_answer
 from nemo_topr.outputs import (add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file,
                                write_whole)
 
@@ -107,6 +107,8 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
         record_task = task or meta.get("task")
         if record_task not in TASKS or "reference_answer" not in meta:
             raise record.error("meta", f"needs reference_answer and a task ({'|'.join(TASKS)}; or pass --task)")
+        if problem := reference_problem(record_task, str(meta["reference_answer"])):
+            raise record.error("meta.reference_answer", problem)
         result = graded_answer(record_task, record.completion, str(meta["reference_answer"]))
         results.append(result)
         samples = by_prompt.setdefault(record.prompt_key, [])

@@ -52,7 +52,7 @@ from nemo_topr.data.sources import jsonl_rows
 from nemo_topr.device import add_device_argument, select_device
 from nemo_topr.grading import (
     GRADES, MAX_GRADER_ERROR_RATE, TASKS, Grade, GradeResult, GraderErrorRateExceeded, check_grader_errors,
-    graded_answer, reward_of,
+    graded_answer, reference_problem, reward_of,
 )
 from nemo_topr.outputs import add_overwrite_argument, writable_records_file
 from nemo_topr.progress import Progress
@@ -174,6 +174,8 @@ def _problem_of_row(path: str | Path, number: int, row: object, task: str, rende
     for name, empty in (("prompt", not prompt), ("reference_answer", not str(answer).strip())):
         if empty:
             raise DataError(path, number, name, "empty")
+    if problem := reference_problem(task, str(answer)):
+        raise DataError(path, number, "reference_answer", problem)
     return Problem(str(prompt_id), RenderedPrompt(prompt) if rendered_prompts else prompt, str(answer), task)
 
 
