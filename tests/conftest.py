@@ -109,6 +109,15 @@ def megatron_world():
     yield
 
 
+def tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(iteration, value) of one metric a run logged to RUN_DIR/tensorboard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars(tag)]
+
+
 def checkout_env(**extra: str) -> dict[str, str]:
     """``os.environ`` with this checkout first on PYTHONPATH, plus ``extra``."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, run_distributed
+from conftest import REPO, run_distributed, tensorboard_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -87,14 +87,6 @@ def runs(tiny, imported, scored) -> dict[str, Path]:
     """The same config started from the HF directory and from its import (a checkpoint every iteration)."""
     return {start: train(tiny, scored, model, tiny / f"run_{start}", "checkpoint.save_interval=1")
             for start, model in (("hf", tiny / "hf"), ("imported", imported[0]))}
-
-
-def tensorboard(run_dir: Path, tag: str) -> list[tuple[int, float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    return [(event.step, event.value) for event in events.Scalars(tag)]
 
 
 def safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -211,7 +203,7 @@ def test_scoring_from_the_import_equals_scoring_from_hf(scored, scored_from_impo
 
 
 def test_imported_start_trains_and_exports_like_the_hf_start(runs, tiny, tmp_path):
-    losses = {start: tensorboard(run, "topr_loss") for start, run in runs.items()}
+    losses = {start: tensorboard_scalars(run, "topr_loss") for start, run in runs.items()}
     assert [step for step, _ in losses["hf"]] == [1, 2, 3]
     assert [step for step, _ in losses["imported"]] == [1, 2, 3]
     for (_, hf_loss), (_, imported_loss) in zip(losses["hf"], losses["imported"]):
@@ -265,7 +257,7 @@ def test_resume_from_base_continues_the_earlier_run_exactly(runs, tiny, scored):
     resumed = train(tiny, scored, f"{round_1}@1", tiny / "resumed", "resume_from_base=true")
     # the run resumed from round 1's iteration 1 (optimizer, data position): iterations 2 and 3
     # are round 1's own, loss for loss
-    assert tensorboard(resumed, "topr_loss") == tensorboard(round_1, "topr_loss")[1:]
+    assert tensorboard_scalars(resumed, "topr_loss") == tensorboard_scalars(round_1, "topr_loss")[1:]
     # a base without training state is refused by the config check: test_model_source.py
 
 

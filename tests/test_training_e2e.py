@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, run_distributed
+from conftest import REPO, run_distributed, tensorboard_scalars
 from nemo_topr.training.checkpoints import is_complete, iteration_dir_name, latest_iteration, saved_iterations
 
 pytestmark = pytest.mark.slow
@@ -46,14 +46,6 @@ def test_the_checkpoint_size_estimate_is_just_short_of_a_saved_iteration(demo):
     estimate = disk_space.estimated_checkpoint_bytes(disk_space.parameter_count(demo / "tiny_llama_hf"), 4, True)
     measured, how = disk_space.checkpoint_bytes(demo / "run" / "checkpoints", estimate)
     assert how.startswith("the size of iteration") and estimate <= measured <= 1.1 * estimate, (estimate, measured)
-
-
-def _scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    return [(event.step, event.value) for event in events.Scalars(tag)]
 
 
 def test_demo_moves_positives_up_and_negatives_down(demo):
@@ -87,7 +79,7 @@ def test_the_console_shows_every_iterations_loss_as_tensorboard_has_it(demo):
     bridge = {int(i): float(v) for i, v in re.findall(r"\] iteration +(\d+)/ *\d+ \|.*? topr_loss: (\S+) \|", log)}
     ours = {int(i): float(v) for i, v in re.findall(r"^\[nemo-topr\] iteration (\d+): topr_loss: (\S+) \(below 0",
                                                      log, re.MULTILINE)}
-    board = dict(_scalars(demo / "run", "topr_loss"))
+    board = dict(tensorboard_scalars(demo / "run", "topr_loss"))
     assert not bridge.keys() & ours.keys() and sorted(bridge.keys() | ours.keys()) == sorted(board) == \
         list(range(1, len(board) + 1))
     assert ours and all(value < 0 for value in ours.values()) and all(value >= 0 for value in bridge.values())
@@ -98,9 +90,9 @@ def test_the_console_shows_every_iterations_loss_as_tensorboard_has_it(demo):
 def test_rho_is_one_at_step_zero_when_mu_comes_from_the_starting_model(demo):
     # scoring (forward-only pass) and training (Bridge step) are separate code paths and
     # processes; at iteration 1 the policy is still the starting model, so log rho = 0.
-    (step, first_max), *_ = _scalars(demo / "run", "log_ratio_abs_max")
+    (step, first_max), *_ = tensorboard_scalars(demo / "run", "log_ratio_abs_max")
     assert step == 1 and first_max < 1e-4
-    later = [value for _, value in _scalars(demo / "run", "log_ratio_abs_max")[1:]]
+    later = [value for _, value in tensorboard_scalars(demo / "run", "log_ratio_abs_max")[1:]]
     assert max(later) > 0.1  # and it moves once training does
 
 
@@ -212,9 +204,9 @@ def test_killed_run_resumes_with_exactly_the_remaining_samples_and_weights(demo,
     # drops the killed run's orphaned steps only when the resumed run logs a *smaller* step than the
     # killed run's last (when the kill landed right after the killed run logged step k+1, both files
     # hold step k+1).
-    reference_losses = _scalars(reference_dir, "topr_loss")
+    reference_losses = tensorboard_scalars(reference_dir, "topr_loss")
     assert len({step for step, _ in reference_losses}) == len(reference_losses)
-    assert dict(_scalars(killed_dir, "topr_loss")) == dict(reference_losses), replay
+    assert dict(tensorboard_scalars(killed_dir, "topr_loss")) == dict(reference_losses), replay
     # And the same final model: every tensor of the last checkpoint (weights and Adam moments),
     # bit for bit.
     (resumed_iteration, resumed), (reference_iteration, reference) = map(_final_checkpoint, (killed_dir, reference_dir))
@@ -238,12 +230,12 @@ def test_a_finished_run_run_again_trains_nothing_and_leaves_its_files_as_they_we
         kept = [*(run_dir / "checkpoints").rglob("*"), *run_dir.glob("samples_dp*.jsonl")]
         return {str(path): (path.stat().st_mtime_ns, path.read_bytes()) for path in kept if path.is_file()}
 
-    before, losses = files(), _scalars(run_dir, "topr_loss")
+    before, losses = files(), tensorboard_scalars(run_dir, "topr_loss")
     proc = subprocess.run([*_train_command(demo, run_dir), "checkpoint.save_interval=4"], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"[nemo-topr] {run_dir} is finished (iteration {last} of {last}): nothing to train" in proc.stdout
-    assert files() == before and _scalars(run_dir, "topr_loss") == losses
+    assert files() == before and tensorboard_scalars(run_dir, "topr_loss") == losses
     assert (run_dir / "COMPLETED").read_text() == f"{last}\n"
 
 
