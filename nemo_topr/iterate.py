@@ -25,6 +25,7 @@ CONFIG is a driver config (`IterateConfig`, plain YAML, a path or a name in conf
 training config: it names the training config (`train.config_name`) and holds each stage's
 options; `key=value` arguments override it. Its `device` (cuda, or cpu as in iterate_tiny_cpu)
 goes to every stage: `--device` of generate, score-logprobs, export and eval, `device=` of train.
+Its `nproc_per_node` (default 1) runs score-logprobs and train under torchrun on this node.
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ class IterateConfig:
     out: str = MISSING
     rounds: int = 1
     device: str = "cuda"  # cuda | cpu, passed to every stage (`nemo_topr.device`): no silent fallback
+    # ranks of the score and train stages: above 1 they run under torchrun --standalone on this node
+    # (one rank per GPU; gloo ranks on cpu); generate and eval stay one process (vLLM splits a model itself)
+    nproc_per_node: int = 1
     generate: GenerateOptions = field(default_factory=GenerateOptions)
     curate: CurateOptions = field(default_factory=CurateOptions)
     train: TrainOptions = field(default_factory=TrainOptions)
@@ -166,6 +170,8 @@ def check_config(config: IterateConfig) -> None:
     problems = []
     if config.rounds < 1:
         problems.append(f"rounds must be at least 1; got {config.rounds}")
+    if config.nproc_per_node < 1:
+        problems.append(f"nproc_per_node must be at least 1; got {config.nproc_per_node}")
     if config.device not in DEVICES:
         problems.append(f"device must be one of {', '.join(DEVICES)}; got {config.device!r}")
     if config.curate.mode not in CURATION_MODES:
@@ -185,7 +191,7 @@ def check_config(config: IterateConfig) -> None:
     except model_source.ModelSourceError as error:
         problems.append(str(error))
     try:
-        problems += curation_problems(config.curate, training_config(config.train)[1])
+        problems += curation_problems(config.curate, training_config(config.train, config.nproc_per_node)[1])
     except IterateError as error:
         problems.append(str(error))
     if problems:
@@ -234,17 +240,16 @@ def read_prompts(args: argparse.Namespace) -> None:
                   rendered_prompts=args.rendered_prompts)
 
 
-def training_config(train: TrainOptions) -> tuple[dict[str, Any], Any]:
+def training_config(train: TrainOptions, ranks: int) -> tuple[dict[str, Any], Any]:
     """The training config's values and objective (an ObjectiveConfig), after the checks `nemo-topr
-    train` runs on its config before the data (keys, types, the objective, the batch's division):
-    now, not in round 1 after the sampling and scoring."""
+    train` runs on its config before the data (keys, types, the objective, the batch's division
+    over `ranks` processes): now, not in round 1 after the sampling and scoring."""
     from nemo_topr.cluster.plan import compose_config
-    from nemo_topr.distributed import launcher_world_size
     from nemo_topr.training.config import ConfigError, check_batch_division, objective_from
 
     try:
         values, _ = compose_config(train.config_name, list(train.overrides), None)  # with check_values
-        check_batch_division(values, launcher_world_size())
+        check_batch_division(values, max(ranks, 1))
         return values, objective_from(values.get("objective") or {})
     except ConfigError as error:
         raise IterateError(f"train ({train.config_name} with train.overrides): {error}") from None
@@ -264,6 +269,16 @@ def curation_problems(curate: CurateOptions, objective) -> list[str]:  # noqa: A
     return []
 
 
+def check_gpus(config: IterateConfig) -> None:
+    """A cuda run's ranks each take a GPU of this node: with fewer, round 0's score would fail after
+    the start's evaluation and generation (a `--dry-run` on a login node is not checked)."""
+    import torch
+
+    if config.device == "cuda" and config.nproc_per_node > torch.cuda.device_count():
+        raise IterateError(f"nproc_per_node={config.nproc_per_node}, but torch sees {torch.cuda.device_count()} GPU(s) "
+                           "on this node: score and train run one rank per GPU")
+
+
 # ---------------------------------------------------------------------------------------------
 # Stages
 
@@ -280,6 +295,7 @@ class Stage:
     # run with --overwrite: a rerun replaces what this stage's failed try left in the driver's own
     # directory. Not recorded in args, so the marker compares only what decides the outputs.
     overwrite: bool = True
+    ranks: int = 1  # processes: above 1 under torchrun (not recorded: the outputs mean the same)
 
     @property
     def marker(self) -> Path:
@@ -302,11 +318,19 @@ class Stage:
                            f"  then: {' '.join(recorded)}\n  now:  {' '.join(self.args)}")
 
 
-def run_command(args: tuple[str, ...], log: Path) -> None:
-    """`nemo-topr ARGS` in a subprocess, its output in `log`; raises IterateError when it fails."""
+def launcher(ranks: int) -> list[str]:
+    """The command line of `nemo-topr` in `ranks` processes: under torchrun on this node for more
+    than one (as launchers/local.sh starts training)."""
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] if ranks > 1 else []
+    return [sys.executable, *torchrun, "-m", "nemo_topr.cli"]
+
+
+def run_command(args: tuple[str, ...], log: Path, ranks: int) -> None:
+    """`nemo-topr ARGS` in a subprocess of `ranks` processes, their output in `log`; raises
+    IterateError when it fails."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as out:
-        code = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *args], stdout=out,
+        code = subprocess.run([*launcher(ranks), *args], stdout=out,
                               stderr=subprocess.STDOUT).returncode
     if code != 0:
         tail = "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])
@@ -320,12 +344,14 @@ def run_stage(stage: Stage, *, dry_run: bool = False) -> None:
         print(f"{where}: done", flush=True)
         return
     command = (*stage.args, "--overwrite") if stage.overwrite else stage.args
-    print(f"{where}: {'to run' if dry_run else 'running'}: nemo-topr {' '.join(command)}", flush=True)
+    torchrun = f"torchrun --standalone --nproc-per-node={stage.ranks} -m nemo_topr.cli"
+    program = "nemo-topr" if stage.ranks == 1 else torchrun
+    print(f"{where}: {'to run' if dry_run else 'running'}: {program} {' '.join(command)}", flush=True)
     if dry_run:
         return
     stage.marker.unlink(missing_ok=True)  # a stale marker of other arguments (redo_if_changed)
     started = time.monotonic()
-    run_command(command, stage.log)
+    run_command(command, stage.log, stage.ranks)
     seconds = round(time.monotonic() - started, 1)
     write_whole(stage.marker, json.dumps({"stage": stage.name, "args": list(stage.args),
                                                "outputs": [str(p) for p in stage.outputs],
@@ -402,11 +428,13 @@ class Driver:
         self.out = Path(config.out).resolve()
         train = config.train
         # score mu at the training sequence length, so that exactly the sequences training accepts are scored
-        values, objective = training_config(train)
+        values, objective = training_config(train, config.nproc_per_node)
         self.seq_length, self.baseline = int(values["model"]["seq_length"]), objective.baseline
         self.device_flag = ("--device", config.device)
 
     def run(self) -> list[RoundResult]:
+        if not self.dry_run:
+            check_gpus(self.config)
         claimed_output_dir(self.out, "nemo-topr iterate", make=not self.dry_run)
         start = self.start()
         results = [start]
@@ -446,17 +474,17 @@ class Driver:
         flags, note = curation_flags(self.config.curate, records, self.baseline)
         if note:
             print(f"[{directory.name}] {note}", flush=True)
-        train, rendered = self.config.train, self.config.generate.rendered_prompts
+        train, rendered, ranks = self.config.train, self.config.generate.rendered_prompts, self.config.nproc_per_node
         stages = [
             Stage("curate", directory, ("data", "curate", str(graded), *flags, "--seed", str(self.config.curate.seed),
                                         "--out", str(curated)), (curated, curated.with_suffix(".stats.json"))),
             Stage("score", directory, ("score-logprobs", "--model", weights, "--data", str(curated),
                                        "--out", str(scored), "--seq-length", str(self.seq_length), *self.device_flag,
-                                       *(["--rendered-prompts"] if rendered else [])), (scored,)),
+                                       *(["--rendered-prompts"] if rendered else [])), (scored,), ranks=ranks),
             Stage("train", directory, ("train", "--config-name", train.config_name, *train.overrides,
                                        f"base_model={weights}", f"run_dir={run_dir}", f"dataset.train_path={scored}",
                                        *(["dataset.rendered_prompts=true"] if rendered else []),
-                                       f"device={self.config.device}"), (run_dir,), overwrite=False),
+                                       f"device={self.config.device}"), (run_dir,), overwrite=False, ranks=ranks),
             Stage("export", directory, ("export", "--ckpt", str(run_dir), "--hf-out", str(exported), *self.device_flag),
                   (exported,)),
             self.eval_stage(directory, exported, directory.name),

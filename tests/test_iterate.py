@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, placeholder_hf_model
+from conftest import REPO, placeholder_hf_model, tensorboard_scalars
 from nemo_topr import iterate
 from nemo_topr.data.records import Record, load_records, write_jsonl
 from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem, graded_records
@@ -53,6 +53,10 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
                                r"target_p_tilde over the prompts; curate.mode anna_karenina has none"),
     ("eval.benchmark=gsm8k-test", "eval.benchmark"),
     ("rounds=0", "rounds"),
+    ("nproc_per_node=0", r"^nproc_per_node must be at least 1; got 0$"),
+    # the batch divides over the train stage's ranks as train checks it, at the start
+    ("nproc_per_node=3", r"^train \(tiny_cpu with train.overrides\): train.global_batch_size=4 is not a multiple of "
+                         r"train.micro_batch_size x data-parallel size = 2 x 3 = 6 "),
     # generate's and eval's options through those commands' own parsers and checks, at the start:
     # they used to fail the round's generate after the start's eval, or eval after the training
     ("generate.num_samples=0", r"^generate: --num-samples must be at least 1; got 0 \(generate's options and "
@@ -97,10 +101,13 @@ def test_a_driver_config_that_does_not_parse_is_named(tmp_path):
 
 
 def test_overrides_may_follow_dry_run(fake_model, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(iterate, "run_command", lambda args, log: pytest.fail(f"ran {args}"))
+    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
     assert iterate.main(["iterate_tiny_cpu", "--dry-run", f"base_model={fake_model}", f"out={tmp_path / 'out'}",
-                         "rounds=1"]) == 0
-    assert "[round_0] generate: to run:" in capsys.readouterr().out and not (tmp_path / "out").exists()
+                         "rounds=1", "nproc_per_node=2"]) == 0
+    listed = capsys.readouterr().out
+    assert "[round_0] generate: to run: nemo-topr generate " in listed and not (tmp_path / "out").exists()
+    for verb in ("score-logprobs", "train"):  # the stages that take several ranks; sampling stays one process
+        assert f"to run: torchrun --standalone --nproc-per-node=2 -m nemo_topr.cli {verb} " in listed
 
 
 def test_the_base_model_must_exist(tmp_path):
@@ -132,7 +139,7 @@ def test_a_failed_stage_leaves_no_marker_and_a_done_stage_is_not_rerun(tmp_path,
     assert [json.loads(line)["sample_id"] for line in curated.read_text().splitlines()] == [0, 1]
     assert stage.log.read_text().startswith("{")  # `data curate` ran and printed its summary
 
-    def no_subprocess(args, log):
+    def no_subprocess(args, log, ranks):
         raise AssertionError(f"ran {args}")
 
     monkeypatch.setattr(iterate, "run_command", no_subprocess)
@@ -144,7 +151,7 @@ def test_a_failed_stage_leaves_no_marker_and_a_done_stage_is_not_rerun(tmp_path,
 
 def test_a_stage_nothing_depends_on_is_redone_when_its_arguments_change(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(iterate, "run_command", lambda args, log: calls.append(args))
+    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: calls.append(args))
     run_stage(Stage("plot", tmp_path, ("eval", "--plot", "a.json"), redo_if_changed=True))
     run_stage(Stage("plot", tmp_path, ("eval", "--plot", "a.json", "b.json"), redo_if_changed=True))
     run_stage(Stage("plot", tmp_path, ("eval", "--plot", "a.json", "b.json"), redo_if_changed=True))
@@ -156,7 +163,7 @@ def test_an_out_the_driver_did_not_make_is_refused_before_any_stage(fake_model, 
                                                                      dry_run):
     """Its stages rerun with --overwrite, so `out=` naming a directory of the user's (a typo,
     a home directory) is refused, as it is, rather than written into."""
-    monkeypatch.setattr(iterate, "run_command", lambda args, log: pytest.fail(f"ran {args}"))
+    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
     home = tmp_path / "home"
     (home / "round_0").mkdir(parents=True)
     (home / "round_0" / "graded.jsonl").write_text("my records\n")
@@ -166,6 +173,20 @@ def test_an_out_the_driver_did_not_make_is_refused_before_any_stage(fake_model, 
         f"nemo-topr iterate: {home} is not empty and has no .nemo-topr-output file from a nemo-topr command: "
         "nemo-topr iterate resumes in")
     assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == ["round_0", "round_0/graded.jsonl"]
+
+
+def test_more_ranks_than_the_nodes_gpus_are_refused_before_any_stage(fake_model, tmp_path, monkeypatch, capsys):
+    """A cuda run with nproc_per_node above this node's GPUs; a dry run (a login node) lists the stages."""
+    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    argv = ["iterate_tiny_cpu", f"base_model={fake_model}", f"out={tmp_path / 'out'}", "device=cuda",
+            "nproc_per_node=2"]
+    assert iterate.main(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "nemo-topr iterate: nproc_per_node=2, but torch sees 1 GPU(s) on this node: score and train run one rank "
+        "per GPU")
+    assert not (tmp_path / "out").exists()
+    assert iterate.main([*argv, "--dry-run"]) == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,7 +233,7 @@ def sample(text, answer, grade, grader_error=None):
     return GradedCompletion(Completion(text, None), answer, grade, grader_error)
 
 
-def fake_stage_outputs(args, log):
+def fake_stage_outputs(args, log, ranks):
     """Stand-in for the real commands: generation writes no records (every completion empty)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     out = Path(args[args.index("--out") + 1])
@@ -288,7 +309,7 @@ def test_rendered_prompts_reach_every_stage_that_reads_the_records(fake_model, t
 
     monkeypatch.setattr(scoring, "score_logprobs", score)
 
-    def run(args, log):
+    def run(args, log, ranks):
         out = Path(args[args.index("--out") + 1]) if "--out" in args else log
         out.parent.mkdir(parents=True, exist_ok=True)
         if args[0] == "generate":
@@ -324,7 +345,9 @@ def test_rendered_prompts_reach_every_stage_that_reads_the_records(fake_model, t
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_two_rounds_on_cpu_then_a_rerun_redoes_nothing(tmp_path, monkeypatch, capsys):
+    """Score and train run in two gloo ranks each (nproc_per_node=2, under torchrun), as on a node of GPUs."""
     from nemo_topr.model import build_tiny_hf_llama
     from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
 
@@ -332,7 +355,8 @@ def test_two_rounds_on_cpu_then_a_rerun_redoes_nothing(tmp_path, monkeypatch, ca
     model = build_tiny_hf_llama(tmp_path / "tiny_llama", build_tiny_tokenizer(), max_position_embeddings=4096)
     out = tmp_path / "iterate"
     proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "iterate", "iterate_tiny_cpu",
-                           f"base_model={model}", f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=900)
+                           f"base_model={model}", f"out={out}", "nproc_per_node=2"], cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     print(proc.stdout[proc.stdout.index("| round"):])
 
@@ -359,18 +383,23 @@ def test_two_rounds_on_cpu_then_a_rerun_redoes_nothing(tmp_path, monkeypatch, ca
     assert args["generate"][args["generate"].index("--model") + 1] == str(round_0 / "model")
     assert args["score"][args["score"].index("--model") + 1] == str(round_0 / "run")
     assert f"base_model={round_0 / 'run'}" in args["train"]
+    for directory in (round_0, out / "round_1"):
+        # two data-parallel ranks trained; mu, scored by two ranks, is each sequence's log pi at step 0
+        assert sorted(path.name for path in (directory / "run").glob("samples_dp*.jsonl")) == [
+            "samples_dp0.jsonl", "samples_dp1.jsonl"]
+        assert tensorboard_scalars(directory / "run", "log_ratio_abs_max")[0] == (1, 0.0)
 
     markers = sorted(out.glob("**/*.done.json"))
     assert len(markers) == 1 + 2 * 6 + 1  # start eval, six stages per round, the plot
     before = {path: (path.stat().st_mtime_ns, path.read_bytes()) for path in markers}
 
-    def no_subprocess(args, log):
+    def no_subprocess(args, log, ranks):
         raise AssertionError(f"a finished stage ran again: {args}")
 
     monkeypatch.setattr(iterate, "run_command", no_subprocess)
     capsys.readouterr()
-    assert iterate.main(["iterate_tiny_cpu", f"base_model={model}", f"out={out}", "--dry-run"]) == 0
+    assert iterate.main(["iterate_tiny_cpu", f"base_model={model}", f"out={out}", "nproc_per_node=2", "--dry-run"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert len(listed) == len(markers) and all(line.endswith(": done") for line in listed)
-    assert iterate.main(["iterate_tiny_cpu", f"base_model={model}", f"out={out}"]) == 0
+    assert iterate.main(["iterate_tiny_cpu", f"base_model={model}", f"out={out}", "nproc_per_node=2"]) == 0
     assert {path: (path.stat().st_mtime_ns, path.read_bytes()) for path in out.glob("**/*.done.json")} == before
