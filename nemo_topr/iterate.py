@@ -215,7 +215,8 @@ def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> l
     problems = []
     for section, parser, argv, more_checks in commands:
         sampling = getattr(config, section)
-        argv += [*sampling_flags(sampling, sampling.seed), "--model", "MODEL", "--out", "OUT.json"]
+        argv += [*sampling_flags(sampling, sampling.seed), "--device", config.device, "--model", "MODEL",
+                 "--out", "OUT.json"]
         failed = io.StringIO()
         try:
             with contextlib.redirect_stderr(failed):

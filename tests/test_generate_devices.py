@@ -25,10 +25,17 @@ def prompt_run(tmp_path_factory):
             "--max-new-tokens", "4"]
 
 
-def test_tensor_parallel_needs_vllm(prompt_run, tmp_path, capsys):
-    args = [*prompt_run, "--backend", "transformers", "--tensor-parallel-size", "4", "--device", "cpu", "--out", str(tmp_path / "o.jsonl")]
+@pytest.mark.parametrize("backend", ["transformers", "auto"])
+def test_tensor_parallel_needs_vllm(prompt_run, tmp_path, capsys, backend):
+    """Refused before anything is read or logged: the sample log used to record the size, and the
+    corrected rerun was then refused as one "with other options"."""
+    out = tmp_path / "o.jsonl"
+    args = [*prompt_run, "--backend", backend, "--tensor-parallel-size", "4", "--device", "cpu", "--out", str(out)]
     assert generate.main(args) == 1
-    assert "--tensor-parallel-size needs --backend vllm" in capsys.readouterr().err
+    assert capsys.readouterr().err == ("nemo-topr generate: the transformers backend runs on one device; "
+                                       "--tensor-parallel-size needs --backend vllm (--backend auto chooses it on "
+                                       "cuda when vLLM is installed)\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_cpu_device_samples_what_auto_samples_here(prompt_run, tmp_path):
@@ -42,8 +49,8 @@ def test_cpu_device_samples_what_auto_samples_here(prompt_run, tmp_path):
 
 
 def test_flags_reach_the_sampling_settings(prompt_run):
-    args = generate.build_parser().parse_args([*prompt_run, "--tensor-parallel-size", "8", "--device", "cpu",
-                                               "--out", "x.jsonl"])
+    args = generate.build_parser().parse_args([*prompt_run, "--tensor-parallel-size", "8", "--backend", "vllm",
+                                               "--device", "cuda", "--out", "x.jsonl"])
     settings = generate.settings_from_args(args, "math")
     assert settings.tensor_parallel_size == 8
 

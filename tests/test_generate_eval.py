@@ -330,6 +330,26 @@ def test_generate_writes_as_it_goes_and_resumes_where_it_stopped(monkeypatch, tm
     assert resumed.asked == [3, 4] and out.read_bytes() == before
 
 
+def test_a_sample_log_without_a_finished_prompt_starts_over_with_other_options(monkeypatch, tmp_path, capsys):
+    """A run that stopped before its first prompt finished (vLLM out of memory at start-up, a kill)
+    leaves a log of options alone; the rerun with other options was refused as "samples drawn with
+    other options" until the log was deleted by hand, though none had been drawn."""
+    prompts, model = _math_prompts(tmp_path, 2), placeholder_hf_model(tmp_path / "model")
+    out, log = tmp_path / "graded.jsonl", tmp_path / "graded.jsonl.samples"
+    args = ["--model", str(model), "--prompts", str(prompts), "--task", "math", "--num-samples", "4",
+            "--device", "cpu", "--max-grader-error-rate", "0.5", "--out", str(out)]
+    monkeypatch.setattr(generate, "iter_completions", FixedSampler(crash_after=0))
+    with pytest.raises(KeyboardInterrupt):
+        generate.main([*args, "--max-new-tokens", "64"])
+    assert len(log.read_text().splitlines()) == 1 and '"max_new_tokens": 64' in log.read_text()
+    sampler = FixedSampler()
+    monkeypatch.setattr(generate, "iter_completions", sampler)
+    assert generate.main([*args, "--max-new-tokens", "32"]) == 0
+    assert sampler.asked == [0, 1] and '"max_new_tokens": 32' in log.read_text().splitlines()[0]
+    assert len(out.read_text().splitlines()) == 8
+    capsys.readouterr()
+
+
 def test_a_sample_log_the_disk_cannot_take_ends_in_one_line_and_the_rerun_resumes(monkeypatch, tmp_path, capsys):
     """The disk fills after two prompts (the third line goes to /dev/full: the kernel's ENOSPC).
     It ended in "[Errno 28] No space left on device", naming no file (a 40 KB tmpfs, by hand)."""

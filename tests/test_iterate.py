@@ -67,6 +67,7 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
                                      r"got -1.0 "),
     ("eval.args=[--max-grader-error-rate,-1]", r"^eval: argument --max-grader-error-rate: must be a share in "
                                                r"\[0, 1\]; got -1 "),
+    ("eval.args=[--tensor-parallel-size,4]", r"^eval: the transformers backend runs on one device; "),  # device=cpu
     ("eval.args=[--k,8]", r"^eval: --k 8 exceeds --num-samples 4: pass@k and maj@k need at least k samples "),
     ("generate.prompts=my_prompts.jsonl generate.zero_shot=false generate.task=math",
      r"^generate: my_prompts.jsonl: no such prompt file, and not a benchmark "),

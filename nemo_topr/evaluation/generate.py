@@ -61,6 +61,8 @@ BENCHMARKS = ("gsm8k-train", "gsm8k-test", "math500")
 STOP_STRINGS = {"gsm8k": ("\n\nQuestion:",), "math": ()}
 BACKENDS = ("auto", "vllm", "transformers")
 VLLM_CHUNK = 256  # prompts per vLLM call (see _sample_with_vllm)
+TRANSFORMERS_ON_ONE_DEVICE = ("the transformers backend runs on one device; --tensor-parallel-size needs --backend "
+                              "vllm (--backend auto chooses it on cuda when vLLM is installed)")
 
 
 @dataclass(frozen=True)
@@ -268,7 +270,7 @@ def _sample_with_transformers(model_dir: Path, prompt_ids: dict[int, list[int]],
     from nemo_topr.data.tokenization import pad_id_of
 
     if settings.tensor_parallel_size != 1:
-        raise ValueError("the transformers backend runs on one device; --tensor-parallel-size needs --backend vllm")
+        raise ValueError(TRANSFORMERS_ON_ONE_DEVICE)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval().to(device)
     eos = model.generation_config.eos_token_id
     eos_ids, pad_id = set(eos if isinstance(eos, list) else [eos]), pad_id_of(tokenizer)
@@ -509,6 +511,8 @@ def check_sampling_args(args: argparse.Namespace) -> None:
     if args.temperature == 0 and args.num_samples != 1:
         raise ValueError(f"--temperature 0 is greedy decoding, one completion per prompt: --num-samples 1 "
                          f"(got {args.num_samples})")
+    if args.tensor_parallel_size != 1 and choose_backend(args.backend, args.device) == "transformers":
+        raise ValueError(TRANSFORMERS_ON_ONE_DEVICE)  # before the sample log records a size no sampling used
     if args.temperature == 0 and args.sampler_logprobs:
         raise ValueError("--sampler-logprobs with --temperature 0: greedy decoding samples from no distribution "
                          "(its log-prob is 0); score the completions with `nemo-topr score-logprobs`")

@@ -5,8 +5,9 @@ as records): a first line with the options that decide the samples, then one lin
 prompt with all its samples, empty completions and grader errors included (`grade: "error"`,
 with what the grader raised). A crash or a time limit loses at most the prompt in progress: the
 same command resumes after the last complete line, and refuses options other than the logged
-ones. The log is kept after the command ends: it is the only place that holds the samples the
-grader failed on, and a rerun reads it instead of sampling again.
+ones (a log without a finished prompt, from a run that failed before sampling, starts over). The
+log is kept after the command ends: it is the only place that holds the samples the grader failed
+on, and a rerun reads it instead of sampling again.
 """
 
 from __future__ import annotations
@@ -59,9 +60,12 @@ class SampleLog:
         complete = text[: text.rfind("\n") + 1]  # a line cut by a crash is sampled again
         lines = complete.splitlines()
         logged = json.loads(lines[0])["options"] if lines else None
+        if logged != options and len(lines) <= 1:  # stopped before a prompt finished: no sample to keep
+            write_whole(self.path, json.dumps({"options": options}) + "\n")
+            return
         if logged != options:
-            changed = sorted(key for key in {**(logged or {}), **options} if (logged or {}).get(key) != options.get(key))
-            details = "; ".join(f"{key}: {(logged or {}).get(key)!r} then, {options.get(key)!r} now" for key in changed)
+            changed = sorted(key for key in {**logged, **options} if logged.get(key) != options.get(key))
+            details = "; ".join(f"{key}: {logged.get(key)!r} then, {options.get(key)!r} now" for key in changed)
             raise SampleLogError(f"{self.path} holds samples drawn with other options ({details}): rerun with the "
                                  "logged options to resume, or choose another --out (or delete the log to start over)")
         for number, line in enumerate(lines[1:], start=2):
