@@ -275,9 +275,10 @@ def check_gpus(config: IterateConfig) -> None:
     the start's evaluation and generation (a `--dry-run` on a login node is not checked)."""
     import torch
 
-    if config.device == "cuda" and config.nproc_per_node > torch.cuda.device_count():
-        raise IterateError(f"nproc_per_node={config.nproc_per_node}, but torch sees {torch.cuda.device_count()} GPU(s) "
-                           "on this node: score and train run one rank per GPU")
+    gpus = torch.cuda.device_count()
+    if config.device == "cuda" and config.nproc_per_node > gpus:
+        raise IterateError(f"nproc_per_node={config.nproc_per_node}, but torch sees {gpus} GPU(s) on this node: "
+                           "score and train run one rank per GPU")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,8 +332,7 @@ def run_command(args: tuple[str, ...], log: Path, ranks: int) -> None:
     IterateError when it fails."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as out:
-        code = subprocess.run([*launcher(ranks), *args], stdout=out,
-                              stderr=subprocess.STDOUT).returncode
+        code = subprocess.run([*launcher(ranks), *args], stdout=out, stderr=subprocess.STDOUT).returncode
     if code != 0:
         tail = "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])
         raise IterateError(f"`nemo-topr {args[0]}` failed (exit {code}); full log: {log}\n{tail}")

@@ -107,9 +107,10 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
         record_task = task or meta.get("task")
         if record_task not in TASKS or "reference_answer" not in meta:
             raise record.error("meta", f"needs reference_answer and a task ({'|'.join(TASKS)}; or pass --task)")
-        if problem := reference_problem(record_task, str(meta["reference_answer"])):
+        reference = str(meta["reference_answer"])
+        if problem := reference_problem(record_task, reference):
             raise record.error("meta.reference_answer", problem)
-        result = graded_answer(record_task, record.completion, str(meta["reference_answer"]))
+        result = graded_answer(record_task, record.completion, reference)
         results.append(result)
         samples = by_prompt.setdefault(record.prompt_key, [])
         if result.grade != "error":
