@@ -120,6 +120,47 @@ def test_eval_writes_results_and_plots_rounds(model_dir, tmp_path):
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
+def test_eval_on_a_prompt_file_grades_what_generate_samples_from_it(model_dir, tmp_path):
+    """A benchmark's problems in the prompt form a model was trained on (here zero-shot): `eval
+    --prompts` gives the metrics that `eval --records` computes from `generate`'s records of the
+    same file and options; and `--prompts gsm8k-test` is `--benchmark gsm8k`."""
+    prompts = tmp_path / "zero_shot.jsonl"
+    rows = [("What is 2 + 3?", "5"), ("What is 4 * 6?", "24"), ("What is 10 - 7?", "3")]
+    prompts.write_text("".join(json.dumps({"prompt": f"Question: {q}\nAnswer:", "reference_answer": a,
+                                           "prompt_id": f"z{i}"}) + "\n" for i, (q, a) in enumerate(rows)))
+    sampling = ["--model", str(model_dir), "--num-samples", "4", "--max-new-tokens", "16", "--device", "cpu"]
+    assert evaluate.main(["--prompts", str(prompts), "--task", "gsm8k", *sampling,
+                          "--out", str(tmp_path / "prompts.json")]) == 0
+    graded = tmp_path / "graded.jsonl"
+    assert generate.main(["--prompts", str(prompts), "--task", "gsm8k", *sampling, "--out", str(graded)]) == 0
+    assert evaluate.main(["--records", str(graded), "--out", str(tmp_path / "records.json")]) == 0
+    sampled, regraded = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("prompts", "records"))
+    assert (sampled["source"], sampled["task"], sampled["num_problems"]) == (str(prompts.resolve()), "gsm8k", 3)
+    assert sampled["metrics"] == regraded["metrics"] and sampled["ks"] == [1, 2, 4]
+
+    one = ["--limit", "1", *sampling[:4], "--max-new-tokens", "8", "--device", "cpu"]
+    assert evaluate.main(["--prompts", "gsm8k-test", *one, "--out", str(tmp_path / "split.json")]) == 0
+    assert evaluate.main(["--benchmark", "gsm8k", *one, "--out", str(tmp_path / "benchmark.json")]) == 0
+    split, benchmark = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("split", "benchmark"))
+    assert split["metrics"] == benchmark["metrics"] and split["num_samples"] == benchmark["num_samples"] == 4
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--prompts", "p.jsonl", "--task", "gsm8k"], "--prompts needs --model"),
+    (["--records", "r.jsonl", "--model", "M"], "--model is for --benchmark and --prompts, which sample a model"),
+    (["--records", "r.jsonl", "--samples-out", "s.jsonl"],
+     "--samples-out is for --benchmark and --prompts, which sample a model"),
+    (["--benchmark", "gsm8k", "--model", "M", "--rendered-prompts"],
+     "--rendered-prompts is for --prompts, a prompt file of rendered prompts"),
+])
+def test_eval_refuses_options_its_mode_would_ignore(options, message, tmp_path, monkeypatch, capsys):
+    """`--records` with `--model` or `--samples-out` ran and ignored them: no samples were written."""
+    monkeypatch.chdir(tmp_path)
+    assert evaluate.main([*options, "--out", "r.json"]) == 2
+    assert capsys.readouterr().err == f"nemo-topr eval: {message}\n"
+    assert not list(tmp_path.iterdir())
+
+
 def test_records_eval_grades_each_record_for_its_own_task(tmp_path, capsys):
     def record(sample_id, completion, task="gsm8k", **meta):
         return json.dumps({"prompt": "Q: 200 + 50?", "completion": completion, "reward": 1.0, "prompt_id": "p0",

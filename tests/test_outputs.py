@@ -306,7 +306,7 @@ def test_each_command_refuses_an_output_file_that_exists_unless_overwrite(tmp_pa
 
 @pytest.mark.parametrize("args, message", [
     (["eval", "--records", "{data}", "--out", "{dir}/r.md"], "--out's Markdown {dir}/r.md is also --out"),
-    (["eval", "--records", "{data}", "--samples-out", "{dir}/r.json", "--out", "{dir}/r.json"],
+    (["eval", "--benchmark", "gsm8k", "--model", "{dir}/model", "--samples-out", "{dir}/r.json", "--out", "{dir}/r.json"],
      "--samples-out {dir}/r.json is also --out"),
     (["data", "curate", "{data}", "--stats", "{dir}/c.jsonl", "--out", "{dir}/c.jsonl"],
      "--stats {dir}/c.jsonl is also --out"),

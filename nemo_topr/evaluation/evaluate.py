@@ -1,9 +1,12 @@
 """`nemo-topr eval`: benchmark metrics of a model or of graded records, and per-round plots.
 
-Three modes:
+Four modes:
 
     nemo-topr eval --model DIR --benchmark gsm8k|math500 [--limit K] [--num-samples N] --out r1.json
         samples N completions per problem (as `nemo-topr generate`), grades them and reports
+    nemo-topr eval --model DIR --prompts test_prompts.jsonl --task gsm8k|math [--rendered-prompts] --out r1.json
+        the same on a prompt file, as `generate --prompts` reads it: a benchmark's problems in the
+        prompt form the model was trained on (zero-shot, or chat-rendered), not the benchmark's own
     nemo-topr eval --records graded.jsonl [--task gsm8k|math] --out r1.json
         re-grades records written by `generate` (meta.reference_answer; meta.verifier_score,
         when every record has one, adds the verifier-weighted vote)
@@ -16,9 +19,10 @@ rules are documented in `nemo_topr.evaluation.metrics`.
 A sample the grader failed on (grade "error": math-verify raised or timed out) is neither right
 nor wrong: it is left out of every metric, counted in `grader_errors` and reported as
 `grader_error_rate` (`invalid_rate` stays the model's share of answers without a parseable
-answer); above `--max-grader-error-rate` (default 0.01) the command fails. `--benchmark` samples
-as `nemo-topr generate` does: into OUT.samples as each prompt finishes, resumed from it after a
-crash, kept when the grader fails (`nemo_topr.evaluation.sample_log`), with progress on stderr.
+answer); above `--max-grader-error-rate` (default 0.01) the command fails. `--benchmark` and
+`--prompts` sample as `nemo-topr generate` does: into OUT.samples as each prompt finishes,
+resumed from it after a crash, kept when the grader fails (`nemo_topr.evaluation.sample_log`),
+with progress on stderr.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 
 from nemo_topr.data.records import DataError, Record, load_records, write_jsonl
 from nemo_topr.evaluation.generate import (
+    BENCHMARKS,
     GradedCompletion,
     Problem,
     add_sampling_arguments,
@@ -216,14 +221,20 @@ def plot_rounds(result_paths: Sequence[Path], out: Path) -> None:
 
 
 def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
-    problems: list[Problem] = load_problems(EVAL_BENCHMARKS[args.benchmark], data_dir=args.data_dir, limit=args.limit)
-    settings, graded, grader_errors = logged_sample_and_grade(args, problems, args.benchmark, args.out, "nemo-topr eval")
+    if args.benchmark:
+        source, problems = args.benchmark, load_problems(EVAL_BENCHMARKS[args.benchmark], data_dir=args.data_dir,
+                                                         limit=args.limit)
+    else:
+        source = args.prompts if args.prompts in BENCHMARKS else str(Path(args.prompts).resolve())
+        problems = load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit,
+                                 rendered_prompts=args.rendered_prompts)
+    settings, graded, grader_errors = logged_sample_and_grade(args, problems, source, args.out, "nemo-topr eval")
     if args.samples_out:
         write_jsonl(graded_records(problems, graded), args.samples_out)
         if note := no_record_note(problems, graded):
             print(f"nemo-topr eval: --samples-out: {note}", file=sys.stderr)
     return benchmark_results(outcomes_of_completions(graded), problems[0].task, args.k, grader_errors,
-                             label=args.label or args.model.name, source=args.benchmark,
+                             label=args.label or args.model.name, source=source,
                              model=str(args.model), sampling=asdict(settings))
 
 
@@ -243,13 +254,19 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--benchmark", choices=sorted(EVAL_BENCHMARKS), help="sample and grade a model (needs --model)")
+    mode.add_argument("--prompts", help="the same on a JSONL file of {prompt, reference_answer, prompt_id} (with "
+                                        "--task), or on a split of `generate` (" + " | ".join(BENCHMARKS) + ")")
     mode.add_argument("--records", nargs="+", help="graded records (JSONL/Parquet files, directories, globs)")
     mode.add_argument("--plot", nargs="+", type=Path, help="result JSONs, one per round, in order")
-    parser.add_argument("--model", type=Path, help="local Hugging Face checkpoint directory (--benchmark)")
+    parser.add_argument("--model", type=Path, help="local Hugging Face checkpoint directory (--benchmark, --prompts)")
+    parser.add_argument("--rendered-prompts", action="store_true",
+                        help="--prompts: the file's prompts are rendered already (chat template and BOS written "
+                             "out): sampled as written")
     add_sampling_arguments(parser, num_samples=1)
     parser.add_argument("--k", type=int, nargs="+", help="k values (default: 1, 2, 4, ... up to the samples)")
     parser.add_argument("--label", help="name of this result in tables and plots (default: model or file name)")
-    parser.add_argument("--samples-out", type=Path, help="also write the graded samples as records (--benchmark)")
+    parser.add_argument("--samples-out", type=Path,
+                        help="also write the graded samples as records (--benchmark, --prompts)")
     parser.add_argument("--out", type=Path, required=True, help="results JSON (Markdown next to it), or the plot PNG")
     add_overwrite_argument(parser)
     return parser
@@ -257,14 +274,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def usage_problem(args: argparse.Namespace) -> str | None:
     """What makes these options unusable together, found before the sampling (not after it)."""
-    if args.benchmark and args.model is None:
-        return "--benchmark needs --model"
+    sampled = args.benchmark or args.prompts
+    if sampled and args.model is None:
+        return f"{'--benchmark' if args.benchmark else '--prompts'} needs --model"
+    for option, given in (("--model", args.model), ("--samples-out", args.samples_out)):
+        if given and not sampled:  # --records and --plot read no model and sample nothing
+            return f"{option} is for --benchmark and --prompts, which sample a model"
+    if args.rendered_prompts and not args.prompts:
+        return "--rendered-prompts is for --prompts, a prompt file of rendered prompts"
     if args.plot and args.out.suffix[1:].lower() not in PLOT_FORMATS:
         return (f"--out {args.out}: a plot is written as " + ", ".join(f".{f}" for f in PLOT_FORMATS) +
                 " (by its suffix)")
     if args.k and min(args.k) < 1:
         return f"--k {min(args.k)}: k must be at least 1"
-    if args.benchmark and args.k and max(args.k) > args.num_samples:
+    if sampled and args.k and max(args.k) > args.num_samples:
         return (f"--k {max(args.k)} exceeds --num-samples {args.num_samples}: pass@k and maj@k need at least k "
                 "samples of each problem")
     return None
@@ -277,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:  # the outputs now, not after the sampling
         records = load_records(args.records) if args.records else None
-        inputs = args.plot or (records.report.files if records else [])
+        prompt_file = [args.prompts] if args.prompts and args.prompts not in BENCHMARKS else []
+        inputs = args.plot or (records.report.files if records else prompt_file)
         writable_output_file(args.out, inputs=inputs, overwrite=args.overwrite)
         if args.plot:
             plot_rounds(args.plot, args.out)
@@ -285,11 +309,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         markdown = args.out.with_suffix(".md")
         distinct_outputs({"--out": args.out, "--out's Markdown": markdown, "--samples-out": args.samples_out,
-                          "the sample log beside --out": log_path(args.out) if args.benchmark else None})
+                          "the sample log beside --out": None if args.records else log_path(args.out)})
         writable_output_file(markdown, "--out's Markdown", inputs=inputs, overwrite=args.overwrite)
         if args.samples_out:
             writable_records_file(args.samples_out, "--samples-out", overwrite=args.overwrite)
-        results = _evaluate_model(args) if args.benchmark else _evaluate_records(args, records.records)
+        results = _evaluate_records(args, records.records) if args.records else _evaluate_model(args)
     except (OSError, ValueError) as error:  # DataError is a ValueError
         print(f"nemo-topr eval: {error}", file=sys.stderr)
         return 1
