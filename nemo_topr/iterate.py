@@ -54,6 +54,7 @@ from nemo_topr.outputs import OutputError, claimed_output_dir, write_whole
 
 CURATION_MODES = ("anna_karenina", "target_p", "target_p_tilde", "none")
 SUBSAMPLING_MODES = ("target_p", "target_p_tilde")  # they need positives and negatives
+BENCHMARK_TASKS = {"gsm8k": "gsm8k", "math500": "math"}  # eval.benchmark -> the grader of its prompt file
 
 
 class IterateError(RuntimeError):
@@ -102,7 +103,20 @@ class TrainOptions:
 
 @dataclass
 class EvalOptions(SamplingOptions):
-    benchmark: str = "gsm8k"  # gsm8k (test, 8-shot) | math500
+    benchmark: str = "gsm8k"  # gsm8k (test, 8-shot) | math500: the problems, their grader and, by default, prompt
+    # the benchmark's problems in the prompt form training sees, not the benchmark's own prompt:
+    zero_shot: bool = False  # gsm8k: the test split's "Question: q\nAnswer:" prompts (as generate.zero_shot)
+    prompts: str | None = None  # or a JSONL prompt file of them (e.g. chat-rendered), graded as the benchmark
+    rendered_prompts: bool = False  # that file's prompts are rendered already (as generate.rendered_prompts)
+
+    def prompt_flags(self, zero_shot_file: str) -> list[str]:
+        """`eval`'s options that choose the prompts; `zero_shot_file`: the test split's zero-shot prompts."""
+        if self.zero_shot:
+            return ["--prompts", zero_shot_file, "--task", "gsm8k"]
+        if self.prompts:
+            return ["--prompts", self.prompts, "--task", BENCHMARK_TASKS[self.benchmark],
+                    *(["--rendered-prompts"] if self.rendered_prompts else [])]
+        return ["--benchmark", self.benchmark]
 
 
 @dataclass
@@ -185,6 +199,11 @@ def check_config(config: IterateConfig) -> None:
         problems.append(f"generate.zero_shot needs GSM8K benchmark prompts; got {config.generate.prompts!r}")
     if config.eval.benchmark not in EVAL_BENCHMARKS:
         problems.append(f"eval.benchmark must be one of {sorted(EVAL_BENCHMARKS)}; got {config.eval.benchmark!r}")
+    if config.eval.zero_shot and (config.eval.benchmark != "gsm8k" or config.eval.prompts):
+        problems.append("eval.zero_shot writes GSM8K's test prompts zero-shot: it needs eval.benchmark gsm8k and no "
+                        "eval.prompts")
+    if config.eval.rendered_prompts and not config.eval.prompts:
+        problems.append("eval.rendered_prompts is for eval.prompts, a prompt file of rendered prompts")
     problems += sampling_problems(config, eval_benchmark_known=config.eval.benchmark in EVAL_BENCHMARKS)
     try:
         model_source.resolve(config.base_model)
@@ -209,9 +228,10 @@ def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> l
     prompts = ["--prompts", options.prompts, *(["--task", options.task] if options.task else []),
                *(["--rendered-prompts"] if options.rendered_prompts else [])]
     commands = [("generate", generate.build_parser(), prompts, read_prompts)]
-    if eval_benchmark_known:
-        commands.append(("eval", evaluate.build_parser(), ["--benchmark", config.eval.benchmark],
-                         evaluate.usage_problem))
+    if eval_benchmark_known:  # zero-shot prompts are written when the driver starts: checked as the benchmark's
+        prompt_flags = dataclasses.replace(config.eval, zero_shot=False).prompt_flags("")
+        commands.append(("eval", evaluate.build_parser(), prompt_flags,
+                         lambda args: evaluate.usage_problem(args) or (read_prompts(args) if args.prompts else None)))
     problems = []
     for section, parser, argv, more_checks in commands:
         sampling = getattr(config, section)
@@ -233,7 +253,7 @@ def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> l
 
 
 def read_prompts(args: argparse.Namespace) -> None:
-    """`generate`'s prompts read as it reads them (a misspelt benchmark, a missing or malformed
+    """`generate`'s (or `eval`'s) prompts read as it reads them (a misspelt benchmark, a missing or malformed
     prompt file), before the starting model's evaluation; generate's own errors (ValueError)."""
     from nemo_topr.evaluation.generate import load_problems
 
@@ -494,13 +514,18 @@ class Driver:
             run_stage(stage, dry_run=self.dry_run)
         return RoundResult(directory.name, directory, exported, str(run_dir), note=note)
 
+    def zero_shot_file(self, split: str) -> str:
+        """OUT/prompts/SPLIT-zero-shot.jsonl, written once (not in a dry run)."""
+        path = self.out / "prompts" / f"{split}-zero-shot.jsonl"
+        if not self.dry_run and not path.is_file():
+            zero_shot_prompts(split, path)
+        return str(path)
+
     def generate_stage(self, directory: Path, model: Path, index: int, graded: Path) -> Stage:
         options = self.config.generate
         prompts, task = options.prompts, options.task
         if options.zero_shot:
-            prompts, task = str(self.out / "prompts" / f"{options.prompts}-zero-shot.jsonl"), "gsm8k"
-            if not self.dry_run and not Path(prompts).is_file():
-                zero_shot_prompts(options.prompts, Path(prompts))
+            prompts, task = self.zero_shot_file(options.prompts), "gsm8k"
         prompt_flags = [] if task is None else ["--task", task]
         prompt_flags += ["--rendered-prompts"] if options.rendered_prompts else []
         return Stage("generate", directory, ("generate", "--model", str(model), "--prompts", prompts, *prompt_flags,
@@ -511,7 +536,8 @@ class Driver:
     def eval_stage(self, directory: Path, model: Path, label: str) -> Stage:
         options = self.config.eval
         results, samples = directory / "eval.json", directory / "eval_samples.jsonl"
-        return Stage("eval", directory, ("eval", "--model", str(model), "--benchmark", options.benchmark,
+        prompts = options.prompt_flags(self.zero_shot_file("gsm8k-test") if options.zero_shot else "")
+        return Stage("eval", directory, ("eval", "--model", str(model), *prompts,
                                          *sampling_flags(options, options.seed), *self.device_flag, "--label", label,
                                          "--samples-out", str(samples), "--out", str(results)),
                      (results, results.with_suffix(".md"), samples))

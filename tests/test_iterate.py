@@ -52,6 +52,10 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
     ("curate.per_prompt=true", r"curate.per_prompt spreads the sub-sampling of curate.mode target_p / "
                                r"target_p_tilde over the prompts; curate.mode anna_karenina has none"),
     ("eval.benchmark=gsm8k-test", "eval.benchmark"),
+    ("eval.benchmark=math500", r"^eval.zero_shot writes GSM8K's test prompts zero-shot: it needs eval.benchmark "
+                               r"gsm8k and no eval.prompts$"),
+    ("eval.rendered_prompts=true", r"^eval.rendered_prompts is for eval.prompts, a prompt file of rendered prompts$"),
+    ("eval.zero_shot=false eval.prompts=test.jsonl", r"^eval: test.jsonl: no such prompt file, and not a benchmark "),
     ("rounds=0", "rounds"),
     ("nproc_per_node=0", r"^nproc_per_node must be at least 1; got 0$"),
     # the batch divides over the train stage's ranks as train checks it, at the start
@@ -296,7 +300,7 @@ def test_rendered_prompts_reach_every_stage_that_reads_the_records(fake_model, t
     score-logprobs' work is a stand-in that copies them, and the round stops at train's config."""
     from nemo_topr.cluster.plan import compose_config
     from nemo_topr.data import cli as data_cli
-    from nemo_topr.evaluation import generate
+    from nemo_topr.evaluation import evaluate, generate
     from nemo_topr.training import scoring
 
     rendered = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+3?<|eot_id|>"
@@ -327,13 +331,18 @@ def test_rendered_prompts_reach_every_stage_that_reads_the_records(fake_model, t
             seen["train"] = compose_config(args[2], list(args[3:]), None)[0]["dataset"]["rendered_prompts"]
             raise StopAfterTrain
         elif args[:2] == ("eval", "--model"):
+            parsed = evaluate.build_parser().parse_args(args[1:])
+            seen["eval"] = (parsed.benchmark, parsed.prompts, parsed.task, parsed.rendered_prompts)
             out.write_text(json.dumps({"ks": [1], "metrics": {"pass@1": 0.0, "invalid_rate": 1.0}}))
 
     monkeypatch.setattr(iterate, "run_command", run)
     config = tiny_config(fake_model, tmp_path / "out", f"generate.prompts={prompts}", "generate.task=math",
-                         "generate.zero_shot=false", "generate.rendered_prompts=true", "curate.mode=none")
+                         "generate.zero_shot=false", "generate.rendered_prompts=true", "curate.mode=none",
+                         "eval.zero_shot=false", f"eval.prompts={prompts}", "eval.rendered_prompts=true")
     with pytest.raises(StopAfterTrain):
         Driver(config).run()
+    # the start's evaluation samples the eval prompt file as written, graded as the benchmark (gsm8k)
+    assert seen["eval"] == (None, str(prompts), "gsm8k", True)
     assert seen["generate"] is True and seen["curate"] == [rendered, rendered]
     assert seen["score"]["rendered_prompts"] is True and seen["train"] is True
     with pytest.raises(IterateError, match="generate: --rendered-prompts is for a prompt file of rendered prompts; "
@@ -352,8 +361,7 @@ def test_two_rounds_on_cpu_then_a_rerun_redoes_nothing(tmp_path, monkeypatch, ca
     from nemo_topr.model import build_tiny_hf_llama
     from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
 
-    # 4096 positions: the 8-shot GSM8K eval prompt is about 3,000 tiny-tokenizer tokens
-    model = build_tiny_hf_llama(tmp_path / "tiny_llama", build_tiny_tokenizer(), max_position_embeddings=4096)
+    model = build_tiny_hf_llama(tmp_path / "tiny_llama", build_tiny_tokenizer())
     out = tmp_path / "iterate"
     proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "iterate", "iterate_tiny_cpu",
                            f"base_model={model}", f"out={out}", "nproc_per_node=2"], cwd=REPO, capture_output=True,
@@ -384,6 +392,13 @@ def test_two_rounds_on_cpu_then_a_rerun_redoes_nothing(tmp_path, monkeypatch, ca
     assert args["generate"][args["generate"].index("--model") + 1] == str(round_0 / "model")
     assert args["score"][args["score"].index("--model") + 1] == str(round_0 / "run")
     assert f"base_model={round_0 / 'run'}" in args["train"]
+    # every round is evaluated on GSM8K test questions in training's zero-shot form (eval.zero_shot)
+    zero_shot = out / "prompts" / "gsm8k-test-zero-shot.jsonl"
+    test_questions = [json.loads(line)["question"] for line in (REPO / "data/benchmarks/gsm8k_test.jsonl").open()]
+    assert [json.loads(line)["prompt"] for line in zero_shot.read_text().splitlines()] == [
+        f"Question: {question}\nAnswer:" for question in test_questions]
+    for directory in ("start", "round_0", "round_1"):
+        assert json.loads((out / directory / "eval.json").read_text())["source"] == str(zero_shot)
     for directory in (round_0, out / "round_1"):
         # two data-parallel ranks trained; mu, scored by two ranks, is each sequence's log pi at step 0
         assert sorted(path.name for path in (directory / "run").glob("samples_dp*.jsonl")) == [
