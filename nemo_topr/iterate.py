@@ -252,6 +252,19 @@ def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> l
     return problems
 
 
+def eval_prompt_note(config: IterateConfig) -> str | None:
+    """A line when the rounds train on zero-shot or rendered prompts but are measured with the
+    benchmark's own prompt: a valid choice, and until 2026-11-30 the driver's only one, unsaid."""
+    generate, evaluation = config.generate, config.eval
+    if evaluation.zero_shot or evaluation.prompts or not (generate.zero_shot or generate.rendered_prompts):
+        return None
+    form = "zero-shot" if generate.zero_shot else "rendered"
+    own = "8-shot" if evaluation.benchmark == "gsm8k" else "zero-shot, plain text"
+    return (f"note: the rounds train on {form} prompts (generate), and eval measures them with "
+            f"{evaluation.benchmark}'s own prompt ({own}); to measure them in training's form set "
+            "eval.zero_shot=true (GSM8K) or eval.prompts to a prompt file of the benchmark's problems")
+
+
 def read_prompts(args: argparse.Namespace) -> None:
     """`generate`'s (or `eval`'s) prompts read as it reads them (a misspelt benchmark, a missing or malformed
     prompt file), before the starting model's evaluation; generate's own errors (ValueError)."""
@@ -457,6 +470,8 @@ class Driver:
         if not self.dry_run:
             check_gpus(self.config)
         claimed_output_dir(self.out, "nemo-topr iterate", make=not self.dry_run)
+        if note := eval_prompt_note(self.config):
+            print(note, flush=True)
         start = self.start()
         results = [start]
         for index in range(self.config.rounds):

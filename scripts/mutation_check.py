@@ -733,6 +733,10 @@ MUTANTS = (
            "    for option, given in ():",
            ("tests/test_generate_eval.py::test_eval_refuses_options_its_mode_would_ignore",),
            "eval --records r.jsonl --samples-out s.jsonl: runs, and writes no samples"),
+    Mutant("iterate_eval_prompt_form_unsaid", "nemo_topr/iterate.py",
+           "        if note := eval_prompt_note(self.config):", "        if note := None:",
+           ("tests/test_iterate.py::test_rounds_trained_in_one_prompt_form_and_measured_in_another_are_named",),
+           "iterate trains on zero-shot prompts and measures 8-shot without a word"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

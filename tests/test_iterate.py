@@ -115,6 +115,20 @@ def test_overrides_may_follow_dry_run(fake_model, tmp_path, monkeypatch, capsys)
         assert f"to run: torchrun --standalone --nproc-per-node=2 -m nemo_topr.cli {verb} " in listed
 
 
+@pytest.mark.parametrize("overrides, form", [(["eval.zero_shot=false"], "zero-shot"), ([], None),
+                                             (["generate.zero_shot=false", "eval.zero_shot=false"], None)])
+def test_rounds_trained_in_one_prompt_form_and_measured_in_another_are_named(fake_model, tmp_path, monkeypatch,
+                                                                             capsys, overrides, form):
+    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
+    assert iterate.main(["iterate_tiny_cpu", "--dry-run", f"base_model={fake_model}", f"out={tmp_path / 'out'}",
+                         *overrides]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == ([] if form is None else [
+        f"note: the rounds train on {form} prompts (generate), and eval measures them with gsm8k's own prompt "
+        "(8-shot); to measure them in training's form set eval.zero_shot=true (GSM8K) or eval.prompts to a prompt "
+        "file of the benchmark's problems"])
+
+
 def test_the_base_model_must_exist(tmp_path):
     with pytest.raises(IterateError, match="no such directory"):
         tiny_config(tmp_path / "nowhere", tmp_path)
