@@ -737,6 +737,11 @@ MUTANTS = (
            "        if note := eval_prompt_note(self.config):", "        if note := None:",
            ("tests/test_iterate.py::test_rounds_trained_in_one_prompt_form_and_measured_in_another_are_named",),
            "iterate trains on zero-shot prompts and measures 8-shot without a word"),
+    Mutant("plot_draws_every_metric", "nemo_topr/evaluation/evaluate.py",
+           '        names = [name for name in ("pass@1", f"maj@{k}", f"weighted_maj@{k}", "invalid_rate") if name in common]',
+           "        names = common",
+           ("tests/test_generate_eval.py::test_the_plot_draws_the_headline_metrics_unless_told_otherwise",),
+           "eval --plot of 16-sample rounds draws 11 lines"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

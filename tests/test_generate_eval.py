@@ -218,6 +218,38 @@ def test_records_scored_in_part_by_a_verifier_say_why_the_weighted_vote_is_left_
     assert "left out" not in capsys.readouterr().err
 
 
+def test_the_plot_draws_the_headline_metrics_unless_told_otherwise(tmp_path, capsys):
+    """16 samples give 11 metrics; a round plot of all of them was unreadable. By default it draws
+    pass@1, the votes at the largest k every round has, and the invalid rate."""
+    def result(name, ks, weighted=False):
+        metrics = {**{f"pass@{k}": 0.1 for k in ks}, **{f"maj@{k}": 0.2 for k in ks if k > 1},
+                   **({f"weighted_maj@{k}": 0.3 for k in ks if k > 1} if weighted else {}),
+                   "invalid_rate": 0.05, "grader_error_rate": 0.0}
+        (tmp_path / name).write_text(json.dumps({"task": "gsm8k", "label": name, "ks": ks, "metrics": metrics}))
+        return tmp_path / name
+
+    paths = [result("r0.json", [1, 2, 4, 8, 16], weighted=True), result("r1.json", [1, 2, 4, 8], weighted=True)]
+    results = evaluate.read_round_results(paths)
+    assert evaluate.plotted_metrics(results, paths, None) == ["pass@1", "maj@8", "weighted_maj@8", "invalid_rate"]
+    assert evaluate.plotted_metrics(results, paths, ["all"]) == [
+        "pass@1", "pass@2", "pass@4", "pass@8", "maj@2", "maj@4", "maj@8", "weighted_maj@2", "weighted_maj@4",
+        "weighted_maj@8", "invalid_rate", "grader_error_rate"]
+    assert evaluate.plotted_metrics(results, paths, ["maj@2", "pass@2"]) == ["maj@2", "pass@2"]
+    one_sample = [result("r2.json", [1]), result("r3.json", [1])]
+    assert evaluate.plotted_metrics(evaluate.read_round_results(one_sample), one_sample, None) == [
+        "pass@1", "invalid_rate"]
+
+    out = tmp_path / "rounds.png"
+    assert evaluate.main(["--plot", *map(str, paths), "--metrics", "maj@16", "--out", str(out)]) == 1
+    assert capsys.readouterr().err == (f"nemo-topr eval: --metrics maj@16: not a metric of {paths[1]} (it has "
+                                       "pass@1, pass@2, pass@4, pass@8, maj@2, maj@4, maj@8, weighted_maj@2, "
+                                       "weighted_maj@4, weighted_maj@8, invalid_rate, grader_error_rate)\n")
+    assert evaluate.main(["--records", str(paths[0]), "--metrics", "all", "--out", str(tmp_path / "r.json")]) == 2
+    assert capsys.readouterr().err == "nemo-topr eval: --metrics is for --plot (results JSONs list every metric)\n"
+    assert not out.exists()
+    assert evaluate.main(["--plot", *map(str, paths), "--metrics", "all", "--out", str(out)]) == 0
+
+
 def test_plot_refuses_what_it_cannot_draw_naming_the_file(tmp_path, capsys):
     def result(name, task, **metrics):
         (tmp_path / name).write_text(json.dumps({"task": task, "label": name, "metrics": metrics}))

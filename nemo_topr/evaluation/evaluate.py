@@ -10,8 +10,8 @@ Four modes:
     nemo-topr eval --records graded.jsonl [--task gsm8k|math] --out r1.json
         re-grades records written by `generate` (meta.reference_answer; meta.verifier_score,
         when every record has one, adds the verifier-weighted vote)
-    nemo-topr eval --plot r1.json r2.json ... --out rounds.png
-        one line per metric across rounds (the result files, in the order given)
+    nemo-topr eval --plot r1.json r2.json ... [--metrics all | NAME ...] --out rounds.png
+        one line per headline metric across rounds (the result files, in the order given)
 
 Results are a JSON file and a Markdown table next to it (same name, `.md`). Metrics and vote
 rules are documented in `nemo_topr.evaluation.metrics`.
@@ -163,6 +163,29 @@ def common_metrics(results: Sequence[dict[str, Any]]) -> list[str]:
     return [name for name in results[0]["metrics"] if all(name in result["metrics"] for result in results)]
 
 
+def plotted_metrics(results: Sequence[dict[str, Any]], paths: Sequence[Path], chosen: Sequence[str] | None
+                    ) -> list[str]:
+    """What `--plot` draws: by default (`chosen` None) the headline metrics every result has, pass@1,
+    maj@k and weighted_maj@k at the largest k they all have and invalid_rate (with 16 samples the
+    rest are 9 more lines); `["all"]`: every metric they all have; else the names given, each
+    one in every result."""
+    common = common_metrics(results)
+    if chosen is None:
+        k = max((int(name.removeprefix("maj@")) for name in common if name.startswith("maj@")), default=None)
+        names = [name for name in ("pass@1", f"maj@{k}", f"weighted_maj@{k}", "invalid_rate") if name in common]
+        if not names:
+            raise ValueError("--plot: no headline metric (pass@1, maj@k, invalid_rate) is in every result: "
+                             "--metrics all draws the ones they share")
+        return names
+    if list(chosen) == ["all"]:
+        return common
+    for name in chosen:
+        for path, result in zip(paths, results):
+            if name not in result["metrics"]:
+                raise ValueError(f"--metrics {name}: not a metric of {path} (it has {', '.join(result['metrics'])})")
+    return list(dict.fromkeys(chosen))
+
+
 def read_round_results(result_paths: Sequence[Path]) -> list[dict[str, Any]]:
     """The results `eval` wrote, one per round, checked to plot as one line per metric: each a
     JSON object with a task and metrics, all of one task, with a metric in common. Anything else
@@ -188,9 +211,9 @@ def read_round_results(result_paths: Sequence[Path]) -> list[dict[str, Any]]:
     return results
 
 
-def plot_rounds(result_paths: Sequence[Path], out: Path) -> None:
-    """One line per metric (those every result has), one point per result file, in order; the
-    format is `out`'s suffix (one of `PLOT_FORMATS`), written whole."""
+def plot_rounds(result_paths: Sequence[Path], out: Path, metrics: Sequence[str] | None = None) -> None:
+    """One line per metric (`plotted_metrics`), one point per result file, in order; the format is
+    `out`'s suffix (one of `PLOT_FORMATS`), written whole."""
     import io
 
     import matplotlib
@@ -199,7 +222,7 @@ def plot_rounds(result_paths: Sequence[Path], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     results = read_round_results(result_paths)
-    names = common_metrics(results)
+    names = plotted_metrics(results, result_paths, metrics)
     rounds = range(1, len(results) + 1)
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name in names:
@@ -264,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "out): sampled as written")
     add_sampling_arguments(parser, num_samples=1)
     parser.add_argument("--k", type=int, nargs="+", help="k values (default: 1, 2, 4, ... up to the samples)")
+    parser.add_argument("--metrics", nargs="+", help="--plot: the metrics drawn, by name, or all (default: pass@1, "
+                                                     "maj@k and weighted_maj@k at the largest k, invalid_rate)")
     parser.add_argument("--label", help="name of this result in tables and plots (default: model or file name)")
     parser.add_argument("--samples-out", type=Path,
                         help="also write the graded samples as records (--benchmark, --prompts)")
@@ -280,6 +305,8 @@ def usage_problem(args: argparse.Namespace) -> str | None:
     for option, given in (("--model", args.model), ("--samples-out", args.samples_out)):
         if given and not sampled:  # --records and --plot read no model and sample nothing
             return f"{option} is for --benchmark and --prompts, which sample a model"
+    if args.metrics and not args.plot:
+        return "--metrics is for --plot (results JSONs list every metric)"
     if args.rendered_prompts and not args.prompts:
         return "--rendered-prompts is for --prompts, a prompt file of rendered prompts"
     if args.plot and args.out.suffix[1:].lower() not in PLOT_FORMATS:
@@ -304,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         inputs = args.plot or (records.report.files if records else prompt_file)
         writable_output_file(args.out, inputs=inputs, overwrite=args.overwrite)
         if args.plot:
-            plot_rounds(args.plot, args.out)
+            plot_rounds(args.plot, args.out, args.metrics)
             print(f"wrote {args.out}")
             return 0
         markdown = args.out.with_suffix(".md")
