@@ -199,9 +199,12 @@ def check_config(config: IterateConfig) -> None:
         problems.append(f"generate.zero_shot needs GSM8K benchmark prompts; got {config.generate.prompts!r}")
     if config.eval.benchmark not in EVAL_BENCHMARKS:
         problems.append(f"eval.benchmark must be one of {sorted(EVAL_BENCHMARKS)}; got {config.eval.benchmark!r}")
-    if config.eval.zero_shot and (config.eval.benchmark != "gsm8k" or config.eval.prompts):
-        problems.append("eval.zero_shot writes GSM8K's test prompts zero-shot: it needs eval.benchmark gsm8k and no "
-                        "eval.prompts")
+    if config.eval.zero_shot and config.eval.prompts:
+        problems.append("eval.zero_shot and eval.prompts both choose eval's prompts: set eval.zero_shot=false to "
+                        "sample eval.prompts")
+    elif config.eval.zero_shot and config.eval.benchmark != "gsm8k":
+        problems.append("eval.zero_shot writes GSM8K's test questions zero-shot: it needs eval.benchmark gsm8k; got "
+                        f"{config.eval.benchmark!r}")
     if config.eval.rendered_prompts and not config.eval.prompts:
         problems.append("eval.rendered_prompts is for eval.prompts, a prompt file of rendered prompts")
     problems += sampling_problems(config, eval_benchmark_known=config.eval.benchmark in EVAL_BENCHMARKS)

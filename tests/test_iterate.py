@@ -52,8 +52,10 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
     ("curate.per_prompt=true", r"curate.per_prompt spreads the sub-sampling of curate.mode target_p / "
                                r"target_p_tilde over the prompts; curate.mode anna_karenina has none"),
     ("eval.benchmark=gsm8k-test", "eval.benchmark"),
-    ("eval.benchmark=math500", r"^eval.zero_shot writes GSM8K's test prompts zero-shot: it needs eval.benchmark "
-                               r"gsm8k and no eval.prompts$"),
+    ("eval.benchmark=math500", r"^eval.zero_shot writes GSM8K's test questions zero-shot: it needs eval.benchmark "
+                               r"gsm8k; got 'math500'$"),
+    ("eval.prompts=test.jsonl", r"^eval.zero_shot and eval.prompts both choose eval's prompts: set "
+                                r"eval.zero_shot=false to sample eval.prompts; eval: test.jsonl: no such prompt file"),
     ("eval.rendered_prompts=true", r"^eval.rendered_prompts is for eval.prompts, a prompt file of rendered prompts$"),
     ("eval.zero_shot=false eval.prompts=test.jsonl", r"^eval: test.jsonl: no such prompt file, and not a benchmark "),
     ("rounds=0", "rounds"),
