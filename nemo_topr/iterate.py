@@ -20,6 +20,8 @@ every stage as done or to run, and runs nothing.
 
 Each run ends with OUT/summary.md and OUT/summary.json (per round: samples by grade, training
 records, p and p~, pass@1, maj@k, invalid rate) and OUT/rounds.png (`nemo-topr eval --plot`).
+With `verifier.model`, each evaluation's samples are scored by that verifier (`verifier score`)
+and evaluated again (`eval --records`), adding the verifier-weighted vote, weighted_maj@k.
 
 CONFIG is a driver config (`IterateConfig`, plain YAML, a path or a name in conf/), not a
 training config: it names the training config (`train.config_name`) and holds each stage's
@@ -120,6 +122,14 @@ class EvalOptions(SamplingOptions):
 
 
 @dataclass
+class VerifierOptions:
+    # a trained verifier (`nemo-topr verifier`, exported to Hugging Face): it scores every evaluation's
+    # samples (`verifier score`), which are evaluated again with the verifier-weighted vote
+    model: str | None = None
+    args: list[str] = field(default_factory=list)  # other options of `verifier score`, e.g. [--batch-size, "16"]
+
+
+@dataclass
 class IterateConfig:
     base_model: str = MISSING  # what round 0 starts from: HF directory, Megatron checkpoint, run, RUN@ITERATION
     out: str = MISSING
@@ -132,6 +142,7 @@ class IterateConfig:
     curate: CurateOptions = field(default_factory=CurateOptions)
     train: TrainOptions = field(default_factory=TrainOptions)
     eval: EvalOptions = field(default_factory=EvalOptions)
+    verifier: VerifierOptions = field(default_factory=VerifierOptions)
 
 
 def load_config(source: str, overrides: list[str] = ()) -> IterateConfig:
@@ -208,6 +219,7 @@ def check_config(config: IterateConfig) -> None:
     if config.eval.rendered_prompts and not config.eval.prompts:
         problems.append("eval.rendered_prompts is for eval.prompts, a prompt file of rendered prompts")
     problems += sampling_problems(config, eval_benchmark_known=config.eval.benchmark in EVAL_BENCHMARKS)
+    problems += verifier_problems(config)
     try:
         model_source.resolve(config.base_model)
     except model_source.ModelSourceError as error:
@@ -240,14 +252,11 @@ def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> l
         sampling = getattr(config, section)
         argv += [*sampling_flags(sampling, sampling.seed), "--device", config.device, "--model", "MODEL",
                  "--out", "OUT.json"]
-        failed = io.StringIO()
+        args, problem = parsed_or_usage_error(parser, argv)
         try:
-            with contextlib.redirect_stderr(failed):
-                args = parser.parse_args(argv)
-            generate.check_sampling_args(args)
-            problem = more_checks(args)  # a problem, or None; a ValueError from generate's
-        except SystemExit:  # argparse's usage error, its last line
-            problem = failed.getvalue().strip().splitlines()[-1].split(": error: ", 1)[-1]
+            if args is not None:
+                generate.check_sampling_args(args)
+                problem = more_checks(args)  # a problem, or None; a ValueError from generate's
         except (OSError, ValueError) as error:
             problem = str(error)
         if problem:
@@ -266,6 +275,36 @@ def eval_prompt_note(config: IterateConfig) -> str | None:
     return (f"note: the rounds train on {form} prompts (generate), and eval measures them with "
             f"{evaluation.benchmark}'s own prompt ({own}); to measure them in training's form set "
             "eval.zero_shot=true (GSM8K) or eval.prompts to a prompt file of the benchmark's problems")
+
+
+def verifier_problems(config: IterateConfig) -> list[str]:
+    """`verifier.model` and `verifier.args` as `verifier score` reads them, at the start rather
+    than after the starting model's evaluation."""
+    from nemo_topr.evaluation import verifier
+    from nemo_topr.model_source import require_hugging_face
+
+    if config.verifier.model is None:
+        return [f"verifier.args {config.verifier.args} are options of `verifier score`, which runs only with "
+                "verifier.model"] if config.verifier.args else []
+    try:
+        require_hugging_face(config.verifier.model, named="verifier.model=")
+    except ValueError as error:  # ModelSourceError
+        return [str(error)]
+    _, problem = parsed_or_usage_error(verifier.build_parser(), [
+        "score", "--model", config.verifier.model, "--records", "R", "--out", "O", *config.verifier.args,
+        "--device", config.device])
+    return [f"verifier: {problem} (verifier.args)"] if problem else []
+
+
+def parsed_or_usage_error(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace | None,
+                                                                                     str | None]:
+    """(`parser`'s reading of `argv`, None), or (None, its usage error: argparse's last line)."""
+    failed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(failed):
+            return parser.parse_args(argv), None
+    except SystemExit:
+        return None, failed.getvalue().strip().splitlines()[-1].split(": error: ", 1)[-1]
 
 
 def read_prompts(args: argparse.Namespace) -> None:
@@ -468,6 +507,8 @@ class Driver:
         values, objective = training_config(train, config.nproc_per_node)
         self.seq_length, self.baseline = int(values["model"]["seq_length"]), objective.baseline
         self.device_flag = ("--device", config.device)
+        # each round's results: with a verifier, eval's metrics and the verifier-weighted vote
+        self.results_name = "eval.json" if config.verifier.model is None else "eval_verified.json"
 
     def run(self) -> list[RoundResult]:
         if not self.dry_run:
@@ -479,11 +520,11 @@ class Driver:
         results = [start]
         for index in range(self.config.rounds):
             results.append(self.run_round(index, results[-1]))
-        evaluated = [result.directory / "eval.json" for result in results if result.evaluated]
+        evaluated = [result.directory / self.results_name for result in results if result.evaluated]
         run_stage(Stage("plot", self.out, ("eval", "--plot", *map(str, evaluated), "--out", str(self.out / "rounds.png")),
                         (self.out / "rounds.png",), redo_if_changed=True), dry_run=self.dry_run)
         if not self.dry_run:
-            write_summary(self.out, [summary_row(result) for result in results])
+            write_summary(self.out, [summary_row(result, self.results_name) for result in results])
         return results
 
     def start(self) -> RoundResult:
@@ -494,7 +535,8 @@ class Driver:
             model = directory / "model"
             run_stage(Stage("export", directory, ("export", "--ckpt", weights, "--hf-out", str(model), *self.device_flag),
                             (model,)), dry_run=self.dry_run)
-        run_stage(self.eval_stage(directory, model, "start"), dry_run=self.dry_run)
+        for stage in self.evaluation_stages(directory, model, "start"):
+            run_stage(stage, dry_run=self.dry_run)
         return RoundResult("start", directory, model, weights)
 
     def run_round(self, index: int, previous: RoundResult) -> RoundResult:
@@ -526,7 +568,7 @@ class Driver:
                                        f"device={self.config.device}"), (run_dir,), overwrite=False, ranks=ranks),
             Stage("export", directory, ("export", "--ckpt", str(run_dir), "--hf-out", str(exported), *self.device_flag),
                   (exported,)),
-            self.eval_stage(directory, exported, directory.name),
+            *self.evaluation_stages(directory, exported, directory.name),
         ]
         for stage in stages:
             run_stage(stage, dry_run=self.dry_run)
@@ -551,6 +593,27 @@ class Driver:
                                              "--out", str(graded)),
                      (graded,))
 
+    def evaluation_stages(self, directory: Path, model: Path, label: str) -> list[Stage]:
+        """`eval` of the model; with a verifier, its samples scored and evaluated again, adding the
+        verifier-weighted vote (the same samples, so the other metrics are eval's)."""
+        from nemo_topr.evaluation import evaluate
+
+        stage = self.eval_stage(directory, model, label)
+        if self.config.verifier.model is None:
+            return [stage]
+        samples, scored, results = (directory / name for name in ("eval_samples.jsonl", "eval_samples_verified.jsonl",
+                                                                    "eval_verified.json"))
+        ks = evaluate.build_parser().parse_args(stage.args[1:]).k  # eval's own --k, if eval.args give one
+        verifier_model = model_source.require_hugging_face(self.config.verifier.model)  # absolute, as base_model
+        return [stage,
+                Stage("verify", directory, ("verifier", "score", "--model", str(verifier_model), "--records",
+                                            str(samples), "--out", str(scored), *self.config.verifier.args,
+                                            *self.device_flag), (scored, scored.with_suffix(".report.json"))),
+                Stage("eval-verified", directory, ("eval", "--records", str(scored), *(["--k", *map(str, ks)] if ks
+                                                                                        else []),
+                                                   "--label", label, "--out", str(results)),
+                      (results, results.with_suffix(".md")))]
+
     def eval_stage(self, directory: Path, model: Path, label: str) -> Stage:
         options = self.config.eval
         results, samples = directory / "eval.json", directory / "eval_samples.jsonl"
@@ -565,7 +628,7 @@ class Driver:
 # Summary
 
 
-def summary_row(result: RoundResult) -> dict[str, Any]:
+def summary_row(result: RoundResult, results_name: str = "eval.json") -> dict[str, Any]:
     """What one round did and scored, read back from its stages' outputs."""
     row: dict[str, Any] = {"round": result.label, "model": str(result.model), "note": result.note}
     graded = result.directory / "graded.jsonl"
@@ -574,7 +637,7 @@ def summary_row(result: RoundResult) -> dict[str, Any]:
     report = result.directory / "run" / "data_report.json"
     if report.is_file():
         row.update(training_composition(result.directory / "run"))
-    evaluation = result.directory / "eval.json"
+    evaluation = result.directory / results_name
     if evaluation.is_file():
         row["eval"] = headline_metrics(json.loads(evaluation.read_text(encoding="utf-8")))
     return row
@@ -607,10 +670,11 @@ def training_composition(run_dir: Path) -> dict[str, Any]:
 
 
 def headline_metrics(results: dict[str, Any]) -> dict[str, float | None]:
-    """pass@1, maj@k at the largest k (None with one sample per problem) and the invalid rate."""
+    """pass@1, maj@k and weighted_maj@k at the largest k (None with one sample per problem, and
+    without a verifier) and the invalid rate."""
     metrics, k = results["metrics"], max(results["ks"])
     return {"pass@1": metrics["pass@1"], "maj_k": k, "maj@k": metrics.get(f"maj@{k}"),
-            "invalid_rate": metrics["invalid_rate"]}
+            "weighted_maj@k": metrics.get(f"weighted_maj@{k}"), "invalid_rate": metrics["invalid_rate"]}
 
 
 def summary_markdown(rows: list[dict[str, Any]]) -> str:
@@ -619,10 +683,11 @@ def summary_markdown(rows: list[dict[str, Any]]) -> str:
             return "—"
         return f"{100 * value:.1f}" if percent else f"{value:.3f}"
 
-    ks = {row["eval"]["maj_k"] for row in rows if "eval" in row}
+    ks = "/".join(map(str, sorted({row["eval"]["maj_k"] for row in rows if "eval" in row})))
+    weighted = any(row.get("eval", {}).get("weighted_maj@k") is not None for row in rows)  # a verifier scored them
     lines = ["| round | samples: correct / wrong / invalid / grader error | training records | p | p̃ | pass@1 % | "
-             f"maj@{'/'.join(map(str, sorted(ks)))} % | invalid % | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"maj@{ks} % |{f' weighted maj@{ks} % |' if weighted else ''} invalid % | note |",
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if weighted else "")]
     for row in rows:
         samples = row.get("samples")
         evaluation = row.get("eval", {})
@@ -633,6 +698,7 @@ def summary_markdown(rows: list[dict[str, Any]]) -> str:
             str(row.get("training_records", "—")),
             number(row.get("p")), number(row.get("p_tilde")),
             number(evaluation.get("pass@1"), True), number(evaluation.get("maj@k"), True),
+            *([number(evaluation.get("weighted_maj@k"), True)] if weighted else []),
             number(evaluation.get("invalid_rate"), True), row["note"] or "",
         ]) + " |")
     return "\n".join(lines) + "\n"

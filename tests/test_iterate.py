@@ -1,6 +1,7 @@
 """`nemo-topr iterate`: the driver config, resumable stages, rounds without positives or records,
 and two real rounds on CPU with a tiny model."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -366,6 +367,67 @@ def test_rendered_prompts_reach_every_stage_that_reads_the_records(fake_model, t
         tiny_config(fake_model, tmp_path / "out", "generate.rendered_prompts=true")
 
 
+def test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_vote(fake_model, tmp_path,
+                                                                                    monkeypatch):
+    """verifier.model: after each `eval`, `verifier score` of its samples, then `eval --records` of
+    the scored samples, whose results (eval's metrics and weighted_maj@k) the round reports and
+    plots. Each stage's arguments go through its command's parser; `eval --records` runs for real
+    on samples and scores written here, and the run stops at round 0's generate."""
+    from nemo_topr.evaluation import evaluate, verifier
+
+    verifier_model = placeholder_hf_model(tmp_path / "verifier")
+    ran = []
+
+    def run(args, log, ranks):
+        ran.append(tuple(args[:2]))
+        options = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+        if args[:2] == ("eval", "--model"):
+            assert evaluate.usage_problem(evaluate.build_parser().parse_args(args[1:])) is None
+            # one problem (answer 6), four samples: 5, 5, 6, 6
+            write_jsonl([Record(prompt="Q: 2 * 3?", completion=f" The answer is {answer}.", reward=reward,
+                                prompt_id="p0", sample_id=i, meta={"task": "gsm8k", "reference_answer": "6"})
+                         for i, (answer, reward) in enumerate([(5, -1.0), (5, -1.0), (6, 1.0), (6, 1.0)])],
+                        options["--samples-out"])
+            for path in (Path(options["--out"]), Path(options["--out"]).with_suffix(".md")):
+                path.write_text("{}")
+        elif args[:2] == ("verifier", "score"):
+            parsed = verifier.build_parser().parse_args(args[1:])
+            assert (parsed.model, parsed.batch_size, parsed.device) == (verifier_model.resolve(), 2, "cpu")
+            records = load_records(parsed.records).records
+            write_jsonl([dataclasses.replace(r, meta={**r.meta, "verifier_score": 0.9 if r.reward > 0 else 0.1})
+                         for r in records], parsed.out)
+            parsed.out.with_suffix(".report.json").write_text("{}")
+        elif args[:2] == ("eval", "--records"):
+            assert evaluate.main(list(args[1:])) == 0
+        elif args[0] == "generate":
+            raise StopAfterTrain
+
+    monkeypatch.setattr(iterate, "run_command", run)
+    config = tiny_config(fake_model, tmp_path / "out", f"verifier.model={verifier_model}",
+                         "verifier.args=[--batch-size,'2']")
+    with pytest.raises(StopAfterTrain):
+        Driver(config).run()
+    assert ran == [("eval", "--model"), ("verifier", "score"), ("eval", "--records"), ("generate", "--model")]
+    start = tmp_path / "out" / "start"
+    assert (start / "eval.json").read_text() == "{}"  # eval's own results stay as it wrote them
+    results_name = Driver(config, dry_run=True).results_name  # what the summary and the plot read
+    row = iterate.summary_row(iterate.RoundResult("start", start, fake_model, str(fake_model)), results_name)
+    # by hand: 2 of 4 correct; the 2-2 vote goes to the first answer, 5 (wrong); weighted, 6 has 1.8 to 0.2
+    assert (row["eval"]["pass@1"], row["eval"]["maj@k"], row["eval"]["weighted_maj@k"]) == (0.5, 0.0, 1.0)
+    table = iterate.summary_markdown([row])
+    assert "| pass@1 % | maj@4 % | weighted maj@4 % | invalid % |" in table and "| 50.0 | 0.0 | 100.0 | 0.0 |" in table
+
+
+def test_verifier_options_are_checked_at_the_start(fake_model, tmp_path):
+    with pytest.raises(IterateError, match=r"^verifier.args \['--batch-size', '2'\] are options of `verifier "
+                                           r"score`, which runs only with verifier.model$"):
+        tiny_config(fake_model, tmp_path, "verifier.args=[--batch-size,'2']")
+    with pytest.raises(IterateError, match=rf"^verifier.model={tmp_path / 'nowhere'}: no such directory \(expected "):
+        tiny_config(fake_model, tmp_path, f"verifier.model={tmp_path / 'nowhere'}")
+    with pytest.raises(IterateError, match=r"^verifier: unrecognized arguments: --bach-size 2 \(verifier.args\)$"):
+        tiny_config(fake_model, tmp_path, f"verifier.model={fake_model}", "verifier.args=[--bach-size,'2']")
+
+
 # ---------------------------------------------------------------------------------------------
 # Two real rounds
 
@@ -397,7 +459,8 @@ def test_two_rounds_on_cpu_then_a_rerun_redoes_nothing(tmp_path, monkeypatch, ca
         # TOPR at c = 0 with +-1 rewards: p~ = p
         assert row["baseline"] == "objective.baseline (0.0) for every record" and row["p_tilde"] == round(row["p"], 4)
     for row in summary["rounds"]:
-        assert set(row["eval"]) == {"pass@1", "maj_k", "maj@k", "invalid_rate"} and row["eval"]["maj_k"] == 4
+        assert set(row["eval"]) == {"pass@1", "maj_k", "maj@k", "weighted_maj@k", "invalid_rate"}
+        assert row["eval"]["maj_k"] == 4 and row["eval"]["weighted_maj@k"] is None  # no verifier
     assert (out / "rounds.png").read_bytes().startswith(b"\x89PNG")
     assert "| round_1 |" in (out / "summary.md").read_text()
     # round 1 samples from round 0's export, and scores mu with and trains from round 0's
