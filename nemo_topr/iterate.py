@@ -281,13 +281,12 @@ def verifier_problems(config: IterateConfig) -> list[str]:
     """`verifier.model` and `verifier.args` as `verifier score` reads them, at the start rather
     than after the starting model's evaluation."""
     from nemo_topr.evaluation import verifier
-    from nemo_topr.model_source import require_hugging_face
 
     if config.verifier.model is None:
         return [f"verifier.args {config.verifier.args} are options of `verifier score`, which runs only with "
                 "verifier.model"] if config.verifier.args else []
     try:
-        require_hugging_face(config.verifier.model, named="verifier.model=")
+        model_source.require_hugging_face(config.verifier.model, named="verifier.model=")
     except ValueError as error:  # ModelSourceError
         return [str(error)]
     _, problem = parsed_or_usage_error(verifier.build_parser(), [
@@ -310,10 +309,9 @@ def parsed_or_usage_error(parser: argparse.ArgumentParser, argv: list[str]) -> t
 def read_prompts(args: argparse.Namespace) -> None:
     """`generate`'s (or `eval`'s) prompts read as it reads them (a misspelt benchmark, a missing or malformed
     prompt file), before the starting model's evaluation; generate's own errors (ValueError)."""
-    from nemo_topr.evaluation.generate import load_problems
+    from nemo_topr.evaluation.generate import prompt_problems
 
-    load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit,
-                  rendered_prompts=args.rendered_prompts)
+    prompt_problems(args)
 
 
 def training_config(train: TrainOptions, ranks: int) -> tuple[dict[str, Any], Any]:
@@ -509,6 +507,9 @@ class Driver:
         self.device_flag = ("--device", config.device)
         # each round's results: with a verifier, eval's metrics and the verifier-weighted vote
         self.results_name = "eval.json" if config.verifier.model is None else "eval_verified.json"
+        # its absolute path, as base_model's, in the verify stages' recorded arguments
+        self.verifier_model = (None if config.verifier.model is None
+                               else model_source.require_hugging_face(config.verifier.model))
 
     def run(self) -> list[RoundResult]:
         if not self.dry_run:
@@ -599,14 +600,13 @@ class Driver:
         from nemo_topr.evaluation import evaluate
 
         stage = self.eval_stage(directory, model, label)
-        if self.config.verifier.model is None:
+        if self.verifier_model is None:
             return [stage]
         samples, scored, results = (directory / name for name in ("eval_samples.jsonl", "eval_samples_verified.jsonl",
                                                                     "eval_verified.json"))
         ks = evaluate.build_parser().parse_args(stage.args[1:]).k  # eval's own --k, if eval.args give one
-        verifier_model = model_source.require_hugging_face(self.config.verifier.model)  # absolute, as base_model
         return [stage,
-                Stage("verify", directory, ("verifier", "score", "--model", str(verifier_model), "--records",
+                Stage("verify", directory, ("verifier", "score", "--model", str(self.verifier_model), "--records",
                                             str(samples), "--out", str(scored), *self.config.verifier.args,
                                             *self.device_flag), (scored, scored.with_suffix(".report.json"))),
                 Stage("eval-verified", directory, ("eval", "--records", str(scored), *(["--k", *map(str, ks)] if ks

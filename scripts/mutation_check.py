@@ -743,7 +743,7 @@ MUTANTS = (
            ("tests/test_generate_eval.py::test_the_plot_draws_the_headline_metrics_unless_told_otherwise",),
            "eval --plot of 16-sample rounds draws 11 lines"),
     Mutant("iterate_verifier_never_runs", "nemo_topr/iterate.py",
-           "        if self.config.verifier.model is None:\n            return [stage]",
+           "        if self.verifier_model is None:\n            return [stage]",
            "        if True:\n            return [stage]",
            ("tests/test_iterate.py::test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_vote",),
            "iterate verifier.model=DIR: no sample is scored, and no weighted vote reported, without a word"),

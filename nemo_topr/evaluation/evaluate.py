@@ -46,6 +46,8 @@ from nemo_topr.evaluation.generate import (
     load_problems,
     logged_sample_and_grade,
     no_record_note,
+    prompt_problems,
+    prompt_source,
 )
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics, scored_voters
 from nemo_topr.evaluation.sample_log import log_path
@@ -248,9 +250,7 @@ def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
         source, problems = args.benchmark, load_problems(EVAL_BENCHMARKS[args.benchmark], data_dir=args.data_dir,
                                                          limit=args.limit)
     else:
-        source = args.prompts if args.prompts in BENCHMARKS else str(Path(args.prompts).resolve())
-        problems = load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit,
-                                 rendered_prompts=args.rendered_prompts)
+        source, problems = prompt_source(args.prompts), prompt_problems(args)
     settings, graded, grader_errors = logged_sample_and_grade(args, problems, source, args.out, "nemo-topr eval")
     if args.samples_out:
         write_jsonl(graded_records(problems, graded), args.samples_out)

@@ -595,12 +595,23 @@ def logged_sample_and_grade(args: argparse.Namespace, problems: list[Problem], s
                                       "--max-grader-error-rate to use them without sampling again") from None
 
 
+def prompt_problems(args: argparse.Namespace) -> list[Problem]:
+    """The problems of a command's `--prompts`, read with its --task, --data-dir, --limit and
+    --rendered-prompts (generate, eval --prompts, and iterate's check of both)."""
+    return load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit,
+                         rendered_prompts=args.rendered_prompts)
+
+
+def prompt_source(prompts: str) -> str:
+    """`--prompts` as the sample log and the results name it: a benchmark, or a file's absolute path."""
+    return prompts if prompts in BENCHMARKS else str(Path(prompts).resolve())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        problems = load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit,
-                                 rendered_prompts=args.rendered_prompts)
-        source = args.prompts if args.prompts in BENCHMARKS else str(Path(args.prompts).resolve())
+        problems = prompt_problems(args)
+        source = prompt_source(args.prompts)
         writable_records_file(args.out, inputs=[] if args.prompts in BENCHMARKS else [args.prompts],
                              overwrite=args.overwrite)
         settings, graded, errors = logged_sample_and_grade(args, problems, source, args.out, "nemo-topr generate")
