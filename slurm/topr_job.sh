@@ -104,7 +104,7 @@ echo "[topr_job] rendezvous $MASTER_ADDR:$MASTER_PORT; logs: $log_dir"
 rm -f "$run_dir/STOPPED"  # written by rank 0 only when this start stops early with a checkpoint
 # The warning signal must match `#SBATCH --signal=USR1@...`; the dataloader workers (also tasks'
 # processes, which slurmstepd signals) install Bridge's handler instead of dying of it.
-srun "${srun_args[@]}" "$repo/slurm/task.sh" "$python" --config-name "$config_name" "run_dir=$run_dir" \
+srun "${srun_args[@]}" "$repo/slurm/task.sh" "$python" train --config-name "$config_name" "run_dir=$run_dir" \
     train.exit_signal=SIGUSR1 train.exit_signal_handler_for_dataloader=true "$@" && status=0 || status=$?
 
 if [[ -f $run_dir/COMPLETED ]]; then
