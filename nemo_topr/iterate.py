@@ -27,7 +27,9 @@ CONFIG is a driver config (`IterateConfig`, plain YAML, a path or a name in conf
 training config: it names the training config (`train.config_name`) and holds each stage's
 options; `key=value` arguments override it. Its `device` (cuda, or cpu as in iterate_tiny_cpu)
 goes to every stage: `--device` of generate, score-logprobs, export and eval, `device=` of train.
-Its `nproc_per_node` (default 1) runs score-logprobs and train under torchrun on this node.
+Its `nproc_per_node` (default 1) runs score-logprobs and train under torchrun on this node; with
+`nodes=N` (N > 1, the driver inside a Slurm allocation of N nodes) they run under srun across the
+allocation instead, `nproc_per_node` ranks on each node (slurm/task.sh, as training jobs start).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import dataclasses
 import difflib
 import io
 import json
+import os
+import shlex
 import subprocess
 import sys
 import time
@@ -138,6 +142,9 @@ class IterateConfig:
     # ranks of the score and train stages: above 1 they run under torchrun --standalone on this node
     # (one rank per GPU; gloo ranks on cpu); generate and eval stay one process (vLLM splits a model itself)
     nproc_per_node: int = 1
+    # above 1: score and train run under srun on this many nodes of the driver's Slurm allocation,
+    # nproc_per_node ranks on each; every other stage stays on the driver's node
+    nodes: int = 1
     generate: GenerateOptions = field(default_factory=GenerateOptions)
     curate: CurateOptions = field(default_factory=CurateOptions)
     train: TrainOptions = field(default_factory=TrainOptions)
@@ -195,8 +202,9 @@ def check_config(config: IterateConfig) -> None:
     problems = []
     if config.rounds < 1:
         problems.append(f"rounds must be at least 1; got {config.rounds}")
-    if config.nproc_per_node < 1:
-        problems.append(f"nproc_per_node must be at least 1; got {config.nproc_per_node}")
+    for name in ("nproc_per_node", "nodes"):
+        if getattr(config, name) < 1:
+            problems.append(f"{name} must be at least 1; got {getattr(config, name)}")
     if config.device not in DEVICES:
         problems.append(f"device must be one of {', '.join(DEVICES)}; got {config.device!r}")
     if config.curate.mode not in CURATION_MODES:
@@ -225,7 +233,7 @@ def check_config(config: IterateConfig) -> None:
     except model_source.ModelSourceError as error:
         problems.append(str(error))
     try:
-        problems += curation_problems(config.curate, training_config(config.train, config.nproc_per_node)[1])
+        problems += curation_problems(config.curate, training_config(config.train, Ranks.of(config).total)[1])
     except IterateError as error:
         problems.append(str(error))
     if problems:
@@ -343,19 +351,73 @@ def curation_problems(curate: CurateOptions, objective) -> list[str]:  # noqa: A
     return []
 
 
-def check_gpus(config: IterateConfig) -> None:
-    """A cuda run's ranks each take a GPU of this node: with fewer, round 0's score would fail after
-    the start's evaluation and generation (a `--dry-run` on a login node is not checked)."""
+def check_launch(config: IterateConfig, environ=os.environ) -> None:  # noqa: B008 - the process environment
+    """What score and train need to start, checked before the start's evaluation and generation
+    (not in a `--dry-run`, which may run on a login node): on cuda, a GPU of this node per rank
+    (the other nodes are assumed alike); with nodes > 1, a Slurm allocation of that many nodes."""
     import torch
 
     gpus = torch.cuda.device_count()
     if config.device == "cuda" and config.nproc_per_node > gpus:
         raise IterateError(f"nproc_per_node={config.nproc_per_node}, but torch sees {gpus} GPU(s) on this node: "
                            "score and train run one rank per GPU")
+    if config.nodes == 1:
+        return
+    allocated = environ.get("SLURM_JOB_NUM_NODES")
+    if "SLURM_JOB_ID" not in environ or allocated is None:
+        raise IterateError(f"nodes={config.nodes} runs score and train under srun across a Slurm allocation, and "
+                           "this driver is not in one (no SLURM_JOB_ID): run it in an sbatch script of "
+                           f"#SBATCH --nodes={config.nodes} (docs/verifier_iterate.md)")
+    if int(allocated) < config.nodes:
+        raise IterateError(f"nodes={config.nodes}, but this Slurm allocation (job {environ['SLURM_JOB_ID']}) has "
+                           f"{allocated} node(s)")
+    if not TASK_SCRIPT.is_file():
+        raise IterateError(f"nodes={config.nodes} starts each rank with {TASK_SCRIPT}, which is missing: run the "
+                           "driver from a checkout of nemo_topr")
 
 
 # ---------------------------------------------------------------------------------------------
 # Stages
+
+
+TASK_SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "task.sh"  # one rank under srun
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The processes of a stage: one; `per_node` under torchrun on this node; or, on several
+    nodes, `per_node` on each under srun in the driver's Slurm allocation (as slurm/topr_job.sh
+    starts training)."""
+
+    per_node: int = 1
+    nodes: int = 1
+
+    @classmethod
+    def of(cls, config: IterateConfig) -> Ranks:
+        """The score and train stages' ranks."""
+        return cls(config.nproc_per_node, config.nodes)
+
+    @property
+    def total(self) -> int:
+        return self.per_node * self.nodes
+
+    def command(self, python: str = sys.executable) -> list[str]:
+        """The command line that runs `nemo-topr` in these processes."""
+        if self.nodes > 1:
+            return ["srun", f"--nodes={self.nodes}", f"--ntasks-per-node={self.per_node}", "--kill-on-bad-exit=1",
+                    "--label", str(TASK_SCRIPT), python]
+        torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.per_node}"]
+        return [python, *(torchrun if self.per_node > 1 else []), "-m", "nemo_topr.cli"]
+
+    def rendezvous(self, environ=os.environ) -> dict[str, str]:  # noqa: B008 - the process environment
+        """Under srun, where the ranks meet (torchrun makes its own): the allocation's first node, at
+        slurm/topr_job.sh's port (NEMO_TOPR_MASTER_PORT, else 29500 + job id mod 10000)."""
+        if self.nodes == 1:
+            return {}
+        hosts = subprocess.run(["scontrol", "show", "hostnames", environ["SLURM_JOB_NODELIST"]], capture_output=True,
+                               text=True, check=True).stdout.split()
+        port = environ.get("NEMO_TOPR_MASTER_PORT") or str(29500 + int(environ["SLURM_JOB_ID"]) % 10000)
+        return {"MASTER_ADDR": hosts[0], "MASTER_PORT": port, "LOCAL_WORLD_SIZE": str(self.per_node)}
 
 
 @dataclass(frozen=True)
@@ -370,7 +432,7 @@ class Stage:
     # run with --overwrite: a rerun replaces what this stage's failed try left in the driver's own
     # directory. Not recorded in args, so the marker compares only what decides the outputs.
     overwrite: bool = True
-    ranks: int = 1  # processes: above 1 under torchrun (not recorded: the outputs mean the same)
+    ranks: Ranks = Ranks()  # its processes (not recorded: the outputs mean the same)
 
     @property
     def marker(self) -> Path:
@@ -393,19 +455,13 @@ class Stage:
                            f"  then: {' '.join(recorded)}\n  now:  {' '.join(self.args)}")
 
 
-def launcher(ranks: int) -> list[str]:
-    """The command line of `nemo-topr` in `ranks` processes: under torchrun on this node for more
-    than one (as launchers/local.sh starts training)."""
-    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] if ranks > 1 else []
-    return [sys.executable, *torchrun, "-m", "nemo_topr.cli"]
-
-
-def run_command(args: tuple[str, ...], log: Path, ranks: int) -> None:
-    """`nemo-topr ARGS` in a subprocess of `ranks` processes, their output in `log`; raises
-    IterateError when it fails."""
+def run_command(args: tuple[str, ...], log: Path, ranks: Ranks) -> None:
+    """`nemo-topr ARGS` in `ranks`' processes, their output in `log`; raises IterateError when it
+    fails."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as out:
-        code = subprocess.run([*launcher(ranks), *args], stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run([*ranks.command(), *args], stdout=out, stderr=subprocess.STDOUT,
+                              env={**os.environ, **ranks.rendezvous()}).returncode
     if code != 0:
         tail = "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])
         raise IterateError(f"`nemo-topr {args[0]}` failed (exit {code}); full log: {log}\n{tail}")
@@ -418,9 +474,8 @@ def run_stage(stage: Stage, *, dry_run: bool = False) -> None:
         print(f"{where}: done", flush=True)
         return
     command = (*stage.args, "--overwrite") if stage.overwrite else stage.args
-    torchrun = f"torchrun --standalone --nproc-per-node={stage.ranks} -m nemo_topr.cli"
-    program = "nemo-topr" if stage.ranks == 1 else torchrun
-    print(f"{where}: {'to run' if dry_run else 'running'}: {program} {' '.join(command)}", flush=True)
+    program = stage.ranks.command(python="python")
+    print(f"{where}: {'to run' if dry_run else 'running'}: {shlex.join([*program, *command])}", flush=True)
     if dry_run:
         return
     stage.marker.unlink(missing_ok=True)  # a stale marker of other arguments (redo_if_changed)
@@ -502,7 +557,7 @@ class Driver:
         self.out = Path(config.out).resolve()
         train = config.train
         # score mu at the training sequence length, so that exactly the sequences training accepts are scored
-        values, objective = training_config(train, config.nproc_per_node)
+        values, objective = training_config(train, Ranks.of(config).total)
         self.seq_length, self.baseline = int(values["model"]["seq_length"]), objective.baseline
         self.device_flag = ("--device", config.device)
         # each round's results: with a verifier, eval's metrics and the verifier-weighted vote
@@ -513,7 +568,7 @@ class Driver:
 
     def run(self) -> list[RoundResult]:
         if not self.dry_run:
-            check_gpus(self.config)
+            check_launch(self.config)
         claimed_output_dir(self.out, "nemo-topr iterate", make=not self.dry_run)
         if note := eval_prompt_note(self.config):
             print(note, flush=True)
@@ -556,7 +611,7 @@ class Driver:
         flags, note = curation_flags(self.config.curate, records, self.baseline)
         if note:
             print(f"[{directory.name}] {note}", flush=True)
-        train, rendered, ranks = self.config.train, self.config.generate.rendered_prompts, self.config.nproc_per_node
+        train, rendered, ranks = self.config.train, self.config.generate.rendered_prompts, Ranks.of(self.config)
         stages = [
             Stage("curate", directory, ("data", "curate", str(graded), *flags, "--seed", str(self.config.curate.seed),
                                         "--out", str(curated)), (curated, curated.with_suffix(".stats.json"))),

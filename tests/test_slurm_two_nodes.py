@@ -4,11 +4,15 @@ over the network at MASTER_ADDR, the allocation's first host, as on a real clust
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import subprocess
+import sys
 
 import pytest
 
+from conftest import REPO
 from test_slurm import (_cancelled_at_exit, _check_every_start_kept, _ledger, _real_job_end, _submit_tiny_real_job,
                         _wait_until_ranks_hold_the_warning)
 
@@ -39,3 +43,46 @@ def test_a_two_node_job_is_preempted_requeued_and_completes_with_every_sample_on
     assert sorted(p.name for p in run_dir.glob("samples_dp*.jsonl")) == ["samples_dp0.jsonl", "samples_dp1.jsonl"]
     trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
     assert sorted(trained) == list(range(48)), batch_log  # 2 DP ranks, one epoch: every sample once
+
+
+def test_iterate_scores_and_trains_across_two_nodes_and_a_rerun_redoes_nothing(slurm_two_nodes, tmp_path,
+                                                                               monkeypatch, capsys):
+    """`nemo-topr iterate ... nodes=2` in a two-node job: score and train under srun, one rank on
+    each node, meeting at the first; the other stages on the driver's node. The same rounds as the
+    one-node, two-rank test; the job then runs the driver again, which must redo nothing."""
+    from test_iterate import check_two_rounds
+
+    from nemo_topr import iterate
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    monkeypatch.setenv("SLURM_CONF", slurm_two_nodes)
+    model = build_tiny_hf_llama(tmp_path / "tiny_llama", build_tiny_tokenizer())
+    out, rerun_at = tmp_path / "iterate", tmp_path / "rerun_started"
+    driver = shlex.join([sys.executable, "-m", "nemo_topr.cli", "iterate", "iterate_tiny_cpu", f"base_model={model}",
+                         f"out={out}", "nodes=2"])
+    script = tmp_path / "iterate.sbatch"
+    script.write_text("\n".join(["#!/bin/bash", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
+                                 "#SBATCH --time=00:20:00", "set -euo pipefail", f"cd {shlex.quote(str(REPO))}",
+                                 driver, f"date +%s.%N > {shlex.quote(str(rerun_at))}", "echo RERUN", driver, ""]))
+    batch_log = tmp_path / "job.out"
+    job = subprocess.run(["sbatch", "--parsable", "--wait", f"--output={batch_log}", str(script)], capture_output=True,
+                         text=True, timeout=1200, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    logs = batch_log.read_text() if batch_log.exists() else ""
+    assert job.returncode == 0, job.stderr + logs[-6000:]
+    markers = check_two_rounds(out)
+    for stage in ("score", "train"):  # srun --label: both ranks' lines, one rank on each node
+        lines = (out / "round_0" / "logs" / f"{stage}.log").read_text().splitlines()
+        assert {line.split(":")[0].strip() for line in lines if re.match(r"^\s*[01]: ", line)} == {"0", "1"}
+    first, rerun = logs.split("RERUN\n")
+    assert "running: srun --nodes=2 --ntasks-per-node=1 " in first
+    # the rerun ran no stage: every stage listed as done, no marker rewritten since
+    assert sum(line.endswith(": done") for line in rerun.splitlines()) == len(markers), rerun
+    assert "running:" not in rerun
+    started = float(rerun_at.read_text())
+    assert all(marker.stat().st_mtime < started for marker in markers)
+    # a dry run (here, outside the allocation) lists them all as done
+    capsys.readouterr()
+    assert iterate.main(["iterate_tiny_cpu", f"base_model={model}", f"out={out}", "nodes=2", "--dry-run"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == len(markers) and all(line.endswith(": done") for line in listed)
