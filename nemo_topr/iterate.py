@@ -560,8 +560,6 @@ class Driver:
         values, objective = training_config(train, Ranks.of(config).total)
         self.seq_length, self.baseline = int(values["model"]["seq_length"]), objective.baseline
         self.device_flag = ("--device", config.device)
-        # each round's results: with a verifier, eval's metrics and the verifier-weighted vote
-        self.results_name = "eval.json" if config.verifier.model is None else "eval_verified.json"
         # its absolute path, as base_model's, in the verify stages' recorded arguments
         self.verifier_model = (None if config.verifier.model is None
                                else model_source.require_hugging_face(config.verifier.model))
@@ -576,12 +574,25 @@ class Driver:
         results = [start]
         for index in range(self.config.rounds):
             results.append(self.run_round(index, results[-1]))
-        evaluated = [result.directory / self.results_name for result in results if result.evaluated]
+        evaluated = [self.plotted_results(result.directory) for result in results if result.evaluated]
         run_stage(Stage("plot", self.out, ("eval", "--plot", *map(str, evaluated), "--out", str(self.out / "rounds.png")),
                         (self.out / "rounds.png",), redo_if_changed=True), dry_run=self.dry_run)
         if not self.dry_run:
-            write_summary(self.out, [summary_row(result, self.results_name) for result in results])
+            write_summary(self.out, self.summary_rows(results))
         return results
+
+    def summary_rows(self, results: list[RoundResult]) -> list[dict[str, Any]]:
+        return [summary_row(result, verified=self.verifier_model is not None) for result in results]
+
+    def plotted_results(self, directory: Path) -> Path:
+        """With a verifier, the verified results (eval's metrics and the weighted vote) when they
+        cover eval's problems; else eval's own (see verified_vote)."""
+        verified, results = directory / "eval_verified.json", directory / "eval.json"
+        if self.verifier_model is None:
+            return results
+        if not verified.is_file():  # not evaluated yet (a dry run), or no sample to score
+            return verified if self.dry_run else results
+        return verified if num_problems(verified) == num_problems(results) else results
 
     def start(self) -> RoundResult:
         """The base model, exported to HF first when it is a Megatron checkpoint; evaluated."""
@@ -591,9 +602,7 @@ class Driver:
             model = directory / "model"
             run_stage(Stage("export", directory, ("export", "--ckpt", weights, "--hf-out", str(model), *self.device_flag),
                             (model,)), dry_run=self.dry_run)
-        for stage in self.evaluation_stages(directory, model, "start"):
-            run_stage(stage, dry_run=self.dry_run)
-        return RoundResult("start", directory, model, weights)
+        return RoundResult("start", directory, model, weights, note=self.evaluate(directory, model, "start"))
 
     def run_round(self, index: int, previous: RoundResult) -> RoundResult:
         model, weights = previous.model, previous.weights
@@ -624,11 +633,11 @@ class Driver:
                                        f"device={self.config.device}"), (run_dir,), overwrite=False, ranks=ranks),
             Stage("export", directory, ("export", "--ckpt", str(run_dir), "--hf-out", str(exported), *self.device_flag),
                   (exported,)),
-            *self.evaluation_stages(directory, exported, directory.name),
         ]
         for stage in stages:
             run_stage(stage, dry_run=self.dry_run)
-        return RoundResult(directory.name, directory, exported, str(run_dir), note=note)
+        notes = [note, self.evaluate(directory, exported, directory.name)]
+        return RoundResult(directory.name, directory, exported, str(run_dir), note="; ".join(filter(None, notes)) or None)
 
     def zero_shot_file(self, split: str) -> str:
         """OUT/prompts/SPLIT-zero-shot.jsonl, written once (not in a dry run)."""
@@ -649,25 +658,33 @@ class Driver:
                                              "--out", str(graded)),
                      (graded,))
 
-    def evaluation_stages(self, directory: Path, model: Path, label: str) -> list[Stage]:
+    def evaluate(self, directory: Path, model: Path, label: str) -> str | None:
         """`eval` of the model; with a verifier, its samples scored and evaluated again, adding the
-        verifier-weighted vote (the same samples, so the other metrics are eval's)."""
+        verifier-weighted vote (the same samples, so the other metrics are eval's). Returns a note
+        when eval wrote no sample to score (every completion empty)."""
         from nemo_topr.evaluation import evaluate
 
         stage = self.eval_stage(directory, model, label)
+        run_stage(stage, dry_run=self.dry_run)
         if self.verifier_model is None:
-            return [stage]
+            return None
         samples, scored, results = (directory / name for name in ("eval_samples.jsonl", "eval_samples_verified.jsonl",
                                                                     "eval_verified.json"))
+        if stage.is_done() and samples.is_file() and not read_graded(samples):
+            note = "verifier: eval wrote no sample to score (every completion empty); weighted maj is 0"
+            print(f"[{directory.name}] {note}", flush=True)
+            return note
         ks = evaluate.build_parser().parse_args(stage.args[1:]).k  # eval's own --k, if eval.args give one
-        return [stage,
+        for verification in (
                 Stage("verify", directory, ("verifier", "score", "--model", str(self.verifier_model), "--records",
                                             str(samples), "--out", str(scored), *self.config.verifier.args,
                                             *self.device_flag), (scored, scored.with_suffix(".report.json"))),
-                Stage("eval-verified", directory, ("eval", "--records", str(scored), *(["--k", *map(str, ks)] if ks
-                                                                                        else []),
-                                                   "--label", label, "--out", str(results)),
-                      (results, results.with_suffix(".md")))]
+                Stage("eval-verified", directory, ("eval", "--records", str(scored),
+                                                   *(["--k", *map(str, ks)] if ks else []), "--label", label,
+                                                   "--out", str(results)),
+                      (results, results.with_suffix(".md")))):
+            run_stage(verification, dry_run=self.dry_run)
+        return None
 
     def eval_stage(self, directory: Path, model: Path, label: str) -> Stage:
         options = self.config.eval
@@ -683,7 +700,7 @@ class Driver:
 # Summary
 
 
-def summary_row(result: RoundResult, results_name: str = "eval.json") -> dict[str, Any]:
+def summary_row(result: RoundResult, *, verified: bool = False) -> dict[str, Any]:
     """What one round did and scored, read back from its stages' outputs."""
     row: dict[str, Any] = {"round": result.label, "model": str(result.model), "note": result.note}
     graded = result.directory / "graded.jsonl"
@@ -692,10 +709,31 @@ def summary_row(result: RoundResult, results_name: str = "eval.json") -> dict[st
     report = result.directory / "run" / "data_report.json"
     if report.is_file():
         row.update(training_composition(result.directory / "run"))
-    evaluation = result.directory / results_name
+    evaluation = result.directory / "eval.json"
     if evaluation.is_file():
-        row["eval"] = headline_metrics(json.loads(evaluation.read_text(encoding="utf-8")))
+        results = json.loads(evaluation.read_text(encoding="utf-8"))
+        row["eval"] = headline_metrics(results)
+        if verified:
+            row["eval"]["weighted_maj@k"] = verified_vote(result.directory / "eval_verified.json", results)
     return row
+
+
+def num_problems(results: Path) -> int:
+    return json.loads(results.read_text(encoding="utf-8"))["num_problems"]
+
+
+def verified_vote(verified: Path, results: dict[str, Any]) -> float | None:
+    """weighted_maj@k over eval's problems (`results`). `eval --records` of the scored samples
+    (`verified`) has no problem whose samples were all empty: such a problem has no record to score
+    (or no file, when all were), and its vote, with no answer, is wrong: a 0 in eval's mean.
+    None with one sample per problem (no vote)."""
+    k = max(results["ks"])
+    if k == 1:
+        return None
+    if not verified.is_file():
+        return 0.0
+    vote = json.loads(verified.read_text(encoding="utf-8"))
+    return vote["metrics"][f"weighted_maj@{k}"] * vote["num_problems"] / results["num_problems"]
 
 
 def sample_counts(graded: Path) -> dict[str, int | None]:

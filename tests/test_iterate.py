@@ -422,12 +422,28 @@ def test_rendered_prompts_reach_every_stage_that_reads_the_records(fake_model, t
         tiny_config(fake_model, tmp_path / "out", "generate.rendered_prompts=true")
 
 
-def test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_vote(fake_model, tmp_path,
-                                                                                    monkeypatch):
+# The stand-in eval's samples: (answer, grade) per sample; None for an empty completion
+EVAL_SAMPLES = {"two_two": [[("5", "wrong"), ("5", "wrong"), ("6", "correct"), ("6", "correct")]],
+                "one_all_empty": [[("5", "wrong"), ("5", "wrong"), ("6", "correct"), ("6", "correct")],
+                                  [None] * 4],
+                "all_empty": [[None] * 4]}
+
+
+@pytest.mark.parametrize("samples, pass_1, maj, weighted, ran_verifier", [
+    # by hand: 2 of 4 correct; the 2-2 vote goes to the first answer, 5 (wrong); weighted, 6 has 1.8 to 0.2
+    ("two_two", 0.5, 0.0, 1.0, True),
+    # a second problem whose 4 samples are all empty: no record to score, and no answer to vote for
+    ("one_all_empty", 0.25, 0.0, 0.5, True),
+    # no sample to score at all: the verifier stages are skipped, not failed
+    ("all_empty", 0.0, 0.0, 0.0, False),
+])
+def test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_vote(
+        fake_model, tmp_path, monkeypatch, capsys, samples, pass_1, maj, weighted, ran_verifier):
     """verifier.model: after each `eval`, `verifier score` of its samples, then `eval --records` of
-    the scored samples, whose results (eval's metrics and weighted_maj@k) the round reports and
-    plots. Each stage's arguments go through its command's parser; `eval --records` runs for real
-    on samples and scores written here, and the run stops at round 0's generate."""
+    the scored samples, whose weighted_maj@k the round reports beside eval's own metrics, over eval's
+    problems. Each stage's arguments go through its command's parser; the stand-in eval writes what
+    eval's own functions make of the samples, `eval --records` runs for real, and the run stops at
+    round 0's generate."""
     from nemo_topr.evaluation import evaluate, verifier
 
     verifier_model = placeholder_hf_model(tmp_path / "verifier")
@@ -438,13 +454,14 @@ def test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_v
         options = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
         if args[:2] == ("eval", "--model"):
             assert evaluate.usage_problem(evaluate.build_parser().parse_args(args[1:])) is None
-            # one problem (answer 6), four samples: 5, 5, 6, 6
-            write_jsonl([Record(prompt="Q: 2 * 3?", completion=f" The answer is {answer}.", reward=reward,
-                                prompt_id="p0", sample_id=i, meta={"task": "gsm8k", "reference_answer": "6"})
-                         for i, (answer, reward) in enumerate([(5, -1.0), (5, -1.0), (6, 1.0), (6, 1.0)])],
-                        options["--samples-out"])
-            for path in (Path(options["--out"]), Path(options["--out"]).with_suffix(".md")):
-                path.write_text("{}")
+            problems = [Problem(f"p{i}", f"Q{i}: 2 * 3?", "6", "gsm8k") for i in range(len(EVAL_SAMPLES[samples]))]
+            graded = [[GradedCompletion(Completion("" if sample is None else f" The answer is {sample[0]}."),
+                                        None if sample is None else sample[0], "invalid" if sample is None else sample[1])
+                       for sample in problem] for problem in EVAL_SAMPLES[samples]]
+            write_jsonl(graded_records(problems, graded), options["--samples-out"])
+            results = evaluate.benchmark_results(evaluate.outcomes_of_completions(graded), "gsm8k", [1, 4])
+            Path(options["--out"]).write_text(json.dumps(results))
+            Path(options["--out"]).with_suffix(".md").write_text("")
         elif args[:2] == ("verifier", "score"):
             parsed = verifier.build_parser().parse_args(args[1:])
             assert (parsed.model, parsed.batch_size, parsed.device) == (verifier_model.resolve(), 2, "cpu")
@@ -462,15 +479,20 @@ def test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_v
                          "verifier.args=[--batch-size,'2']")
     with pytest.raises(StopAfterTrain):
         Driver(config).run()
-    assert ran == [("eval", "--model"), ("verifier", "score"), ("eval", "--records"), ("generate", "--model")]
+    verifier_stages = [("verifier", "score"), ("eval", "--records")] if ran_verifier else []
+    assert ran == [("eval", "--model"), *verifier_stages, ("generate", "--model")]
     start = tmp_path / "out" / "start"
-    assert (start / "eval.json").read_text() == "{}"  # eval's own results stay as it wrote them
-    results_name = Driver(config, dry_run=True).results_name  # what the summary and the plot read
-    row = iterate.summary_row(iterate.RoundResult("start", start, fake_model, str(fake_model)), results_name)
-    # by hand: 2 of 4 correct; the 2-2 vote goes to the first answer, 5 (wrong); weighted, 6 has 1.8 to 0.2
-    assert (row["eval"]["pass@1"], row["eval"]["maj@k"], row["eval"]["weighted_maj@k"]) == (0.5, 0.0, 1.0)
+    row, = Driver(config).summary_rows([iterate.RoundResult("start", start, fake_model, str(fake_model))])
+    assert (row["eval"]["pass@1"], row["eval"]["maj@k"], row["eval"]["weighted_maj@k"]) == (pass_1, maj, weighted)
     table = iterate.summary_markdown([row])
-    assert "| pass@1 % | maj@4 % | weighted maj@4 % | invalid % |" in table and "| 50.0 | 0.0 | 100.0 | 0.0 |" in table
+    assert "| pass@1 % | maj@4 % | weighted maj@4 % | invalid % |" in table
+    assert f"| {100 * pass_1:.1f} | {100 * maj:.1f} | {100 * weighted:.1f} |" in table
+    # what the plot draws: the verified results where they cover eval's problems
+    plotted = Driver(config).plotted_results(start).name
+    assert plotted == ("eval_verified.json" if samples == "two_two" else "eval.json")
+    if not ran_verifier:
+        assert "[start] verifier: eval wrote no sample to score (every completion empty); weighted maj is 0" in (
+            capsys.readouterr().out)
 
 
 def test_verifier_options_are_checked_at_the_start(fake_model, tmp_path):
