@@ -391,11 +391,12 @@ class Ranks:
 
     per_node: int = 1
     nodes: int = 1
+    cuda: bool = False  # GPU ranks: they get the training job's environment
 
     @classmethod
     def of(cls, config: IterateConfig) -> Ranks:
         """The score and train stages' ranks."""
-        return cls(config.nproc_per_node, config.nodes)
+        return cls(config.nproc_per_node, config.nodes, cuda=config.device == "cuda")
 
     @property
     def total(self) -> int:
@@ -409,15 +410,22 @@ class Ranks:
         torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.per_node}"]
         return [python, *(torchrun if self.per_node > 1 else []), "-m", "nemo_topr.cli"]
 
-    def rendezvous(self, environ=os.environ) -> dict[str, str]:  # noqa: B008 - the process environment
-        """Under srun, where the ranks meet (torchrun makes its own): the allocation's first node, at
-        slurm/topr_job.sh's port (NEMO_TOPR_MASTER_PORT, else 29500 + job id mod 10000)."""
-        if self.nodes == 1:
-            return {}
-        hosts = subprocess.run(["scontrol", "show", "hostnames", environ["SLURM_JOB_NODELIST"]], capture_output=True,
-                               text=True, check=True).stdout.split()
-        port = environ.get("NEMO_TOPR_MASTER_PORT") or str(29500 + int(environ["SLURM_JOB_ID"]) % 10000)
-        return {"MASTER_ADDR": hosts[0], "MASTER_PORT": port, "LOCAL_WORLD_SIZE": str(self.per_node)}
+    def environment(self, environ=os.environ) -> dict[str, str]:  # noqa: B008 - the process environment
+        """What these ranks' environment adds to the driver's: on GPUs, a Slurm training job's
+        (slurm/environment.sh; a variable set already is kept); under srun, where they meet
+        (torchrun makes its own): the allocation's first node, at slurm/topr_job.sh's port
+        (NEMO_TOPR_MASTER_PORT, else 29500 + job id mod 10000)."""
+        from nemo_topr.cluster.environment import training_environment
+
+        added = {}
+        if self.cuda:
+            added = {name: value for name, value in training_environment().items() if name not in environ}
+        if self.nodes > 1:
+            hosts = subprocess.run(["scontrol", "show", "hostnames", environ["SLURM_JOB_NODELIST"]],
+                                   capture_output=True, text=True, check=True).stdout.split()
+            port = environ.get("NEMO_TOPR_MASTER_PORT") or str(29500 + int(environ["SLURM_JOB_ID"]) % 10000)
+            added.update(MASTER_ADDR=hosts[0], MASTER_PORT=port, LOCAL_WORLD_SIZE=str(self.per_node))
+        return added
 
 
 @dataclass(frozen=True)
@@ -461,7 +469,7 @@ def run_command(args: tuple[str, ...], log: Path, ranks: Ranks) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as out:
         code = subprocess.run([*ranks.command(), *args], stdout=out, stderr=subprocess.STDOUT,
-                              env={**os.environ, **ranks.rendezvous()}).returncode
+                              env={**os.environ, **ranks.environment()}).returncode
     if code != 0:
         tail = "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])
         raise IterateError(f"`nemo-topr {args[0]}` failed (exit {code}); full log: {log}\n{tail}")

@@ -150,11 +150,24 @@ def test_a_stage_on_several_nodes_meets_at_the_allocations_first_node(monkeypatc
     environ = {"SLURM_JOB_ID": "1234567", "SLURM_JOB_NODELIST": "gpu-a[07-08]"}
     ranks = iterate.Ranks(per_node=8, nodes=2)
     assert ranks.total == 16
-    assert ranks.rendezvous(environ) == {"MASTER_ADDR": "gpu-a07", "MASTER_PORT": str(29500 + 4567),
+    assert ranks.environment(environ) == {"MASTER_ADDR": "gpu-a07", "MASTER_PORT": str(29500 + 4567),
                                          "LOCAL_WORLD_SIZE": "8"}
     assert seen == [["scontrol", "show", "hostnames", "gpu-a[07-08]"]]
-    assert ranks.rendezvous({**environ, "NEMO_TOPR_MASTER_PORT": "40000"})["MASTER_PORT"] == "40000"
-    assert iterate.Ranks(per_node=8).rendezvous(environ) == {}  # torchrun's own
+    assert ranks.environment({**environ, "NEMO_TOPR_MASTER_PORT": "40000"})["MASTER_PORT"] == "40000"
+    assert iterate.Ranks(per_node=8).environment(environ) == {}  # torchrun's own
+
+
+def test_gpu_ranks_get_the_training_jobs_environment(fake_model, tmp_path):
+    """On cuda, the score and train ranks get what slurm/topr_job.sh gives a training job's ranks
+    (slurm/environment.sh; the values by hand from docs/cluster.md's table), a variable the user
+    set kept; on cpu, nothing (torchrun's own OMP_NUM_THREADS=1 for gloo ranks stays)."""
+    cuda = iterate.Ranks.of(tiny_config(fake_model, tmp_path / "out", "device=cuda", "nproc_per_node=2"))
+    assert cuda.environment({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}) == {
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_GRAPH_REGISTER": "0",
+        "TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "TORCH_NCCL_HIGH_PRIORITY": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "8"}
+    assert iterate.Ranks.of(tiny_config(fake_model, tmp_path / "out", "nproc_per_node=2")).environment({}) == {}
+    assert iterate.Ranks(cuda=False).environment({}) == {}
 
 
 @pytest.mark.parametrize("environ, message", [

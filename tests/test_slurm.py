@@ -652,6 +652,28 @@ def test_a_warning_before_the_ranks_hold_it_requeues_even_if_a_rank_held_it(fake
            "requeueing job 77" in output, output
 
 
+def test_the_job_gives_its_ranks_the_training_environment(fake_slurm):
+    """slurm/topr_job.sh sources slurm/environment.sh before srun: every rank sees its variables
+    (those iterate's GPU ranks get too), and one the user set wins."""
+    from nemo_topr.cluster.environment import training_environment
+
+    run_dir = fake_slurm / "run"
+    python = fake_slurm / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/usr/bin/env bash\nenv > "{run_dir}/env-$RANK"\n[[ $RANK != 0 ]] || touch "{run_dir}/COMPLETED"\n')
+    python.chmod(0o755)
+    env = _job_env(SLURM_JOB_ID="78", NEMO_TOPR_VENV=str(python.parents[1]), NEMO_TOPR_RUN_DIR=str(run_dir),
+                   NEMO_TOPR_GPUS_PER_NODE="2", NCCL_DEBUG="INFO")
+    env.pop("OMP_NUM_THREADS")
+    job = subprocess.run(["bash", str(REPO / "slurm" / "topr_job.sh"), "tiny_cpu"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert job.returncode == 0, job.stdout + job.stderr
+    expected = {**training_environment(), "NCCL_DEBUG": "INFO"}
+    for rank in (0, 1):
+        seen = dict(line.split("=", 1) for line in (run_dir / f"env-{rank}").read_text().splitlines() if "=" in line)
+        assert {name: seen.get(name) for name in expected} == expected
+
+
 def _real_job(job_id: str) -> str:
     return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
 

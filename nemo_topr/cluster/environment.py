@@ -1,0 +1,25 @@
+"""The process environment of GPU training ranks (NCCL, CUDA, allocator, threads), which
+slurm/environment.sh exports for the ranks of a Slurm job: read here for the ranks that
+`nemo-topr iterate` starts itself, so that both get the same one from one file."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ENVIRONMENT_SCRIPT = Path(__file__).resolve().parents[2] / "slurm" / "environment.sh"
+# every export keeps a value set already: `export NAME=${NAME:-value}`
+_EXPORT = re.compile(r"export (\w+)=\$\{\1:-([^}]*)\}")
+
+
+def training_environment(script: Path = ENVIRONMENT_SCRIPT) -> dict[str, str]:
+    """The variables `script` exports and their values, in its order."""
+    values = {}
+    for number, line in enumerate(script.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.startswith("export "):
+            continue
+        match = _EXPORT.fullmatch(line)
+        if match is None:
+            raise ValueError(f"{script}:{number}: {line!r} is not of the form `export NAME=${{NAME:-value}}`")
+        values[match[1]] = match[2]
+    return values
