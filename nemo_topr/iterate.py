@@ -361,8 +361,16 @@ def check_launch(config: IterateConfig, environ=os.environ) -> None:  # noqa: B0
     if config.device == "cuda" and config.nproc_per_node > gpus:
         raise IterateError(f"nproc_per_node={config.nproc_per_node}, but torch sees {gpus} GPU(s) on this node: "
                            "score and train run one rank per GPU")
+    tasks = int(environ.get("SLURM_STEP_NUM_TASKS", "1"))
+    if tasks > 1:
+        raise IterateError(f"this driver is one of the {tasks} tasks of an srun step, each of which would run every "
+                           "stage into the same out: run it once, as the batch script (not under srun) or in a shell")
     if config.nodes == 1:
         return
+    if "SLURM_STEP_ID" in environ:  # the stages' srun would wait for this step's own resources
+        raise IterateError(f"nodes={config.nodes} runs score and train as srun steps of the allocation, and this driver "
+                           f"runs under srun itself (step {environ['SLURM_STEP_ID']}), whose resources those steps "
+                           "would wait for: run it as the batch script")
     allocated = environ.get("SLURM_JOB_NUM_NODES")
     if "SLURM_JOB_ID" not in environ or allocated is None:
         raise IterateError(f"nodes={config.nodes} runs score and train under srun across a Slurm allocation, and "

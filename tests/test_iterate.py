@@ -157,6 +157,19 @@ def test_a_stage_on_several_nodes_meets_at_the_allocations_first_node(monkeypatc
     assert iterate.Ranks(per_node=8).environment(environ) == {}  # torchrun's own
 
 
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_driver_started_as_several_srun_tasks_is_refused(fake_model, tmp_path, nodes):
+    """`srun -n 8 nemo-topr iterate ...` would start eight drivers on one `out`."""
+    config = tiny_config(fake_model, tmp_path / "out", f"nodes={nodes}")
+    environ = {"SLURM_JOB_ID": "17", "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8"}
+    with pytest.raises(IterateError, match="^this driver is one of the 8 tasks of an srun step, each of which would "
+                                           "run every stage into the same out: run it once, as the batch script "):
+        iterate.check_launch(config, environ)
+    # one driver: under `srun -n1` with nodes=1, as the batch script (no step) with nodes=2
+    one = {**environ, "SLURM_STEP_NUM_TASKS": "1"} if nodes == 1 else {"SLURM_JOB_ID": "17", "SLURM_JOB_NUM_NODES": "2"}
+    iterate.check_launch(config, one)
+
+
 def test_gpu_ranks_get_the_training_jobs_environment(fake_model, tmp_path):
     """On cuda, the score and train ranks get what slurm/topr_job.sh gives a training job's ranks
     (slurm/environment.sh; the values by hand from docs/cluster.md's table), a variable the user
@@ -176,6 +189,11 @@ def test_gpu_ranks_get_the_training_jobs_environment(fake_model, tmp_path):
     ({"SLURM_JOB_ID": "17", "SLURM_JOB_NUM_NODES": "1"}, "nodes=2, but this Slurm allocation (job 17) has 1 node(s)"),
     ({"SLURM_JOB_ID": "17", "SLURM_JOB_NUM_NODES": "2"}, None),
     ({"SLURM_JOB_ID": "17", "SLURM_JOB_NUM_NODES": "4"}, None),
+    # `srun nemo-topr iterate ...`: a nested srun waits for the outer step's resources (on the real
+    # one-node Slurm, `srun -n1 bash -c "srun -n1 hostname"` in a job was still waiting after 20 s)
+    ({"SLURM_JOB_ID": "17", "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"},
+     "nodes=2 runs score and train as srun steps of the allocation, and this driver runs under srun itself (step 0), "
+     "whose resources those steps would wait for: run it as the batch script"),
 ])
 def test_several_nodes_need_an_allocation_of_them(fake_model, tmp_path, environ, message):
     config = tiny_config(fake_model, tmp_path / "out", "nodes=2")
