@@ -354,7 +354,8 @@ def curation_problems(curate: CurateOptions, objective) -> list[str]:  # noqa: A
 def check_launch(config: IterateConfig, environ=os.environ) -> None:  # noqa: B008 - the process environment
     """What score and train need to start, checked before the start's evaluation and generation
     (not in a `--dry-run`, which may run on a login node): on cuda, a GPU of this node per rank
-    (the other nodes are assumed alike); with nodes > 1, a Slurm allocation of that many nodes."""
+    (the other nodes are assumed alike); one driver, not several srun tasks; with nodes > 1, a
+    Slurm allocation of that many nodes, the driver its batch script (not under srun)."""
     import torch
 
     gpus = torch.cuda.device_count()
