@@ -509,11 +509,16 @@ def run_stage(stage: Stage, *, dry_run: bool = False) -> None:
 # Rounds
 
 
+def wrote_no_records(path: Path) -> bool:
+    """`generate`'s (or eval's `--samples-out`) file is empty: every completion was empty."""
+    return not path.read_text(encoding="utf-8").strip()
+
+
 def read_graded(path: Path) -> list[Record]:
     """The records `generate` wrote: none when every completion was empty (an empty file)."""
     from nemo_topr.data.records import load_records
 
-    if not path.read_text(encoding="utf-8").strip():
+    if wrote_no_records(path):
         return []
     return load_records(path).records
 
@@ -687,7 +692,7 @@ class Driver:
             return None
         samples, scored, results = (directory / name for name in ("eval_samples.jsonl", "eval_samples_verified.jsonl",
                                                                     "eval_verified.json"))
-        if stage.is_done() and samples.is_file() and not read_graded(samples):
+        if stage.is_done() and samples.is_file() and wrote_no_records(samples):
             note = "verifier: eval wrote no sample to score (every completion empty); weighted maj is 0"
             print(f"[{directory.name}] {note}", flush=True)
             return note

@@ -715,7 +715,7 @@ MUTANTS = (
            ("tests/test_iterate.py::test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_vote",),
            "iterate's weighted vote leaves out the problems whose samples were all empty: a higher share than eval's"),
     Mutant("iterate_verifier_on_no_samples", "nemo_topr/iterate.py",
-           "        if stage.is_done() and samples.is_file() and not read_graded(samples):", "        if False:",
+           "        if stage.is_done() and samples.is_file() and wrote_no_records(samples):", "        if False:",
            ("tests/test_iterate.py::test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_vote",),
            "iterate with a verifier fails at verify when every completion of an evaluation was empty"),
     Mutant("iterate_plots_verified_over_fewer_problems", "nemo_topr/iterate.py",
