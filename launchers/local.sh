@@ -7,7 +7,8 @@
 #   launchers/local.sh -n 2 tiny_cpu model.tensor_model_parallel_size=2     # CPU, TP=2 over gloo
 #
 # RANKS defaults to the number of visible GPUs, or 1 without one. Rerunning the same command
-# resumes from the run directory's latest checkpoint.
+# resumes from the run directory's latest checkpoint. With GPUs visible, the ranks get a Slurm
+# job's environment (slurm/environment.sh: NCCL, CUDA, allocator, threads; what is set wins).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,16 +17,19 @@ ranks=""
 while getopts "n:h" option; do
     case $option in
         n) ranks=$OPTARG ;;
-        *) sed -n '2,11p' "$0"; exit 2 ;;
+        *) sed -n '2,12p' "$0"; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
 if (($# < 1)); then
-    sed -n '2,11p' "$0"
+    sed -n '2,12p' "$0"
     exit 2
 fi
-if [[ -z $ranks ]]; then
-    ranks=$("$python" -c 'import torch; print(max(torch.cuda.device_count(), 1))')
+gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
+ranks=${ranks:-$((gpus > 0 ? gpus : 1))}
+if ((gpus > 0)); then
+    # shellcheck source=slurm/environment.sh
+    source "$repo/slurm/environment.sh"
 fi
 config_name=$1
 shift

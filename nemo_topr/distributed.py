@@ -26,7 +26,8 @@ def local_rendezvous(environ=os.environ) -> None:  # noqa: B008 - the process en
 
 
 class RendezvousError(RuntimeError):
-    """The launcher's rendezvous variables cannot work; raised before any process group exists."""
+    """The launcher's variables (rendezvous, local rank) cannot work; raised before any process
+    group exists."""
 
 
 def check_rendezvous(environ=os.environ) -> None:  # noqa: B008 - the process environment by default
@@ -49,6 +50,21 @@ def check_rendezvous(environ=os.environ) -> None:  # noqa: B008 - the process en
                               "slurm/topr_job.sh sets it to the job's first node") from None
 
 
+def check_local_gpu(environ=os.environ) -> None:  # noqa: B008 - the process environment by default
+    """Under a launcher, a CUDA rank takes GPU LOCAL_RANK (torchrun; slurm/task.sh: SLURM_LOCALID).
+    More ranks on a node than GPUs torch sees would fail only on the ranks past them, with CUDA's
+    "invalid device ordinal" traceback deep in Megatron's set-up, after its imports."""
+    if "WORLD_SIZE" not in environ:
+        return
+    local_rank, gpus = int(environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    if local_rank >= gpus:
+        visible = environ.get("CUDA_VISIBLE_DEVICES")
+        seen = f"{gpus} GPU(s)" + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
+        raise RendezvousError(f"LOCAL_RANK={local_rank}, but torch sees {seen} on {socket.gethostname()}: one rank "
+                              f"per GPU, so start at most {gpus} rank(s) on this node (torchrun --nproc-per-node, "
+                              "launchers/local.sh -n, nemo-topr submit --gpus-per-node)")
+
+
 def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, *, seed: int = 1234) -> None:
     """Join (or create) the default process group and Megatron's model-parallel groups.
 
@@ -68,6 +84,7 @@ def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int =
         if "WORLD_SIZE" in os.environ:  # torchrun / srun: rendezvous from the environment
             check_rendezvous()
             if torch.cuda.is_available():
+                check_local_gpu()
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             torch.distributed.init_process_group(backend)
         else:  # a world of one needs no port (so parallel jobs on one machine cannot collide)

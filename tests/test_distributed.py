@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from nemo_topr.distributed import RendezvousError, check_rendezvous
+from nemo_topr.distributed import RendezvousError, check_local_gpu, check_rendezvous
 
 # RFC 6761: names under .invalid never resolve
 UNRESOLVABLE = "node-0042.invalid"
@@ -104,3 +104,61 @@ def test_score_logprobs_leaves_no_process_group_behind_and_a_callers_own_in_plac
     assert "made and ended: True\n" in proc.stdout and proc.stdout.strip().endswith("kept: True")
     assert (tmp_path / "first.jsonl").read_text() == (tmp_path / "second.jsonl").read_text()
     assert len((tmp_path / "first.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize(("local_rank", "visible"), [("4", None), ("1", "0")])
+def test_a_rank_past_the_nodes_gpus_is_refused_naming_them(monkeypatch, local_rank, visible):
+    """Eight ranks on a node of four GPUs (or one made visible): ranks 4-7 would have failed with
+    CUDA's "invalid device ordinal" inside Megatron's set-up; rank 3 of them, or any plain
+    process, is fine."""
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 4 if visible is None else 1)
+    environ = {"WORLD_SIZE": "8", "LOCAL_RANK": local_rank,
+               **({"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {})}
+    with pytest.raises(RendezvousError) as error:
+        check_local_gpu(environ)
+    gpus = "4 GPU(s)" if visible is None else "1 GPU(s) (CUDA_VISIBLE_DEVICES=0)"
+    assert str(error.value).startswith(f"LOCAL_RANK={local_rank}, but torch sees {gpus} on {socket.gethostname()}: "
+                                       f"one rank per GPU, so start at most {4 if visible is None else 1} rank(s)")
+    check_local_gpu({**environ, "LOCAL_RANK": "3" if visible is None else "0"})
+    check_local_gpu({})  # not launched
+
+
+def _launched_as_rank(monkeypatch, rank: int, of: int) -> None:
+    """This process's environment as a launcher's (torchrun's) rank `rank` of `of`, on one node."""
+    for name, value in {"WORLD_SIZE": str(of), "RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_a_rank_past_the_gpus_stops_before_its_process_group(monkeypatch):
+    """What `score-logprobs` starts its world with, on CUDA (mocked: 2 GPUs)."""
+    import torch
+
+    from nemo_topr.distributed import initialize_model_parallel
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail(f"set_device({device}) reached"))
+    _launched_as_rank(monkeypatch, 2, of=4)
+    with pytest.raises(RendezvousError, match=r"^LOCAL_RANK=2, but torch sees 2 GPU\(s\)"):
+        initialize_model_parallel()
+
+
+def test_train_refuses_a_rank_past_the_gpus_before_importing_megatron(demo_inputs, tmp_path, monkeypatch):
+    """`nemo-topr train` on CUDA (mocked: 2 GPUs) as local rank 3 of 4: one line, before Megatron's
+    imports and the run directory."""
+    import torch
+
+    from nemo_topr.training import recipe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(recipe, "use_device", lambda *args, **kwargs: pytest.fail("Megatron imported"))
+    _launched_as_rank(monkeypatch, 3, of=4)
+    model_dir, data = demo_inputs
+    with pytest.raises(SystemExit) as stop:
+        recipe.main(["--config-name", "tiny_cpu", "device=cuda", "train.global_batch_size=8", f"hf_model={model_dir}",
+                     f"run_dir={tmp_path / 'run'}", f"dataset.train_path={data}"])
+    assert str(stop.value).startswith("nemo-topr train: LOCAL_RANK=3, but torch sees 2 GPU(s) on ")
+    assert not (tmp_path / "run").exists()

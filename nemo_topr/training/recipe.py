@@ -31,8 +31,8 @@ from omegaconf import OmegaConf
 from nemo_topr.cluster.warning import release_the_warning
 from nemo_topr.data.positives import NO_ADVANTAGE, no_negatives_warning, sign_flipping_baseline
 from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
-from nemo_topr.distributed import (RendezvousError, check_rendezvous, launcher_rank, launcher_world_size,
-                                   local_rendezvous)
+from nemo_topr.distributed import (RendezvousError, check_local_gpu, check_rendezvous, launcher_rank,
+                                   launcher_world_size, local_rendezvous)
 from nemo_topr.model_source import write_hf_artifacts
 from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
 from nemo_topr.data.records import SOURCE_OPTIONS, DataError, RecordSet, load_records, require_scored
@@ -358,7 +358,7 @@ def main(argv: list[str]) -> int:
     try:
         raw = compose(args.config_name, args.overrides, args.config_path)
         # the config's `device` (cuda in the GPU presets): CPU only when chosen
-        select_device(raw.get("device"), where="device", choices=DEVICES)
+        device = select_device(raw.get("device"), where="device", choices=DEVICES)
         values, _, objective = check_config(raw)
         check_batch_division(values, launcher_world_size())
         records = _records_of(raw)
@@ -366,6 +366,8 @@ def main(argv: list[str]) -> int:
         check_baseline(objective, {record.reward for record in records.records}, warn=False,
                        record_baselines=any(record.baseline is not None for record in records.records))
         check_rendezvous()
+        if device == "cuda":
+            check_local_gpu()
         use_device(raw.get("device"), where="device", choices=DEVICES)  # imports Megatron
         run = build_training_run(raw)
         run.container.dataset.use_records(records)

@@ -40,6 +40,7 @@ from nemo_topr.data.schema import DataError
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
+from nemo_topr.distributed import RendezvousError
 from nemo_topr.model_settings import device_model_settings
 from nemo_topr.outputs import (OutputError, add_overwrite_argument, writable_output_file, writable_records_file,
                                write_whole)
@@ -296,7 +297,7 @@ def main(argv: list[str]) -> int:
                                      device=args.device, source=source_options(args),
                                      shared_prefix=args.shared_prefix, train_config=args.train_config,
                                      overwrite=args.overwrite)
-    except (DeviceError, model_source.ModelSourceError, ConfigError, DataError, OutputError) as error:
+    except (DeviceError, model_source.ModelSourceError, ConfigError, DataError, OutputError, RendezvousError) as error:
         raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:
         print(json.dumps(summary, indent=2))
