@@ -21,6 +21,10 @@ while getopts "n:h" option; do
     esac
 done
 shift $((OPTIND - 1))
+if [[ -n $ranks && ! $ranks =~ ^[1-9][0-9]*$ ]]; then
+    echo "launchers/local.sh: -n takes a number of ranks, 1 or more; got '$ranks'" >&2  # torchrun: a traceback
+    exit 2
+fi
 if (($# < 1)); then
     sed -n '2,12p' "$0"
     exit 2

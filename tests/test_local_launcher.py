@@ -29,13 +29,17 @@ else:
 """
 
 
-def _launch(tmp_path, gpus: int, *args: str, **environ: str) -> dict:
+def _run(tmp_path, gpus: int, *args: str, **environ: str) -> subprocess.CompletedProcess:
     python = tmp_path / "python"
     python.write_text(STAND_IN)
     python.chmod(0o755)
     kept = {name: value for name, value in os.environ.items() if name not in training_environment()}
-    proc = subprocess.run(["bash", str(LAUNCHER), *args], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    return subprocess.run(["bash", str(LAUNCHER), *args], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={**kept, "NEMO_TOPR_PYTHON": str(python), "STAND_IN_GPUS": str(gpus), **environ})
+
+
+def _launch(tmp_path, gpus: int, *args: str, **environ: str) -> dict:
+    proc = _run(tmp_path, gpus, *args, **environ)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -62,3 +66,12 @@ def test_ranks_default_to_the_gpus_or_one_and_cpu_ranks_keep_their_environment(t
     assert f"--nproc-per-node={ranks}" in started["argv"]
     given = {name for name in training_environment() if name in started["environ"]}
     assert given == (set(training_environment()) if gpus else set())
+
+
+@pytest.mark.parametrize("ranks", ["0", "-1", "abc", "2.5"])
+def test_a_rank_count_below_one_or_not_a_number_is_a_usage_error(tmp_path, ranks):
+    """torchrun met each with a traceback (`assert self.local_world_size > 0`, `Unsupported
+    nproc_per_node value: abc`); nothing is started now."""
+    proc = _run(tmp_path, 0, "-n", ranks, "tiny_cpu")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == f"launchers/local.sh: -n takes a number of ranks, 1 or more; got '{ranks}'\n"
