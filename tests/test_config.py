@@ -38,6 +38,31 @@ def test_yaml_and_overrides_land_on_the_bridge_container(tiny_hf, tmp_path):
     assert container.model.num_query_groups == 2  # architecture from the HF directory
 
 
+@pytest.mark.parametrize("overrides, batched, overlapped", [
+    (["model.pipeline_model_parallel_size=2"], True, False),  # no virtual stages: Megatron's defaults
+    (["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2"], False, True),
+    (["model.pipeline_model_parallel_size=4", "model.virtual_pipeline_model_parallel_size=2"], False, True),
+    (["model.pipeline_model_parallel_size=4", "model.virtual_pipeline_model_parallel_size=2",
+      "model.batch_p2p_comm=true"], True, False),  # two neighbours: a config's own choice is kept
+    (["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2",
+      "model.overlap_p2p_comm=false"], False, False),
+])
+def test_an_interleaved_pipeline_gets_unbatched_p2p(tiny_hf, tmp_path, overrides, batched, overlapped):
+    """Megatron's batched p2p crosses activations and gradients at PP = 2 with virtual stages
+    (tests/test_topr_step.py::test_the_interleaved_pipeline_gives_the_reference_loss_metrics_and_gradients
+    runs the step so); the recipe chooses unbatched p2p for any interleaved layout, as Bridge's
+    CommOverlapConfig does, and refuses batched p2p at PP = 2."""
+    model = _run(tiny_hf, tmp_path, "model.num_layers=8", *overrides).container.model
+    assert (model.batch_p2p_comm, model.overlap_p2p_comm) == (batched, overlapped)
+
+
+def test_batched_p2p_at_pp2_with_virtual_stages_is_refused(tiny_hf, tmp_path):
+    with pytest.raises(ConfigError, match=r"^model.batch_p2p_comm=true with model.pipeline_model_parallel_size=2 "
+                                          r"and virtual pipeline stages: .*NVIDIA/Megatron-LM#750"):
+        _run(tiny_hf, tmp_path, "model.num_layers=8", "model.pipeline_model_parallel_size=2",
+             "model.virtual_pipeline_model_parallel_size=2", "model.batch_p2p_comm=true")
+
+
 @pytest.mark.parametrize("override, expected", [
     ("optimizer.lrr=0.1", "optimizer.lrr.*did you mean optimizer.lr"),
     ("optimiser.lr=0.1", "unknown config section 'optimiser'.*optimizer"),

@@ -128,6 +128,7 @@ def _launched_as_rank(monkeypatch, rank: int, of: int) -> None:
     for name, value in {"WORLD_SIZE": str(of), "RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
                         "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # a CPU test before may have hidden the GPUs
 
 
 def test_a_rank_past_the_gpus_stops_before_its_process_group(monkeypatch):

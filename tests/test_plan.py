@@ -125,6 +125,8 @@ GOOD_8B = Layout(nodes=1, gpus_per_node=8, tp=2, sequence_parallel=True, seq_len
     (LLAMA_8B, dict(gpus_per_node=6, tp=6, seq_length=2052), "query groups % TP"),
     (LLAMA_8B, dict(global_batch=10), "global batch % (micro batch·DP)"),
     (LLAMA_70B, dict(nodes=4, tp=8, pp=4, vp=5, global_batch=6), "micro-batches % PP (interleaved schedule)"),
+    (LLAMA_70B, dict(nodes=2, tp=8, pp=2, vp=5, global_batch=64, batched_p2p=True),
+     "unbatched p2p at PP = 2 with VP (Megatron)"),
     (LLAMA_8B, dict(gpus_per_node=8, cp=2, seq_length=2050), "sequence % 2·CP"),
     (LLAMA_8B, dict(seq_length=2049), "sequence % TP (sequence parallel)"),
     (LLAMA_8B, dict(fp8="hybrid", fp8_recipe="tensorwise", seq_length=2056), "FP8 GEMM dimensions % 16"),
@@ -202,6 +204,17 @@ def test_micro_batch_above_one_with_pipeline_parallel_is_rejected(capsys):
     assert not [f for f in check_layout(LLAMA_70B, local) if f.blocking]
     assert main(["llama31_70b_bf16", "--nodes", "4", "train.micro_batch_size=2"]) == 1
     assert "FAIL  micro batch = 1 with PP > 1 (TOPR step): micro batch 2, PP = 4" in capsys.readouterr().out
+
+
+def test_batched_p2p_at_pp2_with_virtual_stages_fails_the_plan(capsys):
+    """The rule `train` enforces (nemo_topr/training/config.py, choose_pipeline_p2p), from the
+    config: the 70B preset (VP=5) on two nodes at PP=2."""
+    pp2 = ["llama31_70b_bf16", "--nodes", "2", "model.pipeline_model_parallel_size=2"]
+    main([*pp2, "model.batch_p2p_comm=true"])
+    assert ("FAIL  unbatched p2p at PP = 2 with VP (Megatron): model.batch_p2p_comm=true: Megatron's batched sends "
+            "to the one neighbour arrive crossed (NVIDIA/Megatron-LM#750): leave it unset") in capsys.readouterr().out
+    main(pp2)
+    assert "ok    unbatched p2p at PP = 2 with VP (Megatron): overlapped, unbatched p2p" in capsys.readouterr().out
 
 
 def test_cli_reports_does_not_fit(capsys):

@@ -65,18 +65,22 @@ def _assert_tensors_close(actual: dict, expected: dict, what: str) -> dict[str, 
 
 
 # --------------------------------------------------------------------------------------------
-# TP=2 / PP=2 / DP=2 / SP vs TP=PP=DP=1 (torchrun, gloo)
+# TP=2 / PP=2 / DP=2 / SP / PP=2 x VP=2 vs TP=PP=DP=1 (torchrun, gloo)
 # --------------------------------------------------------------------------------------------
+
+
+def _save_reference(root, layers: int = 2):
+    """One TP=PP=DP=1 run of a `layers`-layer model: saves the weights and the behaviour
+    log-probs, then takes the step."""
+    run_distributed("topr_step_parallel.py", 1, "save", "1", "1", "1", "0", str(root / "ckpt"),
+                    str(root / "reference"), "1", str(layers))
+    return root
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """One TP=PP=DP=1 run, shared by every layout comparison: saves the weights and the
-    behaviour log-probs, then takes the step."""
-    root = tmp_path_factory.mktemp("topr_step")
-    run_distributed("topr_step_parallel.py", 1, "save", "1", "1", "1", "0", str(root / "ckpt"),
-                    str(root / "reference"))
-    return root
+    """The reference of every layout comparison but the interleaved pipeline's."""
+    return _save_reference(tmp_path_factory.mktemp("topr_step"))
 
 
 def _load_run(out_dir):
@@ -99,11 +103,29 @@ LAYOUTS = {  # name -> (TP, PP, DP, sequence parallel)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_parallel_layout_gives_the_reference_loss_metrics_and_gradients(reference, megatron_world, layout):
     tp, pp, dp, sp = LAYOUTS[layout]
-    out = reference / layout
     run_distributed("topr_step_parallel.py", tp * pp * dp, "load", str(tp), str(pp), str(dp), str(int(sp)),
-                    str(reference / "ckpt"), str(out))
-    ref, ref_grads = _load_run(reference / "reference")
-    got, grads = _load_run(out)
+                    str(reference / "ckpt"), str(reference / layout))
+    _check_layout_against_reference(reference, layout, (tp, pp, dp, sp, 1), layers=2)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_interleaved_pipeline_gives_the_reference_loss_metrics_and_gradients(tmp_path, megatron_world):
+    """PP=2 with VP=2 chunks per rank, the 70B preset's kind of layout (conf/llama31_70b_bf16.yaml:
+    PP=4, VP=5): Megatron's interleaved schedule, one data iterator per chunk as Bridge's loop
+    gives them. A 4-layer model, one layer per chunk, against its TP=PP=DP=1 step."""
+    _save_reference(tmp_path, layers=4)
+    run_distributed("topr_step_parallel.py", 2, "load", "1", "2", "1", "0", str(tmp_path / "ckpt"),
+                    str(tmp_path / "pp2_vp2"), "2", "4")
+    _check_layout_against_reference(tmp_path, "pp2_vp2", (1, 2, 1, False, 2), layers=4)
+
+
+def _check_layout_against_reference(root, layout: str, split: tuple, layers: int) -> None:
+    """The run in root/layout took the step of root/reference: same loss per micro-batch, metrics
+    and gradients, and the layout really was `split` (TP, PP, DP, SP, VP)."""
+    tp, pp, dp, sp, vp = split
+    ref, ref_grads = _load_run(root / "reference")
+    got, grads = _load_run(root / layout)
 
     # The reference batch is what the acceptance needs: packed, several micro-batches, and
     # negatives on both sides of the truncation (log rho > 0 -> weight 1, log rho < 0 -> rho).
@@ -111,12 +133,13 @@ def test_parallel_layout_gives_the_reference_loss_metrics_and_gradients(referenc
     truncated, negatives = ref["metrics"]["negative_truncated_share"].tolist()
     assert 0 < truncated < negatives
     # ... and the layout really is split.
-    assert (got["tp"], got["pp"], got["dp"], got["sp"]) == (tp, pp, dp, sp)
+    assert (got["tp"], got["pp"], got["dp"], got["sp"], got["vp"]) == split
     if tp == 2:
         assert got["output_rows"] == ref["output_rows"] // 2  # vocab-parallel output layer
         assert got["replica_grad_max_abs_diff"] == 0.0  # TP-replicated norm weights agree across ranks
     if pp == 2:
-        assert got["local_layers"] == ref["local_layers"] // 2  # the last stage holds half the layers
+        assert ref["local_layers"] == layers
+        assert got["local_layers"] == layers // 2  # the last stage holds half the layers (in its VP chunks)
     assert got["microbatches_per_dp_rank"] == len(MICROBATCH_LENGTHS) // dp  # each DP rank its half
 
     # Same log-probs before the step (the sequence-parallel forward against TP=1's).
@@ -133,10 +156,10 @@ def test_parallel_layout_gives_the_reference_loss_metrics_and_gradients(referenc
 
     # Same gradients of the global-batch loss, tensor by tensor in the global layout (layers
     # stacked on axis 0).
-    assert len(ref_grads) == 9  # embedding, 2 x (norm, QKV, proj, norm, fc1, fc2), final norm, output
+    assert len(ref_grads) == 9  # embedding, `layers` x (norm, QKV, proj, norm, fc1, fc2), final norm, output
     for name, grad in ref_grads.items():  # every layer of every stacked tensor gets a gradient
         parts = grad.unbind(0) if name.startswith("decoder.layers.") else [grad]
-        assert len(parts) in (1, 2) and all(part.abs().sum() > 0 for part in parts), name
+        assert len(parts) in (1, layers) and all(part.abs().sum() > 0 for part in parts), name
     measured = _assert_tensors_close(grads, ref_grads, f"{layout} gradients")
     print(f"{layout}: loss rel diff {abs(got['total_loss'] / ref['total_loss'] - 1):.2e}, "
           f"max grad rel diff {max(measured.values()):.2e}")
@@ -461,10 +484,11 @@ def test_sample_ledger_has_one_line_per_microbatch_with_virtual_pipeline(tmp_pat
     schedule = get_schedule_table(num_microbatches, num_chunks, microbatch_group_size_per_vp_stage=2)
     assert len(schedule) == num_microbatches * num_chunks
     for microbatch, chunk in schedule:
-        step._log_samples(state, batches[microbatch], chunks[chunk])
+        step._record_samples(state, batches[microbatch], chunks[chunk])
     lines = [json.loads(line) for line in (tmp_path / "samples_dp0.jsonl").read_text().splitlines()]
     assert lines == [{"iteration": 7, "sample_ids": [m]} for m in range(num_microbatches)]
-    step._log_samples(state, batches[0], types.SimpleNamespace(vp_stage=None))  # no virtual pipeline
+    assert step.iteration_sample_ids == list(range(num_microbatches))  # what a non-finite loss names
+    step._record_samples(state, batches[0], types.SimpleNamespace(vp_stage=None))  # no virtual pipeline
     assert len((tmp_path / "samples_dp0.jsonl").read_text().splitlines()) == num_microbatches + 1
 
 
@@ -473,7 +497,7 @@ def test_sample_ledger_has_one_line_per_microbatch_with_virtual_pipeline(tmp_pat
 def test_sample_ledger_under_a_real_interleaved_pipeline(tmp_path):
     """PP=2, VP=2 on gloo: Megatron's interleaved schedule with Bridge's per-chunk iterators runs
     every micro-batch through both chunks of each pipeline rank; the ledger still has one line
-    per micro-batch, in order."""
+    per micro-batch, in order, and the step remembers each sample once."""
     import json
 
     run_distributed("ledger_virtual_pipeline.py", 2, str(tmp_path))
@@ -483,6 +507,11 @@ def test_sample_ledger_under_a_real_interleaved_pipeline(tmp_path):
         assert [c["sample_ids"] for c in first_stage["calls"] if c["chunk"] == chunk] == expected
     lines = [json.loads(line) for line in (tmp_path / "samples_dp0.jsonl").read_text().splitlines()]
     assert lines == [{"iteration": 5, "sample_ids": ids} for ids in expected]
+    # what a non-finite loss names: each of the iteration's samples once, on every pipeline rank
+    # (every id twice, one per chunk, until 2026-11-30)
+    for rank in (0, 1):
+        calls = json.loads((tmp_path / f"calls_pp{rank}.json").read_text())
+        assert calls["remembered_sample_ids"] == [i for ids in expected for i in ids], rank
 
 
 # --------------------------------------------------------------------------------------------

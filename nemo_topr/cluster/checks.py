@@ -84,6 +84,17 @@ def check_interleaved_micro_batches(arch: Architecture, lay: Layout) -> Finding 
                    f"{m} {'>=' if m >= lay.pp else '<'} {lay.pp}")
 
 
+def check_interleaved_p2p(arch: Architecture, lay: Layout) -> Finding | None:
+    """Batched p2p crosses activations and gradients at PP = 2 with virtual stages, where the
+    previous and the next stage are one rank (nemo_topr/training/config.py, choose_pipeline_p2p)."""
+    if lay.pp != 2 or (lay.vp or 1) < 2:
+        return None
+    return Finding("unbatched p2p at PP = 2 with VP (Megatron)", not lay.batched_p2p,
+                   "model.batch_p2p_comm=true: Megatron's batched sends to the one neighbour arrive crossed "
+                   "(NVIDIA/Megatron-LM#750): leave it unset" if lay.batched_p2p else
+                   "overlapped, unbatched p2p (the recipe's choice)")
+
+
 def check_context_parallel_sequence(arch: Architecture, lay: Layout) -> Finding | None:
     if lay.cp == 1:
         return None
@@ -172,7 +183,7 @@ def check_topr_pipeline_micro_batch(arch: Architecture, lay: Layout) -> Finding 
 
 CHECKS: tuple[Callable[[Architecture, Layout], Finding | None], ...] = (
     check_world_size, check_layers_per_stage, check_attention_heads, check_query_groups, check_vocab,
-    check_global_batch, check_interleaved_micro_batches, check_context_parallel_sequence,
+    check_global_batch, check_interleaved_micro_batches, check_interleaved_p2p, check_context_parallel_sequence,
     check_sequence_parallel_sequence, check_sequence_parallel_needs_tp, check_fp8_shapes,
     check_fp8_recipe, check_topr_context_parallel, check_topr_pipeline_micro_batch,
 )

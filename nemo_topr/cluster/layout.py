@@ -34,6 +34,7 @@ class Layout:
     first_last_layers_bf16: bool = False
     bf16_layers_at_start: int = 1
     bf16_layers_at_end: int = 1
+    batched_p2p: bool = False  # model.batch_p2p_comm=true set; the recipe's own choice for interleaving is false
 
     @property
     def world_size(self) -> int:
@@ -121,4 +122,5 @@ def layout_from_config(cfg: dict[str, Any], nodes: int, gpus_per_node: int) -> L
         first_last_layers_bf16=bool(model.get("first_last_layers_bf16")),
         bf16_layers_at_start=get(model, "num_layers_at_start_in_bf16", defaults.bf16_layers_at_start),
         bf16_layers_at_end=get(model, "num_layers_at_end_in_bf16", defaults.bf16_layers_at_end),
+        batched_p2p=bool(model.get("batch_p2p_comm")),
     )

@@ -371,6 +371,30 @@ def _check_packed_stream_pipeline(container: Any) -> None:
                           "row already holds many sequences; raise train.global_batch_size for more per step)")
 
 
+def choose_pipeline_p2p(model: Any, set_by_config: set[str]) -> None:
+    """The interleaved schedule's point-to-point mode (PP > 1 with virtual pipeline stages).
+
+    Megatron's batched p2p (`batch_p2p_comm`, its config default) posts a stage's send to the
+    previous and to the next stage in one batch. At PP = 2 both are the same rank, whose receives
+    take them crossed: activations as gradients and back, of equal shapes, without an error
+    (NVIDIA/Megatron-LM#750, #1450). A PP=2 x VP=2 step so gave other losses than
+    one rank's (tests/test_topr_step.py). Megatron-LM's default for interleaving, and Bridge's
+    CommOverlapConfig for VP > 1, is unbatched, overlapped p2p; so is the recipe's, unless the
+    config sets a key itself (`set_by_config`: the model section's keys), and batched p2p at PP = 2
+    is refused."""
+    if model.pipeline_model_parallel_size == 1 or (model.virtual_pipeline_model_parallel_size or 1) < 2:
+        return
+    if "batch_p2p_comm" not in set_by_config:
+        model.batch_p2p_comm = False
+    if "overlap_p2p_comm" not in set_by_config:
+        model.overlap_p2p_comm = not model.batch_p2p_comm
+    if model.pipeline_model_parallel_size == 2 and model.batch_p2p_comm:
+        raise ConfigError("model.batch_p2p_comm=true with model.pipeline_model_parallel_size=2 and virtual pipeline "
+                          "stages: Megatron's batched p2p crosses activations and gradients when the previous and "
+                          "the next stage are one rank (NVIDIA/Megatron-LM#750), so losses and gradients would be "
+                          "silently wrong; leave model.batch_p2p_comm unset (the recipe uses overlapped p2p)")
+
+
 def _check_distributed_optimizer(container: Any, device: str) -> None:
     """Megatron's distributed optimizer on the machine that trains: it needs CUDA tensors
     (megatron/core/optimizer/distrib_optimizer.py:470-480), and to resume, TE's or Apex's FusedAdam
@@ -520,6 +544,7 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
         raise ConfigError(f"dataset.seq_length ({container.dataset.seq_length}) must equal model.seq_length "
                           f"({container.model.seq_length})")
     _check_packed_stream_pipeline(container)
+    choose_pipeline_p2p(container.model, set(values.get("model") or {}))
     _check_shared_prefix(container)
     if values["device"] == "cpu" or torch.cuda.is_available():  # this machine trains; a login node may not
         _check_distributed_optimizer(container, values["device"])

@@ -352,6 +352,16 @@ def forward_packed(model: torch.nn.Module, batch: dict[str, torch.Tensor], confi
                  packed_seq_params=packed_seq_params(batch))
 
 
+def is_first_model_chunk(model: torch.nn.Module) -> bool:
+    """Whether `model` is its rank's first virtual-pipeline chunk, or the only model. With virtual
+    pipelining Megatron's interleaved schedule calls the forward step once per model chunk for the
+    same micro-batch (core/pipeline_parallel/schedules.py:1366-1369, forward_step(forward_step_func,
+    data_iterator[model_chunk_id], model[model_chunk_id])): the first chunk's call stands for it."""
+    from megatron.bridge.training.utils.flop_utils import get_model_chunk_vp_stage
+
+    return get_model_chunk_vp_stage(model) in (None, 0)
+
+
 class ToprForwardStep:
     """Bridge forward-step functor: ``step(state, data_iterator, model)``.
 
@@ -381,8 +391,7 @@ class ToprForwardStep:
                                       "use tensor/pipeline/data parallelism")
         host_batch = next(data_iterator)
         summary = check_batch(host_batch, self.objective)
-        self._remember_samples(state, host_batch)
-        self._log_samples(state, host_batch, model)
+        self._record_samples(state, host_batch, model)
         batch = to_device(with_thd_boundaries(host_batch, config))
         output = forward_packed(model, batch, config)
 
@@ -390,6 +399,13 @@ class ToprForwardStep:
             return topr_loss(per_token_ce.reshape(batch["loss_mask"].shape), batch, self.objective, summary)
 
         return output, loss_func
+
+    def _record_samples(self, state: Any, batch: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
+        """Remember and log the micro-batch's samples, once: the interleaved schedule gives every
+        model chunk each micro-batch."""
+        if is_first_model_chunk(model):
+            self._remember_samples(state, batch)
+            self._log_samples(state, batch)
 
     def _remember_samples(self, state: Any, batch: dict[str, torch.Tensor]) -> None:
         # state is None when the step runs outside Bridge's loop (forward-only checks, tests):
@@ -399,18 +415,12 @@ class ToprForwardStep:
             self.iteration_sample_ids, self._ids_iteration = [], iteration
         self.iteration_sample_ids += batch["sample_ids"].tolist()
 
-    def _log_samples(self, state: Any, batch: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
+    def _log_samples(self, state: Any, batch: dict[str, torch.Tensor]) -> None:
         if self.sample_log_dir is None:
             return
-        from megatron.bridge.training.utils.flop_utils import get_model_chunk_vp_stage
         from megatron.core import parallel_state
 
-        # With virtual pipelining Megatron's interleaved schedule calls this step once per model
-        # chunk for the same micro-batch (core/pipeline_parallel/schedules.py:1366-1369,
-        # forward_step(forward_step_func, data_iterator[model_chunk_id], model[model_chunk_id]));
-        # only the first chunk logs it.
-        if (parallel_state.get_tensor_model_parallel_rank() or parallel_state.get_pipeline_model_parallel_rank()
-                or get_model_chunk_vp_stage(model) not in (None, 0)):
+        if parallel_state.get_tensor_model_parallel_rank() or parallel_state.get_pipeline_model_parallel_rank():
             return
         ledger = self.sample_log_dir / f"samples_dp{parallel_state.get_data_parallel_rank()}.jsonl"
         with ledger.open("a") as log:

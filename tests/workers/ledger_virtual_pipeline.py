@@ -7,7 +7,8 @@ Megatron's interleaved schedule (`get_forward_backward_func`), one data iterator
 over the same micro-batches (Bridge's `make_data_iterator_list`, bridge/training/train.py:896-901),
 and `ToprForwardStep` with a sample ledger in OUT_DIR. Every call of the step is also recorded
 (pipeline rank, chunk, sample ids) in OUT_DIR/calls_pp{rank}.json, so the test can see that each
-chunk really took every micro-batch.
+chunk really took every micro-batch, with the sample ids the step remembered for the iteration
+(what a non-finite loss names).
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def main(out_dir: str) -> None:
     if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
         assert len(losses) == len(batches) and all(math.isfinite(d["topr_loss"][0].item()) for d in losses)
     with open(os.path.join(out_dir, f"calls_pp{pp_rank}.json"), "w") as out:
-        json.dump({"calls": calls, "expected_sample_ids": [b["sample_ids"].tolist() for b in batches]}, out)
+        json.dump({"calls": calls, "expected_sample_ids": [b["sample_ids"].tolist() for b in batches],
+                   "remembered_sample_ids": step.iteration_sample_ids}, out)
     torch.distributed.barrier()
     destroy_model_parallel()
 

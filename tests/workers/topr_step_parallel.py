@@ -1,8 +1,11 @@
 """One TOPR training step (forward + backward, no optimizer) of a tiny Llama at a given layout.
 
-    torchrun --nproc_per_node=TP*PP*DP topr_step_parallel.py MODE TP PP DP SP CKPT_DIR OUT_DIR
+    torchrun --nproc_per_node=TP*PP*DP topr_step_parallel.py MODE TP PP DP SP CKPT_DIR OUT_DIR [VP LAYERS]
 
 SP: 1 turns on sequence parallelism (needs TP > 1; the CPU runtime emulates its collectives).
+VP: model chunks per pipeline rank (default 1; VP > 1 runs Megatron's interleaved schedule with
+one data iterator per chunk, as Bridge's training loop does); LAYERS: the model's (default 2;
+PP x VP must divide it).
 
 MODE=save (TP=PP=DP=1 only) initialises the model, saves it as a Megatron distributed checkpoint in
 CKPT_DIR/weights and fixes the behaviour log-probs of the batch in CKPT_DIR/behavior.pt: the
@@ -12,7 +15,7 @@ MODE=load loads both, resharded by Megatron to the TP/PP layout (fused QKV and S
 handled by Megatron's sharded state dict, which naive chunking would not).
 
 Both modes then run Megatron's own schedule (`get_forward_backward_func`: no pipelining for
-PP=1, 1F1B over gloo p2p for PP=2) over the global batch of packed micro-batches with the
+PP=1, 1F1B over gloo p2p for PP=2, interleaved with VP > 1) over the global batch of packed micro-batches with the
 project's `ToprForwardStep`, as Bridge's ``finetune()`` runs a step: the model wrapped in
 Megatron's DistributedDataParallel (no overlap, average_in_collective=False, as
 nemo_topr/training/config.py sets it), ``calculate_per_token_loss=True`` and
@@ -119,18 +122,29 @@ def check_emulated_collectives(tp_group) -> None:  # noqa: ANN001
     assert torch.equal(scattered, expected)
 
 
-def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir: str) -> None:
+def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir: str, vp: int = 1,
+         layers: int = 2) -> None:
     from nemo_topr import cpu_runtime
     from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
 
     cpu_runtime.enable_cpu_runtime()
-    initialize_model_parallel(tensor_parallel=tp, pipeline_parallel=pp)
+    if vp > 1:  # the schedule is chosen from parallel_state's virtual pipeline size, as Bridge initialises it
+        from megatron.core import parallel_state
+
+        torch.distributed.init_process_group("gloo")
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                                 virtual_pipeline_model_parallel_size=vp,
+                                                 create_gloo_process_groups=True)
+    else:
+        initialize_model_parallel(tensor_parallel=tp, pipeline_parallel=pp)
+    from megatron.bridge.data.iterator_utils import make_data_iterator_list
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from nemo_topr.model import tiny_llama_provider
     from nemo_topr.objective import ObjectiveConfig
+    from nemo_topr.training.config import choose_pipeline_p2p
     from nemo_topr.training.step import ToprForwardStep
 
     assert torch.distributed.get_world_size() == tp * pp * dp
@@ -139,9 +153,11 @@ def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir:
     if sp:
         check_emulated_collectives(tp_group)
     torch.manual_seed(1234)
-    provider = tiny_llama_provider(vocab_size=VOCAB, seq_length=SEQ_LENGTH)
+    provider = tiny_llama_provider(vocab_size=VOCAB, seq_length=SEQ_LENGTH, num_layers=layers)
     provider.tensor_model_parallel_size = tp
     provider.pipeline_model_parallel_size = pp
+    provider.virtual_pipeline_model_parallel_size = vp if vp > 1 else None
+    choose_pipeline_p2p(provider, set())  # the p2p mode `nemo-topr train` gives this layout
     provider.sequence_parallel = sp
     provider.pipeline_dtype = torch.float32
     # before wrapping, as the recipe sets it (nemo_topr/training/config.py): DDP reads it to
@@ -153,18 +169,23 @@ def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir:
                                                use_distributed_optimizer=False, average_in_collective=False)
     chunks = provider.provide_distributed_model(ddp_config=ddp_config, wrap_with_ddp=True,
                                                 use_cpu_initialization=True)
-    assert len(chunks) == 1, "no virtual pipeline stages here"
-    model = chunks[0].module
+    assert len(chunks) == vp
+    modules = [chunk.module for chunk in chunks]
+    model = modules[-1]  # the one with the output layer on the last pipeline stage
     config = model.config
     config.finalize_model_grads_func = finalize_model_grads  # as Bridge's setup does
     assert config.sequence_parallel == sp
+    # every chunk's tensors under its own key (as Megatron-LM's checkpoints hold model0, model1, ...);
+    # the tensors inside carry their global names and layer offsets
+    def sharded_state_dict():
+        return {f"model{k}": module.sharded_state_dict() for k, module in enumerate(modules)}
 
     weights_dir = os.path.join(ckpt_dir, "weights")
     behavior_file = os.path.join(ckpt_dir, "behavior.pt")
     if mode == "save":
         assert tp == pp == dp == 1, "the reference weights come from the TP=PP=DP=1 run"
         os.makedirs(weights_dir, exist_ok=True)
-        dist_checkpointing.save(model.sharded_state_dict(), weights_dir)
+        dist_checkpointing.save(sharded_state_dict(), weights_dir)
         behavior = {}
         for batch in build_microbatches():
             scores = sequence_logprobs(model, batch)
@@ -172,7 +193,9 @@ def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir:
                 behavior[sample_id] = score + OFFSETS[sample_id % len(OFFSETS)]
         torch.save(behavior, behavior_file)
     else:
-        model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), weights_dir))
+        loaded = dist_checkpointing.load(sharded_state_dict(), weights_dir)
+        for k, module in enumerate(modules):
+            module.load_state_dict(loaded[f"model{k}"])
         behavior = torch.load(behavior_file)
     global_batch = build_microbatches(behavior)
     # log pi of every sequence before the step, through the project's step code (all layouts)
@@ -181,11 +204,13 @@ def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir:
     dp_rank = parallel_state.get_data_parallel_rank()
     mine = list(range(dp_rank, len(global_batch), dp))
     batches = [global_batch[m] for m in mine]
-    chunks[0].zero_grad_buffer()
+    for chunk in chunks:
+        chunk.zero_grad_buffer()
     step = ToprForwardStep(ObjectiveConfig())  # sample_log_dir=None: the step never reads `state`
     losses = get_forward_backward_func()(
         forward_step_func=functools.partial(step, None),
-        data_iterator=iter(batches),
+        # one iterator over the same micro-batches per chunk (bridge/training/train.py)
+        data_iterator=make_data_iterator_list(model=chunks, data_iterator=iter(batches)),
         model=chunks,
         num_microbatches=len(batches),
         seq_length=SEQ_LENGTH,
@@ -196,7 +221,7 @@ def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir:
     # Parameters replicated over TP ranks (norm weights) must end with identical gradients on
     # every rank: computed redundantly without SP, summed over TP by finalize_model_grads with SP.
     replica_diff = torch.zeros(())
-    for name, param in model.named_parameters():
+    for name, param in (item for module in modules for item in module.named_parameters()):
         assert param.main_grad.abs().sum() > 0, f"{name} got no gradient"
         if tp > 1 and not getattr(param, "tensor_model_parallel", False):
             assert getattr(param, "sequence_parallel", False) == sp, name
@@ -206,11 +231,11 @@ def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir:
     torch.distributed.all_reduce(replica_diff, op=torch.distributed.ReduceOp.MAX)
 
     with torch.no_grad():
-        for param in model.parameters():
+        for param in (param for module in modules for param in module.parameters()):
             param.copy_(param.main_grad)
     grads_dir = os.path.join(out_dir, "grads")
     os.makedirs(grads_dir, exist_ok=True)
-    dist_checkpointing.save(model.sharded_state_dict(), grads_dir)
+    dist_checkpointing.save(sharded_state_dict(), grads_dir)
 
     if parallel_state.is_pipeline_last_stage():
         assert len(losses) == len(batches)
@@ -227,13 +252,13 @@ def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir:
             torch.distributed.all_reduce(pair, group=dp_group)
         if parallel_state.get_tensor_model_parallel_rank() == 0 and dp_rank == 0:
             torch.save({
-                "tp": tp, "pp": pp, "dp": dp, "sp": sp,
+                "tp": tp, "pp": pp, "dp": dp, "sp": sp, "vp": vp,
                 "loss_pairs": pairs,
                 "total_loss": (pairs[:, 0].sum() / pairs[:, 1].sum()).item(),
                 "metrics": metrics,
                 "logprobs": logprobs,
                 "output_rows": model.output_layer.weight.shape[0],
-                "local_layers": len(model.decoder.layers),
+                "local_layers": sum(len(module.decoder.layers) for module in modules),
                 "replica_grad_max_abs_diff": replica_diff.item(),
                 "microbatches_per_dp_rank": len(batches),
                 "num_sequences": sum(len(b["rewards"]) for b in global_batch),
@@ -245,4 +270,4 @@ def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1", sys.argv[6],
-         sys.argv[7])
+         sys.argv[7], *map(int, sys.argv[8:10]))
