@@ -95,6 +95,7 @@ LAYOUTS = {  # name -> (TP, PP, DP, sequence parallel)
     "dp2": (1, 1, 2, False),
     "tp2_sp": (2, 1, 1, True),
     "dp2_tp2_sp": (2, 1, 2, True),
+    "tp2_pp2_sp": (2, 2, 1, True),  # the presets' kind of layout (70B: TP=8 x PP=4 with SP)
 }
 
 
