@@ -815,6 +815,10 @@ MUTANTS = (
            "    return get_model_chunk_vp_stage(model) in (None, 0)", "    return True",
            ("tests/test_topr_step.py::test_sample_ledger_under_a_real_interleaved_pipeline",),
            "with virtual pipelining every micro-batch is logged and named once per model chunk"),
+    Mutant("scoring_keeps_the_presets_virtual_stages", "nemo_topr/training/scoring.py",
+           "    provider.virtual_pipeline_model_parallel_size = None\n", "",
+           ("tests/test_gpu_path.py::test_scoring_takes_the_training_presets_model_section",),
+           "score-logprobs --train-config llama31_70b_bf16 builds 5 chunks per rank for a non-interleaved schedule"),
     # the harness itself
     Mutant("workers_import_another_checkout", "tests/conftest.py",
            'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',

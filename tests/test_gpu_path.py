@@ -326,6 +326,9 @@ def test_scoring_takes_the_training_presets_model_section(megatron_world, tmp_pa
     assert (provider.fp8, provider.fp8_recipe, provider.first_last_layers_bf16) == ("hybrid", "tensorwise", True)
     assert (provider.tensor_model_parallel_size, provider.sequence_parallel, provider.bf16) == (2, True, True)
     assert provider.params_dtype == torch.bfloat16 and provider.seq_length == 512  # the scoring command's
+    # the 70B preset's pipeline without its virtual stages, which scoring's world does not make
+    apply_training_model_section(provider, "llama31_70b_bf16")
+    assert (provider.pipeline_model_parallel_size, provider.virtual_pipeline_model_parallel_size) == (4, None)
     typo = tmp_path / "typo.yaml"
     typo.write_text("model:\n  fp8_recipee: tensorwise\n")
     with pytest.raises(ConfigError, match="model.fp8_recipee"):

@@ -99,6 +99,10 @@ def apply_training_model_section(provider, train_config: str) -> dict:
     the section."""
     section = training_model_section(train_config)
     apply_section(provider, section)
+    # Virtual pipeline stages (the 70B preset's VP=5) only assign layers to chunks: scoring's world
+    # has none (`initialize_model_parallel`), so their chunks would meet the non-interleaved
+    # schedule, which takes one model per rank (tried on CPU: 2 chunks built, 1F1B chosen).
+    provider.virtual_pipeline_model_parallel_size = None
     return section
 
 
