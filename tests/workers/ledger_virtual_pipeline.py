@@ -21,7 +21,8 @@ import types
 
 import torch
 
-from topr_step_parallel import MICROBATCH_LENGTHS, PAD_ID, ROWS_PER_MICROBATCH, SEQ_LENGTH, VOCAB, build_sequences
+from topr_step_parallel import (MICROBATCH_LENGTHS, PAD_ID, ROWS_PER_MICROBATCH, SEQ_LENGTH, VOCAB, build_sequences,
+                                initialize_world)
 
 
 def main(out_dir: str) -> None:
@@ -29,14 +30,10 @@ def main(out_dir: str) -> None:
     from nemo_topr.distributed import destroy_model_parallel
 
     cpu_runtime.enable_cpu_runtime()
-    torch.distributed.init_process_group("gloo")
-    from megatron.core import parallel_state
-
-    # the schedule is chosen from parallel_state's virtual pipeline size (as Bridge initialises it)
-    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2,
-                                             create_gloo_process_groups=True)
+    initialize_world(tp=1, pp=2, vp=2)
     from megatron.bridge.data.iterator_utils import make_data_iterator_list
     from megatron.bridge.training.utils.flop_utils import get_model_chunk_vp_stage
+    from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from nemo_topr.data.packing import collate_packed, pack_sequences

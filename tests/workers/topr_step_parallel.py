@@ -122,21 +122,29 @@ def check_emulated_collectives(tp_group) -> None:  # noqa: ANN001
     assert torch.equal(scattered, expected)
 
 
+def initialize_world(tp: int, pp: int, vp: int = 1) -> None:
+    """The process groups of this torchrun world: the project's (`initialize_model_parallel`, as
+    scoring makes them), or with VP > 1 parallel_state's own with that virtual pipeline size, from
+    which Megatron chooses the interleaved schedule (as Bridge initialises it)."""
+    from nemo_topr.distributed import initialize_model_parallel
+
+    if vp == 1:
+        initialize_model_parallel(tensor_parallel=tp, pipeline_parallel=pp)
+        return
+    from megatron.core import parallel_state
+
+    torch.distributed.init_process_group("gloo")
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             virtual_pipeline_model_parallel_size=vp, create_gloo_process_groups=True)
+
+
 def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir: str, vp: int = 1,
          layers: int = 2) -> None:
     from nemo_topr import cpu_runtime
-    from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
+    from nemo_topr.distributed import destroy_model_parallel
 
     cpu_runtime.enable_cpu_runtime()
-    if vp > 1:  # the schedule is chosen from parallel_state's virtual pipeline size, as Bridge initialises it
-        from megatron.core import parallel_state
-
-        torch.distributed.init_process_group("gloo")
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                                 virtual_pipeline_model_parallel_size=vp,
-                                                 create_gloo_process_groups=True)
-    else:
-        initialize_model_parallel(tensor_parallel=tp, pipeline_parallel=pp)
+    initialize_world(tp, pp, vp)
     from megatron.bridge.data.iterator_utils import make_data_iterator_list
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
