@@ -63,6 +63,22 @@ def test_batched_p2p_at_pp2_with_virtual_stages_is_refused(tiny_hf, tmp_path):
              "model.virtual_pipeline_model_parallel_size=2", "model.batch_p2p_comm=true")
 
 
+@pytest.mark.parametrize("overrides, expected", [
+    (["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=1"],
+     r"^model.virtual_pipeline_model_parallel_size=1: one chunk per pipeline stage is no interleaving, .*unset"),
+    (["model.virtual_pipeline_model_parallel_size=2"],
+     r"^model.virtual_pipeline_model_parallel_size=2 with model.pipeline_model_parallel_size=1: .*2 or more"),
+])
+def test_virtual_stages_need_two_chunks_and_a_pipeline(tiny_hf, tmp_path, overrides, expected):
+    """Through `finetune()` on CPU these failed after the data was prepared: VP=1 at PP=2 in
+    Megatron's interleaved schedule at the first step (AssertionError: a data iterator per model
+    chunk), VP=2 at PP=1 in its set-up (RuntimeError: pipeline-model-parallel size should be
+    greater than 1); `train` refuses both before."""
+    with pytest.raises(ConfigError, match=expected):
+        _run(tiny_hf, tmp_path, *overrides)
+    assert not list(tmp_path.iterdir())  # nothing of the run was written
+
+
 @pytest.mark.parametrize("override, expected", [
     ("optimizer.lrr=0.1", "optimizer.lrr.*did you mean optimizer.lr"),
     ("optimiser.lr=0.1", "unknown config section 'optimiser'.*optimizer"),

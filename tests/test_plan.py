@@ -121,6 +121,8 @@ GOOD_8B = Layout(nodes=1, gpus_per_node=8, tp=2, sequence_parallel=True, seq_len
     (LLAMA_8B, dict(tp=3), "world size = TP·PP·CP·DP"),
     (LLAMA_8B, dict(gpus_per_node=6, tp=2, pp=3), "layers % PP"),
     (LLAMA_70B, dict(nodes=4, tp=8, pp=4, vp=3), "layers % (PP·VP)"),
+    (LLAMA_70B, dict(nodes=4, tp=8, pp=4, vp=1), "VP >= 2 with PP > 1"),
+    (LLAMA_8B, dict(vp=2), "VP >= 2 with PP > 1"),
     (LLAMA_8B, dict(gpus_per_node=6, tp=6, seq_length=2052), "attention heads % TP"),
     (LLAMA_8B, dict(gpus_per_node=6, tp=6, seq_length=2052), "query groups % TP"),
     (LLAMA_8B, dict(global_batch=10), "global batch % (micro batch·DP)"),
@@ -215,6 +217,20 @@ def test_batched_p2p_at_pp2_with_virtual_stages_fails_the_plan(capsys):
             "to the one neighbour arrive crossed (NVIDIA/Megatron-LM#750): leave it unset") in capsys.readouterr().out
     main(pp2)
     assert "ok    unbatched p2p at PP = 2 with VP (Megatron): overlapped, unbatched p2p" in capsys.readouterr().out
+
+
+def test_one_virtual_stage_or_virtual_stages_without_a_pipeline_fail_the_plan(capsys):
+    """VP = 1 runs Megatron's interleaved schedule, which fails at the first step; VP at PP = 1
+    fails in Megatron's set-up (both met through `finetune()` on CPU, 2026-11-30)."""
+    seventy_b = ["llama31_70b_bf16", "--nodes", "4"]
+    assert main([*seventy_b, "model.virtual_pipeline_model_parallel_size=1"]) == 1
+    assert ("FAIL  VP >= 2 with PP > 1: VP = 1: one chunk per stage; Megatron's interleaved schedule fails at the "
+            "first step: leave VP unset") in capsys.readouterr().out
+    assert main(["llama31_8b_bf16", "model.virtual_pipeline_model_parallel_size=2"]) == 1
+    assert ("FAIL  VP >= 2 with PP > 1: VP = 2 at PP = 1: Megatron refuses virtual stages without a pipeline"
+            in capsys.readouterr().out)
+    assert main(seventy_b) == 0
+    assert "ok    VP >= 2 with PP > 1: VP = 5 chunks per stage of PP = 4" in capsys.readouterr().out
 
 
 def test_cli_reports_does_not_fit(capsys):

@@ -45,6 +45,18 @@ def check_world_size(arch: Architecture, lay: Layout) -> Finding:
                    f"{lay.tp}·{lay.pp}·{lay.cp} = {mp}, so DP = {world}/{mp} = {dp}")
 
 
+def check_virtual_pipeline(arch: Architecture, lay: Layout) -> Finding | None:
+    """Virtual stages: 2 or more, with PP > 1 (nemo_topr/training/config.py, check_virtual_pipeline)."""
+    if lay.vp is None:
+        return None
+    passed = lay.vp >= 2 and lay.pp > 1
+    detail = (f"VP = {lay.vp} chunks per stage of PP = {lay.pp}" if passed else
+              f"VP = {lay.vp}: one chunk per stage; Megatron's interleaved schedule fails at the first step: "
+              "leave VP unset" if lay.vp < 2 else
+              f"VP = {lay.vp} at PP = 1: Megatron refuses virtual stages without a pipeline")
+    return Finding("VP >= 2 with PP > 1", passed, detail)
+
+
 def check_layers_per_stage(arch: Architecture, lay: Layout) -> Finding:
     if lay.vp:
         return _divisible("layers % (PP·VP)", arch.num_layers, lay.pp * lay.vp,
@@ -182,10 +194,10 @@ def check_topr_pipeline_micro_batch(arch: Architecture, lay: Layout) -> Finding 
 
 
 CHECKS: tuple[Callable[[Architecture, Layout], Finding | None], ...] = (
-    check_world_size, check_layers_per_stage, check_attention_heads, check_query_groups, check_vocab,
-    check_global_batch, check_interleaved_micro_batches, check_interleaved_p2p, check_context_parallel_sequence,
-    check_sequence_parallel_sequence, check_sequence_parallel_needs_tp, check_fp8_shapes,
-    check_fp8_recipe, check_topr_context_parallel, check_topr_pipeline_micro_batch,
+    check_world_size, check_virtual_pipeline, check_layers_per_stage, check_attention_heads, check_query_groups,
+    check_vocab, check_global_batch, check_interleaved_micro_batches, check_interleaved_p2p,
+    check_context_parallel_sequence, check_sequence_parallel_sequence, check_sequence_parallel_needs_tp,
+    check_fp8_shapes, check_fp8_recipe, check_topr_context_parallel, check_topr_pipeline_micro_batch,
 )
 
 

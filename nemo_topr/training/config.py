@@ -371,6 +371,25 @@ def _check_packed_stream_pipeline(container: Any) -> None:
                           "row already holds many sequences; raise train.global_batch_size for more per step)")
 
 
+def check_virtual_pipeline(model: Any) -> None:
+    """Virtual stages split a pipeline stage into chunks: 2 or more, and only with PP > 1. Megatron
+    takes VP = 1 for its interleaved schedule, which then asserts at the first step that each model
+    chunk has a data iterator (Bridge hands a one-chunk model its iterator bare:
+    megatron/bridge/data/iterator_utils.py); VP at PP = 1 stops when the parallel groups are set up
+    (megatron/core/parallel_state.py). Both after the data is prepared; refused here before it."""
+    vp, pp = model.virtual_pipeline_model_parallel_size, model.pipeline_model_parallel_size
+    if vp is None:
+        return
+    if vp < 2:
+        raise ConfigError(f"model.virtual_pipeline_model_parallel_size={vp}: one chunk per pipeline stage is no "
+                          "interleaving, yet Megatron would run its interleaved schedule and fail at the first step; "
+                          "leave it unset (null) or use 2 or more")
+    if pp == 1:
+        raise ConfigError(f"model.virtual_pipeline_model_parallel_size={vp} with model.pipeline_model_parallel_size=1: "
+                          "virtual stages interleave pipeline stages, and Megatron refuses them without a pipeline; "
+                          "set model.pipeline_model_parallel_size to 2 or more, or leave VP unset (null)")
+
+
 def choose_pipeline_p2p(model: Any, set_by_config: set[str]) -> None:
     """The interleaved schedule's point-to-point mode (PP > 1 with virtual pipeline stages).
 
@@ -544,6 +563,7 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
         raise ConfigError(f"dataset.seq_length ({container.dataset.seq_length}) must equal model.seq_length "
                           f"({container.model.seq_length})")
     _check_packed_stream_pipeline(container)
+    check_virtual_pipeline(container.model)
     choose_pipeline_p2p(container.model, set(values.get("model") or {}))
     _check_shared_prefix(container)
     if values["device"] == "cpu" or torch.cuda.is_available():  # this machine trains; a login node may not
