@@ -79,6 +79,16 @@ def test_virtual_stages_need_two_chunks_and_a_pipeline(tiny_hf, tmp_path, overri
     assert not list(tmp_path.iterdir())  # nothing of the run was written
 
 
+def test_a_cpu_run_whose_attention_cannot_fit_in_memory_is_refused(tiny_hf, tmp_path):
+    """Before, the first forward ended in the CPU allocator's traceback, after the data was prepared
+    and the run directory written (`DefaultCPUAllocator: can't allocate memory: you tried to
+    allocate 10000000000000000 bytes`, the [L, L] mask alone)."""
+    with pytest.raises(ConfigError, match=r"^model.seq_length=100000000 with train.micro_batch_size=2 on the CPU: one "
+                                          r"layer's attention takes at least 600,266.50 TiB per rank"):
+        _run(tiny_hf, tmp_path, "model.seq_length=100000000")
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("override, expected", [
     ("optimizer.lrr=0.1", "optimizer.lrr.*did you mean optimizer.lr"),
     ("optimiser.lr=0.1", "unknown config section 'optimiser'.*optimizer"),

@@ -39,6 +39,7 @@ from nemo_topr.model_settings import (CUDNN_922_FIX, device_model_settings, fuse
 from nemo_topr.model_source import ModelSource
 from nemo_topr.objective import ObjectiveConfig
 from nemo_topr.training.checkpoints import latest_iteration
+from nemo_topr.training.host_memory import available_bytes, check_cpu_attention
 
 CONF_DIR = Path(os.environ.get("NEMO_TOPR_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
 OUR_KEYS = ("base_model", "resume_from_base", "run_dir", "objective", "device")
@@ -566,6 +567,8 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     check_virtual_pipeline(container.model)
     choose_pipeline_p2p(container.model, set(values.get("model") or {}))
     _check_shared_prefix(container)
+    if values["device"] == "cpu":
+        check_cpu_attention(container.model, container.train.micro_batch_size, available_bytes())
     if values["device"] == "cpu" or torch.cuda.is_available():  # this machine trains; a login node may not
         _check_distributed_optimizer(container, values["device"])
         check_fp8(container.model, values["device"])

@@ -89,5 +89,7 @@ def _complete_iterations(checkpoint_root: Path) -> list[int]:
 
 
 def size_text(size: int) -> str:
-    """A size in MiB, or GiB from 1 GiB on."""
+    """A size in MiB, GiB from 1 GiB on, TiB from 1 TiB on."""
+    if size >= 2**40:
+        return f"{size / 2**40:,.2f} TiB"
     return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
