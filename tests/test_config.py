@@ -89,6 +89,18 @@ def test_a_cpu_run_whose_attention_cannot_fit_in_memory_is_refused(tiny_hf, tmp_
     assert not list(tmp_path.iterdir())
 
 
+def test_cpu_scoring_whose_attention_cannot_fit_in_memory_is_refused(tiny_hf, tmp_path):
+    """score-logprobs holds the same attention per row of a batch: 4 rows x 100,000² x 33 B =
+    1.20 TiB, refused before the model is built."""
+    from nemo_topr.training.scoring import score_logprobs
+
+    data = _graded_data(tmp_path / "graded.jsonl", records=2)
+    with pytest.raises(ConfigError, match=r"^--seq-length 100000 with --rows-per-batch 4 on the CPU: one layer's "
+                                          r"attention takes at least 1.20 TiB per rank .* or use a GPU$"):
+        score_logprobs(tiny_hf, data, tmp_path / "out.jsonl", seq_length=100_000, rows_per_batch=4, device="cpu")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 @pytest.mark.parametrize("override, expected", [
     ("optimizer.lrr=0.1", "optimizer.lrr.*did you mean optimizer.lr"),
     ("optimiser.lr=0.1", "unknown config section 'optimiser'.*optimizer"),

@@ -6,7 +6,7 @@ of that size (megatron/core/transformer/dot_product_attention.py); the TOPR step
 adds [MBS, L, L] booleans (`nemo_topr.training.step.packed_attention_mask`). Where that exceeds
 the host's available memory, the first forward ends in the allocator's traceback, or the kernel's
 OOM killer ends a rank without a word, after the data was prepared and the run directory written.
-`nemo-topr train` refuses such a start (`check_cpu_attention`).
+`nemo-topr train` and `score-logprobs` refuse such a start (`check_cpu_attention`).
 
 The figure is a lower bound: one layer, no activations saved for the backward pass, nothing else
 of the model. The tiny CPU Llama at model.seq_length=4096 and micro-batch 2 (4 heads) peaked at
@@ -45,8 +45,10 @@ def available_bytes(meminfo: Path = MEMINFO) -> int | None:
     return None
 
 
-def check_cpu_attention(model: Any, micro_batch: int, available: int | None, local_ranks: int | None = None) -> None:
-    """Refuse a CPU run whose ranks on this host cannot hold one layer's attention at once."""
+def check_cpu_attention(model: Any, micro_batch: int, available: int | None, local_ranks: int | None = None, *,
+                        names: tuple[str, str] = ("model.seq_length", "train.micro_batch_size")) -> None:
+    """Refuse a CPU run whose ranks on this host cannot hold one layer's attention at once.
+    `names`: the sequence length's and the micro-batch's, as the command takes them."""
     from nemo_topr.training.config import ConfigError
 
     if available is None:
@@ -58,7 +60,12 @@ def check_cpu_attention(model: Any, micro_batch: int, available: int | None, loc
         return
     on_host = f", x {ranks} ranks on this host" if ranks > 1 else ""
     raise ConfigError(
-        f"model.seq_length={model.seq_length} with train.micro_batch_size={micro_batch} on the CPU: one layer's "
+        f"{_setting(names[0], model.seq_length)} with {_setting(names[1], micro_batch)} on the CPU: one layer's "
         f"attention takes at least {size_text(per_rank)} per rank (fp32 scores [{micro_batch}, {heads} heads, "
         f"L, L] twice, and the packed mask){on_host}, and this host has {size_text(available)} available. "
-        "Lower model.seq_length or train.micro_batch_size, or train on a GPU")
+        f"Lower {names[0]} or {names[1]}, or use a GPU")
+
+
+def _setting(name: str, value: int) -> str:
+    """`model.seq_length=4096` as an override, `--seq-length 4096` as a flag."""
+    return f"{name} {value}" if name.startswith("--") else f"{name}={value}"

@@ -47,6 +47,7 @@ from nemo_topr.outputs import (OutputError, add_overwrite_argument, writable_out
 from nemo_topr.progress import Progress
 from nemo_topr.quiet import stdout_to_stderr
 from nemo_topr.training.config import ConfigError, apply_section, check_fp8, check_values, compose
+from nemo_topr.training.host_memory import available_bytes, check_cpu_attention
 
 
 def scoring_forward_step(scores: dict[int, float], config):
@@ -211,6 +212,8 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
 
         prepare_shared_prefix_attention(provider)
     rows_per_batch = scoring_rows_per_batch(provider, rows_per_batch)
+    if device == "cpu":
+        check_cpu_attention(provider, rows_per_batch, available_bytes(), names=("--seq-length", "--rows-per-batch"))
     provider.finalize()
     # without CPU initialisation Bridge builds the weights on torch.cuda.current_device()
     # (bridge/models/model_provider.py:689)
