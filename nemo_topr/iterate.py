@@ -561,6 +561,22 @@ def sampling_flags(options: SamplingOptions, seed: int) -> list[str]:
             "--seed", str(seed), *options.args]
 
 
+@dataclass(frozen=True)
+class RoundFiles:
+    """What the stages of a round (or of the start) write in its directory; the summary reads them back."""
+    directory: Path
+
+    graded = property(lambda self: self.directory / "graded.jsonl")
+    curated = property(lambda self: self.directory / "curated.jsonl")
+    scored = property(lambda self: self.directory / "scored.jsonl")
+    run_dir = property(lambda self: self.directory / "run")
+    model = property(lambda self: self.directory / "model")
+    eval_results = property(lambda self: self.directory / "eval.json")
+    eval_samples = property(lambda self: self.directory / "eval_samples.jsonl")
+    verified_samples = property(lambda self: self.directory / "eval_samples_verified.jsonl")
+    verified_results = property(lambda self: self.directory / "eval_verified.json")
+
+
 @dataclass
 class RoundResult:
     label: str
@@ -609,7 +625,7 @@ class Driver:
     def plotted_results(self, directory: Path) -> Path:
         """With a verifier, the verified results (eval's metrics and the weighted vote) when they
         cover eval's problems; else eval's own (see verified_vote)."""
-        verified, results = directory / "eval_verified.json", directory / "eval.json"
+        verified, results = RoundFiles(directory).verified_results, RoundFiles(directory).eval_results
         if self.verifier_model is None:
             return results
         if not verified.is_file():  # not evaluated yet (a dry run), or no sample to score
@@ -621,7 +637,7 @@ class Driver:
         directory, base = self.out / "start", model_source.resolve(self.config.base_model)
         model, weights = base.path, str(base.checkpoint or base.path)
         if base.is_megatron:
-            model = directory / "model"
+            model = RoundFiles(directory).model
             run_stage(Stage("export", directory, ("export", "--ckpt", weights, "--hf-out", str(model), *self.device_flag),
                             (model,)), dry_run=self.dry_run)
         return RoundResult("start", directory, model, weights, note=self.evaluate(directory, model, "start"))
@@ -629,8 +645,9 @@ class Driver:
     def run_round(self, index: int, previous: RoundResult) -> RoundResult:
         model, weights = previous.model, previous.weights
         directory = self.out / f"round_{index}"
-        graded, curated, scored = (directory / name for name in ("graded.jsonl", "curated.jsonl", "scored.jsonl"))
-        run_dir, exported = directory / "run", directory / "model"
+        files = RoundFiles(directory)
+        graded, curated, scored = files.graded, files.curated, files.scored
+        run_dir, exported = files.run_dir, files.model
         generate = self.generate_stage(directory, model, index, graded)
         run_stage(generate, dry_run=self.dry_run)
         records = read_graded(graded) if generate.is_done() else None  # None: not generated yet (dry run)
@@ -690,8 +707,8 @@ class Driver:
         run_stage(stage, dry_run=self.dry_run)
         if self.verifier_model is None:
             return None
-        samples, scored, results = (directory / name for name in ("eval_samples.jsonl", "eval_samples_verified.jsonl",
-                                                                    "eval_verified.json"))
+        files = RoundFiles(directory)
+        samples, scored, results = files.eval_samples, files.verified_samples, files.verified_results
         if stage.is_done() and samples.is_file() and wrote_no_records(samples):
             note = "verifier: eval wrote no sample to score (every completion empty); weighted maj is 0"
             print(f"[{directory.name}] {note}", flush=True)
@@ -710,7 +727,7 @@ class Driver:
 
     def eval_stage(self, directory: Path, model: Path, label: str) -> Stage:
         options = self.config.eval
-        results, samples = directory / "eval.json", directory / "eval_samples.jsonl"
+        results, samples = RoundFiles(directory).eval_results, RoundFiles(directory).eval_samples
         prompts = options.prompt_flags(self.zero_shot_file("gsm8k-test") if options.zero_shot else "")
         return Stage("eval", directory, ("eval", "--model", str(model), *prompts,
                                          *sampling_flags(options, options.seed), *self.device_flag, "--label", label,
@@ -725,18 +742,16 @@ class Driver:
 def summary_row(result: RoundResult, *, verified: bool = False) -> dict[str, Any]:
     """What one round did and scored, read back from its stages' outputs."""
     row: dict[str, Any] = {"round": result.label, "model": str(result.model), "note": result.note}
-    graded = result.directory / "graded.jsonl"
-    if graded.is_file():
-        row["samples"] = sample_counts(graded)
-    report = result.directory / "run" / "data_report.json"
-    if report.is_file():
-        row.update(training_composition(result.directory / "run"))
-    evaluation = result.directory / "eval.json"
-    if evaluation.is_file():
-        results = json.loads(evaluation.read_text(encoding="utf-8"))
+    files = RoundFiles(result.directory)
+    if files.graded.is_file():
+        row["samples"] = sample_counts(files.graded)
+    if (files.run_dir / "data_report.json").is_file():
+        row.update(training_composition(files.run_dir))
+    if files.eval_results.is_file():
+        results = json.loads(files.eval_results.read_text(encoding="utf-8"))
         row["eval"] = headline_metrics(results)
         if verified:
-            row["eval"]["weighted_maj@k"] = verified_vote(result.directory / "eval_verified.json", results)
+            row["eval"]["weighted_maj@k"] = verified_vote(files.verified_results, results)
     return row
 
 
