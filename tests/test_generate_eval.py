@@ -403,17 +403,65 @@ def test_generate_writes_as_it_goes_and_resumes_where_it_stopped(monkeypatch, tm
     assert resumed.asked == [3, 4] and out.read_bytes() == before
 
 
+def _crashed_generate(monkeypatch, tmp_path, *, prompts: int, crash_after: int, first_options=()):
+    """`generate` of `prompts` math prompts killed after `crash_after` of them: (prompt file, out,
+    its sample log, the arguments to rerun it with)."""
+    prompt_file, model = _math_prompts(tmp_path, prompts), placeholder_hf_model(tmp_path / "model")
+    out, log = tmp_path / "graded.jsonl", tmp_path / "graded.jsonl.samples"
+    args = ["--model", str(model), "--prompts", str(prompt_file), "--task", "math", "--num-samples", "4",
+            "--device", "cpu", "--max-grader-error-rate", "0.5", "--out", str(out)]
+    monkeypatch.setattr(generate, "iter_completions", FixedSampler(crash_after=crash_after))
+    with pytest.raises(KeyboardInterrupt):
+        generate.main([*args, *first_options])
+    return prompt_file, out, log, args
+
+
+def test_a_sample_log_of_prompts_edited_since_is_not_resumed(monkeypatch, tmp_path, capsys):
+    """The log's options name the prompt file by its path; a file edited after a crash was resumed
+    with the old samples and grades: a record of the new text carried a completion of the old one,
+    and a completion answering 18 against a reference corrected to 18 stayed "wrong"."""
+    prompts, out, log, args = _crashed_generate(monkeypatch, tmp_path, prompts=3, crash_after=2)
+    capsys.readouterr()
+    original = prompts.read_text()
+    rows = [json.loads(line) for line in original.splitlines()]
+    sampler = FixedSampler()
+    monkeypatch.setattr(generate, "iter_completions", sampler)
+    remedy = "choose another --out, or delete the log to sample again"
+    for field, value, message in (
+            ("prompt", "What is 1+50-1?", "has other text than when it was sampled: the logged samples answer "
+                                          "another question"),
+            ("reference_answer", "50", ": reference answer '5' in the log, '50' now: the logged grades follow the "
+                                       "old one")):
+        edited = [dict(row, **({field: value} if row["prompt_id"] == "q1" else {})) for row in rows]
+        prompts.write_text("".join(json.dumps(row) + "\n" for row in edited))
+        assert generate.main(args) == 1
+        separator = "" if message.startswith(":") else " "
+        assert capsys.readouterr().err == f"nemo-topr generate: {log}:3: prompt 'q1'{separator}{message}; {remedy}\n"
+        assert sampler.asked == [] and not out.exists()
+    prompts.write_text(original)  # as logged: resumed
+    assert generate.main(args) == 0 and sampler.asked == [2]
+
+
+def test_a_sample_log_whose_lines_cannot_show_the_prompts_is_not_resumed(tmp_path):
+    """A log written before its lines held the prompt's digest cannot prove the prompts unchanged."""
+    from nemo_topr.evaluation.sample_log import SampleLog, SampleLogError
+
+    problem, log = Problem("q0", "What is 2+3?", "5", "math"), tmp_path / "graded.jsonl.samples"
+    log.write_text('{"options": {}}\n{"index": 0, "prompt_id": "q0", "samples": []}\n')
+    with pytest.raises(SampleLogError, match=rf"^{log}:2: prompt 'q0' was logged by an earlier nemo-topr without its "
+                                             r"text's digest, so whether the prompts changed cannot be told"):
+        SampleLog(log, {}, [problem])
+    log.write_text('{"options": {}}\n')
+    SampleLog(log, {}, [problem]).append(0, problem, [])
+    assert SampleLog(log, {}, [problem]).done == {0: []}
+
+
 def test_a_sample_log_without_a_finished_prompt_starts_over_with_other_options(monkeypatch, tmp_path, capsys):
     """A run that stopped before its first prompt finished (vLLM out of memory at start-up, a kill)
     leaves a log of options alone; the rerun with other options was refused as "samples drawn with
     other options" until the log was deleted by hand, though none had been drawn."""
-    prompts, model = _math_prompts(tmp_path, 2), placeholder_hf_model(tmp_path / "model")
-    out, log = tmp_path / "graded.jsonl", tmp_path / "graded.jsonl.samples"
-    args = ["--model", str(model), "--prompts", str(prompts), "--task", "math", "--num-samples", "4",
-            "--device", "cpu", "--max-grader-error-rate", "0.5", "--out", str(out)]
-    monkeypatch.setattr(generate, "iter_completions", FixedSampler(crash_after=0))
-    with pytest.raises(KeyboardInterrupt):
-        generate.main([*args, "--max-new-tokens", "64"])
+    _, out, log, args = _crashed_generate(monkeypatch, tmp_path, prompts=2, crash_after=0,
+                                          first_options=["--max-new-tokens", "64"])
     assert len(log.read_text().splitlines()) == 1 and '"max_new_tokens": 64' in log.read_text()
     sampler = FixedSampler()
     monkeypatch.setattr(generate, "iter_completions", sampler)

@@ -5,13 +5,16 @@ as records): a first line with the options that decide the samples, then one lin
 prompt with all its samples, empty completions and grader errors included (`grade: "error"`,
 with what the grader raised). A crash or a time limit loses at most the prompt in progress: the
 same command resumes after the last complete line, and refuses options other than the logged
-ones (a log without a finished prompt, from a run that failed before sampling, starts over). The
+ones (a log without a finished prompt, from a run that failed before sampling, starts over), and a
+prompt whose text or reference answer changed since it was logged (each line holds the text's
+SHA-256 and the reference: the samples answer the text, and their grades follow the reference). The
 log is kept after the command ends: it is the only place that holds the samples the grader failed
 on, and a rerun reads it instead of sampling again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,12 @@ def _sample_row(sample: GradedCompletion) -> dict[str, Any]:
 def _sample_of(row: dict[str, Any]) -> GradedCompletion:
     return GradedCompletion(Completion(row["text"], row["sampler_logprob"]), row["answer"], row["grade"],
                             row["grader_error"])
+
+
+def _identity(problem: Problem) -> dict[str, str]:
+    """What a prompt's logged samples and grades hold for: its text (a digest) and its reference."""
+    text = json.dumps(problem.prompt, sort_keys=True, ensure_ascii=False)
+    return {"prompt_sha256": hashlib.sha256(text.encode()).hexdigest(), "reference_answer": problem.reference_answer}
 
 
 def logged_samples(path: Path) -> list[list[GradedCompletion]]:
@@ -75,14 +84,28 @@ class SampleLog:
                 raise SampleLogError(f"{self.path}:{number}: prompt {index} is {row['prompt_id']!r} in the log but "
                                      f"{problems[index].prompt_id!r} now: the prompts changed; choose another --out")
             if index < len(problems):
+                self._check_same_problem(number, row, problems[index])
                 self.done[index] = [_sample_of(sample) for sample in row["samples"]]
         if len(complete) < len(text):
             self.path.write_text(complete, encoding="utf-8")
 
+    def _check_same_problem(self, number: int, row: dict[str, Any], problem: Problem) -> None:
+        where, now = f"{self.path}:{number}: prompt {problem.prompt_id!r}", _identity(problem)
+        remedy = "choose another --out, or delete the log to sample again"
+        if "prompt_sha256" not in row:
+            raise SampleLogError(f"{where} was logged by an earlier nemo-topr without its text's digest, so whether "
+                                 f"the prompts changed cannot be told: {remedy}")
+        if row["prompt_sha256"] != now["prompt_sha256"]:
+            raise SampleLogError(f"{where} has other text than when it was sampled: the logged samples answer "
+                                 f"another question; {remedy}")
+        if row["reference_answer"] != now["reference_answer"]:
+            raise SampleLogError(f"{where}: reference answer {row['reference_answer']!r} in the log, "
+                                 f"{now['reference_answer']!r} now: the logged grades follow the old one; {remedy}")
+
     def append(self, index: int, problem: Problem, samples: list[GradedCompletion]) -> None:
         try:
             with self.path.open("a", encoding="utf-8") as log:
-                log.write(json.dumps({"index": index, "prompt_id": problem.prompt_id,
+                log.write(json.dumps({"index": index, "prompt_id": problem.prompt_id, **_identity(problem),
                                       "samples": [_sample_row(sample) for sample in samples]}) + "\n")
         except OSError as error:  # a line cut short is sampled again on resume
             if not (remedy := filesystem_remedy(error)):
