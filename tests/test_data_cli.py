@@ -88,6 +88,23 @@ def test_validate_non_strict_counts_drops_including_too_long(capsys, tokenizer_d
     assert f"too_long: 1  (first: {MALFORMED}:14: completion:" in out
 
 
+@pytest.mark.parametrize("verb", ["stats", "curate"])
+def test_stats_and_curate_non_strict_print_the_drops_as_validate_does(verb, tmp_path, capsys):
+    good = SCORED.read_text().splitlines()[0]
+    data = tmp_path / "bad.jsonl"
+    data.write_text("\n".join([good, good[:40], json.dumps({**json.loads(good), "reward": "1.0"}),
+                               json.dumps({**json.loads(good), "reward": float("nan")})]) + "\n")
+    out = ["--out", str(tmp_path / "c.jsonl")] if verb == "curate" else []
+    assert main(["data", verb, "--no-strict", str(data), *out]) == 0
+    printed = capsys.readouterr().out
+    assert "records in: 4\nrecords used: 1\nrecords dropped: 3\n" in printed
+    assert f"  invalid_json: 1  (first: {data}:2: record: invalid JSON" in printed
+    assert f"  nonfinite_reward: 1  (first: {data}:4: reward: must be finite, got nan)\n" in printed
+    assert f"  wrong_type: 1  (first: {data}:3: reward: expected a number, got string '1.0')\n" in printed
+    assert main(["data", "validate", "--no-strict", str(data)]) == 0
+    assert capsys.readouterr().out in printed  # validate's very report, on its stream
+
+
 def test_validate_with_a_models_tokenizer_finds_records_beyond_its_context(capsys, tmp_path, tokenizer_dir):
     """What score-logprobs and train refuse (`beyond_model_context`) is found by validate when
     --tokenizer names a model; a bare tokenizer directory has no context to check."""

@@ -285,6 +285,20 @@ def test_a_missing_local_path_is_never_taken_for_a_hub_name(tmp_path, monkeypatc
                                        "graded.jsonl?\n")
 
 
+def test_a_path_that_is_neither_file_nor_directory_says_so(tmp_path, capsys):
+    """A FIFO or a device exists: it was reported as "does not exist; did you mean <itself>?"."""
+    fifo = tmp_path / "graded.jsonl"
+    os.mkfifo(fifo)
+    problem = ("path: not a regular file or a directory (a FIFO, socket or device): give a .jsonl, .parquet or "
+               ".arrow file or a directory of them")
+    for path in (fifo, Path("/dev/null")):
+        with pytest.raises(DataError) as refused:
+            load_records(path)
+        assert str(refused.value) == f"{path}: {problem}"
+    assert main(["data", "validate", str(fifo)]) == 1
+    assert capsys.readouterr().err == f"nemo-topr data validate: {fifo}: {problem}\n"
+
+
 # ---------------------------------------------------------------------------------------------
 # The data verbs and the training config take the same options
 

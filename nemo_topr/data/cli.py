@@ -91,6 +91,12 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_drops(records: RecordSet) -> None:
+    """`validate`'s report where `--no-strict` dropped records, so that no drop goes unsaid on the console."""
+    if records.report.dropped:
+        print(records.report.format())
+
+
 def _warn_of_the_baseline(records, baseline: float) -> None:
     from nemo_topr.data.positives import (
         NO_ADVANTAGE, every_advantage_zero, no_negatives_warning, sign_flipping_baseline,
@@ -122,6 +128,7 @@ def _stats(args: argparse.Namespace) -> int:
     summary = summarize(records.records, baseline=args.baseline, sequences=sequences)
     _warn_of_the_baseline(records.records, args.baseline)
     summary["validation"] = records.report.to_dict()
+    _print_drops(records)  # after tokenizing, which drops too
     print(json.dumps(summary["composition"], indent=2))
     if args.out is not None:
         write_summary(summary, args.out / "stats.json")
@@ -158,6 +165,7 @@ def _curate(args: argparse.Namespace) -> int:
     result.stats["validation"] = records.report.to_dict()
     write_jsonl(result.records, args.out)
     write_summary(result.stats, stats_path)
+    _print_drops(records)
     print(json.dumps({key: result.stats[key] for key in ("records_in", "records_out", "dropped", "after")}, indent=2))
     print(f"wrote {args.out} and {stats_path}")
     _warn_of_the_baseline(records.records, args.baseline)

@@ -99,6 +99,9 @@ def _sources_of(spec: str, split: str | None) -> tuple[list[Source], str | None]
             raise DataError(spec, 0, "path", f"unknown format {path.suffix!r}; expected {READ_SUFFIXES}"
                             + (f" ({FORMAT_HINTS[path.suffix]})" if path.suffix in FORMAT_HINTS else ""))
         return [_file_source(path)], None
+    if path.exists():  # a FIFO, socket or device: no records file, yet no "does not exist" either
+        raise DataError(spec, 0, "path", "not a regular file or a directory (a FIFO, socket or device): give a "
+                        f"{READ_SUFFIXES} file or a directory of them")
     if glob.has_magic(spec):
         return _data_files(spec, sorted(map(Path, glob.glob(spec))),
                            f"pattern matches no {READ_SUFFIXES} files")
