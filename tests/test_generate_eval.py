@@ -631,6 +631,12 @@ def test_a_misspelled_benchmark_or_a_bad_prompt_file_is_named(tmp_path, capsys):
     ({"prompt": "Q: 1+1?", "reference_answer": "2", "prompt_id": 1.5},
      "prompt_id: expected a string or an integer, got 1.5"),
     (["Q: 1+1?", "2"], "row: expected a JSON object, got list"),
+    # the id was lost to the line number, the other key to nothing, without a word
+    ({"prompt": "Q: 1+1?", "reference_answer": "2", "promptid": "q17"},
+     "promptid: unknown field (a prompt file's rows hold prompt, reference_answer and prompt_id); did you mean "
+     "'prompt_id'?"),
+    ({"prompt": "Q: 1+1?", "reference_answer": "2", "source": "web"}, "source: unknown field (a prompt file's rows "
+                                                                      "hold prompt, reference_answer and prompt_id)"),
 ])
 def test_a_prompt_files_bad_row_is_named_by_line_and_field(tmp_path, row, message):
     prompts = tmp_path / "prompts.jsonl"

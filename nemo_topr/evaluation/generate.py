@@ -150,6 +150,9 @@ def jsonl_problems(path: str | Path, task: str, rendered_prompts: bool = False) 
     return problems
 
 
+PROMPT_FIELDS = ("prompt", "reference_answer", "prompt_id")
+
+
 def _problem_of_row(path: str | Path, number: int, row: object, task: str, rendered_prompts: bool) -> Problem:
     if not isinstance(row, dict):
         raise DataError(path, number, "row", f"expected a JSON object, got {type(row).__name__}")
@@ -158,6 +161,10 @@ def _problem_of_row(path: str | Path, number: int, row: object, task: str, rende
     for name, value in (("prompt", prompt), ("reference_answer", answer)):
         if value is None:
             raise DataError(path, number, name, f"missing; the row has {', '.join(map(repr, row)) or 'no fields'}")
+    if unknown := sorted(set(row) - set(PROMPT_FIELDS)):  # a misspelt prompt_id would become the line number
+        close = difflib.get_close_matches(unknown[0], PROMPT_FIELDS, n=1)
+        raise DataError(path, number, unknown[0], "unknown field (a prompt file's rows hold prompt, reference_answer "
+                        "and prompt_id)" + (f"; did you mean {close[0]!r}?" if close else ""))
     if isinstance(prompt, list):  # the messages a record's prompt may be, checked as records check them
         if rendered_prompts:
             raise DataError(path, number, "prompt", "a list of messages, but --rendered-prompts is set: a rendered "
