@@ -161,6 +161,20 @@ def test_missing_or_empty_tokenizer_directory(tmp_path):
         load_tokenizer(tmp_path)
 
 
+def test_a_tokenizer_with_more_tokens_than_the_models_embedding_rows_is_refused(tmp_path):
+    """A tokenizer of 2,048 tokens copied into a model of 512 rows ended score-logprobs, generate
+    and verifier in torch's "index out of range in self"; fewer tokens than rows is a padded vocabulary."""
+    build_tiny_tokenizer(tmp_path, vocab_size=2048)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 512}))
+    with pytest.raises(DataError, match=rf"^{tmp_path}: tokenizer: 2048 tokens, but the model has 512 embedding rows "
+                                        r"\(config.json vocab_size\): ids from 512 on have no embedding"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 2048}))
+    assert len(load_tokenizer(tmp_path)) == 2048
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 4096}))  # padded rows: fine
+    assert len(load_tokenizer(tmp_path)) == 2048
+
+
 RENDERED = ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2 + 2?<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n")
 

@@ -16,6 +16,7 @@ second EOS: a different sequence from the one sampled, with no error. Such a rec
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -60,9 +61,26 @@ def load_tokenizer(path: str | Path):
     if not directory.is_dir():
         raise DataError(path, 0, "tokenizer", "directory does not exist")
     try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as error:
         raise DataError(path, 0, "tokenizer", f"cannot load a tokenizer from this directory ({error})") from error
+    _check_fits_the_model(path, directory, len(tokenizer))
+    return tokenizer
+
+
+def _check_fits_the_model(path: str | Path, directory: Path, tokens: int) -> None:
+    """A tokenizer beside a model must not give ids past the model's embedding rows: such an id
+    ended `score-logprobs`, `generate` and `verifier` in torch's "index out of range in self".
+    Fewer tokens than rows is common (padded vocabularies). A directory without a model's
+    config.json (a bare tokenizer, for `data validate --tokenizer`) has nothing to check."""
+    try:
+        vocab_size = json.loads((directory / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return  # no model here, or a config that model_source names when the model is read
+    if isinstance(vocab_size, int) and tokens > vocab_size:
+        raise DataError(path, 0, "tokenizer", f"{tokens} tokens, but the model has {vocab_size} embedding rows "
+                        f"(config.json vocab_size): ids from {vocab_size} on have no embedding; this tokenizer is not "
+                        "the model's (copy the model's own tokenizer files into its directory)")
 
 
 def pad_id_of(tokenizer) -> int:
