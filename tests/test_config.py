@@ -125,6 +125,9 @@ def test_cpu_scoring_whose_attention_cannot_fit_in_memory_is_refused(tiny_hf, tm
     # records carry sum log mu per completion: the per-token ratio used to fail at the first step
     ("objective.ratio_level=token", r"^objective.ratio_level=token needs log mu of every completion token, and "
                                     r"records carry one behavior_logprob per completion"),
+    # below tiny_cpu's min_lr (3e-3): Megatron's scheduler asserted it after the data was prepared
+    ("optimizer.lr=1e-3", r"^optimizer.lr=0.001 is below optimizer.min_lr=0.003, where the schedule decays to; set "
+                          r"optimizer.min_lr=0.001 too"),
 ])
 def test_bad_keys_are_clear_errors(tiny_hf, tmp_path, override, expected):
     with pytest.raises(ConfigError, match=expected):

@@ -181,6 +181,8 @@ MISTYPED_OVERRIDES = [
     ("optimizer.lr=.nan", r"optimizer.lr=nan must be a finite number$"),
     ("optimizer.adam_beta2=1.5", r"optimizer.adam_beta2=1.5 must be below 1$"),
     ("train.train_iters=100", r"train.train_iters=100 is not a setting: .* Use dataset.epochs"),
+    # a sweep below the preset's min_lr (5e-7) queued, then Megatron's scheduler asserted at the start
+    ("optimizer.lr=1e-7", r"optimizer.lr=1e-07 is below optimizer.min_lr=5e-07, where the schedule decays to"),
 ]
 
 

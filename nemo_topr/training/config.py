@@ -254,7 +254,17 @@ def check_values(values: dict[str, Any]) -> ObjectiveConfig:
             raise ConfigError(f"unknown config section {section!r}" + (f"; did you mean {close}?" if close else ""))
         if isinstance(section_values, dict) and classes[section] is not None:
             _check_section(classes[section], section_values, section)
+    _check_lr_range(values.get("optimizer") or {})
     return objective_from(values.get("objective") or {})
+
+
+def _check_lr_range(optimizer: dict[str, Any]) -> None:
+    """Megatron's scheduler asserts max_lr >= min_lr when it is built, after the data is prepared
+    (megatron/core/optimizer_param_scheduler.py): a traceback on every rank, after the queue."""
+    lr, min_lr = optimizer.get("lr"), optimizer.get("min_lr")
+    if isinstance(lr, (int, float)) and isinstance(min_lr, (int, float)) and lr < min_lr:
+        raise ConfigError(f"optimizer.lr={lr} is below optimizer.min_lr={min_lr}, where the schedule decays to; "
+                          f"set optimizer.min_lr={lr} too for a constant rate (the presets' choice), or lower")
 
 
 def apply_section(target: Any, values: dict[str, Any]) -> None:

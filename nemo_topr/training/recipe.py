@@ -1,6 +1,6 @@
 """`nemo-topr train`: one TOPR run on Megatron-Bridge's ``finetune()`` loop.
 
-    nemo-topr train --config-name tiny_cpu optimizer.lr=3e-4 objective.variant=tis
+    nemo-topr train --config-name tiny_cpu optimizer.lr=3e-4 optimizer.min_lr=3e-4 objective.variant=tis
 
 Reads the config (conf/ + overrides), sets up its `device` (cuda, or cpu when the config says
 so; a cuda config on a machine without CUDA stops here: `nemo_topr.device`), validates,
