@@ -161,3 +161,56 @@ def test_a_users_benchmark_file_is_read_row_by_row_naming_file_line_and_field(tm
     # MATH-500 as the hub writes it (`problem`), in JSONL too, as a saved dataset already was read
     (tmp_path / "math500_test.jsonl").write_text('{"problem": "1 + 1?", "answer": "2", "unique_id": "a"}\n')
     assert load_math500(tmp_path) == [{"question": "1 + 1?", "answer": "2", "unique_id": "a"}]
+
+
+def _write_gsm8k(path, answers):
+    path.write_text("".join(json.dumps({"question": f"Q{i}?", "answer": answer}) + "\n"
+                            for i, answer in enumerate(answers)))
+
+
+def test_a_train_file_too_short_for_the_eight_shot_prompt_is_refused_naming_it(tmp_path):
+    """A 3-row gsm8k_train.jsonl ended `eval` with random.sample's `Sample larger than population or is
+    negative`, naming neither the file nor what it lacked."""
+    from nemo_topr.evaluation.generate import load_problems
+
+    train = tmp_path / "gsm8k_train.jsonl"
+    _write_gsm8k(train, ["So 1.\n#### 1", "So 2.\n#### 2", "So 3.\n#### 3"])
+    _write_gsm8k(tmp_path / "gsm8k_test.jsonl", ["So 4.\n#### 4"])
+    expected = f"{train}: file: the 8-shot prompt needs at least 8 rows (its exemplars); it has 3"
+    with pytest.raises(prompts.DataError) as short:
+        gsm8k_exemplars(load_gsm8k("train", tmp_path))
+    assert str(short.value) == expected
+    with pytest.raises(prompts.DataError) as via_eval:  # eval's and generate's reading, before any sampling
+        load_problems("gsm8k-test", data_dir=tmp_path)
+    assert str(via_eval.value) == expected
+    with pytest.raises(prompts.DataError) as unnamed:  # rows not read from a file: no file to name
+        gsm8k_exemplars([{"question": "Q?", "answer": "#### 1"}])
+    assert str(unnamed.value) == ("GSM8K train rows: file: the 8-shot prompt needs at least 8 rows (its exemplars); "
+                                  "it has 1")
+
+    _write_gsm8k(train, [f"So {i}.\n#### {i}" for i in range(8)])  # eight are enough: all of them, in a seeded order
+    exemplars = gsm8k_exemplars(load_gsm8k("train", tmp_path))
+    assert sorted(row["question"] for row in exemplars) == [f"Q{i}?" for i in range(8)]
+
+
+def test_a_gsm8k_answer_whose_final_line_has_no_number_is_refused_when_read(tmp_path):
+    """`#### ` with no number was read without complaint; `eval` sampled every problem, then failed with
+    `GSM8K reference has no number: ''`, naming neither file nor row."""
+    from nemo_topr.evaluation.generate import load_problems
+
+    _write_gsm8k(tmp_path / "gsm8k_train.jsonl", [f"So {i}.\n#### {i}" for i in range(8)])
+    test = tmp_path / "gsm8k_test.jsonl"
+    for final, shown in (("#### ", "''"), ("#### n/a", "'n/a'")):
+        _write_gsm8k(test, ["So 1,200.\n#### 1,200", f"so\n{final}"])
+        with pytest.raises(prompts.DataError) as read:
+            load_gsm8k("test", tmp_path)
+        assert str(read.value) == f"{test}:2: answer: its '#### N' line: GSM8K reference has no number: {shown}"
+        with pytest.raises(prompts.DataError) as via_eval:  # eval's and generate's reading, before any sampling
+            load_problems("gsm8k-test", data_dir=tmp_path, limit=1)
+        assert str(via_eval.value) == str(read.value)
+    # the exemplars' file too: a bad one would show the model "The answer is ."
+    train = tmp_path / "gsm8k_train.jsonl"
+    _write_gsm8k(train, ["so\n#### ", *(f"So {i}.\n#### {i}" for i in range(8))])
+    with pytest.raises(prompts.DataError) as exemplar:
+        load_gsm8k("train", tmp_path)
+    assert str(exemplar.value) == f"{train}:1: answer: its '#### N' line: GSM8K reference has no number: ''"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nemo_topr.data.schema import DataError, RejectedRow
 from nemo_topr.data.sources import jsonl_rows, load_saved_dataset, saved_dataset_kind
+from nemo_topr.grading import reference_problem
 
 # Found from the package's location: the recipe runs from its clone (an editable install), so the
 # repository's files sit beside the package; a wheel installed elsewhere sets NEMO_TOPR_DATA_DIR.
@@ -36,6 +37,15 @@ _CALCULATOR_ANNOTATION = re.compile(r"<<[^>]*>>")
 QUESTION_COLUMNS = ("question", "problem")
 
 
+class BenchmarkRows(list):
+    """A benchmark file's rows and the file (`source`): a check made after reading, such as the
+    exemplars' row count, names it."""
+
+    def __init__(self, rows: list[dict], source: str | Path):
+        super().__init__(rows)
+        self.source = str(source)
+
+
 def default_data_dir() -> Path:
     """$NEMO_TOPR_DATA_DIR, else the repository's `data/benchmarks`."""
     if os.environ.get(DATA_DIR_ENV):
@@ -43,7 +53,7 @@ def default_data_dir() -> Path:
     return BENCHMARK_DIR
 
 
-def _read_benchmark(benchmark: str, split: str, data_dir: str | Path | None) -> list[dict]:
+def _read_benchmark(benchmark: str, split: str, data_dir: str | Path | None) -> BenchmarkRows:
     directory = Path(data_dir or default_data_dir())
     if saved_dataset_kind(directory):
         return _saved_benchmark_rows(directory, benchmark, split)
@@ -58,7 +68,7 @@ def _read_benchmark(benchmark: str, split: str, data_dir: str | Path | None) -> 
         if isinstance(row, RejectedRow):
             raise row.error
         rows.append(benchmark_row(row, path, number, benchmark))
-    return rows
+    return BenchmarkRows(rows, path)
 
 
 def benchmark_row(row: object, where: str | Path, number: int, benchmark: str) -> dict:
@@ -71,12 +81,16 @@ def benchmark_row(row: object, where: str | Path, number: int, benchmark: str) -
         if not isinstance(row.get(column), str) or not row[column].strip():
             found = "missing" if column not in row else f"expected a non-empty string, got {row[column]!r:.40}"
             raise DataError(where, number, column, f"{found} (fields: {', '.join(row)})")
-    if benchmark == "gsm8k" and "####" not in row["answer"]:
-        raise DataError(where, number, "answer", "a GSM8K answer ends with a '#### N' line; this one has none")
+    if benchmark == "gsm8k":
+        if "####" not in row["answer"]:
+            raise DataError(where, number, "answer", "a GSM8K answer ends with a '#### N' line; this one has none")
+        # eval grades against the text after '####' (gsm8k_final_answer): unchecked, a bad one failed after sampling
+        if problem := reference_problem("gsm8k", gsm8k_final_answer(row["answer"])):
+            raise DataError(where, number, "answer", f"its '#### N' line: {problem}")
     return row if question == "question" else {"question": row.pop(question), **row}
 
 
-def _saved_benchmark_rows(directory: Path, benchmark: str, split: str) -> list[dict]:
+def _saved_benchmark_rows(directory: Path, benchmark: str, split: str) -> BenchmarkRows:
     """Rows of a save_to_disk directory: a DatasetDict with the split, or (MATH-500, one split) a
     Dataset; a `problem` column (HuggingFaceH4/MATH-500) becomes `question`."""
     single = saved_dataset_kind(directory) == "Dataset"
@@ -88,7 +102,8 @@ def _saved_benchmark_rows(directory: Path, benchmark: str, split: str) -> list[d
     for field, column in (("question", question), ("answer", "answer")):
         if column not in dataset.column_names:
             raise DataError(name, 0, field, f"missing column (columns: {', '.join(dataset.column_names)})")
-    return [benchmark_row(row, name, number, benchmark) for number, row in enumerate(dataset.to_list(), start=1)]
+    return BenchmarkRows([benchmark_row(row, name, number, benchmark)
+                          for number, row in enumerate(dataset.to_list(), start=1)], name)
 
 
 def load_gsm8k(split: str = "train", data_dir: str | Path | None = None) -> list[dict]:
@@ -123,6 +138,9 @@ def gsm8k_gold_completion(answer: str) -> str:
 
 def gsm8k_exemplars(train_rows: list[dict], shots: int = GSM8K_SHOTS, seed: int = GSM8K_EXEMPLAR_SEED) -> list[dict]:
     """`shots` train rows chosen by a seeded draw: fixed for a given train file."""
+    if len(train_rows) < shots:  # random.sample's "Sample larger than population" names neither file nor need
+        problem = f"the {shots}-shot prompt needs at least {shots} rows (its exemplars); it has {len(train_rows)}"
+        raise DataError(getattr(train_rows, "source", "GSM8K train rows"), 0, "file", problem)
     indices = random.Random(seed).sample(range(len(train_rows)), shots)
     return [train_rows[i] for i in indices]
 
