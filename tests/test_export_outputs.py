@@ -99,6 +99,24 @@ def test_overwrite_replaces_an_earlier_export_and_an_empty_directory_is_filled(c
     assert not list(tmp_path.glob(".*.partial"))
 
 
+def test_the_current_directory_or_a_symlink_to_an_empty_one_is_filled(checkpoint, tmp_path, monkeypatch):
+    """`--hf-out .` ended in a traceback (`PosixPath('.') has an empty name`); a symlink to an empty
+    directory was exported in full, then `rmtree` refused the link, leaving `.link.partial` behind."""
+    shell, target, link = tmp_path / "shell", tmp_path / "target", tmp_path / "link"
+    shell.mkdir()
+    target.mkdir()
+    link.symlink_to(target)
+    monkeypatch.chdir(shell)
+    assert export.main(["--ckpt", str(checkpoint), "--hf-out", ".", "--device", "cpu"]) == 0
+    assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(link), "--device", "cpu"]) == 0
+    for out in (Path.cwd(), shell, link, target):
+        assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "nemo_topr_export.json"]
+    assert Path.cwd().samefile(shell) and link.is_symlink()  # the same directories, not replaced ones
+    assert not list(tmp_path.glob(".*.partial"))
+    assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(link), "--device", "cpu", "--overwrite"]) == 0
+    assert link.is_symlink() and (target / "nemo_topr_export.json").is_file()
+
+
 @pytest.mark.parametrize("flags", [[], ["--all-iterations"]], ids=["one", "iterations"])
 def test_overwrite_never_replaces_what_export_did_not_make(checkpoint, tmp_path, flags):
     """--overwrite used to delete any non-empty --hf-out: a typo naming the base model (or a

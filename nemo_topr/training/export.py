@@ -95,7 +95,8 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
     Returns {checkpoint directory: HF directory}."""
     select_device(device, where="--device")
     source = resolve(ckpt, named="--ckpt ")
-    targets = export_targets(source, Path(hf_out), iterations)  # every checkpoint checked before any work
+    # resolved: `--hf-out .` has a name to put a partial directory beside, a symlink its target
+    targets = export_targets(source, Path(hf_out).resolve(), iterations)  # each checked before any work
     check_outputs(targets, overwrite)
     use_device(device, where="--device")  # imports Megatron (10-20 s): only once the inputs are known good
     from nemo_topr.model import config_only_bridge
@@ -114,11 +115,14 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
             if isinstance(error, (OSError, _safetensors_error())):
                 raise ExportWriteError(f"writing {out}: {error} (the partial export is removed)") from error
             raise
-        if out.is_dir():
-            shutil.rmtree(out)  # empty, or --overwrite
+        if out.is_dir() and any(out.iterdir()):
+            shutil.rmtree(out)  # an earlier export, with --overwrite (check_outputs)
+        if out.is_dir():  # empty, perhaps the shell's own directory: filled in place, it stays that directory
+            for entry in partial.iterdir():
+                entry.rename(out / entry.name)
+            partial.rmdir()
         else:
-            out.unlink(missing_ok=True)
-        partial.rename(out)
+            partial.rename(out)
     return {checkpoint.checkpoint: out for checkpoint, out in targets.items()}
 
 
