@@ -440,6 +440,35 @@ def test_a_model_given_as_run_dir_is_refused_and_left_as_it_was(tiny_hf, tmp_pat
     assert _run(tiny_hf, tmp_path / "slurm_run").run_dir == tmp_path / "slurm_run"
 
 
+def test_a_run_dir_holding_names_the_run_writes_but_no_start_of_it_is_refused(tiny_hf, tmp_path):
+    """A user's own config.yaml, in the directory given as run_dir too, was replaced by the composed
+    config at the start (its comments and defaults list lost); a file named STOPPED was deleted."""
+    experiment = tmp_path / "my_experiment"
+    experiment.mkdir()
+    (experiment / "config.yaml").write_text("# my notes\ndefaults:\n  - tiny_cpu\n")
+    (experiment / "STOPPED").write_text("mine")
+    with pytest.raises(ConfigError, match=rf"^run_dir={experiment} holds config.yaml, STOPPED, which no start of "
+                                          r"nemo-topr train wrote there \(it has no configs/start_\*.yaml\); the run "
+                                          rf"writes these names and would replace them: choose a new directory, e.g. "
+                                          rf"run_dir={experiment / 'run'}$"):
+        _run(tiny_hf, experiment)
+    assert (experiment / "config.yaml").read_text().startswith("# my notes")
+    (experiment / "samples_dp0.jsonl").write_text("")
+    (experiment / "STOPPED").unlink()
+    with pytest.raises(ConfigError, match=r"holds config.yaml, samples_dp0.jsonl, which no start"):
+        _run(tiny_hf, experiment)
+    started = tmp_path / "started"  # a first start that stopped before its first checkpoint: its own again
+    (started / "configs").mkdir(parents=True)
+    (started / "configs" / "start_001.yaml").write_text("{}\n")
+    (started / "config.yaml").write_text("{}\n")
+    assert _run(tiny_hf, started).run_dir == started
+    killed = tmp_path / "killed"  # killed between the fingerprint and the configs
+    killed.mkdir()
+    (killed / "fingerprint.json").write_text("{}\n")
+    (killed / "samples_dp0.jsonl").write_text("")
+    assert _run(tiny_hf, killed).run_dir == killed
+
+
 def test_negative_sequence_length_is_a_clear_error(tiny_hf, tmp_path):
     with pytest.raises(ConfigError, match="model.seq_length=-8 must be at least 2"):
         _run(tiny_hf, tmp_path, "model.seq_length=-8")

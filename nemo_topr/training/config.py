@@ -40,6 +40,7 @@ from nemo_topr.model_source import ModelSource
 from nemo_topr.objective import ObjectiveConfig
 from nemo_topr.training.checkpoints import latest_iteration
 from nemo_topr.training.host_memory import available_bytes, check_cpu_attention
+from nemo_topr.training.run_state import START_CONFIGS_DIR, entries_of_others
 
 CONF_DIR = Path(os.environ.get("NEMO_TOPR_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
 OUR_KEYS = ("base_model", "resume_from_base", "run_dir", "objective", "device")
@@ -506,8 +507,12 @@ def check_run_dir(run_dir: Path) -> None:
         return
     try:
         found = model_source.resolve(run_dir)
-    except model_source.ModelSourceError:
-        return  # no model: an empty directory, Slurm's logs, or anything a run may share
+    except model_source.ModelSourceError:  # no model: an empty directory, Slurm's logs, anything a run may share...
+        if others := entries_of_others(run_dir):  # ... but not names the run writes
+            raise ConfigError(f"run_dir={run_dir} holds {', '.join(others)}, which no start of nemo-topr train wrote "
+                              f"there (it has no {START_CONFIGS_DIR}/start_*.yaml); the run writes these names and "
+                              f"would replace them: choose a new directory, e.g. run_dir={run_dir / 'run'}") from None
+        return
     if found.kind != "run":
         raise ConfigError(f"run_dir={run_dir} is a model, {found.describe()}; a run writes its checkpoints, configs "
                           "and logs into run_dir, so it must be a new directory or a run's (the model goes in "

@@ -44,6 +44,7 @@ from nemo_topr.training.nonfinite import NonFiniteTrainingError
 from nemo_topr.training.step import baseline_column, baseline_source
 from nemo_topr.training.run_state import (
     COMPLETED_MARKER,
+    STOPPED_MARKER,
     RunLock,
     RunStateError,
     check_resume,
@@ -165,7 +166,6 @@ def check_baseline(objective, rewards: set[float], *, warn: bool = True, record_
 # the data was trained to the end. Job scripts requeue on the STOPPED marker rather than on the
 # status: srun reports 128+9 when --kill-on-bad-exit kills the ranks that had not exited yet.
 EXIT_REQUEUE = 75
-STOPPED_MARKER = "STOPPED"
 
 
 def resolve_exit_signal(train_config) -> signal.Signals:

@@ -38,6 +38,10 @@ FINGERPRINT_FILE = "fingerprint.json"
 START_CONFIGS_DIR = "configs"
 LEDGER_GLOB = "samples_dp*.jsonl"
 COMPLETED_MARKER = "COMPLETED"  # left by `nemo-topr train` when the data is trained to the end
+STOPPED_MARKER = "STOPPED"  # left by a stop at the exit signal, for the job script
+# What a start of `nemo-topr train` writes into RUN_DIR, besides the LOCK it takes first and the ledgers
+RUN_DIR_ENTRIES = ("config.yaml", START_CONFIGS_DIR, "checkpoints", "tensorboard", "data_report.json",
+                   COMPLETED_MARKER, STOPPED_MARKER)
 
 # The keys that decide which rows an iteration trains on and at what learning rate: a resume
 # with any of them changed would not continue the run it resumes.
@@ -206,6 +210,16 @@ def _not_the_same_run(run_dir: Path, before: dict[str, Any], now: dict[str, Any]
         f"it. Changed: {'; '.join(changes)}. Either restore them, or start a new run: another run_dir "
         f"with base_model={run_dir} (weights only, fresh optimizer and schedule) or also "
         f"resume_from_base=true (continue its optimizer state and iteration count)")
+
+
+def entries_of_others(run_dir: Path) -> list[str]:
+    """Names in `run_dir` that a start of `nemo-topr train` writes, where no start wrote them (a
+    start leaves configs/start_NNN.yaml, and fingerprint.json just before): a user's own
+    config.yaml beside the runs it defines, say, which the start would replace."""
+    if (run_dir / FINGERPRINT_FILE).is_file() or any((run_dir / START_CONFIGS_DIR).glob("start_*.yaml")):
+        return []
+    return ([name for name in RUN_DIR_ENTRIES if (run_dir / name).exists()]
+            + sorted(path.name for path in run_dir.glob(LEDGER_GLOB)))
 
 
 def save_start_config(run_dir: Path, raw: DictConfig) -> Path:
