@@ -72,11 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         # imports Megatron; its default action would kill the rank and fail the job. Keep it
         # pending from here on: train() hands it to Bridge's handler, which saves and requeues.
         hold_the_warning()
-    module = importlib.import_module(VERBS[verb][0])
     try:
-        return int(module.main(rest) or 0)
+        return int(importlib.import_module(VERBS[verb][0]).main(rest) or 0)
     except OutputWriteError as error:  # a full filesystem, in one line whichever verb met it
         raise SystemExit(f"nemo-topr {verb}: {error}") from None
+    except KeyboardInterrupt:  # Ctrl-C is the user's own stop, not a failure to show a traceback of
+        print(f"nemo-topr {verb}: interrupted", file=sys.stderr)
+        return 130  # the shell's status for a command stopped by SIGINT
 
 
 if __name__ == "__main__":

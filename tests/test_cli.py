@@ -30,3 +30,14 @@ def test_a_misspelled_or_shortened_verb_is_named_with_the_verb_meant(capsys):
         assert capsys.readouterr().err.startswith(f"nemo-topr: unknown verb {typed!r}; did you mean {meant}?\n")
     assert main(["xyz"]) == 2
     assert capsys.readouterr().err.startswith("nemo-topr: unknown verb 'xyz'\n\nusage: nemo-topr")
+
+
+def test_ctrl_c_stops_a_verb_in_one_line_with_the_shells_status(monkeypatch, capsys):
+    """Ctrl-C in `score-logprobs` (or any verb but train, which saves and exits 75) printed a
+    KeyboardInterrupt traceback; 130 is 128 + SIGINT, as a shell reports a command it stopped."""
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("nemo_topr.data.cli.main", interrupted)
+    assert main(["data", "validate", "graded.jsonl"]) == 130
+    assert capsys.readouterr().err == "nemo-topr data: interrupted\n"
