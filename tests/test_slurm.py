@@ -432,6 +432,65 @@ def test_submit_refuses_a_double_quote_an_sbatch_line_cannot_hold(tmp_path, caps
                                     "line break; choose one without"]
 
 
+def _fake_sbatch(tmp_path: Path, monkeypatch) -> Path:
+    """An `sbatch` first on PATH that queues nothing: it records its arguments in the file returned."""
+    called = tmp_path / "sbatch-called"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "sbatch").write_text(f'#!/usr/bin/env bash\necho "$@" >> "{called}"\n'
+                                             'echo "Submitted batch job 42"\n')
+    (tmp_path / "bin" / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    return called
+
+
+def _submit_inputs(tmp_path: Path) -> tuple[str, ...]:
+    model = placeholder_hf_model(tmp_path / "Llama-3.1-70B", LLAMA_31_70B)
+    (tmp_path / "scored.jsonl").write_text("{}\n")
+    return ("--config", "llama31_70b_bf16", "--nodes", "4", "--container-image", "img", f"base_model={model}",
+            f"dataset.train_path={tmp_path / 'scored.jsonl'}")
+
+
+@pytest.mark.parametrize("name, why", [("../../mine", "holds a '/'"), ("../evil", "holds a '/'"),
+                                       ("a/b", "holds a '/'"), ("-x", "starts with '-', as an option does"),
+                                       (".", "is not a file name"), ("..", "is not a file name"), ("", "is empty")],
+                         ids=["up-two", "up-one", "subdirectory", "dash", "dot", "dot-dot", "empty"])
+def test_submit_refuses_a_job_name_that_is_no_file_name_before_writing_anything(name, why, tmp_path, capsys,
+                                                                                monkeypatch):
+    """`--job-name ../../mine` wrote the script to RUN_DIR/submit/../../mine.sbatch, over the user's
+    own file there, and queued it; a dry run took it, `a/b`, `-x`, `.` and `..` too."""
+    called = _fake_sbatch(tmp_path, monkeypatch)
+    common = _submit_inputs(tmp_path)
+    mine = tmp_path / "x" / "mine.sbatch"
+    mine.parent.mkdir()
+    mine.write_text("mine\n")
+    before = sorted(tmp_path.rglob("*"))
+    message = (f"nemo-topr submit: --job-name {name!r} {why}: it names the job's script RUN_DIR/submit/NAME.sbatch "
+               "and Slurm's log RUN_DIR/NAME-JOBID.out; choose a plain file name")
+    run_dir = tmp_path / "x" / "sj"
+    for dry_run in (["--dry-run"], []):
+        with pytest.raises(SystemExit) as stop:
+            _submit(capsys, *common, "--run-dir", str(run_dir), f"--job-name={name}", *dry_run)
+        assert stop.value.code == message, dry_run
+        assert capsys.readouterr().out == ""
+    assert sorted(tmp_path.rglob("*")) == before and not called.exists()
+    assert mine.read_text() == "mine\n"
+
+
+def test_submit_writes_its_script_in_the_run_dir_and_replaces_it_on_a_resubmit(tmp_path, capsys, monkeypatch):
+    """The other side of the refusal above: a plain name is queued from RUN_DIR/submit/NAME.sbatch,
+    and a second submit of that name (a job for the same run) replaces the script the first wrote."""
+    called = _fake_sbatch(tmp_path, monkeypatch)
+    common = _submit_inputs(tmp_path)
+    run_dir = tmp_path / "x" / "sj"
+    script = run_dir / "submit" / "mine.sbatch"
+    for nodes in ("4", "8"):
+        status, out, err = _submit(capsys, *common, "--run-dir", str(run_dir), "--job-name=mine", "--nodes", nodes)
+        assert (status, out) == (0, "Submitted batch job 42\n"), err
+        assert f"#SBATCH --nodes={nodes}" in script.read_text().splitlines()
+    assert called.read_text().splitlines() == [str(script)] * 2
+    assert sorted(path.name for path in run_dir.rglob("*")) == ["mine.sbatch", "submit"]
+
+
 def test_submit_and_the_job_script_keep_one_run_dir(tmp_path, capsys):
     """`--run-dir A run_dir=B` wrote the job's logs, script and requeue check in A while train wrote
     B: a pre-emption's STOPPED marker in B was never seen, so the job was not requeued."""

@@ -258,6 +258,17 @@ def check_sbatch_words(job: ClusterJob) -> list[str]:
             if '"' in value or "\n" in value or "\r" in value]
 
 
+def job_name_problem(job_name: str) -> str | None:
+    """Why `job_name` cannot name the job's files, RUN_DIR/submit/NAME.sbatch and Slurm's log
+    RUN_DIR/NAME-JOBID.out (`../../x` wrote the script outside the run directory); None if it can."""
+    why = ("is empty" if not job_name else "holds a '/'" if "/" in job_name
+           else "is not a file name" if job_name in (".", "..")
+           else "starts with '-', as an option does" if job_name[0] == "-"
+           else None)
+    return why and (f"--job-name {job_name!r} {why}: it names the job's script RUN_DIR/submit/NAME.sbatch and "
+                    "Slurm's log RUN_DIR/NAME-JOBID.out; choose a plain file name")
+
+
 def sbatch_value(value: object) -> str:
     """A value as an #SBATCH line holds it: sbatch reads an unquoted one up to the first blank and
     refuses the rest ("Invalid directive found in batch script: b" for `--job-name=a b`, Slurm
@@ -343,7 +354,8 @@ def check_run_it_resumes(cfg: dict[str, Any], host_spec: str, run_dir: Path,
 
 
 def submit(job: ClusterJob, script_text: str) -> str:
-    """Write the script under the run directory, run `sbatch` on it, return sbatch's answer."""
+    """Write the script under the run directory, run `sbatch` on it, return sbatch's answer. The
+    script of an earlier submit of the same job name is replaced: it is this command's own."""
     script = job.run_dir / "submit" / f"{job.job_name}.sbatch"
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(script_text)
@@ -408,7 +420,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", "--config-name", dest="config", required=True,
                         help="a config in conf/ (e.g. llama31_8b_bf16), or the path of your own YAML file, whose "
                              "defaults may name those")
-    parser.add_argument("--job-name", help="default: topr-CONFIG (the YAML file's name without .yaml)")
+    parser.add_argument("--job-name", help="names RUN_DIR/submit/JOB_NAME.sbatch and the log, so no '/' and no "
+                                            "leading '-' (default: topr-CONFIG, the YAML file's name without .yaml)")
     parser.add_argument("--run-dir", type=Path, help="default: a run_dir= override, else the run_dir your own "
                                                      "YAML sets (both from the checkout), else runs/JOB_NAME")
     parser.add_argument("--nodes", type=at_least_one, default=1)
@@ -433,7 +446,9 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"nemo-topr submit: {error}") from None
     # a preset by its name, a YAML file elsewhere by its absolute path: the job runs train from the checkout
     config = name if config_dir == CONF_DIR.resolve() else str(config_dir / f"{name}.yaml")
-    job_name = args.job_name or f"topr-{name}"
+    job_name = f"topr-{name}" if args.job_name is None else args.job_name  # `--job-name ""` is refused
+    if problem := job_name_problem(job_name):  # before it names a default run directory, runs/JOB_NAME
+        raise SystemExit(f"nemo-topr submit: {problem}")
     run_dir, overrides = job_run_dir(args.run_dir, args.overrides)
     if run_dir is None and config_dir != CONF_DIR.resolve():
         run_dir = own_run_dir(config_dir / f"{name}.yaml", overrides)
