@@ -272,8 +272,12 @@ def test_submit_takes_data_as_train_reads_it_and_names_a_typo(tmp_path, capsys):
         mounts = ",".join(f"{p}:{p}" for p in sorted([REPO, run_dir, model, *data_mount]))
         assert f"export NEMO_TOPR_CONTAINER_MOUNTS={mounts}" in lines
         assert lines[-1].endswith(shlex.quote(f"dataset.train_path={data}")), lines[-1]
+    fifo = tmp_path / "graded.jsonl"  # exists, yet is no records file: it passed, and the job failed reading it
+    os.mkfifo(fifo)
     for data, problem in [(tmp_path / "shard", f"does not exist; did you mean {shards}?"),
-                          (shards / "*.parquet", "pattern matches nothing")]:
+                          (shards / "*.parquet", "pattern matches nothing"),
+                          (fifo, "not a regular file or a directory (a FIFO, socket or device): give a .jsonl, "
+                                 ".parquet or .arrow file or a directory of them")]:
         status, out, err = _submit(capsys, *submit, f"dataset.train_path={data}")
         assert status == 1 and out == ""
         assert [line.removeprefix("  - ") for line in err.splitlines()[1:]] == [f"dataset.train_path={data}: {problem}"]

@@ -28,6 +28,8 @@ from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRo
 
 FILE_FORMATS = {".jsonl": "JSONL", ".parquet": "Parquet", ".arrow": "Arrow"}
 READ_SUFFIXES = ".jsonl, .parquet or .arrow"  # FILE_FORMATS, as the errors name them
+NOT_A_RECORDS_PATH = (f"not a regular file or a directory (a FIFO, socket or device): give a {READ_SUFFIXES} file "
+                      "or a directory of them")
 # what to do with a file of another format, where there is one thing to say
 FORMAT_HINTS = {**dict.fromkeys((".gz", ".bz2", ".xz", ".zst", ".zip"), "decompress it first"),
                 ".json": "JSON Lines named .json, as datasets' to_json writes? rename it .jsonl; a JSON array: write "
@@ -100,8 +102,7 @@ def _sources_of(spec: str, split: str | None) -> tuple[list[Source], str | None]
                             + (f" ({FORMAT_HINTS[path.suffix]})" if path.suffix in FORMAT_HINTS else ""))
         return [_file_source(path)], None
     if path.exists():  # a FIFO, socket or device: no records file, yet no "does not exist" either
-        raise DataError(spec, 0, "path", "not a regular file or a directory (a FIFO, socket or device): give a "
-                        f"{READ_SUFFIXES} file or a directory of them")
+        raise DataError(spec, 0, "path", NOT_A_RECORDS_PATH)
     if glob.has_magic(spec):
         return _data_files(spec, sorted(map(Path, glob.glob(spec))),
                            f"pattern matches no {READ_SUFFIXES} files")
@@ -118,8 +119,10 @@ def why_missing(spec: str, typed: str | None = None) -> str | None:
     file, a directory, a matching pattern or a hub dataset; reads nothing (`nemo-topr submit`
     checks a job's data this way before queueing it, `typed` being the value as written, before
     it was resolved against the checkout)."""
-    if spec.startswith(HUB_PREFIX) or Path(spec).exists():
+    if spec.startswith(HUB_PREFIX) or Path(spec).is_file() or Path(spec).is_dir():
         return None
+    if Path(spec).exists():
+        return NOT_A_RECORDS_PATH
     if glob.has_magic(spec):
         return None if glob.glob(spec) else "pattern matches nothing"
     return "does not exist" + _missing_hint(Path(spec), Path(typed or spec))
