@@ -258,6 +258,9 @@ def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> l
     problems = []
     for section, parser, argv, more_checks in commands:
         sampling = getattr(config, section)
+        if driver_set := driver_set_in_args(section, parser, sampling):  # parsed with them, they would clash too
+            problems += driver_set
+            continue
         argv += [*sampling_flags(sampling, sampling.seed), "--device", config.device, "--model", "MODEL",
                  "--out", "OUT.json"]
         args, problem = parsed_or_usage_error(parser, argv)
@@ -269,6 +272,31 @@ def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> l
             problem = str(error)
         if problem:
             problems.append(f"{section}: {problem} ({section}'s options and {section}.args)")
+    return problems
+
+
+# Options of generate and eval the driver sets for every round: in `args` they came after its own,
+# and argparse keeps the last, so `--model M` sampled every round from M, not the round's model.
+DRIVER_SET = ("model", "prompts", "task", "rendered_prompts", "benchmark", "records", "plot", "limit",
+              "num_samples", "max_new_tokens", "seed", "device", "out", "samples_out", "label", "overwrite")
+
+
+def driver_set_in_args(section: str, parser: argparse.ArgumentParser, sampling: SamplingOptions) -> list[str]:
+    """A problem for each option in `SECTION.args` that the driver sets, naming the key that sets it."""
+    problems = []
+    for token in (token for token in sampling.args if token.startswith("--")):
+        name = token.split("=", 1)[0]
+        # the option argparse would take it for: its own, or the one option it abbreviates
+        actions = parser._actions
+        dests = ({action.dest for action in actions if name in action.option_strings}
+                 or {action.dest for action in actions if any(o.startswith(name) for o in action.option_strings)})
+        dest = dests.pop() if len(dests) == 1 else None
+        if dest not in DRIVER_SET:
+            continue
+        remedy = (f"set {section}.{dest} instead" if hasattr(sampling, dest) else "set device instead"
+                  if dest == "device" else "the rounds sample base_model, then each round's export"
+                  if dest == "model" else "it names the round's own files")
+        problems.append(f"{section}.args holds {name}, which the driver sets for every round: {remedy}")
     return problems
 
 
@@ -561,6 +589,37 @@ def sampling_flags(options: SamplingOptions, seed: int) -> list[str]:
             "--seed", str(seed), *options.args]
 
 
+BASE_MODEL_RECORD = "base_model.json"  # in OUT: the files the rounds started from
+
+
+def model_files(spec: str) -> list[list]:
+    """Name, size and modification time of each file of the model `spec` names (a Hugging Face
+    directory, or a Megatron checkpoint's iteration): the same path holding other weights (an
+    `export --overwrite`, a run trained on) is another model. Hashing would cost minutes at 70B."""
+    source = model_source.resolve(spec)
+    root = source.checkpoint if source.is_megatron else source.path
+    return [[str(path.relative_to(root)), path.stat().st_size, path.stat().st_mtime_ns]
+            for path in sorted(root.rglob("*")) if path.is_file()]
+
+
+def check_same_base_model(record: Path, spec: str, *, write: bool = True) -> None:
+    """A rerun resumes OUT's stages by their arguments; base_model's path among them is the same
+    when the files there changed, and every stage used to count as done on the earlier weights.
+    OUT's first start records base_model's files (`model_files`), a rerun compares them."""
+    now = {"base_model": str(model_source.resolve(spec).path), "files": model_files(spec)}
+    if not record.is_file():
+        if write:
+            write_whole(record, json.dumps(now, indent=1) + "\n")
+        return
+    then = json.loads(record.read_text(encoding="utf-8"))
+    if then != now:
+        files_then, files_now = ({name: stat for name, *stat in files} for files in (then["files"], now["files"]))
+        changed = sorted(name for name in files_then | files_now if files_then.get(name) != files_now.get(name))
+        raise IterateError(f"base_model={spec} is not what {record.parent} started from ({then['base_model']}): "
+                           f"{', '.join(changed[:5]) or 'its path'} changed since (size or time; {record}). Its "
+                           "stages were built on the earlier model: use a new `out`")
+
+
 @dataclass(frozen=True)
 class RoundFiles:
     """What the stages of a round (or of the start) write in its directory; the summary reads them back."""
@@ -606,6 +665,7 @@ class Driver:
         if not self.dry_run:
             check_launch(self.config)
         claimed_output_dir(self.out, "nemo-topr iterate", make=not self.dry_run)
+        check_same_base_model(self.out / BASE_MODEL_RECORD, self.config.base_model, write=not self.dry_run)
         if note := eval_prompt_note(self.config):
             print(note, flush=True)
         start = self.start()

@@ -80,6 +80,14 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
                                                r"\[0, 1\]; got -1 "),
     ("eval.args=[--tensor-parallel-size,4]", r"^eval: the transformers backend runs on one device; "),  # device=cpu
     ("eval.args=[--k,8]", r"^eval: --k 8 exceeds --num-samples 4: pass@k and maj@k need at least k samples "),
+    # after the driver's own options, argparse kept these: every round sampled Morig, 3 samples, not 4
+    ("generate.args=[--model,Morig,--num,3]", r"^generate.args holds --model, which the driver sets for every round: "
+                                             r"the rounds sample base_model, then each round's export; generate.args "
+                                             r"holds --num, which the driver sets for every round: set "
+                                             r"generate.num_samples instead$"),
+    ("eval.args=[--samples-out=x,--prompts,p.jsonl]", r"^eval.args holds --samples-out, which the driver sets for "
+                                                       r"every round: it names the round's own files; eval.args holds "
+                                                       r"--prompts, which .*: set eval.prompts instead$"),
     ("generate.prompts=my_prompts.jsonl generate.zero_shot=false generate.task=math",
      r"^generate: my_prompts.jsonl: no such prompt file, and not a benchmark "),
 ])
@@ -281,6 +289,30 @@ def test_an_out_the_driver_did_not_make_is_refused_before_any_stage(fake_model, 
         f"nemo-topr iterate: {home} is not empty and has no .nemo-topr-output file from a nemo-topr command: "
         "nemo-topr iterate resumes in")
     assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == ["round_0", "round_0/graded.jsonl"]
+
+
+def test_a_rerun_on_other_weights_at_the_same_base_model_path_is_refused(fake_model, tmp_path, monkeypatch, capsys):
+    """Stages resume by their arguments, and base_model's path is the same when the weights there
+    changed (an `export --overwrite`): every finished stage counted as done on the earlier model."""
+    def first_stage_fails(args, log, ranks):
+        raise IterateError(f"`nemo-topr {args[0]}` failed (stand-in)")
+
+    monkeypatch.setattr(iterate, "run_command", first_stage_fails)
+    out = tmp_path / "out"
+    argv = ["iterate_tiny_cpu", f"base_model={fake_model}", f"out={out}"]
+    assert iterate.main(argv) == 1 and "failed (stand-in)" in capsys.readouterr().err
+    recorded = json.loads((out / "base_model.json").read_text())
+    assert recorded == {"base_model": str(fake_model), "files": [
+        [path.name, path.stat().st_size, path.stat().st_mtime_ns] for path in sorted(fake_model.iterdir())]}
+    assert iterate.main(argv) == 1 and "failed (stand-in)" in capsys.readouterr().err  # the same model: resumed
+    (fake_model / "model.safetensors").write_bytes(b"other weights")
+    for dry_run in ([], ["--dry-run"]):
+        assert iterate.main([*argv, *dry_run]) == 1
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"nemo-topr iterate: base_model={fake_model} is not what {out} started from ({fake_model}): "
+            f"model.safetensors changed since (size or time; {out / 'base_model.json'}). Its stages were built on "
+            "the earlier model: use a new `out`")
+    assert json.loads((out / "base_model.json").read_text()) == recorded
 
 
 def test_more_ranks_than_the_nodes_gpus_are_refused_before_any_stage(fake_model, tmp_path, monkeypatch, capsys):
