@@ -125,6 +125,9 @@ def test_cpu_scoring_whose_attention_cannot_fit_in_memory_is_refused(tiny_hf, tm
     # records carry sum log mu per completion: the per-token ratio used to fail at the first step
     ("objective.ratio_level=token", r"^objective.ratio_level=token needs log mu of every completion token, and "
                                     r"records carry one behavior_logprob per completion"),
+    # any other value was taken for true: "maybe" resumed the base run's optimizer and iteration count
+    ("resume_from_base=maybe", r"^resume_from_base='maybe' must be true or false$"),
+    ("resume_from_base='false'", r"^resume_from_base='false' must be true or false$"),
     # below tiny_cpu's min_lr (3e-3): Megatron's scheduler asserted it after the data was prepared
     ("optimizer.lr=1e-3", r"^optimizer.lr=0.001 is below optimizer.min_lr=0.003, where the schedule decays to; set "
                           r"optimizer.min_lr=0.001 too"),
@@ -278,6 +281,53 @@ def _fake_checkpoint(run_dir, iteration):
         "model:\n  tensor_model_parallel_size: 1\n  pipeline_model_parallel_size: 1\n"
         "checkpoint:\n  save_rng: true\n  save_optim: true\n  fully_parallel_save: false\n")
     (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+
+
+def test_resume_from_base_needs_the_bases_data_and_iterations_left(tiny_hf, tmp_path):
+    """By hand through finetune() before 2026-11-30, resume_from_base=true from a base run: on 100
+    of its 144 records, Megatron's scheduler asserted (48 iterations, checkpoint 72); on its records
+    with rewards negated, the first 20 samples were skipped untrained; from its last iteration,
+    nothing trained and the start exited 75 with STOPPED, which a Slurm job requeues forever."""
+    from nemo_topr.training.recipe import prepare
+    from nemo_topr.training.run_state import RunStateError
+
+    data = _graded_data(tmp_path / "graded.jsonl", records=16)
+    base = tmp_path / "base"
+    train_iters = prepare(_run(tiny_hf, base, f"dataset.train_path={data}"))["train_iters"]
+    assert train_iters >= 2
+
+    def saved(iteration):  # a finished save, as model_source reads one
+        _fake_checkpoint(base, iteration)
+        (base / "checkpoints" / f"iter_{iteration:07d}" / "metadata.json").write_text("{}\n")
+
+    saved(1)
+
+    def resume_from_base(run: str, data_path, *overrides):
+        return prepare(_run(tiny_hf, tmp_path / run, f"dataset.train_path={data_path}", f"base_model={base}",
+                            "resume_from_base=true", *overrides))
+
+    continuing = "resume_from_base=true continues the iteration count, schedule and consumed samples of nemo-topr run"
+    assert resume_from_base("same", data)["train_iters"] == train_iters  # the base's data: it continues
+    negated = [{**json.loads(line), "reward": -json.loads(line)["reward"]} for line in data.read_text().splitlines()]
+    (tmp_path / "negated.jsonl").write_text("".join(json.dumps(row) + "\n" for row in negated))
+    for run, data_path, overrides, changed in (
+            ("negated", tmp_path / "negated.jsonl", [], r"Changed: the training data \(records, their order, tokens "
+                                                         r"or rewards\)\. To train on this data, drop resume_from_base"),
+            ("reordered", data, ["dataset.shuffle_seed=7"], r"Changed: the training data .*; dataset.shuffle_seed: "
+                                                            r"\d+ -> 7\.")):
+        with pytest.raises(RunStateError, match=rf"^{continuing} {base}, iteration 1 .*, which count the data and "
+                                                rf"order it trained on; this run's differ\. {changed}"):
+            resume_from_base(run, data_path, *overrides)
+        assert not (tmp_path / run / "fingerprint.json").exists()  # refused before anything of the run was written
+    saved(train_iters)  # the base trained to the end of this data
+    with pytest.raises(RunStateError, match=rf"^{continuing} {base}, iteration {train_iters} .*: it is at iteration "
+                                            rf"{train_iters}, the end of this data's {train_iters} iterations, so "
+                                            r"nothing is left to continue; drop resume_from_base"):
+        resume_from_base("finished", data)
+    (base / "fingerprint.json").unlink()  # a base with no record of its data (another trainer's checkpoint)
+    with pytest.raises(RunStateError, match=rf"; {base} has no fingerprint.json to show the data they count: drop "
+                                            r"resume_from_base to train from its weights"):
+        resume_from_base("unrecorded", data)
 
 
 def test_a_resume_onto_changed_data_or_lr_is_refused_and_keeps_the_config_that_trained(tiny_hf, tmp_path):

@@ -538,6 +538,8 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
     except model_source.ModelSourceError as error:
         raise ConfigError(str(error)) from None
     check_run_dir(Path(values["run_dir"]))
+    if not isinstance(values.get("resume_from_base", False), bool):  # "maybe" and 'false' were taken for true
+        raise ConfigError(f"resume_from_base={values['resume_from_base']!r} must be true or false")
     if values.get("resume_from_base"):
         check_resumable(base_model)
     objective = objective_from(values.get("objective") or {})

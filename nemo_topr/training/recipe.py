@@ -48,6 +48,7 @@ from nemo_topr.training.run_state import (
     RunLock,
     RunStateError,
     check_resume,
+    check_resume_from_base,
     data_fingerprint,
     resume_settings,
     save_start_config,
@@ -91,9 +92,11 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
     train.train_iters = prepared.num_rows // train.global_batch_size
     if rank_zero:
         resume_iteration = latest_iteration(Path(run.container.checkpoint.save))
-        check_resume(run.run_dir, resume_iteration is not None,
-                     {"data": data_fingerprint(prepared.dataset.sequences, prepared.rows),
-                      "config": resume_settings(run.raw, run.objective, run.base_model)})
+        fingerprint = {"data": data_fingerprint(prepared.dataset.sequences, prepared.rows),
+                       "config": resume_settings(run.raw, run.objective, run.base_model)}
+        if resume_iteration is None and run.raw.get("resume_from_base"):  # loads the base run's state
+            check_resume_from_base(run.base_model, fingerprint, train.train_iters)
+        check_resume(run.run_dir, resume_iteration is not None, fingerprint)
         dropped = truncate_ledgers(run.run_dir, resume_iteration or 0)
         if dropped:
             print(f"[nemo-topr] sample ledger: dropped {dropped} entries of iterations after the checkpoint "

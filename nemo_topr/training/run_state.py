@@ -171,6 +171,31 @@ def check_resume(run_dir: Path, resuming: bool, fingerprint: dict[str, Any]) -> 
         raise _not_the_same_run(run_dir, recorded["config"], fingerprint["config"], changes)
 
 
+def check_resume_from_base(base_model: Any, fingerprint: dict[str, Any], train_iters: int) -> None:
+    """`resume_from_base=true` continues the base run's iteration count, schedule and consumed
+    samples, which count rows of the data it trained on. On data of another length Megatron's
+    scheduler asserted; on other data of the same length the first rows were skipped untrained;
+    from a finished base, nothing was trained and the start exited for a requeue, again and again.
+    The base run's fingerprint.json (RUN/checkpoints/iter_N -> RUN) shows its data and keys."""
+    root = base_model.checkpoint.parent.parent
+    what = (f"resume_from_base=true continues the iteration count, schedule and consumed samples of "
+            f"{base_model.describe()}")
+    fresh = "drop resume_from_base to train from its weights (a fresh optimizer and count)"
+    if not (root / FINGERPRINT_FILE).is_file():
+        raise RunStateError(f"{what}; {root} has no {FINGERPRINT_FILE} to show the data they count: {fresh}")
+    recorded = json.loads((root / FINGERPRINT_FILE).read_text())
+    order_and_schedule = {key: value for key, value in recorded["config"].items() if key in ORDER_AND_SCHEDULE_KEYS}
+    changes = _setting_changes(order_and_schedule, fingerprint["config"])
+    if recorded["data"] != fingerprint["data"]:
+        changes.insert(0, "the training data (records, their order, tokens or rewards)")
+    if changes:
+        raise RunStateError(f"{what}, which count the data and order it trained on; this run's differ. Changed: "
+                            f"{'; '.join(changes)}. To train on this data, {fresh}")
+    if base_model.iteration >= train_iters:
+        raise RunStateError(f"{what}: it is at iteration {base_model.iteration}, the end of this data's "
+                            f"{train_iters} iterations, so nothing is left to continue; {fresh}")
+
+
 def check_queued_start(run_dir: Path, settings: dict[str, Any]) -> int | None:
     """What a job queued for RUN_DIR will find when it starts (`nemo-topr submit`, before the
     queue wait): None for a new run, else the iteration it resumes from. Refuses a finished run,
@@ -208,8 +233,8 @@ def _not_the_same_run(run_dir: Path, before: dict[str, Any], now: dict[str, Any]
     return RunStateError(
         f"{run_dir} holds checkpoints of a run with other data or settings; a resume would not continue "
         f"it. Changed: {'; '.join(changes)}. Either restore them, or start a new run: another run_dir "
-        f"with base_model={run_dir} (weights only, fresh optimizer and schedule) or also "
-        f"resume_from_base=true (continue its optimizer state and iteration count)")
+        f"with base_model={run_dir} (weights only, fresh optimizer and schedule); with the same data and order, "
+        f"also resume_from_base=true continues its optimizer state and iteration count")
 
 
 def entries_of_others(run_dir: Path) -> list[str]:
