@@ -86,6 +86,8 @@ def test_ranks_preparing_one_run_directory_repair_once_and_write_once(tmp_path):
     _checkpoint(checkpoints, 5)
     _checkpoint(checkpoints, 10, config="")  # killed before run_config.yaml
     _point_latest(checkpoints, 10)
+    (run_dir / "configs").mkdir()  # the first start's record, as train leaves it before any checkpoint
+    (run_dir / "configs" / "start_001.yaml").write_text("{}\n")
     ready.mkdir()
     data = REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl"
     ranks = [subprocess.Popen([sys.executable, str(WORKERS / "prepare_rank.py"), str(run_dir), str(ready), str(start),
