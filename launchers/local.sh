@@ -6,7 +6,8 @@
 #   launchers/local.sh llama31_8b_bf16 base_model=/models/Llama-3.1-8B-Instruct dataset.train_path=scored.jsonl
 #   launchers/local.sh -n 2 tiny_cpu model.tensor_model_parallel_size=2     # CPU, TP=2 over gloo
 #
-# RANKS defaults to the number of visible GPUs, or 1 without one. Rerunning the same command
+# RANKS defaults to the number of visible GPUs, or 1 without one. Relative paths are the current
+# directory's, as for `nemo-topr train`. Rerunning the same command
 # resumes from the run directory's latest checkpoint. With GPUs visible, the ranks get a Slurm
 # job's environment (slurm/environment.sh: NCCL, CUDA, allocator, threads; what is set wins).
 set -euo pipefail
@@ -37,6 +38,6 @@ if ((gpus > 0)); then
 fi
 config_name=$1
 shift
-cd "$repo"
+# from the caller's directory: relative paths are the caller's, as for `nemo-topr train` itself
 exec "$python" -m torch.distributed.run --standalone --nproc-per-node="$ranks" \
     -m nemo_topr.cli train --config-name "$config_name" "$@"

@@ -50,7 +50,10 @@ def test_on_gpus_the_ranks_get_a_slurm_jobs_environment_one_per_gpu(tmp_path):
     assert started["argv"] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8", "-m",
                                "nemo_topr.cli", "train", "--config-name", "llama31_8b_bf16",
                                "dataset.train_path=scored.jsonl"]
-    assert started["cwd"] == str(REPO)  # relative paths are the checkout's, as in a Slurm job
+    # the caller's directory: relative paths are the caller's, as for `nemo-topr train` (it was the
+    # checkout's: base_model=tiny_llama_hf beside the caller was "no such directory", run_dir=relrun
+    # was made in the checkout)
+    assert started["cwd"] == str(tmp_path)
     given = {name: started["environ"].get(name) for name in training_environment()}
     # slurm/environment.sh's values (read independently of the launcher), but what was set already
     assert given == {**training_environment(), "NCCL_DEBUG": "INFO"}
