@@ -245,6 +245,20 @@ def _megatron_source(root: Path, iteration: int | None, *, kind: str, shown: Pat
     return source
 
 
+def check_intact(source: ModelSource) -> None:
+    """A Megatron source's files as long as its .metadata says. One cut short since the save (a full
+    disk, an interrupted copy) ended scoring, export and training from it in torch's bare EOFError,
+    after Megatron's start-up; a resume of the run itself says so already (checkpoints.py)."""
+    if not source.is_megatron:
+        return
+    from nemo_topr.training.checkpoints import truncated_files
+
+    if short := truncated_files(source.checkpoint):
+        raise ModelSourceError(f"{source.named}{source.path}: iteration {source.iteration} is damaged, cut short: "
+                               f"{', '.join(short[:3])}; restore it from a copy, or choose another saved iteration "
+                               f"(saved: {source.saved_iterations()})")
+
+
 def _missing_files(checkpoint: Path) -> list[str]:
     return [name for name in ITERATION_FILES if not (checkpoint / name).is_file()]
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO, placeholder_hf_model
 
 from nemo_topr.model_source import ModelSourceError, resolve
-from nemo_topr.training.config import ConfigError, compose
+from nemo_topr.training.config import ConfigError, build_training_run, compose
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +215,44 @@ def test_train_refuses_another_architecture_before_importing_megatron(tmp_path):
         f"{ONLY_LLAMA}"], lines
     assert "| megatron" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_cut_short_since_its_save_is_named_by_every_verb_that_reads_it(tiny_hf, tmp_path, megatron_world):
+    """A shard truncated after the save (a full disk, an interrupted copy): `score-logprobs`,
+    `export` and `train` from it ended in torch's bare EOFError after Megatron's start-up; only a
+    resume of the run itself said so (tests/test_checkpoint_repair.py)."""
+    import torch
+    from torch.distributed.checkpoint import save
+
+    from nemo_topr.model_source import check_intact
+    from nemo_topr.training import export
+
+    root = tmp_path / "ckpt"
+    shutil.copytree(tiny_hf, root / "hf_artifacts", ignore=shutil.ignore_patterns("*.safetensors"))
+    iteration = root / "iter_0000002"
+    save({"weight": torch.arange(1000.0)}, checkpoint_id=str(iteration), no_dist=True)
+    (iteration / "metadata.json").write_text("{}\n")
+    (iteration / "run_config.yaml").write_text("model: {}\n")
+    (root / "latest_checkpointed_iteration.txt").write_text("2")
+    check_intact(resolve(root))  # whole: nothing to say
+    shard = next(iteration.glob("*.distcp"))
+    whole = shard.stat().st_size
+    with shard.open("r+b") as cut:
+        cut.truncate(100)
+    problem = (f"{root}: iteration 2 is damaged, cut short: {shard} (100 of {whole} bytes); restore it from a copy, "
+               "or choose another saved iteration (saved: [2])")
+    with pytest.raises(ModelSourceError) as refused:
+        check_intact(resolve(root))
+    assert str(refused.value) == f"base_model={problem}"
+    with pytest.raises(SystemExit) as stopped:
+        export.main(["--ckpt", str(root), "--hf-out", str(tmp_path / "hf"), "--device", "cpu"])
+    assert stopped.value.code == f"nemo-topr export: --ckpt {problem}" and not (tmp_path / "hf").exists()
+    from nemo_topr.training.scoring import score_logprobs
+
+    with pytest.raises(ModelSourceError) as refused:  # before the records (none here) or the model are read
+        score_logprobs(root, tmp_path / "absent.jsonl", tmp_path / "scored.jsonl", device="cpu")
+    assert str(refused.value) == f"--model {problem}"
+    raw = compose("tiny_cpu", [f"base_model={root}", f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError) as refused:
+        build_training_run(raw)
+    assert str(refused.value) == f"base_model={problem}" and not (tmp_path / "run").exists()

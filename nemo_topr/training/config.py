@@ -556,6 +556,11 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
 
     values, base_model, objective = check_config(raw)
     check_values(values)
+    if latest_iteration(Path(values["run_dir"]) / "checkpoints") is None:  # the base is loaded, not a resume
+        try:
+            model_source.check_intact(base_model)  # reads its .metadata with torch: here, not in check_config
+        except model_source.ModelSourceError as error:
+            raise ConfigError(str(error)) from None
     run_dir = Path(values["run_dir"]).resolve()
     _, provider = source_provider(base_model)
     # pinned host memory only speeds copies to an accelerator; without one torch warns at every loader

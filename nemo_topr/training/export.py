@@ -32,7 +32,7 @@ from pathlib import Path
 
 from nemo_topr.arguments import non_negative
 from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
-from nemo_topr.model_source import ModelSource, ModelSourceError, resolve, split_iteration
+from nemo_topr.model_source import ModelSource, ModelSourceError, check_intact, resolve, split_iteration
 from nemo_topr.quiet import stdout_to_stderr
 from nemo_topr.training.checkpoints import iteration_dir_name
 
@@ -98,6 +98,8 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
     # resolved: `--hf-out .` has a name to put a partial directory beside, a symlink its target
     targets = export_targets(source, Path(hf_out).resolve(), iterations)  # each checked before any work
     check_outputs(targets, overwrite)
+    for checkpoint in targets:
+        check_intact(checkpoint)
     use_device(device, where="--device")  # imports Megatron (10-20 s): only once the inputs are known good
     from nemo_topr.model import config_only_bridge
 

@@ -185,6 +185,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     device = select_device(device, where="--device")  # first, as every verb: no GPU is not a CPU run
     source_model = model_source.resolve(model_dir, named="--model ")  # file checks only: before Megatron's imports
     use_device(device, where="--device")  # before Megatron: on CPU it hides CUDA-only packages from it
+    model_source.check_intact(source_model)
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
