@@ -136,6 +136,17 @@ def _tiny_tokenizer_files() -> dict[str, bytes]:
         return {path.name: path.read_bytes() for path in Path(directory).iterdir()}
 
 
+def torch_dist_save(iteration_dir: Path, size: int = 4) -> Path:
+    """A real torch_dist save (torch.distributed.checkpoint, as Megatron writes one) of one tensor
+    of `size` floats in `iteration_dir`: its .metadata and shard, which the verbs reading a
+    checkpoint compare (`model_source.check_intact`). Bridge's other files are the caller's."""
+    import torch
+    from torch.distributed.checkpoint import save
+
+    save({"weight": torch.arange(float(size))}, checkpoint_id=str(iteration_dir), no_dist=True)
+    return iteration_dir
+
+
 def placeholder_hf_model(directory: Path, config: dict | str | None = None, *, tokenizer: bool = True) -> Path:
     """`directory`, made shaped like a Hugging Face model as nemo_topr.model_source inspects it:
     config.json (`config`, by default a Llama's architecture; a str is written as it is, so it may

@@ -272,10 +272,9 @@ def _fake_checkpoint(run_dir, iteration):
     """What ensure_latest_complete accepts as a complete checkpoint at `iteration`."""
     import torch
 
-    from torch.distributed.checkpoint import save
+    from conftest import torch_dist_save
 
-    saved = run_dir / "checkpoints" / f"iter_{iteration:07d}"
-    save({"weight": torch.zeros(4)}, checkpoint_id=str(saved), no_dist=True)
+    saved = torch_dist_save(run_dir / "checkpoints" / f"iter_{iteration:07d}")
     torch.save({"step": iteration}, saved / "train_state.pt")
     (saved / "run_config.yaml").write_text(
         "model:\n  tensor_model_parallel_size: 1\n  pipeline_model_parallel_size: 1\n"

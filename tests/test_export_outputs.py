@@ -10,15 +10,16 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import torch_dist_save
 from safetensors import SafetensorError
 
 from nemo_topr.training import export
 
 
 def _fake_checkpoint(root: Path) -> Path:
-    (root / "iter_0000001").mkdir(parents=True)
+    torch_dist_save(root / "iter_0000001")
     (root / "latest_checkpointed_iteration.txt").write_text("1")
-    for name in (".metadata", "metadata.json", "run_config.yaml"):
+    for name in ("metadata.json", "run_config.yaml"):
         (root / "iter_0000001" / name).write_text("{}\n" if name != "run_config.yaml" else "model: {}\n")
     (root / "hf_artifacts").mkdir()
     (root / "hf_artifacts" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
@@ -196,7 +197,7 @@ def test_an_iteration_named_twice_is_refused_not_one_of_the_two_dropped(tmp_path
     checkpoints = _fake_checkpoint(run / "checkpoints")
     (checkpoints / "iter_0000002").mkdir()
     for made in (checkpoints / "iter_0000001").iterdir():
-        (checkpoints / "iter_0000002" / made.name).write_text(made.read_text())
+        (checkpoints / "iter_0000002" / made.name).write_bytes(made.read_bytes())
     (checkpoints / "latest_checkpointed_iteration.txt").write_text("2")
     (run / "config.yaml").write_text("run_dir: run\n")
     monkeypatch.chdir(tmp_path)

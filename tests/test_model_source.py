@@ -221,16 +221,14 @@ def test_a_checkpoint_cut_short_since_its_save_is_named_by_every_verb_that_reads
     """A shard truncated after the save (a full disk, an interrupted copy): `score-logprobs`,
     `export` and `train` from it ended in torch's bare EOFError after Megatron's start-up; only a
     resume of the run itself said so (tests/test_checkpoint_repair.py)."""
-    import torch
-    from torch.distributed.checkpoint import save
+    from conftest import torch_dist_save
 
     from nemo_topr.model_source import check_intact
     from nemo_topr.training import export
 
     root = tmp_path / "ckpt"
     shutil.copytree(tiny_hf, root / "hf_artifacts", ignore=shutil.ignore_patterns("*.safetensors"))
-    iteration = root / "iter_0000002"
-    save({"weight": torch.arange(1000.0)}, checkpoint_id=str(iteration), no_dist=True)
+    iteration = torch_dist_save(root / "iter_0000002", size=1000)
     (iteration / "metadata.json").write_text("{}\n")
     (iteration / "run_config.yaml").write_text("model: {}\n")
     (root / "latest_checkpointed_iteration.txt").write_text("2")

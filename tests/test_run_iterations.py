@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import torch_dist_save
 
 from nemo_topr import model_source
 from nemo_topr.model_source import ModelSourceError, resolve
@@ -15,9 +16,8 @@ SAVED = (2, 4, 6)  # iterations of the fake run; 6 is the latest
 
 
 def _iteration(checkpoints: Path, iteration: int, *, finished: bool = True) -> Path:
-    path = checkpoints / f"iter_{iteration:07d}"
-    path.mkdir(parents=True)
-    for name in (".metadata", "metadata.json", "train_state.pt"):
+    path = torch_dist_save(checkpoints / f"iter_{iteration:07d}")
+    for name in ("metadata.json", "train_state.pt"):
         (path / name).write_text("")
     if finished:  # what Bridge writes last (model_source.ITERATION_FILES)
         (path / "run_config.yaml").write_text(f"model:\n  num_layers: 2\n  hidden_size: 64\n# iteration {iteration}\n")
