@@ -592,11 +592,10 @@ def sampling_flags(options: SamplingOptions, seed: int) -> list[str]:
 BASE_MODEL_RECORD = "base_model.json"  # in OUT: the files the rounds started from
 
 
-def model_files(spec: str) -> list[list]:
-    """Name, size and modification time of each file of the model `spec` names (a Hugging Face
-    directory, or a Megatron checkpoint's iteration): the same path holding other weights (an
-    `export --overwrite`, a run trained on) is another model. Hashing would cost minutes at 70B."""
-    source = model_source.resolve(spec)
+def model_files(source: model_source.ModelSource) -> list[list]:
+    """Name, size and modification time of each file of `source` (a Hugging Face directory, or a
+    Megatron checkpoint's iteration): the same path holding other weights (an `export
+    --overwrite`, a run trained on) is another model. Hashing would cost minutes at 70B."""
     root = source.checkpoint if source.is_megatron else source.path
     return [[str(path.relative_to(root)), path.stat().st_size, path.stat().st_mtime_ns]
             for path in sorted(root.rglob("*")) if path.is_file()]
@@ -606,7 +605,8 @@ def check_same_base_model(record: Path, spec: str, *, write: bool = True) -> Non
     """A rerun resumes OUT's stages by their arguments; base_model's path among them is the same
     when the files there changed, and every stage used to count as done on the earlier weights.
     OUT's first start records base_model's files (`model_files`), a rerun compares them."""
-    now = {"base_model": str(model_source.resolve(spec).path), "files": model_files(spec)}
+    source = model_source.resolve(spec)
+    now = {"base_model": str(source.path), "files": model_files(source)}
     if not record.is_file():
         if write:
             write_whole(record, json.dumps(now, indent=1) + "\n")

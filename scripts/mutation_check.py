@@ -833,7 +833,7 @@ MUTANTS = (
            ("tests/test_config.py::test_cpu_scoring_whose_attention_cannot_fit_in_memory_is_refused",),
            "CPU scoring at a --seq-length whose attention cannot fit builds the model, then dies in the allocator"),
     Mutant("sample_log_resumes_edited_prompts", "nemo_topr/evaluation/sample_log.py",
-           "                self._check_same_problem(number, row, problems[index])\n", "",
+           "                self._check_same_problem(number, index, row, problems[index])\n", "",
            ("tests/test_generate_eval.py::test_a_sample_log_of_prompts_edited_since_is_not_resumed",),
            "generate resumes old samples and grades for prompts whose text or reference answer changed"),
     Mutant("stats_and_curate_keep_their_drops_quiet", "nemo_topr/data/cli.py",

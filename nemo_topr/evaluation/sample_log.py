@@ -80,16 +80,17 @@ class SampleLog:
         for number, line in enumerate(lines[1:], start=2):
             row = json.loads(line)
             index = row["index"]
-            if index < len(problems) and problems[index].prompt_id != row["prompt_id"]:
-                raise SampleLogError(f"{self.path}:{number}: prompt {index} is {row['prompt_id']!r} in the log but "
-                                     f"{problems[index].prompt_id!r} now: the prompts changed; choose another --out")
             if index < len(problems):
-                self._check_same_problem(number, row, problems[index])
+                self._check_same_problem(number, index, row, problems[index])
                 self.done[index] = [_sample_of(sample) for sample in row["samples"]]
         if len(complete) < len(text):
             self.path.write_text(complete, encoding="utf-8")
 
-    def _check_same_problem(self, number: int, row: dict[str, Any], problem: Problem) -> None:
+    def _check_same_problem(self, number: int, index: int, row: dict[str, Any], problem: Problem) -> None:
+        """Line `number` of the log holds prompt `index`'s samples: the same prompt id, text and reference."""
+        if problem.prompt_id != row["prompt_id"]:
+            raise SampleLogError(f"{self.path}:{number}: prompt {index} is {row['prompt_id']!r} in the log but "
+                                 f"{problem.prompt_id!r} now: the prompts changed; choose another --out")
         where, now = f"{self.path}:{number}: prompt {problem.prompt_id!r}", _identity(problem)
         remedy = "choose another --out, or delete the log to sample again"
         if "prompt_sha256" not in row:

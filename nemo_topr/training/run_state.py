@@ -164,10 +164,7 @@ def check_resume(run_dir: Path, resuming: bool, fingerprint: dict[str, Any]) -> 
         path.write_text(json.dumps(fingerprint, indent=2, sort_keys=True) + "\n")
         return
     recorded = json.loads(path.read_text())
-    changes = _setting_changes(recorded["config"], fingerprint["config"])
-    if recorded["data"] != fingerprint["data"]:
-        changes.insert(0, "the training data (records, their order, tokens or rewards)")
-    if changes:
+    if changes := _changes(recorded["data"], recorded["config"], fingerprint):
         raise _not_the_same_run(run_dir, recorded["config"], fingerprint["config"], changes)
 
 
@@ -185,10 +182,7 @@ def check_resume_from_base(base_model: Any, fingerprint: dict[str, Any], train_i
         raise RunStateError(f"{what}; {root} has no {FINGERPRINT_FILE} to show the data they count: {fresh}")
     recorded = json.loads((root / FINGERPRINT_FILE).read_text())
     order_and_schedule = {key: value for key, value in recorded["config"].items() if key in ORDER_AND_SCHEDULE_KEYS}
-    changes = _setting_changes(order_and_schedule, fingerprint["config"])
-    if recorded["data"] != fingerprint["data"]:
-        changes.insert(0, "the training data (records, their order, tokens or rewards)")
-    if changes:
+    if changes := _changes(recorded["data"], order_and_schedule, fingerprint):
         raise RunStateError(f"{what}, which count the data and order it trained on; this run's differ. Changed: "
                             f"{'; '.join(changes)}. To train on this data, {fresh}")
     if base_model.iteration >= train_iters:
@@ -215,6 +209,12 @@ def check_queued_start(run_dir: Path, settings: dict[str, Any]) -> int | None:
         if changes := _setting_changes(recorded, settings):
             raise _not_the_same_run(run_dir, recorded, settings, changes)
     return resume_iteration
+
+
+def _changes(data_before: str, settings_before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs from a recorded fingerprint: the data first, then each recorded setting."""
+    data = [] if data_before == now["data"] else ["the training data (records, their order, tokens or rewards)"]
+    return data + _setting_changes(settings_before, now["config"])
 
 
 def _setting_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
