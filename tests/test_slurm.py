@@ -456,12 +456,15 @@ def _submit_inputs(tmp_path: Path) -> tuple[str, ...]:
 
 @pytest.mark.parametrize("name, why", [("../../mine", "holds a '/'"), ("../evil", "holds a '/'"),
                                        ("a/b", "holds a '/'"), ("-x", "starts with '-', as an option does"),
-                                       (".", "is not a file name"), ("..", "is not a file name"), ("", "is empty")],
-                         ids=["up-two", "up-one", "subdirectory", "dash", "dot", "dot-dot", "empty"])
+                                       (".", "is not a file name"), ("..", "is not a file name"), ("", "is empty"),
+                                       ("é" * 121, "is 242 bytes, over the 240 that leave the log's -JOBID.out room "
+                                                   "in a file name")],
+                         ids=["up-two", "up-one", "subdirectory", "dash", "dot", "dot-dot", "empty", "over-255-bytes"])
 def test_submit_refuses_a_job_name_that_is_no_file_name_before_writing_anything(name, why, tmp_path, capsys,
                                                                                 monkeypatch):
     """`--job-name ../../mine` wrote the script to RUN_DIR/submit/../../mine.sbatch, over the user's
-    own file there, and queued it; a dry run took it, `a/b`, `-x`, `.` and `..` too."""
+    own file there, and queued it; a dry run took it, `a/b`, `-x`, `.` and `..` too. A name of 121
+    two-byte letters ended in OSError: [Errno 36] File name too long (255 bytes, less "-JOBID.out")."""
     called = _fake_sbatch(tmp_path, monkeypatch)
     common = _submit_inputs(tmp_path)
     mine = tmp_path / "x" / "mine.sbatch"

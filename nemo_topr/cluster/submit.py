@@ -258,12 +258,18 @@ def check_sbatch_words(job: ClusterJob) -> list[str]:
             if '"' in value or "\n" in value or "\r" in value]
 
 
+# A file name holds 255 bytes (NAME_MAX); Slurm's log adds "-JOBID.out", a job id of up to 10 digits.
+MAX_JOB_NAME_BYTES = 255 - len("-4294967295.out")
+
+
 def job_name_problem(job_name: str) -> str | None:
     """Why `job_name` cannot name the job's files, RUN_DIR/submit/NAME.sbatch and Slurm's log
     RUN_DIR/NAME-JOBID.out (`../../x` wrote the script outside the run directory); None if it can."""
     why = ("is empty" if not job_name else "holds a '/'" if "/" in job_name
            else "is not a file name" if job_name in (".", "..")
            else "starts with '-', as an option does" if job_name[0] == "-"
+           else f"is {size} bytes, over the {MAX_JOB_NAME_BYTES} that leave the log's -JOBID.out room in a file name"
+           if (size := len(job_name.encode())) > MAX_JOB_NAME_BYTES
            else None)
     return why and (f"--job-name {job_name!r} {why}: it names the job's script RUN_DIR/submit/NAME.sbatch and "
                     "Slurm's log RUN_DIR/NAME-JOBID.out; choose a plain file name")
