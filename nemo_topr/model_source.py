@@ -41,10 +41,12 @@ ARCHITECTURE_KEYS = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_s
 # and export tests run (Llama 3 and 3.1, and models fine-tuned from them, are LlamaForCausalLM).
 ARCHITECTURE = "LlamaForCausalLM"
 
-EXPECTED = ("one of: a Hugging Face model directory (config.json, *.safetensors, tokenizer.json); "
-            "a Megatron distributed checkpoint (latest_checkpointed_iteration.txt and iter_*/, with hf_artifacts/ "
-            "beside them, as `nemo-topr import` writes); one iter_* directory of it; a nemo-topr run directory "
-            "(config.yaml and checkpoints/); or RUN@ITERATION")
+# What a missing or unknown model is told it should have been: the kinds the verb takes.
+HF_KIND = "a Hugging Face model directory (config.json, *.safetensors, tokenizer.json)"
+MEGATRON_KINDS = ("a Megatron distributed checkpoint (latest_checkpointed_iteration.txt and iter_*/, with hf_artifacts/ "
+                  "beside them, as `nemo-topr import` writes); one iter_* directory of it; a nemo-topr run directory "
+                  "(config.yaml and checkpoints/); or RUN@ITERATION")
+EXPECTED = f"one of: {HF_KIND}; {MEGATRON_KINDS}"  # train, score-logprobs, plan, submit: any kind
 
 
 class ModelSourceError(ValueError):
@@ -110,13 +112,15 @@ def split_iteration(spec: str | Path) -> tuple[str, str]:
     return (match[1], match[2]) if match and not Path(text).exists() else (text, "")
 
 
-def resolve(spec: str | Path, *, named: str = "base_model=", megatron: bool = True) -> ModelSource:
+def resolve(spec: str | Path, *, named: str = "base_model=", megatron: bool = True,
+            expected: str = EXPECTED) -> ModelSource:
     """Detect the kind of `spec` and check it is complete (see the module docstring). Errors name
     it as the user gave it: `named` is the option or key before the path ("--model "). With
     `megatron` (a verb that converts it to Megatron) its HF config must name ARCHITECTURE: another
     model would fail inside Bridge after the imports (GPT-2: AutoBridge's multi-line ValueError),
-    or after a queue wait under `submit`, or run a path no test has run."""
-    source = _resolve(spec, named)
+    or after a queue wait under `submit`, or run a path no test has run. `expected`: the kinds the
+    verb takes, named when `spec` is none of them."""
+    source = _resolve(spec, named, expected)
     if megatron:
         _check_supported(source)
     return source
@@ -135,7 +139,7 @@ def _check_supported(source: ModelSource) -> None:
                                "architecture its tests run")
 
 
-def _resolve(spec: str | Path, named: str) -> ModelSource:
+def _resolve(spec: str | Path, named: str, expected: str) -> ModelSource:
     text = str(spec)
     directory, iteration = split_iteration(text)
     if iteration:
@@ -143,9 +147,9 @@ def _resolve(spec: str | Path, named: str) -> ModelSource:
     path = Path(text).resolve()
     if path.is_file():
         raise ModelSourceError(f"{named}{text}: a file, not a directory; give the directory that holds it "
-                               f"({path.parent}?) (expected {EXPECTED})")
+                               f"({path.parent}?) (expected {expected})")
     if not path.is_dir():
-        raise ModelSourceError(f"{named}{text}: no such directory (expected {EXPECTED}){_hub_id_hint(text)}")
+        raise ModelSourceError(f"{named}{text}: no such directory (expected {expected}){_hub_id_hint(text)}")
     if (path / "context").is_dir() and (path / "weights").is_dir():
         raise ModelSourceError(_nemo2_message(path, named))
     if (path / "config.json").is_file() and _has_hf_weights(path):
@@ -160,8 +164,8 @@ def _resolve(spec: str | Path, named: str) -> ModelSource:
         return _megatron_source(path, None, kind="megatron", shown=path, named=named)
     if (path / "config.json").is_file():
         raise ModelSourceError(f"{named}{path}: has config.json but no weights "
-                               f"({' or '.join(HF_WEIGHT_PATTERNS)}); expected {EXPECTED}")
-    raise ModelSourceError(f"{named}{path}: not a model directory; expected {EXPECTED}")
+                               f"({' or '.join(HF_WEIGHT_PATTERNS)}); expected {expected}")
+    raise ModelSourceError(f"{named}{path}: not a model directory; expected {expected}")
 
 
 def _hub_id_hint(text: str) -> str:
@@ -280,7 +284,7 @@ def check_architecture(source: ModelSource) -> None:
 def require_hugging_face(spec: str | Path, *, named: str = "--model ") -> Path:
     """The HF directory of `spec` for verbs that run it with transformers / vLLM (generate, eval,
     verifier score); a Megatron checkpoint is an error naming the export that makes one."""
-    source = resolve(spec, named=named, megatron=False)  # transformers samples any causal LM
+    source = resolve(spec, named=named, megatron=False, expected=HF_KIND)  # transformers samples any causal LM
     if source.is_megatron:
         raise ModelSourceError(f"{source.describe()}: generate, eval and verifier run the model with transformers "
                                "or vLLM, which read Hugging Face weights only; export it once with "

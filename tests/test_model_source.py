@@ -116,32 +116,40 @@ def test_resume_from_base_without_training_state_is_refused_before_training(tiny
     assert not (tmp_path / "run").exists()
 
 
-MISSING_MODEL = {  # verb: its arguments, with the model missing; how the verb's errors name the model
-    "train": (["base_model={model}", "dataset.train_path={data}", "run_dir={out}/run", "device=cpu"], "base_model="),
+HF_KIND = "a Hugging Face model directory (config.json, *.safetensors, tokenizer.json)"
+MEGATRON_KINDS = ("a Megatron distributed checkpoint (latest_checkpointed_iteration.txt and iter_*/, with hf_artifacts/ "
+                  "beside them, as `nemo-topr import` writes); one iter_* directory of it; a nemo-topr run directory "
+                  "(config.yaml and checkpoints/); or RUN@ITERATION")
+MISSING_MODEL = {  # verb: its arguments, with the model missing; how its errors name the model; the kinds it takes
+    "train": (["base_model={model}", "dataset.train_path={data}", "run_dir={out}/run", "device=cpu"], "base_model=",
+              f"one of: {HF_KIND}; {MEGATRON_KINDS}"),
     "score-logprobs": (["--model", "{model}", "--data", "{data}", "--out", "{out}/s.jsonl", "--device", "cpu"],
-                       "--model "),
+                       "--model ", f"one of: {HF_KIND}; {MEGATRON_KINDS}"),
     "generate": (["--model", "{model}", "--prompts", "gsm8k-test", "--limit", "1", "--out", "{out}/g.jsonl",
-                  "--device", "cpu"], "--model "),
+                  "--device", "cpu"], "--model ", HF_KIND),
     "eval": (["--model", "{model}", "--benchmark", "gsm8k", "--limit", "1", "--samples-out", "{out}/s.jsonl",
-              "--out", "{out}/e.json", "--device", "cpu"], "--model "),
+              "--out", "{out}/e.json", "--device", "cpu"], "--model ", HF_KIND),
     "verifier": (["score", "--model", "{model}", "--records", "{data}", "--out", "{out}/v.jsonl", "--device", "cpu"],
-                 "--model "),
-    "export": (["--ckpt", "{model}", "--hf-out", "{out}/hf", "--device", "cpu"], "--ckpt "),
-    "import": (["{model}", "{out}/ckpt"], ""),
+                 "--model ", HF_KIND),
+    "export": (["--ckpt", "{model}", "--hf-out", "{out}/hf", "--device", "cpu"], "--ckpt ",
+               f"one of: {MEGATRON_KINDS}"),
+    "import": (["{model}", "{out}/ckpt"], "", HF_KIND),
 }
 
 
 @pytest.mark.parametrize("verb", list(MISSING_MODEL))
 def test_each_verb_names_a_missing_model_by_its_own_option_and_makes_nothing(verb, tmp_path, capsys):
     """`eval --model typo` said "base model typo: no such directory", a key eval does not have, and
-    left --out's new directory behind: the option the user typed, and nothing made."""
+    left --out's new directory behind: the option the user typed, and nothing made. The kinds named
+    are those the verb takes: import, generate, eval and verifier listed Megatron checkpoints and
+    run directories, which they refuse, and export a Hugging Face directory."""
     import importlib
 
     from nemo_topr.cli import VERBS
 
     data = tmp_path / "graded.jsonl"
     shutil.copy(REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl", data)
-    args, named = MISSING_MODEL[verb]
+    args, named, kinds = MISSING_MODEL[verb]
     model, out = tmp_path / "nothere", tmp_path / "out"
     argv = [arg.format(model=model, data=data, out=out) for arg in args]
     try:
@@ -150,8 +158,7 @@ def test_each_verb_names_a_missing_model_by_its_own_option_and_makes_nothing(ver
     except SystemExit as stop:
         status, message = 1, str(stop.code)
     assert status == 1
-    assert message.removeprefix(f"nemo-topr {verb}: ").startswith(f"{named}{model}: no such directory (expected one "
-                                                                  "of: ")
+    assert message.removeprefix(f"nemo-topr {verb}: ").strip() == f"{named}{model}: no such directory (expected {kinds})"
     assert [p.name for p in tmp_path.iterdir()] == ["graded.jsonl"]
 
 
@@ -191,7 +198,7 @@ def test_each_megatron_verb_refuses_another_architecture_in_one_line(verb, tmp_p
     data = tmp_path / "graded.jsonl"
     shutil.copy(REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl", data)
     model = placeholder_hf_model(tmp_path / "gpt2", '{"architectures": ["GPT2LMHeadModel"]}')
-    args, named = MISSING_MODEL[verb]
+    args, named, _ = MISSING_MODEL[verb]
     argv = [arg.format(model=model, data=data, out=tmp_path / "out") for arg in args]
     try:
         status = importlib.import_module(VERBS[verb][0]).main(argv)

@@ -32,12 +32,14 @@ from pathlib import Path
 
 from nemo_topr.arguments import non_negative
 from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
-from nemo_topr.model_source import ModelSource, ModelSourceError, check_intact, resolve, split_iteration
+from nemo_topr.model_source import (MEGATRON_KINDS, ModelSource, ModelSourceError, check_intact, resolve,
+                                    split_iteration)
 from nemo_topr.quiet import stdout_to_stderr
 from nemo_topr.training.checkpoints import iteration_dir_name
 
 
 EXPORT_RECORD = "nemo_topr_export.json"  # in every export: what it was exported from
+EXPORTED_KINDS = f"one of: {MEGATRON_KINDS}"  # what --ckpt takes: a Hugging Face directory has nothing to export
 
 
 class ExportWriteError(RuntimeError):
@@ -94,7 +96,7 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
     complete, so an interrupted export leaves no half-written model under the target's name.
     Returns {checkpoint directory: HF directory}."""
     select_device(device, where="--device")
-    source = resolve(ckpt, named="--ckpt ")
+    source = resolve(ckpt, named="--ckpt ", expected=EXPORTED_KINDS)
     # resolved: `--hf-out .` has a name to put a partial directory beside, a symlink its target
     targets = export_targets(source, Path(hf_out).resolve(), iterations)  # each checked before any work
     check_outputs(targets, overwrite)
@@ -155,7 +157,7 @@ def main(argv: list[str]) -> int:
     try:
         iterations = None
         if args.iteration or args.all_iterations:  # else `export` checks the device before the model
-            source = resolve(args.ckpt, named="--ckpt ")
+            source = resolve(args.ckpt, named="--ckpt ", expected=EXPORTED_KINDS)
             check_one_choice_of_iterations(args.ckpt, source, "--all-iterations" if args.all_iterations
                                            else "--iteration")
             iterations = source.saved_iterations() if args.all_iterations else args.iteration

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from nemo_topr import cpu_runtime
 from nemo_topr.distributed import local_rendezvous
 from nemo_topr.model_settings import device_model_settings
-from nemo_topr.model_source import ModelSourceError, resolve, write_hf_artifacts
+from nemo_topr.model_source import HF_KIND, ModelSourceError, resolve, write_hf_artifacts
 from nemo_topr.quiet import stdout_to_stderr
 from nemo_topr.training.disk_space import estimated_checkpoint_bytes, free_bytes, size_text
 
@@ -52,7 +52,7 @@ def hf_dtype(hf_dir: Path) -> str:
 def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) -> dict:
     """Convert `hf_dir` into the Megatron checkpoint `out`; returns what was done and measured."""
     started = time.monotonic()
-    source = resolve(hf_dir, named="")
+    source = resolve(hf_dir, named="", expected=HF_KIND)
     if source.is_megatron:
         raise ModelSourceError(f"{hf_dir}: already a Megatron checkpoint ({source.describe()}); nothing to import")
     out = Path(out).resolve()
