@@ -432,6 +432,21 @@ def write_json(path: Path, content: dict) -> None:
     write_whole(path, (json.dumps(content, indent=2) + "\n").encode())
 
 
+def json_outside_work_dir(json_path: Path, work_dir: Path) -> None:
+    """Refuse a --json that is --work-dir, holds it or lies in it: the doctor makes that directory
+    (the table's write then fails after the first check), fills it with its own files and folders
+    and empties it when rerun (the table would be deleted)."""
+    table, work = json_path.resolve(), work_dir.resolve()
+    if table == work:
+        raise OutputError(f"--json {json_path} is --work-dir, a directory the doctor makes; give another file")
+    if work.is_relative_to(table):
+        raise OutputError(f"--json {json_path} holds --work-dir {work_dir}, a directory the doctor makes; "
+                          "give another file")
+    if table.is_relative_to(work):
+        raise OutputError(f"--json {json_path} is inside --work-dir {work_dir}, which the doctor fills with its own "
+                          "files and empties when rerun; give a file outside it")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nemo-topr doctor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -449,6 +464,8 @@ def main(argv: list[str]) -> int:
     except DeviceError as error:
         raise SystemExit(f"nemo-topr doctor: {error}") from None
     try:
+        if args.json and args.work_dir:
+            json_outside_work_dir(args.json, args.work_dir)
         if args.json:
             writable_output_file(args.json, "--json", overwrite=args.overwrite)
     except OutputError as error:

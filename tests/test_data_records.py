@@ -321,6 +321,32 @@ def test_rewards_that_overflow_float32_training_are_rejected_naming_file_row_and
         load_records(baselines)
 
 
+def test_integers_beyond_float_range_are_out_of_range_not_a_traceback(tmp_path):
+    """JSON allows integers of any size: a reward, log-prob or baseline of 10**400 ended `data validate`,
+    `stats` and `curate` in OverflowError (math.isfinite on the int). Each is now the field's own
+    out-of-range error, shown as 1.000e+400 rather than 401 digits; -10**300 still fits a float and is kept."""
+    rows = _scored_rows()[:6]
+    rows[1]["reward"], rows[2]["behavior_logprob"], rows[3]["baseline"] = 10**400, -10**400, -10**400
+    rows[4]["behavior_logprob"] = -10**300
+    for row in rows:
+        row.setdefault("baseline", 0)
+    path = tmp_path / "huge_ints.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as refused:
+        load_records(path)
+    assert str(refused.value) == (f"{path}:2: reward: |1.000e+400| > 1e+06 overflows the training loss or its "
+                                  "gradient norm in float32; rescale the rewards")
+    loaded = load_records(path, strict=False)
+    assert loaded.report.dropped == {"reward_out_of_range": 1, "invalid_behavior_logprob": 1,
+                                     "baseline_out_of_range": 1}
+    assert str(loaded.report.first_error["invalid_behavior_logprob"]).endswith(
+        ":3: behavior_logprob: must be a finite log-probability <= 0, got -1.000e+400")
+    assert str(loaded.report.first_error["baseline_out_of_range"]).endswith(":4: baseline: |-1.000e+400| > 1e+06 "
+                                                                             "overflows the training loss or its "
+                                                                             "gradient norm in float32")
+    assert [r.line for r in loaded.records] == [1, 5, 6] and loaded.records[1].behavior_logprob == -1e300
+
+
 def test_a_byte_order_mark_opening_a_file_is_ignored_and_one_inside_is_named(tmp_path):
     row = json.dumps({"prompt": "Q?", "completion": " A", "reward": 1.0})
     path = tmp_path / "bom.jsonl"

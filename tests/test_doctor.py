@@ -60,6 +60,26 @@ def test_doctor_on_cuda_without_cuda_is_the_device_error(tmp_path):
     assert proc.stderr.rstrip().endswith("--device cpu") and not (tmp_path / "work").exists()
 
 
+@pytest.mark.parametrize("json_at, work_at, refusal", [
+    ("work", "work", "--json {json} is --work-dir, a directory the doctor makes; give another file"),
+    ("out", "out/work", "--json {json} holds --work-dir {work}, a directory the doctor makes; give another file"),
+    ("work/doctor.json", "work", "--json {json} is inside --work-dir {work}, which the doctor fills with its own "
+                                 "files and empties when rerun; give a file outside it"),
+])
+def test_a_json_table_that_is_in_or_holds_the_work_dir_is_a_usage_error_before_any_check(
+        tmp_path, capsys, monkeypatch, json_at, work_at, refusal):
+    """`--json DIR --work-dir DIR` ran the first check, then ended in IsADirectoryError when the
+    table was written over the work directory; a table inside the work directory is deleted when
+    the doctor empties it on a rerun."""
+    from nemo_topr import doctor
+    monkeypatch.setattr(doctor, "diagnose", lambda *args, **kwargs: pytest.fail("a check ran"))
+    json_path, work = tmp_path / json_at, tmp_path / work_at
+    with pytest.raises(SystemExit) as refused:
+        doctor.main(["--device", "cpu", "--json", str(json_path), "--work-dir", str(work)])
+    assert str(refused.value) == "nemo-topr doctor: " + refusal.format(json=json_path, work=work)
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_failing_check_names_its_fix_skips_its_dependants_and_the_rest_still_run(tmp_path):
     doctor = Doctor("cpu", tmp_path, timeout=5)
 

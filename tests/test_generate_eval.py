@@ -218,6 +218,45 @@ def test_records_scored_in_part_by_a_verifier_say_why_the_weighted_vote_is_left_
     assert "left out" not in capsys.readouterr().err
 
 
+def _graded_record(prompt_id, sample_id, answer, reference, **fields):
+    return json.dumps({"prompt": "Q: 2 + 3?", "completion": f" The answer is {answer}.", "reward": 1.0,
+                       "prompt_id": prompt_id, "sample_id": sample_id,
+                       "meta": {"task": "gsm8k", "reference_answer": reference}, **fields}) + "\n"
+
+
+def test_records_of_one_prompt_with_two_reference_answers_are_refused_naming_both(tmp_path, capsys):
+    """Each record was graded against its own reference: prompt 'a' with references 5 and 6 and
+    answers 5 and 6 scored pass@2 and maj@2 100 % as one problem, without a word."""
+    conflicting = tmp_path / "conflicting.jsonl"
+    conflicting.write_text(_graded_record("a", 0, 5, "5") + _graded_record("a", 1, 6, "6"))
+    assert evaluate.main(["--records", str(conflicting), "--out", str(tmp_path / "c.json")]) == 1
+    assert capsys.readouterr().err == (f"nemo-topr eval: {conflicting}:2: meta.reference_answer: '6', but '5' for "
+                                       f"prompt 'a' at {conflicting}:1\n")
+    no_ids = tmp_path / "no_ids.jsonl"  # the prompt text groups them
+    no_ids.write_text(_graded_record(None, 0, 5, "5") + _graded_record(None, 1, 6, 6))
+    assert evaluate.main(["--records", str(no_ids), "--out", str(tmp_path / "n.json")]) == 1
+    assert f"{no_ids}:2: meta.reference_answer: '6', but '5' for prompt '(prompt text)' at {no_ids}:1" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "n.json").exists()
+    same = tmp_path / "same.jsonl"  # the number 5 and the string "5" are one reference
+    same.write_text(_graded_record("a", 0, 5, "5") + _graded_record("a", 1, 6, 5))
+    assert evaluate.main(["--records", str(same), "--out", str(tmp_path / "s.json")]) == 0
+
+
+def test_the_markdown_title_of_uneven_sample_counts_says_so(tmp_path, capsys):
+    """Problem 'a' with 2 samples and 'b' with 1 were titled "2 problems, 1 samples each", though
+    pass@1 reads all 3 (the mean of a's 1/2 and b's 1)."""
+    graded = tmp_path / "uneven.jsonl"
+    graded.write_text(_graded_record("a", 0, 5, "5") + _graded_record("a", 1, 6, "5") + _graded_record("b", 0, 5, "5"))
+    out = tmp_path / "r.json"
+    assert evaluate.main(["--records", str(graded), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["metrics"]["pass@1"] == 0.75
+    assert out.with_suffix(".md").read_text().startswith("**uneven** (gsm8k): 2 problems, 3 samples, at least 1 each\n")
+    graded.write_text(_graded_record("a", 0, 5, "5") + _graded_record("b", 0, 6, "5"))
+    assert evaluate.main(["--records", str(graded), "--out", str(out), "--overwrite"]) == 0
+    assert out.with_suffix(".md").read_text().startswith("**uneven** (gsm8k): 2 problems, 1 samples each\n")
+
+
 def test_the_plot_draws_the_headline_metrics_unless_told_otherwise(tmp_path, capsys):
     """16 samples give 11 metrics; a round plot of all of them was unreadable. By default it draws
     pass@1, the votes at the largest k every round has, and the invalid rate."""

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,11 @@ class Record:
         if self.prompt_id is not None:
             return str(self.prompt_id)
         return self.prompt if isinstance(self.prompt, str) else json.dumps(self.prompt, sort_keys=True)
+
+    @property
+    def prompt_name(self) -> str | int:
+        """The prompt as an error names it: its prompt_id, else "(prompt text)"."""
+        return self.prompt_id if self.prompt_id is not None else "(prompt text)"
 
     def error(self, field: str, problem: str) -> DataError:
         return DataError(self.path, self.line, field, problem)
@@ -165,6 +172,17 @@ def is_id(value: Any) -> bool:
     return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
+def _is_finite(value: int | float) -> bool:
+    """math.isfinite, which raises OverflowError on an int beyond float range (JSON allows 10**400):
+    an int is finite, and the range checks after this one refuse it as out of range."""
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def _shown(value: int | float) -> str:
+    """A number as an error names it: an int beyond float range in scientific notation, not its 400 digits."""
+    return f"{Decimal(value):.3e}" if isinstance(value, int) and abs(value) > sys.float_info.max else str(value)
+
+
 def _type_name(value: Any) -> str:
     names = {type(None): "null", str: "string", bool: "boolean", dict: "object", list: "array"}
     return names.get(type(value), "number")
@@ -234,19 +252,20 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
     if values["meta"] is not None and not isinstance(values["meta"], dict):
         raise reject("wrong_type", "meta", f"expected an object, got {_type_name(values['meta'])}")
 
-    reward, logprob = values["reward"], values["behavior_logprob"]
-    if not math.isfinite(reward):
+    reward, logprob, baseline = values["reward"], values["behavior_logprob"], values["baseline"]
+    if not _is_finite(reward):
         raise reject("nonfinite_reward", "reward", f"must be finite, got {reward}")
     if abs(reward) > MAX_ABS_REWARD:
-        raise reject("reward_out_of_range", "reward", f"|{reward}| > {MAX_ABS_REWARD:g} overflows the training loss "
-                                                      "or its gradient norm in float32; rescale the rewards")
-    if logprob is not None and not (math.isfinite(logprob) and logprob <= 0):
-        problem = f"must be a finite log-probability <= 0, got {logprob}"
+        raise reject("reward_out_of_range", "reward", f"|{_shown(reward)}| > {MAX_ABS_REWARD:g} overflows the training "
+                                                      "loss or its gradient norm in float32; rescale the rewards")
+    # the lower bound refuses an int below float range (-10**400), which float() below could not convert
+    if logprob is not None and not (_is_finite(logprob) and -sys.float_info.max <= logprob <= 0):
+        problem = f"must be a finite log-probability <= 0, got {_shown(logprob)}"
         raise reject("invalid_behavior_logprob", "behavior_logprob", problem)
-    if values["baseline"] is not None and not math.isfinite(values["baseline"]):
-        raise reject("nonfinite_baseline", "baseline", f"must be finite, got {values['baseline']}")
-    if values["baseline"] is not None and abs(values["baseline"]) > MAX_ABS_REWARD:
-        raise reject("baseline_out_of_range", "baseline", f"|{values['baseline']}| > {MAX_ABS_REWARD:g} overflows the "
+    if baseline is not None and not _is_finite(baseline):
+        raise reject("nonfinite_baseline", "baseline", f"must be finite, got {baseline}")
+    if baseline is not None and abs(baseline) > MAX_ABS_REWARD:
+        raise reject("baseline_out_of_range", "baseline", f"|{_shown(baseline)}| > {MAX_ABS_REWARD:g} overflows the "
                                                           "training loss or its gradient norm in float32")
     if not prompt:
         raise reject("empty_prompt", "prompt", "is empty")
@@ -260,7 +279,7 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
         behavior_logprob=None if logprob is None else float(logprob),
         prompt_id=values["prompt_id"],
         sample_id=values["sample_id"],
-        baseline=None if values["baseline"] is None else float(values["baseline"]),
+        baseline=None if baseline is None else float(baseline),
         meta=values["meta"],
         path=str(path),
         line=line,
@@ -340,8 +359,7 @@ class _ConsistencyCheck:
         if record.sample_id is not None:  # the prompt stands in for a missing prompt_id
             first = self.first_of_id.setdefault((record.prompt_key, record.sample_id), record)
             if first is not record:
-                prompt = record.prompt_id if record.prompt_id is not None else "(prompt text)"
-                problem = f"duplicate sample_id {record.sample_id!r} of prompt {prompt!r}"
+                problem = f"duplicate sample_id {record.sample_id!r} of prompt {record.prompt_name!r}"
                 problem += f"; first at {first.path}:{first.line}"
                 raise RejectedRow("duplicate_id", record.error("sample_id", problem))
 

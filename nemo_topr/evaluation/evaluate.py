@@ -104,6 +104,7 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
     (`generate.no_record_note` says so when the records are written).
     """
     by_prompt: dict[str, list[tuple[Any, SampleOutcome]]] = {}
+    first_of_prompt: dict[str, tuple[str, Record]] = {}  # prompt_key -> (reference answer, first record)
     empty_ids: dict[str, set[int]] = {}
     tasks, results = set(), []
     for record in records:
@@ -117,6 +118,11 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
         reference = str(meta["reference_answer"])
         if problem := reference_problem(record_task, reference):
             raise record.error("meta.reference_answer", problem)
+        # one problem has one answer: grading each sample against its own would score two problems as one
+        first_reference, first = first_of_prompt.setdefault(record.prompt_key, (reference, record))
+        if reference != first_reference:
+            raise record.error("meta.reference_answer", f"{reference!r}, but {first_reference!r} for prompt "
+                                                        f"{record.prompt_name!r} at {first.path}:{first.line}")
         result = graded_answer(record_task, record.completion, reference)
         results.append(result)
         samples = by_prompt.setdefault(record.prompt_key, [])
@@ -144,8 +150,10 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
 
 def results_markdown(results: dict[str, Any]) -> str:
     """A Markdown table of the metrics, titled with the label and counts."""
-    title = (f"**{results['label']}** ({results['task']}): {results['num_problems']} problems, "
-             f"{results['samples_per_problem']} samples each")
+    problems, samples, fewest = results["num_problems"], results["num_samples"], results["samples_per_problem"]
+    # uneven counts (grader errors left out, prompts sampled unevenly): pass@k reads all of each problem's samples
+    counts = f"{fewest} samples each" if samples == problems * fewest else f"{samples} samples, at least {fewest} each"
+    title = f"**{results['label']}** ({results['task']}): {problems} problems, {counts}"
     rows = [f"| {name} | {100 * value:.2f} |" for name, value in results["metrics"].items()]
     return "\n".join([title, "", "| metric | % |", "|---|---|", *rows]) + "\n"
 
