@@ -175,6 +175,23 @@ def test_a_tokenizer_with_more_tokens_than_the_models_embedding_rows_is_refused(
     assert len(load_tokenizer(tmp_path)) == 2048
 
 
+def test_a_tokenizer_without_eos_is_refused_naming_its_directory(tmp_path):
+    """A model directory without tokenizer_config.json (or one naming no eos_token) loads a tokenizer
+    with no EOS: score-logprobs and train ended in a traceback from tokenize_records (ValueError: the
+    tokenizer has no EOS token to end completions with), data validate in that line, naming no directory."""
+    build_tiny_tokenizer(tmp_path)
+    config = tmp_path / "tokenizer_config.json"
+    without_eos = {key: value for key, value in json.loads(config.read_text()).items() if key != "eos_token"}
+    config.write_text(json.dumps(without_eos))
+    with pytest.raises(DataError, match=rf"^{tmp_path}: tokenizer: no EOS token, which ends every completion trained "
+                                        rf"and scored: {config} names no eos_token; copy the model's own "
+                                        r"tokenizer_config.json there \(it names eos_token\)$"):
+        load_tokenizer(tmp_path)
+    config.unlink()
+    with pytest.raises(DataError, match=rf"^{tmp_path}: tokenizer: no EOS token, .*: {config} is missing; "):
+        load_tokenizer(tmp_path)
+
+
 RENDERED = ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2 + 2?<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n")
 

@@ -139,6 +139,23 @@ def test_overwrite_never_replaces_what_export_did_not_make(checkpoint, tmp_path,
     assert a_file.read_text() == "mine"
 
 
+@pytest.mark.parametrize("flags, hf_out", [(["--iteration", "1"], "earlier"), ([], "earlier/model")],
+                         ids=["iterations", "one"])
+def test_an_export_inside_an_earlier_export_is_refused(checkpoint, tmp_path, flags, hf_out):
+    """`--iteration 1 --hf-out EARLIER`, EARLIER a single export (an HF model directory), wrote
+    EARLIER/iter_0000001 into that model's directory without a word."""
+    earlier = tmp_path / "earlier"
+    assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(earlier), "--device", "cpu"]) == 0
+    before = _tree(tmp_path)
+    out = earlier / "iter_0000001" if flags else tmp_path / hf_out
+    with pytest.raises(SystemExit, match=rf"^nemo-topr export: {out}: inside {earlier}, an earlier export \(it holds "
+                                         r"nemo_topr_export.json\): a model written there would nest in that model's "
+                                         r"directory; choose an --hf-out outside it \(--iteration and "
+                                         r"--all-iterations write HF_OUT/iter_NNNNNNN\)$"):
+        export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / hf_out), *flags, "--device", "cpu"])
+    assert _tree(tmp_path) == before
+
+
 def test_an_interrupted_export_leaves_nothing_under_the_target_name(checkpoint, tmp_path, monkeypatch):
     monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge(fail=True))
     with pytest.raises(RuntimeError, match="killed half-way"):
@@ -173,9 +190,15 @@ def test_bad_inputs_are_refused_before_megatron_is_imported(tmp_path):
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "model.safetensors").write_text("the base weights")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
     for args, message in ((["--ckpt", str(tmp_path / "missing"), "--hf-out", str(tmp_path / "out")], str(tmp_path / "missing")),
                           (["--ckpt", str(ckpt), "--hf-out", str(taken)], f"{taken}: exists and is not empty"),
-                          (["--ckpt", str(ckpt), "--hf-out", str(tmp_path / "out"), "--iteration", "7"], "7")):
+                          (["--ckpt", str(ckpt), "--hf-out", str(tmp_path / "out"), "--iteration", "7"], "7"),
+                          # refused after Megatron's ~14 s start-up, when written ("[Errno 20] Not a directory")
+                          (["--ckpt", str(ckpt), "--hf-out", str(a_file / "sub")],
+                           f"{a_file / 'sub'}: {a_file} is not a directory, so nothing can be written under it: "
+                           "choose another --hf-out")):
         proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "nemo_topr.cli", "export", *args, "--device", "cpu"],
                               cwd=REPO, capture_output=True, text=True, timeout=120)
         lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]

@@ -47,7 +47,8 @@ class TokenizedDataset:
 def load_tokenizer(path: str | Path):
     """A tokenizer from a local directory (never downloaded): a Hugging Face directory, or any
     model `base_model=` takes (a Megatron checkpoint, one of its iterations, a nemo-topr run,
-    RUN@ITERATION), whose tokenizer is kept beside the checkpoints in hf_artifacts/."""
+    RUN@ITERATION), whose tokenizer is kept beside the checkpoints in hf_artifacts/. It must fit the
+    model's embedding and have an EOS token, which ends every completion."""
     from transformers import AutoTokenizer
 
     from nemo_topr import model_source
@@ -65,6 +66,11 @@ def load_tokenizer(path: str | Path):
     except (OSError, ValueError) as error:
         raise DataError(path, 0, "tokenizer", f"cannot load a tokenizer from this directory ({error})") from error
     _check_fits_the_model(path, directory, len(tokenizer))
+    if tokenizer.eos_token_id is None:  # here, for every verb: tokenize_records' own check was a traceback
+        config = directory / "tokenizer_config.json"
+        raise DataError(path, 0, "tokenizer", f"no EOS token, which ends every completion trained and scored: {config} "
+                        f"{'names no eos_token' if config.is_file() else 'is missing'}; copy the model's own "
+                        "tokenizer_config.json there (it names eos_token)")
     return tokenizer
 
 

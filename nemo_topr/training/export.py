@@ -18,7 +18,8 @@ paid once (each further checkpoint of a small model takes well under 1 s).
 
 A non-empty output directory is refused unless --overwrite, which replaces only an earlier
 export (a directory holding its nemo_topr_export.json: a typo could name the base model), and
-the checkpoint being exported (or a directory holding it, or one inside its root) always;
+the checkpoint being exported (or a directory holding it, or one inside its root), a path below a
+file and one inside an earlier export always;
 each model is written beside its target and moved into place once complete; one that fails to
 be written (a full disk) is removed and named in one line.
 """
@@ -79,6 +80,7 @@ def check_outputs(targets: dict[ModelSource, Path], overwrite: bool) -> None:
                 raise ModelSourceError(f"{out}: {where} {read}, part of the checkpoint being exported; writing "
                                        f"there would replace or corrupt it: choose an --hf-out outside {root}")
     for out in targets.values():
+        check_parents(out)
         if not out.exists() or (out.is_dir() and not any(out.iterdir())):
             continue
         if not overwrite:
@@ -87,6 +89,20 @@ def check_outputs(targets: dict[ModelSource, Path], overwrite: bool) -> None:
         if not (out / EXPORT_RECORD).is_file():
             raise ModelSourceError(f"{out}: exists and holds no {EXPORT_RECORD}, so it is no earlier export; "
                                    "--overwrite replaces only those: remove it yourself or choose another --hf-out")
+
+
+def check_parents(out: Path) -> None:
+    """Refuse an `out` (resolved) below a file, which failed only when written, after Megatron's
+    start-up ("Not a directory"), or inside an earlier export: `--iteration 1 --hf-out EXPORT`
+    wrote EXPORT/iter_0000001 into that model's directory without a word."""
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ModelSourceError(f"{out}: {parent} is not a directory, so nothing can be written under it: "
+                                   "choose another --hf-out")
+        if (parent / EXPORT_RECORD).is_file():
+            raise ModelSourceError(f"{out}: inside {parent}, an earlier export (it holds {EXPORT_RECORD}): a model "
+                                   "written there would nest in that model's directory; choose an --hf-out outside "
+                                   "it (--iteration and --all-iterations write HF_OUT/iter_NNNNNNN)")
 
 
 def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = None,
