@@ -36,6 +36,9 @@ ITERATION_FILES = (".metadata", "metadata.json", "run_config.yaml")
 ARCHITECTURE_KEYS = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size",
                      "intermediate_size": "ffn_hidden_size", "num_attention_heads": "num_attention_heads",
                      "num_key_value_heads": "num_query_groups", "vocab_size": "vocab_size"}
+# ... and those of its numerics, compared too (the rope base: _megatron_view)
+NUMERIC_KEYS = {"head_dim": "kv_channels", "rms_norm_eps": "layernorm_epsilon",
+                "tie_word_embeddings": "share_embeddings_and_output_weights"}
 
 # What the recipe converts to Megatron, trains and exports: the architecture its packing, parity
 # and export tests run (Llama 3 and 3.1, and models fine-tuned from them, are LlamaForCausalLM).
@@ -43,9 +46,9 @@ ARCHITECTURE = "LlamaForCausalLM"
 
 # What a missing or unknown model is told it should have been: the kinds the verb takes.
 HF_KIND = "a Hugging Face model directory (config.json, *.safetensors, tokenizer.json)"
-MEGATRON_KINDS = ("a Megatron distributed checkpoint (latest_checkpointed_iteration.txt and iter_*/, with hf_artifacts/ "
-                  "beside them, as `nemo-topr import` writes); one iter_* directory of it; a nemo-topr run directory "
-                  "(config.yaml and checkpoints/); or RUN@ITERATION")
+MEGATRON_KINDS = ("a Megatron distributed checkpoint (latest_checkpointed_iteration.txt and iter_*/, with "
+                  "hf_artifacts/ beside them, as `nemo-topr import` writes); one iter_* directory of it; a nemo-topr "
+                  "run directory (config.yaml and checkpoints/); or RUN@ITERATION")
 EXPECTED = f"one of: {HF_KIND}; {MEGATRON_KINDS}"  # train, score-logprobs, plan, submit: any kind
 
 
@@ -84,7 +87,16 @@ class ModelSource:
 
     def run_config(self) -> dict:
         """The iteration's run_config.yaml (Bridge's record of the config it was saved with)."""
-        return yaml.safe_load((self.checkpoint / "run_config.yaml").read_text()) or {}
+        path = self.checkpoint / "run_config.yaml"
+        try:
+            read = yaml.safe_load(path.read_text()) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as error:
+            raise ModelSourceError(f"{self.named}{self.path}: {path} is not readable YAML "
+                                   f"({' '.join(str(error).split())})") from None
+        if not isinstance(read, dict) or not isinstance(read.get("model", {}), dict):
+            raise ModelSourceError(f"{self.named}{self.path}: {path} is not Bridge's run config (a mapping with a "
+                                   "`model` mapping)")
+        return read
 
 
 def context_length(hf_dir: str | Path) -> int | None:
@@ -126,12 +138,22 @@ def resolve(spec: str | Path, *, named: str = "base_model=", megatron: bool = Tr
     return source
 
 
-def _check_supported(source: ModelSource) -> None:
+def read_config(source: ModelSource) -> dict:
+    """The source's HF config.json (a checkpoint's hf_artifacts/ hold it), checked to be a JSON object."""
     config = source.hf_dir / "config.json"
     try:
-        architectures = json.loads(config.read_text()).get("architectures") or []
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:  # AttributeError: not an object
+        read = json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ModelSourceError(f"{source.named}{source.path}: {config} is not a JSON object ({error})") from None
+    if not isinstance(read, dict):
+        raise ModelSourceError(f"{source.named}{source.path}: {config} is not a JSON object (a JSON "
+                               f"{type(read).__name__})")
+    return read
+
+
+def _check_supported(source: ModelSource) -> None:
+    config = source.hf_dir / "config.json"
+    architectures = read_config(source).get("architectures") or []
     if ARCHITECTURE not in architectures:
         found = f"architecture {', '.join(architectures)}" if architectures else 'no architecture ("architectures")'
         raise ModelSourceError(f"{source.named}{source.path}: {config} names {found}; nemo-topr converts, trains and "
@@ -160,6 +182,9 @@ def _resolve(spec: str | Path, named: str, expected: str) -> ModelSource:
     if re.fullmatch(r"iter_\d+", path.name) and _looks_like_iteration(path):
         return _megatron_source(path.parent, int(path.name.removeprefix("iter_")), kind="megatron", shown=path,
                                 named=named)
+    if not (path / TRACKER).is_file() and (exports := _hf_iterations(path)):
+        raise ModelSourceError(f"{named}{path}: a folder of Hugging Face models, one per iteration, as `nemo-topr "
+                               f"export --iteration/--all-iterations` writes; give one of them: {exports[-1]}")
     if _looks_like_checkpoint_root(path):
         return _megatron_source(path, None, kind="megatron", shown=path, named=named)
     if (path / "config.json").is_file():
@@ -196,6 +221,12 @@ def _check_tokenizer(directory: Path, what: str) -> None:
 
 def _looks_like_iteration(path: Path) -> bool:
     return any((path / name).exists() for name in (*ITERATION_FILES, "train_state.pt"))
+
+
+def _hf_iterations(path: Path) -> list[Path]:
+    """The iter_* subdirectories of `path` that are Hugging Face models (an export's), sorted."""
+    return sorted(child for child in path.glob("iter_*") if re.fullmatch(r"iter_\d+", child.name)
+                  and (child / "config.json").is_file() and _has_hf_weights(child))
 
 
 def _looks_like_checkpoint_root(path: Path) -> bool:
@@ -250,10 +281,18 @@ def _megatron_source(root: Path, iteration: int | None, *, kind: str, shown: Pat
 
 
 def check_intact(source: ModelSource) -> None:
-    """A Megatron source's files as long as its .metadata says. One cut short since the save (a full
-    disk, an interrupted copy) ended scoring, export and training from it in torch's bare EOFError,
-    after Megatron's start-up; a resume of the run itself says so already (checkpoints.py)."""
+    """The source's weights are whole and are the model its config describes. A Megatron source's
+    files as long as its .metadata says: one cut short since the save (a full disk, an interrupted
+    copy) ended scoring, export and training from it in torch's bare EOFError, after Megatron's
+    start-up; a resume of the run itself says so already (checkpoints.py). A Hugging Face
+    directory's safetensors against its config.json (nemo_topr/hf_weights.py)."""
     if not source.is_megatron:
+        from nemo_topr.hf_weights import WeightsError, check_llama_weights
+
+        try:
+            check_llama_weights(source.path, read_config(source))
+        except WeightsError as error:
+            raise ModelSourceError(f"{source.named}{source.path}: {error}") from None
         return
     from nemo_topr.training.checkpoints import truncated_files
 
@@ -270,15 +309,34 @@ def _missing_files(checkpoint: Path) -> list[str]:
 def check_architecture(source: ModelSource) -> None:
     """The checkpoint's saved model shape must be the one its HF config describes: a checkpoint of
     another model would otherwise fail deep inside the distributed load, or not at all."""
-    hf_config = json.loads((source.hf_dir / "config.json").read_text())
     saved = source.run_config().get("model") or {}
-    mismatched = [f"{megatron_key}: checkpoint {saved[megatron_key]}, {source.hf_dir}/config.json "
-                  f"{hf_key}={hf_config[hf_key]}"
-                  for hf_key, megatron_key in ARCHITECTURE_KEYS.items()
-                  if hf_key in hf_config and megatron_key in saved and saved[megatron_key] != hf_config[hf_key]]
+    mismatched = [f"{megatron_key}: checkpoint {saved[megatron_key]}, {source.hf_dir}/config.json {hf_key}={value}"
+                  for hf_key, megatron_key, value in _megatron_view(read_config(source))
+                  if megatron_key in saved and saved[megatron_key] != value]
     if mismatched:
         raise ModelSourceError(f"{source.named}{source.path}: architecture mismatch between {source.checkpoint} and "
                                f"its HF config: {'; '.join(mismatched)}")
+
+
+def _megatron_view(hf_config: dict) -> list[tuple[str, str, object]]:
+    """(HF key, Megatron key, value) for what config.json says of the weights' shapes and numerics,
+    under the names Bridge's Llama conversion gives them (bridge/models/conversion/model_bridge.py
+    CONFIG_MAPPING; llama_bridge.py: a "llama3" rope type sets rope_scaling and its factor). A
+    config.json with another rope base or norm epsilon than the checkpoint's changes every score."""
+    view = [(hf_key, megatron_key, hf_config[hf_key]) for hf_key, megatron_key in ARCHITECTURE_KEYS.items()
+            if hf_key in hf_config]
+    view += [(hf_key, megatron_key, hf_config[hf_key]) for hf_key, megatron_key in NUMERIC_KEYS.items()
+             if hf_key in hf_config]
+    # transformers 5 writes rope_parameters; older files rope_theta and rope_scaling
+    rope = hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {}
+    if isinstance(rope, dict):
+        if (theta := rope.get("rope_theta", hf_config.get("rope_theta"))) is not None:
+            view.append(("rope_theta", "rotary_base", theta))
+        llama3 = rope.get("rope_type", rope.get("type")) == "llama3"
+        view.append(("rope_type", "rope_scaling", llama3))
+        if llama3:
+            view.append(("rope factor", "rope_scaling_factor", rope.get("factor", 8.0)))
+    return view
 
 
 def require_hugging_face(spec: str | Path, *, named: str = "--model ") -> Path:

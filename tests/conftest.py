@@ -150,13 +150,26 @@ def torch_dist_save(iteration_dir: Path, size: int = 4) -> Path:
 def placeholder_hf_model(directory: Path, config: dict | str | None = None, *, tokenizer: bool = True) -> Path:
     """`directory`, made shaped like a Hugging Face model as nemo_topr.model_source inspects it:
     config.json (`config`, by default a Llama's architecture; a str is written as it is, so it may
-    be malformed), an empty weights file and, unless `tokenizer` is false, a tiny tokenizer that
-    loads (`generate` and `eval` check the prompts with it before sampling). No weights load."""
+    be malformed), a weights file and, unless `tokenizer` is false, a tiny tokenizer that loads
+    (`generate` and `eval` check the prompts with it before sampling). No weights load: the file
+    is a safetensors header listing the tensors of a sized Llama config, each of no bytes (the
+    shapes an 8B or 70B model has, without its gigabytes), and empty for any other config."""
+    from nemo_topr.hf_weights import llama_weight_shapes
+
     directory.mkdir(parents=True)
     if config is None:
         config = {"architectures": ["LlamaForCausalLM"]}
     (directory / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
-    (directory / "model.safetensors").write_bytes(b"")
+    try:
+        shapes = llama_weight_shapes(config if isinstance(config, dict) else json.loads(config))
+    except (KeyError, ValueError, TypeError, AttributeError):  # not a sized Llama config
+        shapes = None
+    weights = b""
+    if shapes:
+        header = json.dumps({name: {"dtype": "BF16", "shape": shape, "data_offsets": [0, 0]}
+                             for name, shape in shapes.items()}).encode()
+        weights = len(header).to_bytes(8, "little") + header
+    (directory / "model.safetensors").write_bytes(weights)
     if tokenizer:
         for name, content in _tiny_tokenizer_files().items():
             (directory / name).write_bytes(content)

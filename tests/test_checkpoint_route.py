@@ -178,6 +178,36 @@ def test_an_import_the_disk_cannot_hold_ends_in_one_line_and_leaves_no_checkpoin
     assert not out.exists()  # made by the import: removed, so that the next one is not refused as non-empty
 
 
+# `nemo-topr import` in a fresh process, stopped while it loads the HF weights
+LOADING_STOPS = """
+from nemo_topr import cpu_runtime
+cpu_runtime.enable_cpu_runtime()
+from megatron.bridge import AutoBridge
+
+def stopped(*args, **kwargs):
+    raise {error}
+
+AutoBridge.from_hf_pretrained = stopped
+"""
+
+
+@pytest.mark.parametrize("error, users", [("KeyboardInterrupt", False), ("RuntimeError('unreadable shard')", True)],
+                         ids=["ctrl-c", "failure-in-an-empty-out-of-the-users"])
+def test_an_import_stopped_while_loading_leaves_no_directory_it_made(tiny, tmp_path, error, users):
+    """OUT (and its missing parents) was made before the weights loaded, and removed only when the
+    save failed: Ctrl-C or a failure while loading left an empty OUT behind. An empty OUT the user
+    made stays."""
+    out = tmp_path / "new" / "ckpt"
+    if users:
+        out.mkdir(parents=True)
+    script = "\n".join(["import sys", "from nemo_topr.training import import_checkpoint",
+                        LOADING_STOPS.format(error=error),
+                        f"sys.exit(import_checkpoint.main([{str(tiny / 'hf')!r}, {str(out)!r}]))"])
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and error.split("(")[0] in proc.stderr.splitlines()[-1], proc.stderr[-3000:]
+    assert sorted(tmp_path.rglob("*")) == ([tmp_path / "new", out] if users else [])
+
+
 def test_a_bf16_import_stores_bf16_and_loads_into_the_fp32_cpu_runtime(tiny, scored, tmp_path):
     """Llama 3.1's config says bfloat16, so that is the default import dtype: half the bytes."""
     from torch.distributed.checkpoint import FileSystemReader

@@ -1,6 +1,8 @@
 """`base_model=`: kind detection of a Hugging Face directory and the errors for what is not a
 model (the Megatron kinds, from a real `nemo-topr import`, are in test_checkpoint_route.py)."""
 
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -117,9 +119,9 @@ def test_resume_from_base_without_training_state_is_refused_before_training(tiny
 
 
 HF_KIND = "a Hugging Face model directory (config.json, *.safetensors, tokenizer.json)"
-MEGATRON_KINDS = ("a Megatron distributed checkpoint (latest_checkpointed_iteration.txt and iter_*/, with hf_artifacts/ "
-                  "beside them, as `nemo-topr import` writes); one iter_* directory of it; a nemo-topr run directory "
-                  "(config.yaml and checkpoints/); or RUN@ITERATION")
+MEGATRON_KINDS = ("a Megatron distributed checkpoint (latest_checkpointed_iteration.txt and iter_*/, with "
+                  "hf_artifacts/ beside them, as `nemo-topr import` writes); one iter_* directory of it; a nemo-topr "
+                  "run directory (config.yaml and checkpoints/); or RUN@ITERATION")
 MISSING_MODEL = {  # verb: its arguments, with the model missing; how its errors name the model; the kinds it takes
     "train": (["base_model={model}", "dataset.train_path={data}", "run_dir={out}/run", "device=cpu"], "base_model=",
               f"one of: {HF_KIND}; {MEGATRON_KINDS}"),
@@ -158,7 +160,8 @@ def test_each_verb_names_a_missing_model_by_its_own_option_and_makes_nothing(ver
     except SystemExit as stop:
         status, message = 1, str(stop.code)
     assert status == 1
-    assert message.removeprefix(f"nemo-topr {verb}: ").strip() == f"{named}{model}: no such directory (expected {kinds})"
+    expected = f"{named}{model}: no such directory (expected {kinds})"
+    assert message.removeprefix(f"nemo-topr {verb}: ").strip() == expected
     assert [p.name for p in tmp_path.iterdir()] == ["graded.jsonl"]
 
 
@@ -261,3 +264,170 @@ def test_a_checkpoint_cut_short_since_its_save_is_named_by_every_verb_that_reads
     with pytest.raises(ConfigError) as refused:
         build_training_run(raw)
     assert str(refused.value) == f"base_model={problem}" and not (tmp_path / "run").exists()
+
+
+def _edited_copy(tiny_hf, directory, **config_changes):
+    copy = shutil.copytree(tiny_hf, directory)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, **config_changes}))
+    return copy
+
+
+TINY_LAYOUT = "hidden_size=64, intermediate_size=172"  # tiny_hf's (nemo_topr.model.build_tiny_hf_llama)
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"num_hidden_layers": 3}, f"(num_hidden_layers=3, {TINY_LAYOUT}, tie_word_embeddings=False): missing: "
+     "model.layers.2.input_layernorm.weight, model.layers.2.post_attention_layernorm.weight, "
+     "model.layers.2.self_attn.q_proj.weight and 6 more"),
+    ({"num_hidden_layers": 1}, f"(num_hidden_layers=1, {TINY_LAYOUT}, tie_word_embeddings=False): not in config.json's "
+     "model: model.layers.1.input_layernorm.weight, model.layers.1.mlp.down_proj.weight, "
+     "model.layers.1.mlp.gate_proj.weight and 6 more"),
+    ({"tie_word_embeddings": True}, f"(num_hidden_layers=2, {TINY_LAYOUT}, tie_word_embeddings=True): not in "
+     "config.json's model: lm_head.weight"),
+    ({"intermediate_size": 128}, "(num_hidden_layers=2, hidden_size=64, intermediate_size=128, tie_word_embeddings="
+     "False): other shapes: model.layers.0.mlp.gate_proj.weight [172, 64] where config.json gives [128, 64], "
+     "model.layers.0.mlp.up_proj.weight [172, 64] where config.json gives [128, 64], "
+     "model.layers.0.mlp.down_proj.weight [64, 172] where config.json gives [64, 128] and 3 more"),
+], ids=["a-layer-more", "a-layer-fewer", "tied", "narrower"])
+def test_hf_weights_that_are_not_config_jsons_model_are_refused(tiny_hf, tmp_path, change, problem):
+    """A config.json with a layer more than the weights scored every record NaN, and `import`
+    wrote uninitialised memory as that layer, both with exit 0; a layer fewer, or tied embeddings,
+    dropped weights without a word (transformers calls them MISSING and UNEXPECTED); a narrower
+    MLP ended in Bridge's traceback after the start-up."""
+    from nemo_topr.model_source import check_intact
+
+    copy = _edited_copy(tiny_hf, tmp_path / "edited", **change)
+    with pytest.raises(ModelSourceError) as refused:
+        check_intact(resolve(copy))
+    assert str(refused.value) == (f"base_model={copy}: its weights are not the model its config.json describes "
+                                  f"{problem}. Is config.json another model's, or a shard missing?")
+    check_intact(resolve(tiny_hf))  # the model as saved: nothing to say
+
+
+def test_train_score_logprobs_and_import_refuse_weights_config_json_does_not_describe(tiny_hf, tmp_path):
+    from nemo_topr.training.import_checkpoint import import_hf
+    from nemo_topr.training.scoring import score_logprobs
+
+    copy = _edited_copy(tiny_hf, tmp_path / "edited", num_hidden_layers=1)
+    start = f"{copy}: its weights are not the model its config.json describes (num_hidden_layers=1"
+    with pytest.raises(ModelSourceError, match=rf"^--model {re.escape(start)}"):
+        score_logprobs(copy, tmp_path / "absent.jsonl", tmp_path / "scored.jsonl", device="cpu")
+    raw = compose("tiny_cpu", [f"base_model={copy}", f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=rf"^base_model={re.escape(start)}"):
+        build_training_run(raw)
+    with pytest.raises(ModelSourceError, match=rf"^{re.escape(start)}"):
+        import_hf(copy, tmp_path / "imported")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edited"]
+
+
+def test_hf_weights_bridge_cannot_read_or_cut_short_are_named(tiny_hf, tmp_path):
+    """pytorch_model.bin alone passed for weights, then Bridge's FileNotFoundError traceback ("No
+    .safetensors files or index found"); a shard the index names but not there, or one cut short,
+    failed inside the load."""
+    import torch
+    from safetensors.torch import load_file
+
+    from nemo_topr.model_source import check_intact
+
+    def refusal(directory):
+        with pytest.raises(ModelSourceError) as refused:
+            check_intact(resolve(directory))
+        return str(refused.value).removeprefix(f"base_model={directory}: ")
+
+    pickled = shutil.copytree(tiny_hf, tmp_path / "pickled")
+    torch.save(load_file(pickled / "model.safetensors"), pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()
+    assert refusal(pickled) == ("no *.safetensors (pytorch_model*.bin only?); Megatron-Bridge reads safetensors only: "
+                                "save the model once with transformers' save_pretrained(DIR), which writes "
+                                "safetensors, and give DIR")
+    sharded = shutil.copytree(tiny_hf, tmp_path / "sharded")
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.norm.weight": "model.safetensors", "lm_head.weight": "model-2-of-2.safetensors"}}))
+    assert refusal(sharded) == (f"{sharded / 'model.safetensors.index.json'} names shards that are not there: "
+                                "model-2-of-2.safetensors, of 2")
+    cut = shutil.copytree(tiny_hf, tmp_path / "cut")
+    whole = (cut / "model.safetensors").stat().st_size
+    with (cut / "model.safetensors").open("r+b") as shard:
+        shard.truncate(whole - 1)
+    assert refusal(cut) == (f"{cut / 'model.safetensors'}: cut short: {whole - 1} bytes where its header needs "
+                            f"{whole}; copy it again")
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_expected_llama_tensors_are_those_transformers_saves(tmp_path, tied):
+    """A second implementation: the names and shapes transformers' LlamaForCausalLM writes (read
+    with the safetensors library), for a head_dim apart from hidden/heads and grouped queries."""
+    from safetensors import safe_open
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from nemo_topr.hf_weights import llama_weight_shapes
+
+    config = LlamaConfig(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=tied)
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as saved:
+        shapes = {name: list(saved.get_slice(name).get_shape()) for name in saved.keys()}
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert llama_weight_shapes(written) == shapes
+    assert ("lm_head.weight" in shapes) is not tied and shapes["model.layers.1.self_attn.k_proj.weight"] == [16, 48]
+
+
+def _checkpoint_with_config(tiny_hf, root, run_config):
+    from conftest import torch_dist_save
+
+    shutil.copytree(tiny_hf, root / "hf_artifacts", ignore=shutil.ignore_patterns("*.safetensors"))
+    iteration = torch_dist_save(root / "iter_0000000")
+    (iteration / "metadata.json").write_text("{}\n")
+    (iteration / "run_config.yaml").write_text(run_config)
+    (root / "latest_checkpointed_iteration.txt").write_text("0")
+    return root
+
+
+def test_a_checkpoints_hf_config_with_other_numerics_than_its_save_is_refused(tiny_hf, tmp_path):
+    """Only the six shape keys were compared: a hf_artifacts/config.json with another rope base and
+    norm epsilon (a Llama 3 config copied beside a Llama 3.1 checkpoint, as the missing-hf_artifacts
+    message advises) scored every record differently, with exit 0."""
+    saved = ("model:\n  num_layers: 2\n  layernorm_epsilon: 1.0e-05\n  rotary_base: 500000.0\n  rope_scaling: false\n"
+             "  share_embeddings_and_output_weights: false\n  kv_channels: 16\n")
+    root = _checkpoint_with_config(tiny_hf, tmp_path / "ckpt", saved)
+    assert resolve(root).iteration == 0  # the config as imported: nothing to say
+    config_path = root / "hf_artifacts" / "config.json"
+    config = json.loads(config_path.read_text())
+    config.update(rms_norm_eps=0.01, rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0})
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ModelSourceError) as refused:
+        resolve(root)
+    assert str(refused.value) == (
+        f"base_model={root}: architecture mismatch between {root / 'iter_0000000'} and its HF config: "
+        f"layernorm_epsilon: checkpoint 1e-05, {root / 'hf_artifacts'}/config.json rms_norm_eps=0.01; "
+        f"rotary_base: checkpoint 500000.0, {root / 'hf_artifacts'}/config.json rope_theta=10000.0; "
+        f"rope_scaling: checkpoint False, {root / 'hf_artifacts'}/config.json rope_type=True")
+
+
+@pytest.mark.parametrize("file, content, problem", [
+    ("hf_artifacts/config.json", '{"architectures": ["LlamaForCausalLM"], ',
+     "is not a JSON object (Expecting property name enclosed in double quotes: line 1 column 41 (char 40))"),
+    ("iter_0000000/run_config.yaml", "model: [unclosed\n", "is not readable YAML (while parsing a flow sequence"),
+    ("iter_0000000/run_config.yaml", "model: 3\n", "is not Bridge's run config (a mapping with a `model` mapping)"),
+])
+def test_a_checkpoints_unreadable_config_is_named_in_one_line(tiny_hf, tmp_path, file, content, problem):
+    """Both ended in a traceback (JSONDecodeError, yaml's ParserError) from every verb."""
+    root = _checkpoint_with_config(tiny_hf, tmp_path / "ckpt", "model:\n  num_layers: 2\n")
+    (root / file).write_text(content)
+    with pytest.raises(ModelSourceError) as refused:
+        resolve(root)
+    assert str(refused.value).startswith(f"base_model={root}: {root / file} {problem}")
+
+
+def test_a_folder_of_exported_iterations_is_named_as_one(tiny_hf, tmp_path):
+    """`export --all-iterations` writes HF_OUT/iter_NNNNNNN, each a Hugging Face model; given as a
+    model, the folder was called an unfinished Megatron save ("no latest_checkpointed_iteration.txt")."""
+    for iteration in ("iter_0000002", "iter_0000010"):
+        shutil.copytree(tiny_hf, tmp_path / "exports" / iteration)
+    with pytest.raises(ModelSourceError) as refused:
+        resolve(tmp_path / "exports", named="--model ")
+    assert str(refused.value) == (f"--model {tmp_path / 'exports'}: a folder of Hugging Face models, one per "
+                                  "iteration, as `nemo-topr export --iteration/--all-iterations` writes; give one of "
+                                  f"them: {tmp_path / 'exports' / 'iter_0000010'}")
+    assert resolve(tmp_path / "exports" / "iter_0000010").kind == "huggingface"

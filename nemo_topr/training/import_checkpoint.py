@@ -14,6 +14,7 @@ loads it (the distributed checkpoint reshards on load). Runs in one process, on 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import shutil
@@ -26,7 +27,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from nemo_topr import cpu_runtime
 from nemo_topr.distributed import local_rendezvous
 from nemo_topr.model_settings import device_model_settings
-from nemo_topr.model_source import HF_KIND, ModelSourceError, resolve, write_hf_artifacts
+from nemo_topr.model_source import HF_KIND, ModelSourceError, check_intact, resolve, write_hf_artifacts
 from nemo_topr.quiet import stdout_to_stderr
 from nemo_topr.training.disk_space import estimated_checkpoint_bytes, free_bytes, size_text
 
@@ -55,34 +56,38 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
     source = resolve(hf_dir, named="", expected=HF_KIND)
     if source.is_megatron:
         raise ModelSourceError(f"{hf_dir}: already a Megatron checkpoint ({source.describe()}); nothing to import")
+    check_intact(source)  # weights config.json does not describe were imported as they were, exit 0
     out = Path(out).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ModelSourceError(f"{out}: exists and is not an empty directory; import writes a new checkpoint directory")
-    made = not out.exists()
+    # the highest directory the import makes (OUT, or a parent of it), None for an empty OUT of the user's
+    made = next((path for path in reversed((out, *out.parents)) if not path.exists()), None)
     try:  # now, not after minutes of loading: a path that cannot be made stops the import here
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ModelSourceError(f"{out}: cannot be made ({error.strerror}: {error.filename})") from None
-    dtype = dtype or hf_dtype(source.hf_dir)
-    cpu_runtime.enable_cpu_runtime()
-    from megatron.bridge import AutoBridge
-    from megatron.bridge.training.model_load_save import temporary_distributed_context
+    needed = None  # the checkpoint's size, once the weights are loaded and it is being written
+    try:
+        dtype = dtype or hf_dtype(source.hf_dir)
+        cpu_runtime.enable_cpu_runtime()
+        from megatron.bridge import AutoBridge
+        from megatron.bridge.training.model_load_save import temporary_distributed_context
 
-    local_rendezvous()
-    _progress(f"[1/3] {source.describe()}: {dtype} weights -> Megatron (TP1, PP1)")
-    with temporary_distributed_context(backend="nccl" if torch.cuda.is_available() else "gloo"):
-        bridge = AutoBridge.from_hf_pretrained(str(source.hf_dir), torch_dtype=DTYPES[dtype], local_files_only=True)
-        provider = device_model_settings(bridge.to_megatron_provider(load_weights=True), wrapped_in_ddp=False)
-        provider.params_dtype = DTYPES[dtype]  # the CPU runtime computes in fp32; store what HF stores
-        provider.finalize()
-        model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
-        parameters = sum(p.numel() for chunk in model for p in chunk.parameters())
-        loaded = time.monotonic()
-        _progress(f"[2/3] {parameters:,} parameters loaded in {loaded - started:.1f} s; writing {out}")
-        # A save that does not fit fails in torch's writer with no word of space
-        # (nemo_topr/training/disk_space.py); the weights alone are written, in `dtype`.
-        needed = estimated_checkpoint_bytes(parameters, DTYPES[dtype].itemsize, optimizer_state=False)
-        try:
+        local_rendezvous()
+        _progress(f"[1/3] {source.describe()}: {dtype} weights -> Megatron (TP1, PP1)")
+        with temporary_distributed_context(backend="nccl" if torch.cuda.is_available() else "gloo"):
+            bridge = AutoBridge.from_hf_pretrained(str(source.hf_dir), torch_dtype=DTYPES[dtype],
+                                                   local_files_only=True)
+            provider = device_model_settings(bridge.to_megatron_provider(load_weights=True), wrapped_in_ddp=False)
+            provider.params_dtype = DTYPES[dtype]  # the CPU runtime computes in fp32; store what HF stores
+            provider.finalize()
+            model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+            parameters = sum(p.numel() for chunk in model for p in chunk.parameters())
+            loaded = time.monotonic()
+            _progress(f"[2/3] {parameters:,} parameters loaded in {loaded - started:.1f} s; writing {out}")
+            # A save that does not fit fails in torch's writer with no word of space
+            # (nemo_topr/training/disk_space.py); the weights alone are written, in `dtype`.
+            needed = estimated_checkpoint_bytes(parameters, DTYPES[dtype].itemsize, optimizer_state=False)
             if (free := free_bytes(out)) < needed:
                 raise ModelSourceError(f"{out}: {size_text(free)} free, and the checkpoint takes "
                                        f"{size_text(needed)} ({parameters:,} parameters in {dtype}): free space "
@@ -90,17 +95,17 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
             # the HF files first: the tracker Bridge writes last then marks the whole import complete
             write_hf_artifacts(source, out)
             bridge.save_megatron_model(model, str(out), hf_tokenizer_path=str(source.hf_dir), low_memory_save=True)
-        except BaseException as error:  # OUT was new or empty: a half-written checkpoint would block the next import
-            _remove_written(out, made)
-            # torch's CheckpointException (a BaseException) names only a "Worker failure" on a full disk
-            if isinstance(error, (OSError, CheckpointException)):
-                why = error.strerror if isinstance(error, OSError) else type(error).__name__
-                problem = f"{out}: the checkpoint could not be written ({why}), and what was written is removed"
-                if (free := free_bytes(out)) < needed + TOKENIZER_AND_METADATA_BYTES:
-                    problem += (f"; {size_text(free)} free for {size_text(needed)} of weights plus the tokenizer "
-                                "and metadata: free space there, or choose another OUT")
-                raise ModelSourceError(problem) from error
-            raise
+    except BaseException as error:  # Ctrl-C too, while loading: leave no OUT it made, no half-written checkpoint
+        _remove_written(out, made)
+        # torch's CheckpointException (a BaseException) names only a "Worker failure" on a full disk
+        if needed is not None and isinstance(error, (OSError, CheckpointException)):
+            why = error.strerror if isinstance(error, OSError) else type(error).__name__
+            problem = f"{out}: the checkpoint could not be written ({why}), and what was written is removed"
+            if (free := free_bytes(out)) < needed + TOKENIZER_AND_METADATA_BYTES:
+                problem += (f"; {size_text(free)} free for {size_text(needed)} of weights plus the tokenizer "
+                            "and metadata: free space there, or choose another OUT")
+            raise ModelSourceError(problem) from error
+        raise
     summary = {"hf_dir": str(source.hf_dir), "out": str(out), "dtype": dtype, "parameters": parameters,
                "seconds": round(time.monotonic() - started, 1), "peak_host_memory_gib": peak_host_memory_gib()}
     _progress(f"[3/3] done in {summary['seconds']} s; peak host memory {summary['peak_host_memory_gib']} GiB; "
@@ -109,10 +114,14 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
     return summary
 
 
-def _remove_written(out: Path, made: bool) -> None:
-    """Remove what the import wrote into OUT (which it made, or found empty)."""
-    if made:
+def _remove_written(out: Path, made: Path | None) -> None:
+    """Remove what the import wrote: OUT and the parents of it up to `made` that it made too, or, in
+    an OUT that it found empty (made None), what it wrote there."""
+    if made is not None:
         shutil.rmtree(out, ignore_errors=True)
+        for parent in out.parents[:len(out.parents) - len(made.parents)]:
+            with contextlib.suppress(OSError):  # kept if anything else was put there meanwhile
+                parent.rmdir()
         return
     for child in out.iterdir():
         shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
