@@ -350,6 +350,9 @@ def read_prompts(args: argparse.Namespace) -> None:
     prompt_problems(args)
 
 
+ROUND_KEYS = ("base_model", "hf_model", "run_dir", "dataset.train_path", "device")  # train's, set by the driver
+
+
 def training_config(train: TrainOptions, ranks: int) -> tuple[dict[str, Any], Any]:
     """The training config's values and objective (an ObjectiveConfig), after the checks `nemo-topr
     train` runs on its config before the data (keys, types, the objective, the batch's division
@@ -357,6 +360,10 @@ def training_config(train: TrainOptions, ranks: int) -> tuple[dict[str, Any], An
     from nemo_topr.cluster.plan import compose_config
     from nemo_topr.training.config import ConfigError, check_batch_division, objective_from
 
+    # train refuses a key given twice: these came before the driver's own and failed in round 1
+    if set_here := [item for item in train.overrides if item.split("=", 1)[0] in ROUND_KEYS]:
+        raise IterateError(f"train.overrides holds {set_here[0]}, which the driver sets for every round (the round's "
+                           "model, run directory and data; device is the driver's device key): remove it")
     try:
         values, _ = compose_config(train.config_name, list(train.overrides), None)  # with check_values
         check_batch_division(values, max(ranks, 1))

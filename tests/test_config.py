@@ -19,6 +19,15 @@ def tiny_hf(tmp_path_factory, megatron_world):
     return build_tiny_hf_llama(tmp_path_factory.mktemp("hf") / "tiny", build_tiny_tokenizer())
 
 
+@pytest.fixture(scope="module")
+def tiny_hf_8_layers(tmp_path_factory, megatron_world):
+    """A base model deep enough for 2 pipeline stages x 2 virtual stages."""
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    return build_tiny_hf_llama(tmp_path_factory.mktemp("hf8") / "tiny", build_tiny_tokenizer(), num_layers=8)
+
+
 def _run(tiny_hf, tmp_path, *overrides):
     raw = compose("tiny_cpu", [f"hf_model={tiny_hf}", f"run_dir={tmp_path}", *overrides])
     return build_training_run(raw)
@@ -38,6 +47,57 @@ def test_yaml_and_overrides_land_on_the_bridge_container(tiny_hf, tmp_path):
     assert container.model.num_query_groups == 2  # architecture from the HF directory
 
 
+def _megatron_base(hf_dir, root):
+    """A checkpoint root shaped as `nemo-topr import` writes one, with `hf_dir`'s config and tokenizer
+    in hf_artifacts/ (what model_source inspects; its one tensor is no model's)."""
+    import shutil
+
+    from conftest import torch_dist_save
+
+    saved = torch_dist_save(root / "iter_0000000")
+    (saved / "metadata.json").write_text("{}\n")
+    (saved / "run_config.yaml").write_text("model: {}\n")
+    (root / "latest_checkpointed_iteration.txt").write_text("0")
+    shutil.copytree(hf_dir, root / "hf_artifacts", ignore=shutil.ignore_patterns("*.safetensors"))
+    return root
+
+
+@pytest.mark.parametrize("kind", ["huggingface", "megatron"])
+def test_an_architecture_key_other_than_the_base_models_is_refused_before_anything_is_written(
+        tiny_hf, tmp_path, monkeypatch, capsys, kind):
+    """model.num_layers=1 from a 2-layer base: from a Hugging Face directory train exited 0 having
+    trained a 1-layer model (layer 1 dropped), whose checkpoints export refused (architecture
+    mismatch); from a Megatron base it ended in a 431-line traceback (CheckpointingException: Global
+    shape mismatch) after the run directory was written. plan, which reads the base's config, took
+    the override as the architecture. The base model's own value is no change."""
+    from nemo_topr.cluster import plan
+    from nemo_topr.training.recipe import main
+
+    if kind == "huggingface":
+        base, described = tiny_hf, f"Hugging Face directory {tiny_hf}"
+    else:
+        base = _megatron_base(tiny_hf, tmp_path / "imported")
+        described = (f"Megatron distributed checkpoint {base}, iteration 0 ({base / 'iter_0000000'}; HF config from "
+                     f"{base / 'hf_artifacts'})")
+    expected = (f"model.num_layers=1 differs from the base model's num_layers=2 ({described}): a run trains the base "
+                "model's weights, whose shapes these keys set, so it would drop or misshape some of them; drop the "
+                "override (the architecture comes from base_model)")
+    data = _graded_data(tmp_path / "scored.jsonl", records=2)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        main(["--config-name", "tiny_cpu", f"base_model={base}", f"dataset.train_path={data}",
+              f"run_dir={tmp_path / 'run'}", "model.num_layers=1"])
+    assert str(stop.value) == f"nemo-topr train: {expected}"
+    assert not (tmp_path / "run").exists()
+    assert plan.main(["tiny_cpu", f"base_model={base}", "model.num_layers=1", "--gpus-per-node", "1"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == f"nemo-topr plan: {expected}"
+    with pytest.raises(ConfigError, match=r"^model.num_layers=3, model.num_query_groups=4 differ from the base "
+                                          r"model's num_layers=2, num_query_groups=2 \("):
+        _run(base, tmp_path / "run", "model.num_layers=3", "model.num_query_groups=4")
+    model = _run(base, tmp_path / "run", "model.num_layers=2", "model.hidden_size=64").container.model
+    assert (model.num_layers, model.hidden_size) == (2, 64)
+
+
 @pytest.mark.parametrize("overrides, batched, overlapped", [
     (["model.pipeline_model_parallel_size=2"], True, False),  # no virtual stages: Megatron's defaults
     (["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2"], False, True),
@@ -47,19 +107,19 @@ def test_yaml_and_overrides_land_on_the_bridge_container(tiny_hf, tmp_path):
     (["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2",
       "model.overlap_p2p_comm=false"], False, False),
 ])
-def test_an_interleaved_pipeline_gets_unbatched_p2p(tiny_hf, tmp_path, overrides, batched, overlapped):
+def test_an_interleaved_pipeline_gets_unbatched_p2p(tiny_hf_8_layers, tmp_path, overrides, batched, overlapped):
     """Megatron's batched p2p crosses activations and gradients at PP = 2 with virtual stages
     (tests/test_topr_step.py::test_the_interleaved_pipeline_gives_the_reference_loss_metrics_and_gradients
     runs the step so); the recipe chooses unbatched p2p for any interleaved layout, as Bridge's
     CommOverlapConfig does, and refuses batched p2p at PP = 2."""
-    model = _run(tiny_hf, tmp_path, "model.num_layers=8", *overrides).container.model
+    model = _run(tiny_hf_8_layers, tmp_path, *overrides).container.model
     assert (model.batch_p2p_comm, model.overlap_p2p_comm) == (batched, overlapped)
 
 
-def test_batched_p2p_at_pp2_with_virtual_stages_is_refused(tiny_hf, tmp_path):
+def test_batched_p2p_at_pp2_with_virtual_stages_is_refused(tiny_hf_8_layers, tmp_path):
     with pytest.raises(ConfigError, match=r"^model.batch_p2p_comm=true with model.pipeline_model_parallel_size=2 "
                                           r"and virtual pipeline stages: .*NVIDIA/Megatron-LM#750"):
-        _run(tiny_hf, tmp_path, "model.num_layers=8", "model.pipeline_model_parallel_size=2",
+        _run(tiny_hf_8_layers, tmp_path, "model.pipeline_model_parallel_size=2",
              "model.virtual_pipeline_model_parallel_size=2", "model.batch_p2p_comm=true")
 
 
@@ -131,6 +191,15 @@ def test_cpu_scoring_whose_attention_cannot_fit_in_memory_is_refused(tiny_hf, tm
     # below tiny_cpu's min_lr (3e-3): Megatron's scheduler asserted it after the data was prepared
     ("optimizer.lr=1e-3", r"^optimizer.lr=0.001 is below optimizer.min_lr=0.003, where the schedule decays to; set "
                           r"optimizer.min_lr=0.001 too"),
+    # a whole section replaced: a TypeError traceback from the checks, or Bridge's after the data
+    ("train=5", r"^train=5: train is a section; set its keys, as train.KEY=VALUE$"),
+    ("objective=5", r"^objective=5: objective is a section; set its keys, as objective.KEY=VALUE$"),
+    ("logger=abc", r"^logger='abc': logger is a section; set its keys, as logger.KEY=VALUE$"),
+    # Bridge's and Megatron's own set-up checks, which raised on every rank after the run dir was written
+    ("rng.seed=0", r"^rng.seed=0 must be at least 1$"),
+    ("model.recompute_granularity=full", r"^model.recompute_granularity=full needs model.recompute_method=block or "
+                                         r"uniform \(and model.recompute_num_layers\); got recompute_method=None$"),
+    ("device=gpu", r"^device must be one of cuda, cpu; got 'gpu'$"),
 ])
 def test_bad_keys_are_clear_errors(tiny_hf, tmp_path, override, expected):
     with pytest.raises(ConfigError, match=expected):
@@ -151,7 +220,31 @@ def test_bad_values_and_names_are_clear_errors(tiny_hf, tmp_path):
 
     with pytest.raises(ConfigError, match=r"^config keys \['base_model', 'run_dir'\] must be set \(e.g. "
                                           r"base_model=/path/to/hf_llama_or_checkpoint; run_dir=runs/my_run\)$"):
-        check_config(compose("tiny_cpu", ["base_model=", "run_dir="]))
+        check_config(compose("tiny_cpu", ["base_model=null", "run_dir=null"]))
+
+
+def test_fp16_and_bf16_together_are_refused(tiny_hf, tmp_path):
+    with pytest.raises(ConfigError, match=r"^model.fp16 and model.bf16 are both true: choose one"):
+        _run(tiny_hf, tmp_path, "model.fp16=true", "model.bf16=true")
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["train.global_batch_size="], "train.global_batch_size=: an empty value (an unset shell variable?); give one, "
+                                   "or train.global_batch_size=null for none"),
+    (["base_model=/models/a", "hf_model=/models/b"], "base_model=/models/a and hf_model=/models/b: base_model given "
+                                                     "twice with two values; give it once"),
+    (["train.global_batch_size=64", "optimizer.lr=1e-5", "train.global_batch_size=8"],
+     "train.global_batch_size=64 and train.global_batch_size=8: train.global_batch_size given twice with two values; "
+     "give it once"),
+], ids=["empty", "alias-and-key", "twice"])
+def test_an_override_given_twice_or_empty_is_refused(overrides, expected):
+    """OmegaConf kept the last of a key given twice without a word (`hf_model=B` after
+    `base_model=A`: plan then planned, and train would train, B), and read `KEY=` as null: plan
+    planned its own default batch of 8 for the preset's 64, train ended in a TypeError."""
+    with pytest.raises(ConfigError) as refused:
+        compose("tiny_cpu", overrides)
+    assert str(refused.value) == expected
+    assert compose("tiny_cpu", ["train.global_batch_size=8", "train.global_batch_size=8"]).train.global_batch_size == 8
 
 
 @pytest.mark.parametrize("world_size, overrides, expected", [
@@ -302,8 +395,9 @@ def test_resume_from_base_needs_the_bases_data_and_iterations_left(tiny_hf, tmp_
     saved(1)
 
     def resume_from_base(run: str, data_path, *overrides):
-        return prepare(_run(tiny_hf, tmp_path / run, f"dataset.train_path={data_path}", f"base_model={base}",
-                            "resume_from_base=true", *overrides))
+        return prepare(build_training_run(compose("tiny_cpu", [
+            f"base_model={base}", f"run_dir={tmp_path / run}", f"dataset.train_path={data_path}",
+            "resume_from_base=true", *overrides])))
 
     continuing = "resume_from_base=true continues the iteration count, schedule and consumed samples of nemo-topr run"
     assert resume_from_base("same", data)["train_iters"] == train_iters  # the base's data: it continues

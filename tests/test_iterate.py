@@ -48,6 +48,8 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
     ("train.overrides=[optimizer.lrr=0.1]", r"train \(tiny_cpu with train.overrides\): .*optimizer.lrr.*did you mean"),
     ("train.overrides=[train.global_batch_size=3]", r"train.global_batch_size=3 is not a multiple of "),
     ("train.overrides=[objective.ratio_level=token]", r"objective.ratio_level=token needs log mu of every "),
+    # the driver sets these per round: train then refused the key given twice, in round 1
+    ("train.overrides=[run_dir=mine]", r"^train.overrides holds run_dir=mine, which the driver sets for every round "),
     ("curate.mode=target_p_tilde", "curate.target"),
     ("curate.mode=best", "curate.mode"),
     # per_prompt spreads a target's sub-sampling: with anna_karenina (the default) it did nothing

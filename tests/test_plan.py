@@ -183,6 +183,15 @@ MISTYPED_OVERRIDES = [
     ("train.train_iters=100", r"train.train_iters=100 is not a setting: .* Use dataset.epochs"),
     # a sweep below the preset's min_lr (5e-7) queued, then Megatron's scheduler asserted at the start
     ("optimizer.lr=1e-7", r"optimizer.lr=1e-07 is below optimizer.min_lr=5e-07, where the schedule decays to"),
+    # plan said FITS to these; train refused them, or (the last four) raised after writing the run dir
+    ("device=gpu", r"device must be one of cuda, cpu; got 'gpu'$"),
+    ("resume_from_base=maybe", r"resume_from_base='maybe' must be true or false$"),
+    ("dataset.seq_length=1024", r"dataset.seq_length \(1024\) must equal model.seq_length \(2048\)$"),
+    ("train.global_batch_size=", r"an empty value \(an unset shell variable\?\)"),
+    ("train=5", r"train=5: train is a section; set its keys, as train.KEY=VALUE$"),
+    ("rng.seed=0", r"rng.seed=0 must be at least 1$"),
+    ("model.fp16=true", r"model.fp16 and model.bf16 are both true"),
+    ("model.recompute_granularity=full", r"model.recompute_granularity=full needs model.recompute_method"),
 ]
 
 
@@ -307,7 +316,7 @@ def test_planner_reads_hf_config_json(tmp_path):
     arch, source = resolve_architecture({"base_model": hf, "model": {}}, "anything", None)
     assert source.endswith("config.json") and arch.total_params == LLAMA_70B.total_params
     arch, _ = resolve_architecture({"base_model": hf, "model": {"num_layers": 40}}, "anything", None)
-    assert arch.num_layers == 40  # model.* keys win, as in training
+    assert arch.num_layers == 40  # the arithmetic applies model.* keys; check_values refuses this one first
 
 
 

@@ -125,7 +125,8 @@ def architecture_from_hf_config(config_json: Path, name: str) -> Architecture:
 
 
 def with_model_overrides(arch: Architecture, model: dict[str, Any]) -> Architecture:
-    """Apply ``model.*`` architecture keys from the run config (they win in training too)."""
+    """Apply ``model.*`` architecture keys from the run config: the model planned for where the base
+    model is not readable here (where it is, check_values refuses keys other than its own)."""
     names = {f.name for f in dataclasses.fields(Architecture)} - {"name"}
     overrides = {key: value for key, value in model.items() if key in names and value is not None}
     return dataclasses.replace(arch, **overrides) if overrides else arch

@@ -12,8 +12,9 @@ arithmetic: no model is built, no GPU is needed.
 
 The architecture comes from the HF config of ``base_model`` (its config.json, or a Megatron
 checkpoint's hf_artifacts/config.json) when that model is readable here, else from a built-in
-reference (Llama 3.1 8B / 70B, chosen by ``--arch`` or by the config's name); ``model.*``
-architecture keys in the config override either, as they do in training. The report also shows
+reference (Llama 3.1 8B / 70B, chosen by ``--arch`` or by the config's name). ``model.*``
+architecture keys in the config are refused where they differ from a readable base model's, as in
+training, and otherwise override the reference, to plan a model not on this machine. The report also shows
 how training will load ``base_model`` (converted from HF at every start, or a Megatron checkpoint
 loaded directly); a checkpoint that is visible here but unfinished or inconsistent fails the plan.
 

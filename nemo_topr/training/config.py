@@ -33,7 +33,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from nemo_topr import model_source
-from nemo_topr.device import DEVICES, resolve_device
+from nemo_topr.device import DEVICES, DeviceError, resolve_device
 from nemo_topr.model_settings import (CUDNN_922_FIX, device_model_settings, fused_adam_available,
                                       te_attention_cudnn_problem)
 from nemo_topr.model_source import ModelSource
@@ -44,6 +44,7 @@ from nemo_topr.training.run_state import START_CONFIGS_DIR, entries_of_others
 
 CONF_DIR = Path(os.environ.get("NEMO_TOPR_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
 OUR_KEYS = ("base_model", "resume_from_base", "run_dir", "objective", "device")
+OUR_VALUES = tuple(key for key in OUR_KEYS if key != "objective")  # the rest of a config is sections
 
 
 class ConfigError(ValueError):
@@ -82,6 +83,7 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
     malformed = [item for item in overrides if "=" not in item]
     if malformed:
         raise ConfigError(f"overrides must be key=value; got {malformed}")
+    check_overrides(overrides)
     OmegaConf.set_struct(cfg, False)
     try:
         model_source.fold_alias(cfg)
@@ -94,6 +96,22 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
         raise ConfigError(f"config {config_dir / config_name}.yaml{' with overrides' if overrides else ''}: "
                           f"{omegaconf_problem(error)}") from None
     return cfg
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Each key once, each with a value. OmegaConf keeps the last of a key given twice without a
+    word (`hf_model=B` after `base_model=A` too: it is the alias), and reads `KEY=` (an unset shell
+    variable) as null: `plan` then planned its own default batch size, `train` ended in a TypeError
+    on every rank after writing the run directory."""
+    given: dict[str, str] = {}
+    for item in overrides:
+        key, value = item.split("=", 1)
+        if value == "":
+            raise ConfigError(f"{item}: an empty value (an unset shell variable?); give one, or {key}=null for none")
+        canonical, canonical_value = model_source.alias_override(item).split("=", 1)
+        first = given.setdefault(canonical, item)
+        if first.split("=", 1)[1] != canonical_value:
+            raise ConfigError(f"{first} and {item}: {canonical} given twice with two values; give it once")
 
 
 def unparsed_yaml(what: str, error: Exception) -> str:
@@ -133,6 +151,7 @@ LOWER_BOUNDS = {
         "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels")},
     "model.seq_length": 2,
     "train.global_batch_size": 1, "train.micro_batch_size": 1,
+    "rng.seed": 1,  # Bridge asserts a positive seed at set-up (training/initialize.py), after the data
     "dataset.epochs": 1,  # dataset.seq_length must equal model.seq_length (build_training_run)
     "checkpoint.save_interval": 1, "logger.log_interval": 1,
     "optimizer.lr": 0, "optimizer.min_lr": 0, "optimizer.weight_decay": 0, "optimizer.clip_grad": 0,
@@ -238,12 +257,15 @@ def check_no_train_iters(values: dict[str, Any]) -> None:
             "resume later, send the exit signal (docs/training.md)")
 
 
-def check_values(values: dict[str, Any]) -> ObjectiveConfig:
+def check_values(values: dict[str, Any], base_model: ModelSource | None = None) -> ObjectiveConfig:
     """Every key and value of a composed config, as `nemo-topr train` applies them: each section
     against the Bridge dataclass it lands on (names, scalar types, finite floats, the bounds), the objective
-    through ObjectiveConfig's own checks. `plan` and `submit` call this too, so what they pass
-    `train` accepts. Imports Bridge (the classes); builds no model."""
+    through ObjectiveConfig's own checks, the architecture keys against `base_model`
+    (`check_architecture_overrides`). `plan` and `submit` call this too, so what they pass `train`
+    accepts. Imports Bridge (the classes); builds no model."""
+    check_sections(values)
     check_no_train_iters(values)
+    check_own_values(values)
     classes = _section_classes()
     # `model` first: the presets' dataset.seq_length interpolates model.seq_length, and a bad value
     # is named as it was written (`model.seq_length=abc`)
@@ -256,7 +278,88 @@ def check_values(values: dict[str, Any]) -> ObjectiveConfig:
         if isinstance(section_values, dict) and classes[section] is not None:
             _check_section(classes[section], section_values, section)
     _check_lr_range(values.get("optimizer") or {})
+    _check_model_choices(values.get("model") or {})
+    check_architecture_overrides(values, base_model)
     return objective_from(values.get("objective") or {})
+
+
+# The model keys that set which weights exist and their shapes. The base model's weights have its
+# own values: another value (model.num_layers=1 from 2 layers) trained a model without some of
+# them, which export then refused, or ended a Megatron base's load in a shape-mismatch traceback.
+SHAPE_KEYS = (*model_source.ARCHITECTURE_KEYS.values(), "kv_channels", "should_pad_vocab",
+              "share_embeddings_and_output_weights", "gated_linear_unit", "add_bias_linear", "add_qkv_bias",
+              "normalization", "qk_layernorm", "position_embedding_type", "attention_output_gate",
+              "multi_latent_attention", "num_moe_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+              "moe_layer_freq", "mtp_num_layers")
+
+
+def _visible_base_model(values: dict[str, Any]) -> ModelSource | None:
+    """The config's base model, for `plan` and `submit`: None where it is unset, not visible on this
+    machine, or broken (each verb refuses a broken one in its own words: `load_route`)."""
+    try:
+        return model_source.load_route(values, must_exist=False)[0]
+    except model_source.ModelSourceError:
+        return None
+
+
+def check_architecture_overrides(values: dict[str, Any], base_model: ModelSource | None) -> None:
+    """Refuse a `model.` value of a SHAPE_KEYS key other than that of `base_model` (None: the
+    config's own, where this machine sees it)."""
+    model = values.get("model") or {}
+    overridden = {key: model[key] for key in SHAPE_KEYS if key in model}
+    if not overridden:
+        return
+    base_model = base_model or _visible_base_model(values)
+    if base_model is None:  # not on this machine: plan takes the keys as the architecture to plan for
+        return
+    from nemo_topr.model import hf_llama_provider
+
+    _, provider = hf_llama_provider(base_model.hf_dir, load_weights=False)  # config.json only
+    changed = {key: value for key, value in overridden.items() if value != getattr(provider, key)}
+    if changed:
+        ours = ", ".join(f"model.{key}={value}" for key, value in changed.items())
+        theirs = ", ".join(f"{key}={getattr(provider, key)}" for key in changed)
+        raise ConfigError(f"{ours} {'differs' if len(changed) == 1 else 'differ'} from the base model's {theirs} "
+                          f"({base_model.describe()}): a run trains the base model's weights, whose shapes these "
+                          "keys set, so it would drop or misshape some of them; drop the override (the "
+                          "architecture comes from base_model)")
+
+
+def check_sections(values: dict[str, Any]) -> None:
+    """Every top-level key but our four values is a section. `train=5` replaced a whole section: a
+    TypeError or AttributeError traceback from the checks, or (logger=abc) from Bridge's override
+    code after the data was prepared."""
+    for section, section_values in values.items():
+        if section not in OUR_VALUES and section_values is not None and not isinstance(section_values, dict):
+            raise ConfigError(f"{section}={section_values!r}: {section} is a section; set its keys, as "
+                              f"{section}.KEY=VALUE")
+
+
+def check_own_values(values: dict[str, Any]) -> None:
+    """Our keys' values and the one rule between sections, which `plan` and `submit` passed and
+    `train` refused: resume_from_base, device, dataset.seq_length."""
+    if not isinstance(values.get("resume_from_base", False), bool):  # "maybe" and 'false' were taken for true
+        raise ConfigError(f"resume_from_base={values['resume_from_base']!r} must be true or false")
+    # the value only: whether this machine has CUDA is checked where the process starts
+    # (`use_device` in `nemo-topr train`), so a GPU preset still builds on a login node (plan, tests)
+    try:
+        resolve_device(values.get("device"), cuda_available=True, where="device", choices=DEVICES)
+    except DeviceError as error:
+        raise ConfigError(str(error)) from None
+    dataset, model = values.get("dataset") or {}, values.get("model") or {}
+    if "seq_length" in dataset and "seq_length" in model and dataset["seq_length"] != model["seq_length"]:
+        raise ConfigError(f"dataset.seq_length ({dataset['seq_length']}) must equal model.seq_length "
+                          f"({model['seq_length']})")
+
+
+def _check_model_choices(model: dict[str, Any]) -> None:
+    """Megatron's TransformerConfig.__post_init__ rules a preset override can break, checked here:
+    they raised on every rank after the run directory was written (`plan` passed them)."""
+    if model.get("fp16") and model.get("bf16"):
+        raise ConfigError("model.fp16 and model.bf16 are both true: choose one (set the other false)")
+    if model.get("recompute_granularity") == "full" and model.get("recompute_method") not in ("block", "uniform"):
+        raise ConfigError(f"model.recompute_granularity=full needs model.recompute_method=block or uniform (and "
+                          f"model.recompute_num_layers); got recompute_method={model.get('recompute_method')!r}")
 
 
 def _check_lr_range(optimizer: dict[str, Any]) -> None:
@@ -532,20 +635,17 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
     missing = [key for key in examples if values.get(key) in (None, "", "???")]
     if missing:
         raise ConfigError(f"config keys {missing} must be set (e.g. {'; '.join(examples[key] for key in missing)})")
+    check_sections(values)
     check_no_train_iters(values)
+    check_own_values(values)
     try:
         base_model = model_source.resolve(values["base_model"])
     except model_source.ModelSourceError as error:
         raise ConfigError(str(error)) from None
     check_run_dir(Path(values["run_dir"]))
-    if not isinstance(values.get("resume_from_base", False), bool):  # "maybe" and 'false' were taken for true
-        raise ConfigError(f"resume_from_base={values['resume_from_base']!r} must be true or false")
     if values.get("resume_from_base"):
         check_resumable(base_model)
     objective = objective_from(values.get("objective") or {})
-    # the value only: whether this machine has CUDA is checked where the process starts
-    # (`use_device` in `nemo-topr train`), so a GPU preset still builds on a login node (plan, tests)
-    resolve_device(values["device"], cuda_available=True, where="device", choices=DEVICES)
     return values, base_model, objective
 
 
@@ -555,7 +655,7 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     from nemo_topr.training.data import ToprDatasetConfig
 
     values, base_model, objective = check_config(raw)
-    check_values(values)
+    check_values(values, base_model)
     if latest_iteration(Path(values["run_dir"]) / "checkpoints") is None:  # the base is loaded, not a resume
         try:
             model_source.check_intact(base_model)  # reads its .metadata with torch: here, not in check_config
