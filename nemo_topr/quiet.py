@@ -64,6 +64,9 @@ HARMLESS_LOG_LINES = {
     "megatron.bridge.models.gemma.gemma2_provider": r"Gemma2: ",  # a model family nemo-topr does not build
     # Bridge's Llama provider builds Megatron-Core's GPTModel, which 0.19 calls deprecated at every build
     "megatron.core.models.gpt.gpt_model": r"GPTModel IS DEPRECATED",
+    # the default of every provider Bridge builds; device_model_settings then sets the fusion from
+    # what this machine has (plan's architecture check builds one from config.json on a login node)
+    "megatron.bridge.utils.fusions": r"gradient_accumulation_fusion requires either TransformerEngine",
     # Bridge still uses transformers 5's old name: config.torch_dtype (conversion/model_bridge.py),
     # from_pretrained(torch_dtype=...) (hf_pretrained/causal_lm.py)
     "transformers.configuration_utils": r"`torch_dtype` is deprecated! Use `dtype` instead!",

@@ -111,6 +111,31 @@ def test_plan_prints_no_start_up_noise_unless_verbose(tmp_path):
     assert "Import of FP8GlobalStateManager" in verbose.stderr and "MSC config source not available" in verbose.stderr
 
 
+TINY_LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+                     "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 1024}
+
+
+@pytest.mark.slow  # two Bridge imports in subprocesses, ~15 s each
+def test_plan_checking_an_architecture_key_prints_no_fusion_warning_unless_verbose(tmp_path):
+    """An architecture key checked against the base model builds a provider from its config.json,
+    whose default gradient-accumulation fusion Bridge warns about on a machine without TE or Apex
+    (a login node): a WARNING line on plan's stdout."""
+    from conftest import placeholder_hf_model
+
+    model = placeholder_hf_model(tmp_path / "model", TINY_LLAMA_CONFIG)
+    command = [sys.executable, "-m", "nemo_topr.cli", "plan", "tiny_cpu", "--gpus-per-node", "1",
+               f"base_model={model}", "model.num_layers=2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    fusion = "gradient_accumulation_fusion requires either TransformerEngine"
+    quiet = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and quiet.stdout.startswith("nemo-topr plan: tiny_cpu"), quiet.stderr
+    assert fusion not in quiet.stdout + quiet.stderr
+    verbose = subprocess.run([*command[:3], "--verbose", *command[3:]], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert verbose.returncode == 0 and fusion in verbose.stdout + verbose.stderr
+
+
 STDOUT_WRITERS = r'''
 import ctypes, os, sys
 from nemo_topr.quiet import stdout_to_stderr
