@@ -236,6 +236,8 @@ def _check_section(target: type, values: dict[str, Any], path: str) -> None:
 def _check_value(dotted: str, value: Any, hint: Any) -> None:
     if not _matches(value, hint):
         raise ConfigError(f"{dotted}={value!r} is not a valid value: expected {_expected(hint)}")
+    if isinstance(value, str):
+        _check_bridge_name(dotted, value, hint)
     if isinstance(value, float) and not math.isfinite(value) and (math.isnan(value) or dotted in LOWER_BOUNDS):
         # NaN passes every comparison: a NaN rate queued, then torch's Adam refused it at set-up (a
         # traceback) and Transformer Engine's FusedAdam (GPUs) checks none
@@ -244,6 +246,21 @@ def _check_value(dotted: str, value: Any, hint: Any) -> None:
         raise ConfigError(f"{dotted}={value} must be at least {LOWER_BOUNDS[dotted]}")
     if dotted in UPPER_BOUNDS and value >= UPPER_BOUNDS[dotted]:
         raise ConfigError(f"{dotted}={value} must be below {UPPER_BOUNDS[dotted]}")
+
+
+def _check_bridge_name(dotted: str, value: str, hint: Any) -> None:
+    """A dtype or an activation given by name, which Bridge converts by its own tables: an unknown
+    one (`model.params_dtype=bf17`) was kept as the string and failed in arithmetic, or (an
+    activation) raised on every rank after the run directory was written."""
+    import torch
+    from megatron.bridge.utils.activation_map import ACTIVATION_FUNC_MAP, DTYPE_MAP
+
+    dtype = torch.dtype in (hint, *typing.get_args(hint))
+    table = DTYPE_MAP if dtype else ACTIVATION_FUNC_MAP if dotted.endswith(".activation_func") else None
+    if table is not None and value not in table:
+        known = ", ".join(sorted(name for name in table if "." not in name))
+        what = "a dtype" if dtype else "an activation function"
+        raise ConfigError(f"{dotted}={value!r} is not {what} Bridge knows: {known}")
 
 
 def check_no_train_iters(values: dict[str, Any]) -> None:
