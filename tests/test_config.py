@@ -202,7 +202,8 @@ def test_cpu_scoring_whose_attention_cannot_fit_in_memory_is_refused(tiny_hf, tm
     ("device=gpu", r"^device must be one of cuda, cpu; got 'gpu'$"),
     # names Bridge converts by its tables: the dtype was kept as a string, the activation raised on every rank
     ("model.params_dtype=bf17", r"^model.params_dtype='bf17' is not a dtype Bridge knows: .*\bbf16\b.*\bfp32\b"),
-    ("model.activation_func=gelu_typo", r"^model.activation_func='gelu_typo' is not an activation function Bridge knows: "
+    ("model.activation_func=gelu_typo", r"^model.activation_func='gelu_typo' is not an activation function Bridge "
+                                        r"knows: "
                                         r".*\bgelu\b.*\bsilu\b"),
 ])
 def test_bad_keys_are_clear_errors(tiny_hf, tmp_path, override, expected):
