@@ -251,13 +251,17 @@ def _check_value(dotted: str, value: Any, hint: Any) -> None:
 def _check_bridge_name(dotted: str, value: str, hint: Any) -> None:
     """A dtype or an activation given by name, which Bridge converts by its own tables: an unknown
     one (`model.params_dtype=bf17`) was kept as the string and failed in arithmetic, or (an
-    activation) raised on every rank after the run directory was written."""
+    activation) raised on every rank after the run directory was written. Only Bridge's sections
+    hold these, checked once `_section_classes` has imported Bridge (the objective's, before it)."""
     import torch
-    from megatron.bridge.utils.activation_map import ACTIVATION_FUNC_MAP, DTYPE_MAP
 
     dtype = torch.dtype in (hint, *typing.get_args(hint))
-    table = DTYPE_MAP if dtype else ACTIVATION_FUNC_MAP if dotted.endswith(".activation_func") else None
-    if table is not None and value not in table:
+    if not dtype and not dotted.endswith(".activation_func"):
+        return
+    from megatron.bridge.utils.activation_map import ACTIVATION_FUNC_MAP, DTYPE_MAP
+
+    table = DTYPE_MAP if dtype else ACTIVATION_FUNC_MAP
+    if value not in table:
         known = ", ".join(sorted(name for name in table if "." not in name))
         what = "a dtype" if dtype else "an activation function"
         raise ConfigError(f"{dotted}={value!r} is not {what} Bridge knows: {known}")
