@@ -360,7 +360,7 @@ def training_config(train: TrainOptions, ranks: int) -> tuple[dict[str, Any], An
     from nemo_topr.cluster.plan import compose_config
     from nemo_topr.training.config import ConfigError, check_batch_division, objective_from
 
-    # train refuses a key given twice: these came before the driver's own and failed in round 1
+    # these come before the driver's own on train's command line, whose value then won without a word
     if set_here := [item for item in train.overrides if item.split("=", 1)[0] in ROUND_KEYS]:
         raise IterateError(f"train.overrides holds {set_here[0]}, which the driver sets for every round (the round's "
                            "model, run directory and data; device is the driver's device key): remove it")

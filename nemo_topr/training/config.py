@@ -99,19 +99,21 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
 
 
 def check_overrides(overrides: list[str]) -> None:
-    """Each key once, each with a value. OmegaConf keeps the last of a key given twice without a
-    word (`hf_model=B` after `base_model=A` too: it is the alias), and reads `KEY=` (an unset shell
+    """Each override with a value, and the model named once. OmegaConf reads `KEY=` (an unset shell
     variable) as null: `plan` then planned its own default batch size, `train` ended in a TypeError
-    on every rank after writing the run directory."""
-    given: dict[str, str] = {}
+    on every rank after writing the run directory. A key given twice keeps the last value (Hydra's
+    rule, which appending to a command relies on), but `hf_model=B` with `base_model=A` is the
+    alias: which model trains hung on their order, where a YAML holding both is refused."""
+    models: dict[str, str] = {}  # the last of each, as OmegaConf keeps it
     for item in overrides:
         key, value = item.split("=", 1)
         if value == "":
             raise ConfigError(f"{item}: an empty value (an unset shell variable?); give one, or {key}=null for none")
-        canonical, canonical_value = model_source.alias_override(item).split("=", 1)
-        first = given.setdefault(canonical, item)
-        if first.split("=", 1)[1] != canonical_value:
-            raise ConfigError(f"{first} and {item}: {canonical} given twice with two values; give it once")
+        if key in ("base_model", "hf_model"):
+            models[key] = value
+    if len(models) == 2 and models["base_model"] != models["hf_model"]:
+        raise ConfigError(f"base_model={models['base_model']} and hf_model={models['hf_model']} disagree; hf_model "
+                          "is an alias of base_model: set one")
 
 
 def unparsed_yaml(what: str, error: Exception) -> str:
