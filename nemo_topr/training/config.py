@@ -365,8 +365,9 @@ def check_own_values(values: dict[str, Any]) -> None:
         raise ConfigError(f"resume_from_base={values['resume_from_base']!r} must be true or false")
     # the value only: whether this machine has CUDA is checked where the process starts
     # (`use_device` in `nemo-topr train`), so a GPU preset still builds on a login node (plan, tests)
-    try:
-        resolve_device(values.get("device"), cuda_available=True, where="device", choices=DEVICES)
+    try:  # where set: `score-logprobs --train-config` checks a model section alone
+        if "device" in values:
+            resolve_device(values["device"], cuda_available=True, where="device", choices=DEVICES)
     except DeviceError as error:
         raise ConfigError(str(error)) from None
     dataset, model = values.get("dataset") or {}, values.get("model") or {}
@@ -654,7 +655,7 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
     before importing Megatron and loading the data."""
     values = OmegaConf.to_container(raw, resolve=True)
     examples = {"base_model": "base_model=/path/to/hf_llama_or_checkpoint", "run_dir": "run_dir=runs/my_run",
-                "objective": "the objective section of conf/topr.yaml"}
+                "objective": "the objective section of conf/topr.yaml", "device": "device=cuda or device=cpu"}
     missing = [key for key in examples if values.get(key) in (None, "", "???")]
     if missing:
         raise ConfigError(f"config keys {missing} must be set (e.g. {'; '.join(examples[key] for key in missing)})")
