@@ -371,9 +371,15 @@ def check_own_values(values: dict[str, Any]) -> None:
     except DeviceError as error:
         raise ConfigError(str(error)) from None
     dataset, model = values.get("dataset") or {}, values.get("model") or {}
-    if "seq_length" in dataset and "seq_length" in model and dataset["seq_length"] != model["seq_length"]:
-        raise ConfigError(f"dataset.seq_length ({dataset['seq_length']}) must equal model.seq_length "
-                          f"({model['seq_length']})")
+    if "seq_length" in dataset and "seq_length" in model:
+        check_sequence_lengths(dataset["seq_length"], model["seq_length"])
+
+
+def check_sequence_lengths(dataset_length: int, model_length: int) -> None:
+    """From the config's values (plan, submit) and again on the container, where a length the config
+    leaves unset comes from the base model."""
+    if dataset_length != model_length:
+        raise ConfigError(f"dataset.seq_length ({dataset_length}) must equal model.seq_length ({model_length})")
 
 
 def _check_model_choices(model: dict[str, Any]) -> None:
@@ -706,9 +712,7 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
         device_model_settings(container.model)
     if not container.model.calculate_per_token_loss:
         raise ConfigError("model.calculate_per_token_loss must stay true: the TOPR step returns (sum, denominator)")
-    if container.dataset.seq_length != container.model.seq_length:
-        raise ConfigError(f"dataset.seq_length ({container.dataset.seq_length}) must equal model.seq_length "
-                          f"({container.model.seq_length})")
+    check_sequence_lengths(container.dataset.seq_length, container.model.seq_length)
     _check_packed_stream_pipeline(container)
     check_virtual_pipeline(container.model)
     choose_pipeline_p2p(container.model, set(values.get("model") or {}))
