@@ -12,6 +12,7 @@ stood in by a spec whose core attention is a class of that module and name (what
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -370,6 +371,34 @@ def test_scoring_flags_that_contradict_the_training_config_are_refused(megatron_
         layout("cpu", str(tmp_path / "nope.yaml"))
     assert layout("cuda") == (1, 1, torch.bfloat16) and layout("cpu") == (1, 1, torch.float32)
     assert layout("cuda", precision="fp32", pipeline_parallel=2) == (1, 2, torch.float32)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_scoring_refuses_a_training_config_that_reshapes_the_model(megatron_world, tmp_path, device):
+    """A training config whose model section sets a key of the weights' shapes other than the scored
+    model's (num_layers 5 over a model of 2) scored a model other than the one on disk; it is
+    refused where it would be applied (cuda) and on the CPU dry run that reads it."""
+    from nemo_topr.model import build_tiny_hf_llama, hf_llama_provider
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.training.config import ConfigError
+    from nemo_topr.training.scoring import apply_scoring_layout
+
+    hf_dir = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer())
+    assert json.loads((hf_dir / "config.json").read_text())["num_hidden_layers"] == 2
+    reshaped = tmp_path / "reshaped.yaml"
+    reshaped.write_text("model:\n  num_layers: 5\n  tensor_model_parallel_size: 1\n")
+    _, provider = hf_llama_provider(hf_dir, load_weights=False, seq_length=512)
+    with pytest.raises(ConfigError) as refused:
+        apply_scoring_layout(provider, device, train_config=str(reshaped), precision=None, tensor_parallel=None,
+                             pipeline_parallel=None)
+    assert str(refused.value) == (
+        f"--train-config {reshaped}: model.num_layers=5 differs from the scored model's num_layers=2: scoring reads "
+        "--model's weights, whose shapes these keys set; drop them from the config's model section (the "
+        "architecture comes from --model)")
+    assert provider.num_layers == 2
+    reshaped.write_text("model:\n  num_layers: 2\n  tensor_model_parallel_size: 1\n")  # the model's own value
+    assert apply_scoring_layout(provider, device, train_config=str(reshaped), precision=None, tensor_parallel=None,
+                                pipeline_parallel=None) == (str(reshaped) if device == "cuda" else None)
 
 
 @pytest.mark.parametrize("te", [True, False])

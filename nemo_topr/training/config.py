@@ -329,8 +329,7 @@ def check_architecture_overrides(values: dict[str, Any], base_model: ModelSource
     """Refuse a `model.` value of a SHAPE_KEYS key other than that of `base_model` (None: the
     config's own, where this machine sees it)."""
     model = values.get("model") or {}
-    overridden = {key: model[key] for key in SHAPE_KEYS if key in model}
-    if not overridden:
+    if not any(key in model for key in SHAPE_KEYS):
         return
     base_model = base_model or _visible_base_model(values)
     if base_model is None:  # not on this machine: plan takes the keys as the architecture to plan for
@@ -338,14 +337,21 @@ def check_architecture_overrides(values: dict[str, Any], base_model: ModelSource
     from nemo_topr.model import hf_llama_provider
 
     _, provider = hf_llama_provider(base_model.hf_dir, load_weights=False)  # config.json only
-    changed = {key: value for key, value in overridden.items() if value != getattr(provider, key)}
-    if changed:
-        ours = ", ".join(f"model.{key}={value}" for key, value in changed.items())
-        theirs = ", ".join(f"{key}={getattr(provider, key)}" for key in changed)
-        raise ConfigError(f"{ours} {'differs' if len(changed) == 1 else 'differ'} from the base model's {theirs} "
-                          f"({base_model.describe()}): a run trains the base model's weights, whose shapes these "
-                          "keys set, so it would drop or misshape some of them; drop the override (the "
-                          "architecture comes from base_model)")
+    if changed := shape_changes(model, provider, "the base model"):
+        raise ConfigError(f"{changed} ({base_model.describe()}): a run trains "
+                          "the base model's weights, whose shapes these keys set, so it would drop or misshape some "
+                          "of them; drop the override (the architecture comes from base_model)")
+
+
+def shape_changes(model: dict[str, Any], provider, whose: str) -> str | None:
+    """"model.KEY=V differs from WHOSE's KEY=W" for the SHAPE_KEYS values of a model section other
+    than those of `provider` (built from the weights' own config), or None."""
+    changed = {key: model[key] for key in SHAPE_KEYS if key in model and model[key] != getattr(provider, key)}
+    if not changed:
+        return None
+    ours = ", ".join(f"model.{key}={value}" for key, value in changed.items())
+    theirs = ", ".join(f"{key}={getattr(provider, key)}" for key in changed)
+    return f"{ours} {'differs' if len(changed) == 1 else 'differ'} from {whose}'s {theirs}"
 
 
 def check_sections(values: dict[str, Any]) -> None:

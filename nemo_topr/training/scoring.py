@@ -46,7 +46,7 @@ from nemo_topr.outputs import (OutputError, add_overwrite_argument, writable_out
                                write_whole)
 from nemo_topr.progress import Progress
 from nemo_topr.quiet import stdout_to_stderr
-from nemo_topr.training.config import ConfigError, apply_section, check_fp8, check_values, compose
+from nemo_topr.training.config import ConfigError, apply_section, check_fp8, check_values, compose, shape_changes
 from nemo_topr.training.host_memory import available_bytes, check_cpu_attention
 
 
@@ -84,13 +84,19 @@ def scoring_rows_per_batch(provider, requested: int) -> int:
     return requested
 
 
-def training_model_section(train_config: str) -> dict:
+def training_model_section(train_config: str, provider) -> dict:
     """A training config's ``model`` section, checked as `train` checks it, less the sizes that
     describe the data rather than the model (seq_length stays the scoring command's).
-    `train_config` is a config name in conf/ or a YAML path."""
+    `train_config` is a config name in conf/ or a YAML path; `provider` is the scored model's."""
     raw = compose(train_config)  # a YAML path or a preset's name, as train's --config-name
     section = {k: v for k, v in dict(raw.get("model") or {}).items() if k != "seq_length"}
     check_values({"model": section})
+    # a key that sets the weights' shapes (a user's YAML with model.num_layers) would score
+    # another model than the one on disk, or end its load in a shape-mismatch traceback
+    if changed := shape_changes(section, provider, "the scored model"):
+        raise ConfigError(f"--train-config {train_config}: {changed}: scoring reads --model's weights, whose "
+                          "shapes these keys set; drop them from the config's model section (the architecture "
+                          "comes from --model)")
     return section
 
 
@@ -98,7 +104,7 @@ def apply_training_model_section(provider, train_config: str) -> dict:
     """Put a training config's ``model`` section (precision incl. the FP8 recipe, TP/PP/SP, ...)
     on the scoring provider, so that log mu is scored with the numerics training will use; returns
     the section."""
-    section = training_model_section(train_config)
+    section = training_model_section(train_config, provider)
     apply_section(provider, section)
     # Virtual pipeline stages (the 70B preset's VP=5) only assign layers to chunks: scoring's world
     # has none (`initialize_model_parallel`), so their chunks would meet the non-interleaved
@@ -114,7 +120,7 @@ def apply_scoring_layout(provider, device: str, *, train_config: str | None, pre
     rather than silently overridden; otherwise the flags (precision: bf16 on cuda, fp32 on cpu).
     Returns the training config applied, or None."""
     if train_config and device != "cuda":  # read all the same: a typo there is named on a CPU dry run too
-        training_model_section(train_config)
+        training_model_section(train_config, provider)
     if train_config and device == "cuda":
         given = [flag for flag, value in (("--precision", precision), ("--tp", tensor_parallel),
                                           ("--pp", pipeline_parallel)) if value is not None]
