@@ -281,6 +281,15 @@ def test_the_config_is_taken_as_submit_and_train_spell_it_too(capsys):
         assert exit_.value.code == 2
         assert capsys.readouterr().err.endswith("error: --config needs a config: a name in the config dir or a "
                                                 "YAML path\n")
+    # a second one was read as --config-path: "no config 'llama31_8b_bf16' in .../llama31_70b_bf16"
+    for argv, second in ((["--config", "llama31_8b_bf16", "--config", "llama31_70b_bf16"], "--config"),
+                         (["--config-name=llama31_8b_bf16", "--nodes", "1", "--config-name=x.yaml"],
+                          "--config-name=x.yaml")):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.endswith(f"error: {second} after {argv[0].partition('=')[0]} llama31_8b_bf16: "
+                                                "plan one config at a time\n")
 
 
 # ------------------------------------------------------------------------- the shipped presets

@@ -94,7 +94,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def _config_first(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """`--config NAME` (as `submit` spells it) or `--config-name NAME` (as `train` does) made the
     first word: argparse read `--config` as an abbreviation of --config-path, and then asked for
-    a config."""
+    a config. A second one is refused: argparse took it as --config-path, and the first config
+    was looked for in a directory named after the second."""
     for index, word in enumerate(argv):
         option, equals, value = word.partition("=")
         if option not in ("--config", "--config-name"):
@@ -103,7 +104,10 @@ def _config_first(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
             value = argv[index + 1] if index + 1 < len(argv) else ""
         if not value or value.startswith("-") or ("=" in value and not equals):
             parser.error(f"{option} needs a config: a name in the config dir or a YAML path")
-        return [value, *argv[:index], *argv[index + (1 if equals else 2):]]
+        rest = [*argv[:index], *argv[index + (1 if equals else 2):]]
+        if again := [word for word in rest if word.partition("=")[0] in ("--config", "--config-name")]:
+            parser.error(f"{again[0]} after {option} {value}: plan one config at a time")
+        return [value, *rest]
     return argv
 
 
