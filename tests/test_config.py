@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import REPO
-from nemo_topr.training.config import ConfigError, build_training_run, compose
+from nemo_topr.training.config import ConfigError, build_training_run, check_config, check_own_values, compose
 
 
 @pytest.fixture(scope="module")
@@ -221,8 +221,6 @@ def test_bad_values_and_names_are_clear_errors(tiny_hf, tmp_path):
     with pytest.raises(ConfigError, match="not a model directory; expected one of"):  # nemo_topr.model_source
         _run(tmp_path, tmp_path)
     # each missing key with its own example (run_dir's named base_model's)
-    from nemo_topr.training.config import check_config
-
     with pytest.raises(ConfigError, match=r"^config keys \['base_model', 'run_dir'\] must be set \(e.g. "
                                           r"base_model=/path/to/hf_llama_or_checkpoint; run_dir=runs/my_run\)$"):
         check_config(compose("tiny_cpu", ["base_model=null", "run_dir=null"]))
@@ -234,11 +232,12 @@ def test_fp16_and_bf16_together_are_refused(tiny_hf, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    (["train.global_batch_size="], "train.global_batch_size=: an empty value (an unset shell variable?); give one, "
-                                   "or train.global_batch_size=null for none"),
+    (["dataset.split="], "dataset.split=: an empty value (an unset shell variable?); give one, or dataset.split=null "
+                         "for none"),
+    (["train.global_batch_size="], "train.global_batch_size=: an empty value (an unset shell variable?); give one"),
     (["hf_model=/models/b", "base_model=/models/a"], "base_model=/models/a and hf_model=/models/b disagree; hf_model "
                                                      "is an alias of base_model: set one"),
-], ids=["empty", "alias-and-key"])
+], ids=["empty", "empty-needs-a-value", "alias-and-key"])
 def test_an_empty_override_or_the_model_named_twice_is_refused(overrides, expected):
     """OmegaConf read `KEY=` as null: plan planned its own default batch of 8 for the preset's 64,
     train ended in a TypeError. `base_model=A hf_model=B` trained whichever came last (the alias),
@@ -249,6 +248,21 @@ def test_an_empty_override_or_the_model_named_twice_is_refused(overrides, expect
     twice = compose("tiny_cpu", ["train.global_batch_size=64", "optimizer.lr=1e-5", "train.global_batch_size=8"])
     assert twice.train.global_batch_size == 8
     assert compose("tiny_cpu", ["base_model=/models/a", "hf_model=/models/a"]).base_model == "/models/a"
+
+
+@pytest.mark.parametrize("key", ["train.global_batch_size", "train.micro_batch_size", "optimizer.lr",
+                                 "optimizer.min_lr"])
+def test_a_value_the_run_needs_set_to_null_is_refused_before_anything_is_written(key, tmp_path):
+    """Bridge's dataclasses take None for these (derived elsewhere); this recipe cannot: `KEY=null`
+    ended train in a TypeError traceback (the optimizer's after the run directory was written),
+    and plan planned its own default batch. A section the config does not have is not asked for
+    (score-logprobs --train-config checks a model section alone)."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError) as refused:
+        check_config(compose("tiny_cpu", [f"{key}=null", f"run_dir={run_dir}"]))
+    assert str(refused.value) == f"{key} is unset (null): a run needs a value; set {key}=VALUE"
+    assert not run_dir.exists()
+    check_own_values({"model": {"num_layers": 2}})
 
 
 @pytest.mark.parametrize("world_size, overrides, expected", [

@@ -188,6 +188,8 @@ MISTYPED_OVERRIDES = [
     ("resume_from_base=maybe", r"resume_from_base='maybe' must be true or false$"),
     ("dataset.seq_length=1024", r"dataset.seq_length \(1024\) must equal model.seq_length \(2048\)$"),
     ("train.global_batch_size=", r"train.global_batch_size=: an empty value \(an unset shell variable\?\)"),
+    ("train.global_batch_size=null", r"train.global_batch_size is unset \(null\): a run needs a value; set "
+                                     r"train.global_batch_size=VALUE$"),
     ("train=5", r"train=5: train is a section; set its keys, as train.KEY=VALUE$"),
     ("rng.seed=0", r"rng.seed=0 must be at least 1$"),
     ("model.fp16=true", r"model.fp16 and model.bf16 are both true"),

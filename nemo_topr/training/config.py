@@ -108,7 +108,8 @@ def check_overrides(overrides: list[str]) -> None:
     for item in overrides:
         key, value = item.split("=", 1)
         if value == "":
-            raise ConfigError(f"{item}: an empty value (an unset shell variable?); give one, or {key}=null for none")
+            none = "" if key in NEEDS_A_VALUE else f", or {key}=null for none"
+            raise ConfigError(f"{item}: an empty value (an unset shell variable?); give one{none}")
         if key in ("base_model", "hf_model"):
             models[key] = value
     if len(models) == 2 and models["base_model"] != models["hf_model"]:
@@ -364,9 +365,20 @@ def check_sections(values: dict[str, Any]) -> None:
                               f"{section}.KEY=VALUE")
 
 
+# Optional in Bridge's dataclasses (None: derived elsewhere), yet values this recipe cannot go
+# without: `train.global_batch_size=null` ended `train` in a TypeError traceback (the optimizer's
+# after the run directory was written), and `plan` planned its own default batch instead.
+NEEDS_A_VALUE = ("train.global_batch_size", "train.micro_batch_size", "optimizer.lr", "optimizer.min_lr")
+
+
 def check_own_values(values: dict[str, Any]) -> None:
     """Our keys' values and the one rule between sections, which `plan` and `submit` passed and
-    `train` refused: resume_from_base, device, dataset.seq_length."""
+    `train` refused: resume_from_base, device, dataset.seq_length; and NEEDS_A_VALUE, in the
+    sections the config has."""
+    for dotted in NEEDS_A_VALUE:
+        section, key = dotted.split(".")
+        if isinstance(values.get(section), dict) and values[section].get(key) is None:
+            raise ConfigError(f"{dotted} is unset (null): a run needs a value; set {dotted}=VALUE")
     if not isinstance(values.get("resume_from_base", False), bool):  # "maybe" and 'false' were taken for true
         raise ConfigError(f"resume_from_base={values['resume_from_base']!r} must be true or false")
     # the value only: whether this machine has CUDA is checked where the process starts
