@@ -7,6 +7,9 @@ import os
 import re
 import stat
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +62,81 @@ def test_the_warning_signal_is_the_one_the_ranks_checkpoint_on(name, exit_signal
     script = SCRIPTS[name]
     assert "slurm/topr_job.sh" in script  # the job body that starts the ranks
     assert exit_signals == [f"train.exit_signal=SIG{_warning_signal(script)}"]
+
+
+STOP_THEN_REFUSED = """
+import os, signal, sys, types
+from pathlib import Path
+from nemo_topr.cluster.warning import hold_the_warning
+hold_the_warning()  # as cli.py does for train, before any import
+from nemo_topr.device import use_device
+use_device("cpu", where="device")
+from nemo_topr.training import recipe
+from nemo_topr.training.run_state import RunStateError
+
+def prepare(run, lock):  # a stop arrives while the data is prepared, then the start is refused
+    lock.acquire()
+    os.kill(os.getpid(), signal.Signals[sys.argv[2]])
+    raise RunStateError("Changed: the training data")
+
+recipe.prepare = prepare
+run = types.SimpleNamespace(container=types.SimpleNamespace(train=types.SimpleNamespace(exit_signal=sys.argv[2])),
+                            run_dir=Path(sys.argv[1]))
+try:
+    recipe.train(run)
+except RunStateError as error:
+    sys.exit(f"nemo-topr train: {error}")
+"""
+
+
+@pytest.mark.parametrize("exit_signal", ["SIGTERM", "SIGUSR1"])
+def test_a_stop_during_preparation_then_a_refused_start_says_why_and_leaves_no_lock(exit_signal, tmp_path):
+    """The exit signal is held until training starts. It was blocked in the main thread only, so
+    it landed on one of torch's threads and its default action killed the process at once, before
+    the refusal was printed (exit 143; or 138, which topr_job.sh requeues, to be refused again on
+    another node over the LOCK left behind). Now the refusal is the last word, exit 1, no LOCK."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = subprocess.run([sys.executable, "-c", STOP_THEN_REFUSED, str(run_dir), exit_signal], cwd=REPO,
+                          capture_output=True, text=True, timeout=180)
+    assert (proc.returncode, proc.stderr.splitlines()[-1:]) == (1, ["nemo-topr train: Changed: the training data"]), \
+        proc.stderr[-3000:]
+    assert list(run_dir.iterdir()) == []
+
+
+WRITER_QUEUE_THEN_KILLED = """
+import os, signal
+from nemo_topr.device import use_device
+use_device("cpu", where="device")
+from nemo_topr.training.writer_queue import start_checkpoint_writer_queue
+start_checkpoint_writer_queue(signal.SIGTERM)
+children = [int(pid) for path in os.listdir("/proc/self/task")
+            for pid in open(f"/proc/self/task/{path}/children").read().split()]
+print("children", *children, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_checkpoint_writer_process_ends_with_a_killed_training(tmp_path):
+    """A training killed by SIGKILL (an OOM kill, `kill -9`, a signal's default action) left the
+    checkpoint-writer queue's manager process (it ignores the exit signal) and multiprocessing's
+    resource tracker running for good, holding the job's stdout and stderr: a caller reading them
+    waited for EOF until its timeout. They now end with the training process."""
+    proc = subprocess.run([sys.executable, "-c", WRITER_QUEUE_THEN_KILLED], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    children = [int(pid) for line in proc.stdout.splitlines() if line.startswith("children ") for pid in line.split()[1:]]
+    assert len(children) == 2  # the manager and the resource tracker
+    deadline = time.monotonic() + 30
+    while alive := [pid for pid in children if _running(pid)]:
+        assert time.monotonic() < deadline, f"still running: {alive}"
+        time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs: not gone, and not a zombie its new parent has yet to reap."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"

@@ -42,6 +42,7 @@ from nemo_topr.training.disk_space import (check_room, checkpoint_bytes, estimat
                                            parameter_count)
 from nemo_topr.training.nonfinite import NonFiniteTrainingError
 from nemo_topr.training.step import baseline_column, baseline_source
+from nemo_topr.training.writer_queue import start_checkpoint_writer_queue
 from nemo_topr.training.run_state import (
     COMPLETED_MARKER,
     STOPPED_MARKER,
@@ -197,10 +198,14 @@ def train(run: TrainingRun) -> int:
     if exit_signal != signal.SIGUSR1:  # held by `nemo-topr train` (cli.py) for Slurm's warning
         release_the_warning()
 
+    held: list[int] = []  # the exit signal, come while this rank prepared
+
     class ReleaseExitSignal(Callback):
         def on_train_start(self, context) -> None:  # Bridge's handler is installed by now
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})  # SIGUSR1, held since cli.py
             release_the_warning()
+            if held:  # to Bridge's handler: the rank saves after its first iteration
+                os.kill(os.getpid(), exit_signal)
 
     class NothingLeftToTrain(Callback):
         def on_data_init_start(self, context) -> None:  # on every rank, after the checkpoint is loaded
@@ -214,12 +219,13 @@ def train(run: TrainingRun) -> int:
                           flush=True)
                 raise SystemExit(0)
 
-    # A warning that arrives while this rank still loads (Slurm sends it at pre-emption time with
-    # PreemptParameters=send_user_signal) would kill it: SIGUSR1's default action is to terminate.
-    # Keep it pending until training starts; Bridge's handler then takes it and the rank saves
-    # after its first iteration.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {exit_signal})
-    _start_checkpoint_writer_queue(exit_signal)
+    # A stop that arrives while this rank still loads (Slurm sends its warning at pre-emption time
+    # with PreemptParameters=send_user_signal) would kill it: the signal's default action is to
+    # terminate. It is kept until training starts, where Bridge's handler gets it. Blocking it here
+    # held it in this thread only: torch's threads, started at import, took it and the process died
+    # (exit 143). A handler is the process's, whichever thread the signal lands on.
+    start_checkpoint_writer_queue(exit_signal)
+    previous_handler = signal.signal(exit_signal, lambda signum, frame: held.append(signum))
     previous_sigint = _ctrl_c_as(exit_signal)
     pretrain_log = logging.getLogger("megatron.bridge.training.pretrain")
     pretrain_log.addFilter(_not_a_clean_stop)
@@ -246,11 +252,15 @@ def train(run: TrainingRun) -> int:
         if not _clean_stop(stop):
             raise
     finally:  # already released when training started; not left blocked by a failure before that
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})
+        lock.release()
+        # A stop held while this rank prepared, then an error (a refused resume): the run ends on
+        # the error. Delivered after it by the default action, the stop ended the process before the
+        # error was printed (exit 143, or 138, which topr_job.sh requeues) and left LOCK.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})  # a held SIGUSR1 goes to `held`
         release_the_warning()
+        signal.signal(exit_signal, previous_handler)
         signal.signal(signal.SIGINT, previous_sigint)
         pretrain_log.removeFilter(_not_a_clean_stop)
-        lock.release()
     reached = _latest_checkpoint_iteration(run)
     if reached < run.container.train.train_iters:
         message = (f"stopped at iteration {reached} of {run.container.train.train_iters} with a checkpoint "
@@ -278,28 +288,6 @@ def wait_for_marker(marker: Path, timeout: float = 120.0) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-def _start_checkpoint_writer_queue(exit_signal: signal.Signals) -> None:
-    """Start Megatron's checkpoint-writer results queue in a process that ignores the exit signal.
-
-    A torch_dist save sends its write results through a multiprocessing Manager process that
-    Megatron spawns at the first save and keeps in a module global (megatron/core/
-    dist_checkpointing/strategies/filesystem_async.py, get_write_results_queue). It sits in the
-    job's process group, so a signal sent to the group (a terminal, `kill -TERM -PGID`, Slurm
-    signalling every process of a step) killed it: started at the first save, after the signal is
-    unblocked, it runs without our Python handler (a spawned child does not inherit one), and the
-    very save the signal asked for failed with BrokenPipeError. So the manager is started here, as
-    Megatron would (spawn), with the exit signal ignored in it (SIGINT it ignores itself)."""
-    import multiprocessing
-    from multiprocessing.managers import SyncManager
-
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if filesystem_async._results_queue is None:  # what get_write_results_queue() would start
-        manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
-        manager.start(signal.signal, (exit_signal, signal.SIG_IGN))
-        filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager alive
 
 
 def _ctrl_c_as(exit_signal: signal.Signals):
