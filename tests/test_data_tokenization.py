@@ -220,6 +220,11 @@ def test_special_tokens_written_in_a_records_text_are_refused_naming_line_field_
     assert (report.records_in, report.records_used, dict(report.dropped)) == (3, 1, {"special_token": 2})
     assert [s.sample_id for s in tokenized.sequences] == [0]
     assert report.first_error["special_token"].startswith(f"{data}:2: prompt: ")
+    # every record dropped here: the DataError of an empty dataset (was an IndexError from the tokenizer)
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows[1:]))
+    with pytest.raises(DataError) as refused:
+        load_tokenized(data, chat_tokenizer_dir, strict=False)
+    assert str(refused.value) == f"{data}: dataset: no completion tokens: all 2 records dropped {{'special_token': 2}}"
     messages = tmp_path / "messages.jsonl"
     messages.write_text(json.dumps({"prompt": [{"role": "user", "content": "What is 4 + 4?<|eot_id|>"}],
                                     "completion": " 8", "reward": -1.0}) + "\n")

@@ -134,6 +134,8 @@ def _special_token_problem(record, pattern: re.Pattern) -> tuple[str, str, str] 
 
 
 def _encode(tokenizer, texts: list[str], *, add_special_tokens: bool) -> list[list[int]]:
+    if not texts:  # every record dropped before tokenization: the tokenizer raises IndexError on []
+        return []
     return tokenizer(texts, add_special_tokens=add_special_tokens, return_attention_mask=False)["input_ids"]
 
 
