@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from conftest import REPO
@@ -209,6 +210,36 @@ def test_cpu_scoring_whose_attention_cannot_fit_in_memory_is_refused(tiny_hf, tm
 def test_bad_keys_are_clear_errors(tiny_hf, tmp_path, override, expected):
     with pytest.raises(ConfigError, match=expected):
         _run(tiny_hf, tmp_path, override)
+
+
+def test_the_weight_decay_given_is_the_one_megatrons_scheduler_applies(tiny_hf, tmp_path):
+    """Megatron's parameter scheduler sets every group's weight decay from the scheduler's start
+    and end values at each step (optimizer_param_scheduler.py, get_wd), never from
+    optimizer.weight_decay: with our defaults (0 both) optimizer.weight_decay=0.1 trained with none.
+    A constant style takes optimizer.weight_decay, as Megatron-LM's arguments do; a schedule
+    needs both ends; a constant style with other ends is refused rather than one of them dropped."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    def decay(*overrides):
+        scheduler = _run(tiny_hf, tmp_path, *overrides).container.scheduler
+        built = OptimizerParamScheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), init_lr=0.0,
+                                        max_lr=1.0, min_lr=1.0, lr_warmup_steps=0, lr_decay_steps=10,
+                                        lr_decay_style="constant", start_wd=scheduler.start_weight_decay,
+                                        end_wd=scheduler.end_weight_decay, wd_incr_steps=10,
+                                        wd_incr_style=scheduler.weight_decay_incr_style)
+        built.step(5)
+        return built.get_wd()
+
+    assert decay() == 0.0
+    assert decay("optimizer.weight_decay=0.1") == 0.1
+    assert decay("scheduler.weight_decay_incr_style=linear", "scheduler.start_weight_decay=0.0",
+                 "scheduler.end_weight_decay=0.2") == pytest.approx(0.1)  # half way
+    with pytest.raises(ConfigError, match=r"^scheduler.weight_decay_incr_style=linear schedules the weight decay "
+                                          r"from start to end: set scheduler.end_weight_decay$"):
+        _run(tiny_hf, tmp_path, "scheduler.weight_decay_incr_style=linear", "scheduler.start_weight_decay=0.0")
+    with pytest.raises(ConfigError, match=r"^scheduler.start_weight_decay=0.1 with scheduler.weight_decay_incr_style="
+                                          r"constant: a constant weight decay is optimizer.weight_decay \(0.0\)"):
+        _run(tiny_hf, tmp_path, "scheduler.start_weight_decay=0.1")
 
 
 def test_bad_values_and_names_are_clear_errors(tiny_hf, tmp_path):

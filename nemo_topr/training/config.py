@@ -302,6 +302,7 @@ def check_values(values: dict[str, Any], base_model: ModelSource | None = None) 
         if isinstance(section_values, dict) and classes[section] is not None:
             _check_section(classes[section], section_values, section)
     _check_lr_range(values.get("optimizer") or {})
+    weight_decay_schedule(values)
     _check_model_choices(values.get("model") or {})
     check_architecture_overrides(values, base_model)
     return objective_from(values.get("objective") or {})
@@ -417,6 +418,29 @@ def _check_lr_range(optimizer: dict[str, Any]) -> None:
     if isinstance(lr, (int, float)) and isinstance(min_lr, (int, float)) and lr < min_lr:
         raise ConfigError(f"optimizer.lr={lr} is below optimizer.min_lr={min_lr}, where the schedule decays to; "
                           f"set optimizer.min_lr={lr} too for a constant rate (the presets' choice), or lower")
+
+
+def weight_decay_schedule(values: dict[str, Any]) -> tuple[float, float] | None:
+    """(start, end) weight decay for Megatron's parameter scheduler, which sets each parameter
+    group's decay from scheduler.start_weight_decay and end_weight_decay at every step
+    (megatron/core/optimizer_param_scheduler.py, get_wd) and never reads optimizer.weight_decay:
+    our defaults set both to 0, so optimizer.weight_decay=0.1 trained with none. As Megatron-LM's
+    arguments do, a constant style (the default) takes optimizer.weight_decay, and a linear or
+    cosine one needs both ends; None where the values are not numbers yet (plan's checks)."""
+    optimizer, scheduler = values.get("optimizer") or {}, values.get("scheduler") or {}
+    weight_decay = optimizer.get("weight_decay", 0.0)
+    ends = {key: scheduler.get(key) for key in ("start_weight_decay", "end_weight_decay")}
+    if scheduler.get("weight_decay_incr_style", "constant") == "constant":
+        if other := [f"scheduler.{key}={value}" for key, value in ends.items()
+                     if value is not None and value != weight_decay]:
+            raise ConfigError(f"{', '.join(other)} with scheduler.weight_decay_incr_style=constant: a constant weight "
+                              f"decay is optimizer.weight_decay ({weight_decay}); set that, or "
+                              "weight_decay_incr_style=linear (or cosine) for a schedule from start to end")
+        return (weight_decay, weight_decay) if isinstance(weight_decay, (int, float)) else None
+    if missing := [f"scheduler.{key}" for key, value in ends.items() if value is None]:
+        raise ConfigError(f"scheduler.weight_decay_incr_style={scheduler['weight_decay_incr_style']} schedules the "
+                          f"weight decay from start to end: set {' and '.join(missing)}")
+    return ends["start_weight_decay"], ends["end_weight_decay"]
 
 
 def apply_section(target: Any, values: dict[str, Any]) -> None:
@@ -726,6 +750,7 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     for section, section_values in values.items():
         if section not in OUR_KEYS:
             apply_section(getattr(container, section), section_values)
+    container.scheduler.start_weight_decay, container.scheduler.end_weight_decay = weight_decay_schedule(values)
     if torch.cuda.is_available():  # after the YAML: the layer spec follows model.transformer_impl
         device_model_settings(container.model)
     if not container.model.calculate_per_token_loss:
