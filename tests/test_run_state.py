@@ -16,6 +16,7 @@ from nemo_topr.training.run_state import (
     RunStateError,
     check_resume,
     data_fingerprint,
+    resume_settings,
     save_start_config,
     truncate_ledgers,
 )
@@ -108,6 +109,34 @@ def test_a_resume_naming_another_base_model_is_refused_since_it_would_not_be_rea
                                             r"choose another run_dir; to resume this run, restore "
                                             r"base_model=/models/a$"):
         check_resume(tmp_path, resuming=True, fingerprint=changed)
+
+
+@pytest.mark.parametrize("override, change", [
+    ("optimizer.adam_beta2=0.5", "optimizer.adam_beta2: None -> 0.5"),
+    ("optimizer.adam_eps=1e-5", "optimizer.adam_eps: None -> 1e-05"),
+    ("optimizer.weight_decay=0.1", "optimizer.weight_decay: 0.0 -> 0.1"),
+])
+def test_a_resume_with_other_optimizer_settings_is_refused_since_the_saved_state_keeps_its_own(
+        tmp_path, override, change):
+    """torch restores Adam's betas and eps with the optimizer state: a resume with
+    optimizer.adam_beta2=0.5 trained bit for bit as before, while config.yaml said 0.5. Megatron's
+    scheduler checks the weight decay against the checkpoint's (a traceback after the queue)."""
+    import types
+
+    from nemo_topr.objective import ObjectiveConfig
+    from nemo_topr.training.config import compose
+
+    base_model = types.SimpleNamespace(checkpoint=None, path="/models/a")
+
+    def fingerprint(*overrides):
+        return {"data": "aaa", "config": resume_settings(compose("tiny_cpu", list(overrides)), ObjectiveConfig(),
+                                                         base_model)}
+
+    check_resume(tmp_path, resuming=False, fingerprint=fingerprint())
+    check_resume(tmp_path, resuming=True, fingerprint=fingerprint())
+    with pytest.raises(RunStateError) as refused:
+        check_resume(tmp_path, resuming=True, fingerprint=fingerprint(override))
+    assert f"Changed: {change}. Either restore them" in str(refused.value)
 
 
 def test_a_setting_the_record_lacks_is_not_compared(tmp_path):

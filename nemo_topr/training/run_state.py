@@ -53,6 +53,14 @@ ORDER_AND_SCHEDULE_KEYS = (
     "scheduler.lr_warmup_fraction", "scheduler.lr_warmup_init", "scheduler.lr_wsd_decay_style",
     "scheduler.lr_wsd_decay_iters",
 )
+# The optimizer's own settings, which its saved state carries: torch restores Adam's betas and eps
+# with the state (a resume with optimizer.adam_beta2 changed trained with the old value, while the
+# new one was written into config.yaml), and Megatron's scheduler compares the weight decay with
+# the checkpoint's.
+OPTIMIZER_STATE_KEYS = (
+    "optimizer.adam_beta1", "optimizer.adam_beta2", "optimizer.adam_eps", "optimizer.weight_decay",
+    "scheduler.start_weight_decay", "scheduler.end_weight_decay", "scheduler.weight_decay_incr_style",
+)
 
 
 class RunStateError(RuntimeError):
@@ -142,12 +150,13 @@ def data_fingerprint(sequences: list, rows: list) -> str:
 
 
 def resume_settings(raw: DictConfig, objective: Any, base_model: Any) -> dict[str, Any]:
-    """What a resume must keep besides the data: the values of `ORDER_AND_SCHEDULE_KEYS` in the
-    composed config (None when unset), every field of the objective (a dataclass; its defaults
-    included, so that a default written out is no change) and `base_model`, as the directory it
-    loaded (a run's iteration). A resume reads only the run's own checkpoints, so a changed base
-    model would be ignored silently."""
-    settings = {key: OmegaConf.select(raw, key, default=None) for key in ORDER_AND_SCHEDULE_KEYS}
+    """What a resume must keep besides the data: the values of `ORDER_AND_SCHEDULE_KEYS` and
+    `OPTIMIZER_STATE_KEYS` in the composed config (None when unset), every field of the objective
+    (a dataclass; its defaults included, so that a default written out is no change) and
+    `base_model`, as the directory it loaded (a run's iteration). A resume reads only the run's own
+    checkpoints, so a changed base model would be ignored silently."""
+    keys = (*ORDER_AND_SCHEDULE_KEYS, *OPTIMIZER_STATE_KEYS)
+    settings = {key: OmegaConf.select(raw, key, default=None) for key in keys}
     settings |= {f"objective.{key}": value for key, value in dataclasses.asdict(objective).items()}
     settings["base_model"] = str(base_model.checkpoint or base_model.path)
     return settings
@@ -181,7 +190,8 @@ def check_resume_from_base(base_model: Any, fingerprint: dict[str, Any], train_i
     if not (root / FINGERPRINT_FILE).is_file():
         raise RunStateError(f"{what}; {root} has no {FINGERPRINT_FILE} to show the data they count: {fresh}")
     recorded = json.loads((root / FINGERPRINT_FILE).read_text())
-    order_and_schedule = {key: value for key, value in recorded["config"].items() if key in ORDER_AND_SCHEDULE_KEYS}
+    order_and_schedule = {key: value for key, value in recorded["config"].items()
+                          if key in (*ORDER_AND_SCHEDULE_KEYS, *OPTIMIZER_STATE_KEYS)}
     if changes := _changes(recorded["data"], order_and_schedule, fingerprint):
         raise RunStateError(f"{what}, which count the data and order it trained on; this run's differ. Changed: "
                             f"{'; '.join(changes)}. To train on this data, {fresh}")
