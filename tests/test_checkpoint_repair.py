@@ -37,3 +37,24 @@ def test_latest_without_train_state_is_repaired(tmp_path):
     _point_latest(tmp_path, 5)
     assert ensure_latest_complete(tmp_path).endswith("resuming from iter 3")
     assert (tmp_path / "iter_0000005.incomplete").is_dir()
+
+
+def test_saves_cut_short_before_they_were_recorded_are_set_aside(tmp_path):
+    """A second Ctrl-C stopped a save at iteration 4 before its trackers were written; the rerun
+    started over and saved 5 and 10, but iter_0000004 stayed for good, and `export
+    --all-iterations` refused the whole run over it. Each start's repair now sets such a save aside,
+    whether or not the trackers name a checkpoint yet, and never a complete one."""
+    (tmp_path / "iter_0000004").mkdir()
+    (tmp_path / "iter_0000004" / "__0_0.distcp").write_bytes(b"partial")
+    assert ensure_latest_complete(tmp_path) == ("a save cut short before it was recorded, set aside as "
+                                                "iter_0000004.incomplete")
+    for iteration in (5, 10):
+        _checkpoint(tmp_path, iteration)
+    _point_latest(tmp_path, 10)
+    (tmp_path / "iter_0000004").mkdir()  # cut short once more, below a recorded checkpoint this time
+    (_checkpoint(tmp_path, 12) / "train_state.pt").unlink()  # and past it
+    assert ensure_latest_complete(tmp_path) == ("saves cut short before they were recorded, set aside as "
+                                                "iter_0000004.incomplete.1, iter_0000012.incomplete")
+    assert (tmp_path / "iter_0000004.incomplete" / "__0_0.distcp").read_bytes() == b"partial"  # kept, not replaced
+    assert sorted(p.name for p in tmp_path.glob("iter_*") if is_complete(p)) == ["iter_0000005", "iter_0000010"]
+    assert ensure_latest_complete(tmp_path) is None

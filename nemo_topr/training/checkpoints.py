@@ -73,28 +73,55 @@ def saved_iterations(checkpoint_dir: Path) -> list[int]:
 
 
 def ensure_latest_complete(checkpoint_dir: str | Path) -> str | None:
-    """Make the trackers name the newest complete checkpoint. Returns a message when something
-    was repaired, None when the directory was already consistent (or holds no checkpoint)."""
+    """Make the trackers name the newest complete checkpoint, and set aside the saves cut short
+    before the trackers named them. Returns a message when something was repaired, None when the
+    directory was already consistent (or holds no checkpoint)."""
     checkpoint_dir = Path(checkpoint_dir)
     tracker = checkpoint_dir / TRACKER
-    if not tracker.is_file():
-        return None
-    latest = int(tracker.read_text().strip() or 0)
+    latest = int(tracker.read_text().strip() or 0) if tracker.is_file() else None
+    cut_short = set_aside_unrecorded_saves(checkpoint_dir, latest)
+    if latest is None:
+        return cut_short
     latest_dir = checkpoint_dir / iteration_dir_name(latest)
     if is_complete(latest_dir):
         _check_intact(checkpoint_dir, latest, latest_dir)
-        return None
+        return cut_short
     complete = [(it, path) for it, path in _iteration_dirs(checkpoint_dir) if it < latest and is_complete(path)]
-    if latest_dir.exists():
-        latest_dir.rename(latest_dir.with_name(latest_dir.name + ".incomplete"))
+    set_aside = _set_aside(latest_dir).name if latest_dir.exists() else None
+    earlier = f"{cut_short}; " if cut_short else ""
     if not complete:
         tracker.unlink()
         (checkpoint_dir / TRAIN_STATE_TRACKER).unlink(missing_ok=True)
-        return f"checkpoint iter {latest} was incomplete and no earlier one exists: starting from the pretrained model"
+        return (f"{earlier}checkpoint iter {latest} was incomplete and no earlier one exists: starting from the "
+                "pretrained model")
     iteration, path = complete[-1]
     write_whole(checkpoint_dir / TRAIN_STATE_TRACKER, (path / "train_state.pt").read_bytes())
     write_whole(tracker, str(iteration).encode())
-    return f"checkpoint iter {latest} was incomplete (set aside as {latest_dir.name}.incomplete); resuming from iter {iteration}"
+    return (f"{earlier}checkpoint iter {latest} was incomplete (set aside as {set_aside}); resuming from iter "
+            f"{iteration}")
+
+
+def set_aside_unrecorded_saves(checkpoint_dir: Path, latest: int | None) -> str | None:
+    """Rename to ITER.incomplete each unfinished iteration directory other than the trackers'
+    `latest` (repaired by `ensure_latest_complete`): a save stopped before its trackers were written
+    (a second Ctrl-C, a kill), at an iteration no later save of the run reaches again, stayed beside
+    the complete ones for good, and `export --all-iterations` refused the whole run over it."""
+    cut_short = [path for iteration, path in _iteration_dirs(checkpoint_dir)
+                 if iteration != latest and not is_complete(path)]
+    if not cut_short:
+        return None
+    names = ", ".join(_set_aside(path).name for path in cut_short)
+    what = "saves cut short before they were" if len(cut_short) > 1 else "a save cut short before it was"
+    return f"{what} recorded, set aside as {names}"
+
+
+def _set_aside(iteration_dir: Path) -> Path:
+    """Rename an unfinished save to ITER.incomplete (ITER.incomplete.N where that exists): kept for a
+    look, never read as a checkpoint."""
+    target, number = iteration_dir.with_name(iteration_dir.name + ".incomplete"), 1
+    while target.exists():
+        target, number = iteration_dir.with_name(f"{iteration_dir.name}.incomplete.{number}"), number + 1
+    return iteration_dir.rename(target)
 
 
 class DamagedCheckpointError(RuntimeError):
