@@ -1,6 +1,6 @@
 """`make demo`: the whole TOPR recipe on CPU in a few minutes, offline.
 
-    python -m nemo_topr.demo [--out runs/demo] [--prompts 48] [--epochs 2]
+    python -m nemo_topr.demo [--out runs/demo] [--prompts 48] [--epochs 3]
 
 1. builds a tiny Llama 3-style model and tokenizer (Hugging Face format) in code;
 2. builds a graded dataset from real (shorter) GSM8K train rows: per question the gold solution
