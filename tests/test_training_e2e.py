@@ -221,13 +221,16 @@ def test_a_finished_run_run_again_trains_nothing_and_leaves_its_files_as_they_we
     left to consume" traceback (bridge/data/samplers.py), after loading the model. Here with
     checkpoint.save_interval=4 (a resume may change it), so that a start that got past the sampler
     would also meet Bridge's final save (bridge/training/train.py), which writes a last iteration
-    that is no multiple of the interval, 18, again: the files must stay as they were."""
+    that is no multiple of the interval, 18, again: the files must stay as they were, the configs of
+    the starts that trained included (it wrote configs/start_002.yaml and replaced config.yaml)."""
     run_dir = shutil.copytree(reference_dir, tmp_path / "run")  # copy2 keeps the modification times
     last = latest_iteration(run_dir / "checkpoints")
     assert last % 4 != 0
 
     def files() -> dict[str, tuple[int, bytes]]:
-        kept = [*(run_dir / "checkpoints").rglob("*"), *run_dir.glob("samples_dp*.jsonl")]
+        # config.yaml and configs/ describe the starts that trained (docs/training.md)
+        kept = [*(run_dir / "checkpoints").rglob("*"), *run_dir.glob("samples_dp*.jsonl"), run_dir / "config.yaml",
+                *(run_dir / "configs").rglob("*")]
         return {str(path): (path.stat().st_mtime_ns, path.read_bytes()) for path in kept if path.is_file()}
 
     before, losses = files(), tensorboard_scalars(run_dir, "topr_loss")

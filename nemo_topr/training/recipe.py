@@ -102,7 +102,9 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
         if dropped:
             print(f"[nemo-topr] sample ledger: dropped {dropped} entries of iterations after the checkpoint "
                   f"resumed from (iteration {resume_iteration or 0})", flush=True)
-        save_start_config(run.run_dir, run.raw)
+        # a rerun of a finished run trains nothing (NothingLeftToTrain): configs/ keeps the starts that trained
+        if resume_iteration is None or resume_iteration < train.train_iters:
+            save_start_config(run.run_dir, run.raw)
         write_hf_artifacts(run.base_model, Path(run.container.checkpoint.save))
     summary = {**prepared.summary(), "baselines": baseline_in_use(run.objective, prepared.dataset.record_baselines),
                "p_tilde": p_tilde,
