@@ -1044,7 +1044,7 @@ MUTANTS = (
            ("tests/test_config.py::test_the_weight_decay_given_is_the_one_megatrons_scheduler_applies",),
            "optimizer.weight_decay=0.1 trains with none"),
     Mutant("resume_ignores_optimizer_settings", "nemo_topr/training/run_state.py",
-           "    keys = (*ORDER_AND_SCHEDULE_KEYS, *OPTIMIZER_STATE_KEYS)\n", "    keys = ORDER_AND_SCHEDULE_KEYS\n",
+           "RESUME_KEYS = (*ORDER_AND_SCHEDULE_KEYS, *OPTIMIZER_STATE_KEYS)\n", "RESUME_KEYS = ORDER_AND_SCHEDULE_KEYS\n",
            ("tests/test_run_state.py::test_a_resume_with_other_optimizer_settings_is_refused_since_the_saved_state_"
             "keeps_its_own",),
            "a resume with optimizer.adam_beta2 changed trains with the old value, config.yaml says the new"),

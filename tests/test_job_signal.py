@@ -125,7 +125,8 @@ def test_the_checkpoint_writer_process_ends_with_a_killed_training(tmp_path):
     proc = subprocess.run([sys.executable, "-c", WRITER_QUEUE_THEN_KILLED], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == -9, proc.stderr[-3000:]
-    children = [int(pid) for line in proc.stdout.splitlines() if line.startswith("children ") for pid in line.split()[1:]]
+    children = [int(pid) for line in proc.stdout.splitlines() if line.startswith("children ")
+                for pid in line.split()[1:]]
     assert len(children) == 2  # the manager and the resource tracker
     deadline = time.monotonic() + 30
     while alive := [pid for pid in children if _running(pid)]:

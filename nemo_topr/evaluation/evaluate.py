@@ -300,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--label", help="name of this result in tables and plots (default: model or file name)")
     parser.add_argument("--samples-out", type=Path,
                         help="also write the graded samples as records (--benchmark, --prompts)")
-    parser.add_argument("--out", type=Path, required=True, help="results JSON (Markdown next to it), or the plot (.png, .pdf or .svg)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help=f"results JSON (Markdown next to it), or the plot (.{', .'.join(PLOT_FORMATS)})")
     add_overwrite_argument(parser)
     return parser
 

@@ -420,13 +420,13 @@ def _check_lr_range(optimizer: dict[str, Any]) -> None:
                           f"set optimizer.min_lr={lr} too for a constant rate (the presets' choice), or lower")
 
 
-def weight_decay_schedule(values: dict[str, Any]) -> tuple[float, float] | None:
+def weight_decay_schedule(values: dict[str, Any]) -> tuple[float, float]:
     """(start, end) weight decay for Megatron's parameter scheduler, which sets each parameter
     group's decay from scheduler.start_weight_decay and end_weight_decay at every step
     (megatron/core/optimizer_param_scheduler.py, get_wd) and never reads optimizer.weight_decay:
     our defaults set both to 0, so optimizer.weight_decay=0.1 trained with none. As Megatron-LM's
     arguments do, a constant style (the default) takes optimizer.weight_decay, and a linear or
-    cosine one needs both ends; None where the values are not numbers yet (plan's checks)."""
+    cosine one needs both ends. Runs after the sections' type checks (`check_values`)."""
     optimizer, scheduler = values.get("optimizer") or {}, values.get("scheduler") or {}
     weight_decay = optimizer.get("weight_decay", 0.0)
     ends = {key: scheduler.get(key) for key in ("start_weight_decay", "end_weight_decay")}
@@ -436,7 +436,7 @@ def weight_decay_schedule(values: dict[str, Any]) -> tuple[float, float] | None:
             raise ConfigError(f"{', '.join(other)} with scheduler.weight_decay_incr_style=constant: a constant weight "
                               f"decay is optimizer.weight_decay ({weight_decay}); set that, or "
                               "weight_decay_incr_style=linear (or cosine) for a schedule from start to end")
-        return (weight_decay, weight_decay) if isinstance(weight_decay, (int, float)) else None
+        return weight_decay, weight_decay
     if missing := [f"scheduler.{key}" for key, value in ends.items() if value is None]:
         raise ConfigError(f"scheduler.weight_decay_incr_style={scheduler['weight_decay_incr_style']} schedules the "
                           f"weight decay from start to end: set {' and '.join(missing)}")

@@ -204,8 +204,7 @@ def train(run: TrainingRun) -> int:
 
     class ReleaseExitSignal(Callback):
         def on_train_start(self, context) -> None:  # Bridge's handler is installed by now
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})  # SIGUSR1, held since cli.py
-            release_the_warning()
+            release_the_warning()  # a SIGUSR1 pending since cli.py goes to it
             if held:  # to Bridge's handler: the rank saves after its first iteration
                 os.kill(os.getpid(), exit_signal)
 
@@ -253,15 +252,16 @@ def train(run: TrainingRun) -> int:
     except SystemExit as stop:  # Bridge exits this way after a signal-triggered checkpoint
         if not _clean_stop(stop):
             raise
-    finally:  # already released when training started; not left blocked by a failure before that
+    finally:
         lock.release()
         # A stop held while this rank prepared, then an error (a refused resume): the run ends on
         # the error. Delivered after it by the default action, the stop ended the process before the
-        # error was printed (exit 143, or 138, which topr_job.sh requeues) and left LOCK.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {exit_signal})  # a held SIGUSR1 goes to `held`
+        # error was printed (exit 143, or 138, which topr_job.sh requeues) and left LOCK. So a
+        # SIGUSR1 still pending goes to `held` (released before its handler is put back), and the
+        # handlers return in the reverse order of their setting (exit_signal=SIGINT sets both).
         release_the_warning()
-        signal.signal(exit_signal, previous_handler)
         signal.signal(signal.SIGINT, previous_sigint)
+        signal.signal(exit_signal, previous_handler)
         pretrain_log.removeFilter(_not_a_clean_stop)
     reached = _latest_checkpoint_iteration(run)
     if reached < run.container.train.train_iters:

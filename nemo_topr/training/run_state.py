@@ -61,6 +61,7 @@ OPTIMIZER_STATE_KEYS = (
     "optimizer.adam_beta1", "optimizer.adam_beta2", "optimizer.adam_eps", "optimizer.weight_decay",
     "scheduler.start_weight_decay", "scheduler.end_weight_decay", "scheduler.weight_decay_incr_style",
 )
+RESUME_KEYS = (*ORDER_AND_SCHEDULE_KEYS, *OPTIMIZER_STATE_KEYS)
 
 
 class RunStateError(RuntimeError):
@@ -155,8 +156,7 @@ def resume_settings(raw: DictConfig, objective: Any, base_model: Any) -> dict[st
     (a dataclass; its defaults included, so that a default written out is no change) and
     `base_model`, as the directory it loaded (a run's iteration). A resume reads only the run's own
     checkpoints, so a changed base model would be ignored silently."""
-    keys = (*ORDER_AND_SCHEDULE_KEYS, *OPTIMIZER_STATE_KEYS)
-    settings = {key: OmegaConf.select(raw, key, default=None) for key in keys}
+    settings = {key: OmegaConf.select(raw, key, default=None) for key in RESUME_KEYS}
     settings |= {f"objective.{key}": value for key, value in dataclasses.asdict(objective).items()}
     settings["base_model"] = str(base_model.checkpoint or base_model.path)
     return settings
@@ -190,9 +190,8 @@ def check_resume_from_base(base_model: Any, fingerprint: dict[str, Any], train_i
     if not (root / FINGERPRINT_FILE).is_file():
         raise RunStateError(f"{what}; {root} has no {FINGERPRINT_FILE} to show the data they count: {fresh}")
     recorded = json.loads((root / FINGERPRINT_FILE).read_text())
-    order_and_schedule = {key: value for key, value in recorded["config"].items()
-                          if key in (*ORDER_AND_SCHEDULE_KEYS, *OPTIMIZER_STATE_KEYS)}
-    if changes := _changes(recorded["data"], order_and_schedule, fingerprint):
+    kept = {key: value for key, value in recorded["config"].items() if key in RESUME_KEYS}
+    if changes := _changes(recorded["data"], kept, fingerprint):
         raise RunStateError(f"{what}, which count the data and order it trained on; this run's differ. Changed: "
                             f"{'; '.join(changes)}. To train on this data, {fresh}")
     if base_model.iteration >= train_iters:
