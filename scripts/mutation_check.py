@@ -1059,6 +1059,11 @@ MUTANTS = (
            ("tests/test_training_e2e.py::test_a_finished_run_run_again_trains_nothing_and_leaves_its_files_as_they_"
             "were",),
            "a rerun of a finished run writes configs/start_NNN.yaml and replaces config.yaml, training nothing"),
+    Mutant("vanished_link_fails_the_stop", "scripts/slurm_cluster.sh",
+           '    error=$(ip link del "$1" 2>&1) || ! ip link show "$1" >/dev/null 2>&1 || die "ip link del $1: $error"',
+           '    ip link del "$1"',
+           ("tests/test_slurm_two_nodes.py::test_stop_removes_a_nodes_network_while_its_namespace_is_torn_down",),
+           "a veth that vanishes with its namespace between stop's look and delete fails the test suite's teardown"),
     Mutant("every_chunk_remembers_the_samples", "nemo_topr/training/step.py",
            "    return get_model_chunk_vp_stage(model) in (None, 0)", "    return True",
            ("tests/test_topr_step.py::test_sample_ledger_under_a_real_interleaved_pipeline",),

@@ -12,8 +12,8 @@
 #
 # --two-nodes: a second, separate cluster of two nodes, topr-node1 and topr-node2. Each node's
 # slurmd runs in its own network namespace with its own address (10.77.0.11, .12, on a bridge
-# whose side here is 10.77.0.1), /etc/hosts (/etc/netns/NODE/hosts bind-mounted, as ip netns exec
-# does) and hostname (a UTS namespace): a rank's hostname then resolves to an address the
+# whose side here is 10.77.0.1), /etc/hosts (STATE/netns/NODE/hosts bind-mounted, as ip netns exec
+# does with /etc/netns) and hostname (a UTS namespace): a rank's hostname then resolves to an address the
 # other node reaches, which is what gloo binds to and what MASTER_ADDR (the first node) must be.
 # Its slurmctld runs here, on port 6827 with its config in STATE/etc, so it co-exists with the
 # one-node cluster (6817, /etc/slurm). Clients need SLURM_CONF=STATE/etc/slurm.conf: `start`
@@ -34,6 +34,7 @@ if ((two_nodes)); then
     nodes=(topr-node1 topr-node2)
     subnet=10.77.0  # .1 the bridge (slurmctld's address), .11 and .12 the nodes
     bridge=toprbr0
+    hosts_dir=$state/netns  # NODE/hosts: the /etc/hosts each node sees
     export SLURM_CONF=$conf_dir/slurm.conf  # for the daemons and the clients below
     cluster_name=nemotopr2
     ctld_host="$host($subnet.1)"
@@ -134,11 +135,11 @@ network_up() {
     ip link set "$bridge" up
     for i in "${!nodes[@]}"; do
         node=${nodes[i]}
-        mkdir -p "/etc/netns/$node"
+        mkdir -p "$hosts_dir/$node"
         {
             echo "127.0.0.1 localhost"
             for j in "${!nodes[@]}"; do echo "$subnet.$((11 + j)) ${nodes[j]}"; done
-        } >"/etc/netns/$node/hosts"
+        } >"$hosts_dir/$node/hosts"
         [[ -e /run/netns/$node ]] && continue
         ip netns add "$node"
         ip link add "toprv$i" type veth peer name eth0 netns "$node"
@@ -149,15 +150,25 @@ network_up() {
     done
 }
 
+# Each pair's host end before its namespace: deleting it takes the pair at once, whereas a deleted
+# namespace lives on while a process is still inside it, and the kernel then tears its links down
+# in the background (net/core/net_namespace.c, cleanup_net).
 network_down() {
     local i
     for i in "${!nodes[@]}"; do
+        delete_link "toprv$i"
         if [[ -e /run/netns/${nodes[i]} ]]; then ip netns del "${nodes[i]}"; fi
-        if ip link show "toprv$i" >/dev/null 2>&1; then ip link del "toprv$i"; fi
-        rm -rf "/etc/netns/${nodes[i]}"
     done
-    rmdir /etc/netns 2>/dev/null || true  # only when nothing else keeps a netns hosts file there
-    if ip link show "$bridge" >/dev/null 2>&1; then ip link del "$bridge"; fi
+    rm -rf "$hosts_dir"
+    delete_link "$bridge"
+}
+
+# A link that vanishes between the look and the delete is gone, which is what was wanted: the veth
+# of a namespace deleted earlier (a stop cut short) goes when that namespace's last process exits.
+delete_link() {
+    local error
+    ip link show "$1" >/dev/null 2>&1 || return 0
+    error=$(ip link del "$1" 2>&1) || ! ip link show "$1" >/dev/null 2>&1 || die "ip link del $1: $error"
 }
 
 start_munge() {
@@ -189,7 +200,7 @@ start_slurmd() {
         # node's hosts file, a UTS namespace its hostname; munged's socket is a file, so shared.
         # shellcheck disable=SC2016  # $1 is expanded by the inner sh
         nsenter --net="/run/netns/$node" unshare --mount --uts sh -c \
-            'mount --bind "/etc/netns/$1/hosts" /etc/hosts && hostname "$1" && exec slurmd -N "$1"' sh "$node"
+            'mount --bind "$2" /etc/hosts && hostname "$1" && exec slurmd -N "$1"' sh "$node" "$hosts_dir/$node/hosts"
     else
         slurmd
     fi
