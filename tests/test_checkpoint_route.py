@@ -130,6 +130,10 @@ def test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weigh
     original, back = safetensors(tiny / "hf"), safetensors(tmp_path / "back")
     assert back.keys() == original.keys() and all(torch.equal(back[k], original[k]) for k in original)
     assert (tmp_path / "back" / "tokenizer.json").read_text() == (tiny / "hf" / "tokenizer.json").read_text()
+    # run again: the checkpoint, read by Megatron meanwhile, is unchanged, so its export is kept as it is
+    again = nemo_topr("export", "--ckpt", out, "--hf-out", tmp_path / "back", "--device", "cpu")
+    assert again.stdout == f"kept {out / 'iter_0000000'} -> {tmp_path / 'back'} (exported earlier, unchanged since)\n"
+    assert safetensors(tmp_path / "back").keys() == original.keys()
     assert nemo_topr("import", tiny / "hf", out, ok=False).stderr.strip().endswith(
         "exists and is not an empty directory; import writes a new checkpoint directory")
 

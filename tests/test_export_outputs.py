@@ -232,3 +232,119 @@ def test_an_iteration_named_twice_is_refused_not_one_of_the_two_dropped(tmp_path
     assert not (tmp_path / "hf").exists()
     assert export.main(["--ckpt", "run", "--hf-out", "hf", "--iteration", "1", "--device", "cpu"]) == 0
     assert (tmp_path / "hf/iter_0000001/model.safetensors").read_text() == f"exported from {checkpoints}/iter_0000001"
+
+
+def _with_iterations(root: Path, iterations: int) -> list[Path]:
+    """`root` (a `_fake_checkpoint`) with iterations 1..N saved, each a copy of the first."""
+    for i in range(2, iterations + 1):
+        (root / f"iter_{i:07d}").mkdir()
+        for made in (root / "iter_0000001").iterdir():
+            (root / f"iter_{i:07d}" / made.name).write_bytes(made.read_bytes())
+    (root / "latest_checkpointed_iteration.txt").write_text(str(iterations))
+    return [root / f"iter_{i:07d}" for i in range(1, iterations + 1)]
+
+
+class _CountingBridge(_FakeBridge):
+    """Writes what `_FakeBridge` writes and records each checkpoint; stops (^C) at `stop_at`."""
+
+    def __init__(self, stop_at: str | None = None):
+        super().__init__(error=None)
+        self.exported, self.stop_at = [], stop_at
+
+    def export_ckpt(self, checkpoint: str, out: str, show_progress: bool) -> None:
+        if Path(checkpoint).name == self.stop_at:
+            raise KeyboardInterrupt
+        self.exported.append(Path(checkpoint).name)
+        super().export_ckpt(checkpoint, out, show_progress)
+
+
+def test_an_export_cut_short_goes_on_where_it_stopped_when_run_again(checkpoint, tmp_path, monkeypatch, capsys):
+    """`--all-iterations` stopped at its second iteration (a job's time limit), run again as it
+    was: it exports the rest and keeps the first, which it used to refuse ("exists and is not
+    empty"), --overwrite then exporting every iteration again."""
+    iterations = _with_iterations(checkpoint, 3)
+    hf = tmp_path / "hf"
+    args = ["--ckpt", str(checkpoint), "--hf-out", str(hf), "--all-iterations", "--device", "cpu"]
+    stopped = _CountingBridge(stop_at="iter_0000002")
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: stopped)
+    with pytest.raises(KeyboardInterrupt):
+        export.main(args)
+    assert stopped.exported == ["iter_0000001"] and sorted(p.name for p in hf.iterdir()) == ["iter_0000001"]
+    first = (hf / "iter_0000001" / "model.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    again = _CountingBridge()
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: again)
+    assert export.main(args) == 0
+    assert again.exported == ["iter_0000002", "iter_0000003"]
+    assert capsys.readouterr().out.splitlines() == [
+        f"kept {iterations[0]} -> {hf / 'iter_0000001'} (exported earlier, unchanged since)",
+        f"exported {iterations[1]} -> {hf / 'iter_0000002'}", f"exported {iterations[2]} -> {hf / 'iter_0000003'}"]
+    assert (hf / "iter_0000001" / "model.safetensors").stat().st_mtime_ns == first
+    for iteration in iterations:
+        assert (hf / iteration.name / "model.safetensors").read_text() == f"exported from {iteration}"
+    # all current: nothing exported, nor Megatron imported (the bridge is never built)
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: pytest.fail("bridge built"))
+    assert export.main(args) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["kept"] * 3
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: again)
+    assert export.main([*args, "--overwrite"]) == 0  # --overwrite redoes them all
+    assert again.exported == ["iter_0000002", "iter_0000003", "iter_0000001", "iter_0000002", "iter_0000003"]
+
+
+@pytest.mark.parametrize("changed", ["checkpoint", "hf_config"])
+def test_an_export_of_a_checkpoint_changed_since_is_not_kept(checkpoint, tmp_path, changed, capsys):
+    """A run directory trained again from scratch under the same name, or a new HF config: the
+    earlier export is of other weights, so it is refused as any non-empty --hf-out is."""
+    hf = tmp_path / "hf"
+    args = ["--ckpt", str(checkpoint), "--hf-out", str(hf), "--device", "cpu"]
+    assert export.main(args) == 0
+    touched = checkpoint / ("iter_0000001/metadata.json" if changed == "checkpoint" else "hf_artifacts/tokenizer.json")
+    touched.write_text(touched.read_text() + "\n")
+    with pytest.raises(SystemExit, match=rf"^nemo-topr export: {hf}: exists and is not empty; .*--overwrite"):
+        export.main(args)
+    capsys.readouterr()
+    assert export.main([*args, "--overwrite"]) == 0
+    assert capsys.readouterr().out.startswith("exported ")
+    assert export.main(args) == 0  # current again
+    assert capsys.readouterr().out.startswith("kept ")
+
+
+def test_an_overwrite_stopped_while_replacing_leaves_a_whole_model_or_none(checkpoint, tmp_path, monkeypatch):
+    """The earlier export used to be deleted in place: stopped part way, its record could stay
+    beside half its weights, and a rerun would keep that as current. Whatever the stop, --hf-out
+    now holds a whole model (weights and record) or nothing."""
+    hf = tmp_path / "hf"
+    args = ["--ckpt", str(checkpoint), "--hf-out", str(hf), "--device", "cpu"]
+    assert export.main(args) == 0
+    (checkpoint / "hf_artifacts" / "tokenizer.json").write_text("{ }")  # the earlier export is stale
+    real_rmtree = export.shutil.rmtree
+
+    def stopped_while_deleting(path, *rest, **options):
+        if (Path(path) / "model.safetensors").exists():  # the earlier model: a stop once its weights are gone
+            (Path(path) / "model.safetensors").unlink()
+            raise KeyboardInterrupt
+        return real_rmtree(path, *rest, **options)
+
+    monkeypatch.setattr(export.shutil, "rmtree", stopped_while_deleting)
+    with pytest.raises(KeyboardInterrupt):
+        export.main([*args, "--overwrite"])
+    monkeypatch.setattr(export.shutil, "rmtree", real_rmtree)
+    assert sorted(p.name for p in hf.iterdir()) == ["model.safetensors", "nemo_topr_export.json"]
+    assert export.main(args) == 0  # the new export, current; what was set aside goes at the next export
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "hf"]
+
+
+def test_a_directory_filled_in_place_gets_its_record_last(checkpoint, tmp_path, monkeypatch):
+    """An empty --hf-out (the shell's own directory) is filled entry by entry: a stop part way must
+    not leave the record, which would make a rerun keep a model missing its weights."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    moved, real_rename = [], Path.rename
+
+    def recorded(self, target):
+        moved.append(Path(target).name)
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", recorded)
+    assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(hf), "--device", "cpu"]) == 0
+    assert moved == ["model.safetensors", "nemo_topr_export.json"]

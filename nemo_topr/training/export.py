@@ -16,17 +16,21 @@ hf_artifacts/ too, so the result loads with `transformers` as is. With several i
 goes to HF_OUT/iter_NNNNNNN; one process exports them all, so the ~10 s of Megatron start-up is
 paid once (each further checkpoint of a small model takes well under 1 s).
 
-A non-empty output directory is refused unless --overwrite, which replaces only an earlier
-export (a directory holding its nemo_topr_export.json: a typo could name the base model), and
-the checkpoint being exported (or a directory holding it, or one inside its root), a path below a
-file and one inside an earlier export always;
-each model is written beside its target and moved into place once complete; one that fails to
-be written (a full disk) is removed and named in one line.
+An earlier export of the very same checkpoint, whose files and HF config are unchanged since (by
+name, size and modification time), is kept and listed as `kept`: run again, an export cut short
+(a job's time limit during --all-iterations) goes on where it stopped. Any other non-empty output
+directory is refused unless --overwrite, which replaces only an earlier export (a directory
+holding its nemo_topr_export.json: a typo could name the base model) and redoes kept ones; the
+checkpoint being exported (or a directory holding it, or one inside its root), a path below a
+file and one inside an earlier export are refused always. Each model is written beside its target
+and moved into place once complete; one that fails to be written (a full disk) is removed and
+named in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -65,12 +69,38 @@ def export_targets(source: ModelSource, hf_out: Path, iterations: list[int] | No
     return {source.at_iteration(i): hf_out / iteration_dir_name(i) for i in iterations}
 
 
-def check_outputs(targets: dict[ModelSource, Path], overwrite: bool) -> None:
+def checkpoint_stamp(source: ModelSource) -> str:
+    """A digest of the names, sizes and modification times of the files of `source`'s checkpoint
+    and HF config: an export made from them is current while it is unchanged, as make judges."""
+    digest = hashlib.sha256()
+    for directory in (source.checkpoint, source.hf_dir):
+        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+            stat = path.stat()
+            digest.update(f"{path.relative_to(directory)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def current_exports(targets: dict[ModelSource, Path]) -> set[ModelSource]:
+    """The targets that already hold an export of their very checkpoint, unchanged since: their
+    nemo_topr_export.json names it and its stamp (`checkpoint_stamp`)."""
+    current = set()
+    for source, out in targets.items():
+        try:
+            record = json.loads((out / EXPORT_RECORD).read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        if (isinstance(record, dict) and record.get("checkpoint") == str(source.checkpoint)
+                and record.get("stamp") == checkpoint_stamp(source)):
+            current.add(source)
+    return current
+
+
+def check_outputs(targets: dict[ModelSource, Path], overwrite: bool, kept: set[ModelSource] = frozenset()) -> None:
     """Refuse, `overwrite` or not, a target that is, holds or lies inside the checkpoint it is
     exported from (its root of iter_* directories, its HF config): replacing it would delete the
     weights being exported, or leave an HF model where Megatron looks for iterations. Refuse any
-    other non-empty target unless `overwrite` and it is an earlier export: a mistyped --hf-out
-    could name the base model."""
+    other non-empty target, but those `kept`, unless `overwrite` and it is an earlier export: a
+    mistyped --hf-out could name the base model."""
     for source, out in targets.items():
         target, root, hf_dir = out.resolve(), source.checkpoint.parent.resolve(), source.hf_dir.resolve()
         for read in (source.path.resolve(), root, hf_dir):
@@ -79,9 +109,9 @@ def check_outputs(targets: dict[ModelSource, Path], overwrite: bool) -> None:
                 where = "is" if target == read else "holds" if target in read.parents else "is inside"
                 raise ModelSourceError(f"{out}: {where} {read}, part of the checkpoint being exported; writing "
                                        f"there would replace or corrupt it: choose an --hf-out outside {root}")
-    for out in targets.values():
+    for source, out in targets.items():
         check_parents(out)
-        if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        if source in kept or not out.exists() or (out.is_dir() and not any(out.iterdir())):
             continue
         if not overwrite:
             raise ModelSourceError(f"{out}: exists and is not empty; export writes a new directory "
@@ -106,44 +136,54 @@ def check_parents(out: Path) -> None:
 
 
 def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = None,
-           device: str = "cuda", overwrite: bool = False) -> dict[Path, Path]:
+           device: str = "cuda", overwrite: bool = False) -> dict[Path, tuple[Path, bool]]:
     """Export checkpoint(s) of `ckpt` (see export_targets) on `device` (`nemo_topr.device`).
     Each goes to a sibling `.NAME.partial` directory first and replaces its target only once
     complete, so an interrupted export leaves no half-written model under the target's name.
-    Returns {checkpoint directory: HF directory}."""
+    A target holding a current export of its checkpoint (`current_exports`) is kept, unless
+    `overwrite`. Returns {checkpoint directory: (HF directory, kept)}."""
     select_device(device, where="--device")
     source = resolve(ckpt, named="--ckpt ", expected=EXPORTED_KINDS)
     # resolved: `--hf-out .` has a name to put a partial directory beside, a symlink its target
     targets = export_targets(source, Path(hf_out).resolve(), iterations)  # each checked before any work
-    check_outputs(targets, overwrite)
+    kept = set() if overwrite else current_exports(targets)
+    check_outputs(targets, overwrite, kept)
     for checkpoint in targets:
         check_intact(checkpoint)
-    use_device(device, where="--device")  # imports Megatron (10-20 s): only once the inputs are known good
-    from nemo_topr.model import config_only_bridge
+    if len(kept) < len(targets):
+        use_device(device, where="--device")  # imports Megatron (10-20 s): only once the inputs are known good
+        from nemo_topr.model import config_only_bridge
 
-    bridge = config_only_bridge(source.hf_dir)
+        bridge = config_only_bridge(source.hf_dir)
     for checkpoint, out in targets.items():
-        partial = out.with_name(f".{out.name}.partial")
-        shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted export
+        partial, replaced = out.with_name(f".{out.name}.partial"), out.with_name(f".{out.name}.replaced")
+        for left in (partial, replaced):
+            shutil.rmtree(left, ignore_errors=True)  # left by an interrupted export
+        if checkpoint in kept:
+            continue
         try:
+            stamp = checkpoint_stamp(checkpoint)  # before the export: a checkpoint changed meanwhile is not current
             bridge.export_ckpt(str(checkpoint.checkpoint), str(partial), show_progress=False)
             (partial / EXPORT_RECORD).write_text(json.dumps(
                 {"source": str(checkpoint.path), "checkpoint": str(checkpoint.checkpoint),
-                 "iteration": checkpoint.iteration, "hf_config": str(checkpoint.hf_dir)}, indent=2) + "\n")
+                 "iteration": checkpoint.iteration, "hf_config": str(checkpoint.hf_dir), "stamp": stamp},
+                indent=2) + "\n")
         except BaseException as error:  # a full disk, say: what was written would only take more room
             shutil.rmtree(partial, ignore_errors=True)
             if isinstance(error, (OSError, _safetensors_error())):
                 raise ExportWriteError(f"writing {out}: {error} (the partial export is removed)") from error
             raise
-        if out.is_dir() and any(out.iterdir()):
-            shutil.rmtree(out)  # an earlier export, with --overwrite (check_outputs)
+        if out.is_dir() and any(out.iterdir()):  # an earlier export, with --overwrite (check_outputs)
+            out.rename(replaced)  # not deleted in place: a stop then would leave half a model with its record
         if out.is_dir():  # empty, perhaps the shell's own directory: filled in place, it stays that directory
-            for entry in partial.iterdir():
+            # its record last: a move cut short leaves no record, so no export taken as current
+            for entry in sorted(partial.iterdir(), key=lambda entry: entry.name == EXPORT_RECORD):
                 entry.rename(out / entry.name)
             partial.rmdir()
         else:
             partial.rename(out)
-    return {checkpoint.checkpoint: out for checkpoint, out in targets.items()}
+        shutil.rmtree(replaced, ignore_errors=True)
+    return {checkpoint.checkpoint: (out, checkpoint in kept) for checkpoint, out in targets.items()}
 
 
 def check_one_choice_of_iterations(ckpt: str, source: ModelSource, option: str) -> None:
@@ -166,8 +206,8 @@ def main(argv: list[str]) -> int:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--iteration", type=non_negative, nargs="+", help="export these saved iterations")
     which.add_argument("--all-iterations", action="store_true", help="export every saved iteration")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace an earlier export (a directory holding its nemo_topr_export.json)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier export (a directory holding "
+                        "its nemo_topr_export.json), even a current one of the same checkpoint")
     add_device_argument(parser)
     args = parser.parse_args(argv)
     try:
@@ -177,10 +217,11 @@ def main(argv: list[str]) -> int:
             check_one_choice_of_iterations(args.ckpt, source, "--all-iterations" if args.all_iterations
                                            else "--iteration")
             iterations = source.saved_iterations() if args.all_iterations else args.iteration
-        with stdout_to_stderr():  # stdout: the `exported A -> B` lines alone
+        with stdout_to_stderr():  # stdout: the `exported`/`kept A -> B` lines alone
             exported = export(args.ckpt, args.hf_out, iterations, args.device, args.overwrite)
     except (ModelSourceError, DeviceError, ExportWriteError) as error:
         raise SystemExit(f"nemo-topr export: {error}") from None
-    for checkpoint, out in exported.items():
-        print(f"exported {checkpoint} -> {out}")
+    for checkpoint, (out, kept) in exported.items():
+        print(f"kept {checkpoint} -> {out} (exported earlier, unchanged since)" if kept
+              else f"exported {checkpoint} -> {out}")
     return 0
