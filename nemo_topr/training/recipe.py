@@ -314,8 +314,11 @@ def _clean_stop(stop: BaseException) -> bool:
 
 def _not_a_clean_stop(record: logging.LogRecord) -> bool:
     """Bridge logs every exception leaving pretrain() as "Pretrain failed ... " with a traceback
-    (bridge/training/pretrain.py), its own SystemExit(0) after a signal-triggered save included."""
-    return not (record.exc_info and _clean_stop(record.exc_info[1]))
+    (bridge/training/pretrain.py), its own SystemExit(0) after a signal-triggered save included,
+    and a second Ctrl-C's KeyboardInterrupt: 38 lines of where it landed, above the one line that
+    says it (`nemo-topr train: interrupted`)."""
+    stop = record.exc_info[1] if record.exc_info else None
+    return not (_clean_stop(stop) or isinstance(stop, KeyboardInterrupt))
 
 
 def _latest_checkpoint_iteration(run: TrainingRun) -> int:
