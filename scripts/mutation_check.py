@@ -1085,6 +1085,11 @@ MUTANTS = (
            "    return not _clean_stop(stop)\n",
            ("tests/test_recipe.py::test_bridge_logs_failures_but_not_stops",),
            "a second Ctrl-C prints Bridge's 38-line Pretrain failed traceback above `nemo-topr train: interrupted`"),
+    Mutant("resume_reads_unset_as_a_change", "nemo_topr/training/run_state.py",
+           "        return UNSET_MEANS.get(key) if value is None else value\n", "        return value\n",
+           ("tests/test_run_state.py::test_a_resume_with_other_optimizer_settings_is_refused_since_the_saved_state_"
+            "keeps_its_own",),
+           "a resume that writes out an unset key's own value (optimizer.adam_beta2=0.999) is refused as a change"),
     Mutant("every_chunk_remembers_the_samples", "nemo_topr/training/step.py",
            "    return get_model_chunk_vp_stage(model) in (None, 0)", "    return True",
            ("tests/test_topr_step.py::test_sample_ledger_under_a_real_interleaved_pipeline",),

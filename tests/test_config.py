@@ -34,6 +34,20 @@ def _run(tiny_hf, tmp_path, *overrides):
     return build_training_run(raw)
 
 
+def test_a_resume_reads_an_unset_key_as_the_value_the_container_holds(tiny_hf, tmp_path):
+    """run_state.UNSET_MEANS, which a resume compares an unset key as, against Bridge's container
+    built from the preset, where those keys are unset."""
+    from omegaconf import OmegaConf
+
+    from nemo_topr.training.run_state import UNSET_MEANS
+
+    run = _run(tiny_hf, tmp_path)
+    for key, value in UNSET_MEANS.items():
+        assert OmegaConf.select(run.raw, key, default=None) is None, key
+        section, name = key.split(".")
+        assert getattr(getattr(run.container, section), name) == value, key
+
+
 def test_yaml_and_overrides_land_on_the_bridge_container(tiny_hf, tmp_path):
     run = _run(tiny_hf, tmp_path, "optimizer.lr=0.01", "objective.variant=tis", "model.seq_length=256",
                "train.exit_interval=7")  # exit_interval is not in the YAML: any Bridge field works

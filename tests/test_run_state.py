@@ -137,6 +137,12 @@ def test_a_resume_with_other_optimizer_settings_is_refused_since_the_saved_state
     with pytest.raises(RunStateError) as refused:
         check_resume(tmp_path, resuming=True, fingerprint=fingerprint(override))
     assert f"Changed: {change}. Either restore them" in str(refused.value)
+    # what an unset key means, written out on a resume (or dropped from one), is no change: it was
+    # refused as "optimizer.adam_beta2: None -> 0.999"
+    check_resume(tmp_path, resuming=True, fingerprint=fingerprint("optimizer.adam_beta2=0.999",
+                                                                  "optimizer.adam_eps=1e-8"))
+    check_resume(tmp_path, resuming=False, fingerprint=fingerprint("optimizer.adam_beta1=0.9"))
+    check_resume(tmp_path, resuming=True, fingerprint=fingerprint())
 
 
 def test_a_setting_the_record_lacks_is_not_compared(tmp_path):

@@ -62,6 +62,12 @@ OPTIMIZER_STATE_KEYS = (
     "scheduler.start_weight_decay", "scheduler.end_weight_decay", "scheduler.weight_decay_incr_style",
 )
 RESUME_KEYS = (*ORDER_AND_SCHEDULE_KEYS, *OPTIMIZER_STATE_KEYS)
+# What the ConfigContainer holds for a key of these that a config leaves unset (None in the
+# record), where that is one fixed value (`config.default_container`: Megatron's OptimizerConfig,
+# Bridge's SchedulerConfig): a resume that writes it out, or drops it, changes nothing.
+UNSET_MEANS = {"optimizer.adam_beta1": 0.9, "optimizer.adam_beta2": 0.999, "optimizer.adam_eps": 1e-08,
+               "scheduler.lr_warmup_init": 0.0, "scheduler.lr_wsd_decay_style": "exponential",
+               "scheduler.weight_decay_incr_style": "constant"}
 
 
 class RunStateError(RuntimeError):
@@ -227,8 +233,11 @@ def _changes(data_before: str, settings_before: dict[str, Any], now: dict[str, A
 
 
 def _setting_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    def meant(key: str, value: Any) -> Any:
+        return UNSET_MEANS.get(key) if value is None else value
+
     return [f"{key}: {before[key]!r} -> {value!r}"
-            for key, value in now.items() if key in before and before[key] != value]
+            for key, value in now.items() if key in before and meant(key, before[key]) != meant(key, value)]
 
 
 def _not_the_same_run(run_dir: Path, before: dict[str, Any], now: dict[str, Any], changes: list[str]) -> RunStateError:
