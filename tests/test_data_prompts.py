@@ -83,6 +83,24 @@ def test_gsm8k_eight_shot_prompt(train_rows):
     assert "<<" not in prompt and "####" not in prompt
 
 
+def test_no_gsm8k_train_prompt_holds_its_own_worked_solution(train_rows):
+    """The exemplars are train rows, so 8 gsm8k-train prompts held their own question and gold
+    solution: an exemplar's own prompt now draws another row in its place, the rest keep the set."""
+    from nemo_topr.evaluation.generate import benchmark_problems
+
+    problems, exemplars = benchmark_problems("gsm8k-train"), gsm8k_exemplars(train_rows)
+    own = [i for i, row in enumerate(train_rows) if row in exemplars]
+    assert len(problems) == len(train_rows) and len(own) == 8
+    for i, (problem, row) in enumerate(zip(problems, train_rows, strict=True)):
+        assert problem.prompt.count(f"Question: {row['question']}\n") == 1, i  # the question asked, only
+        assert gsm8k_gold_completion(row["answer"]) not in problem.prompt, i
+        assert problem.prompt.count("Question: ") == 9 and problem.prompt.count("The answer is ") == 8, i
+        if i not in own:
+            assert problem.prompt == gsm8k_prompt(row["question"], exemplars), i
+        else:  # the seven others of the set, and one row more
+            assert sum(f"Question: {e['question']}\n" in problem.prompt for e in exemplars if e != row) == 7, i
+
+
 def test_math500_prompt_asks_for_a_boxed_answer():
     row = load_math500()[0]
     prompt = math500_prompt(row["question"])
@@ -191,6 +209,10 @@ def test_a_train_file_too_short_for_the_eight_shot_prompt_is_refused_naming_it(t
     _write_gsm8k(train, [f"So {i}.\n#### {i}" for i in range(8)])  # eight are enough: all of them, in a seeded order
     exemplars = gsm8k_exemplars(load_gsm8k("train", tmp_path))
     assert sorted(row["question"] for row in exemplars) == [f"Q{i}?" for i in range(8)]
+    with pytest.raises(prompts.DataError) as own:  # but not for their own prompts, which would hold themselves
+        load_problems("gsm8k-train", data_dir=tmp_path)
+    assert str(own.value) == (f"{train}: file: the 8-shot prompt of train row 0, one of its exemplars, needs a row "
+                              "besides them: at least 9 rows")
 
 
 def test_a_gsm8k_answer_whose_final_line_has_no_number_is_refused_when_read(tmp_path):

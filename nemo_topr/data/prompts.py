@@ -136,12 +136,24 @@ def gsm8k_gold_completion(answer: str) -> str:
     return f" {reasoning}\nThe answer is {gsm8k_final_answer(answer)}."
 
 
-def gsm8k_exemplars(train_rows: list[dict], shots: int = GSM8K_SHOTS, seed: int = GSM8K_EXEMPLAR_SEED) -> list[dict]:
-    """`shots` train rows chosen by a seeded draw: fixed for a given train file."""
+def gsm8k_exemplars(train_rows: list[dict], shots: int = GSM8K_SHOTS, seed: int = GSM8K_EXEMPLAR_SEED,
+                    leaving_out: int | None = None) -> list[dict]:
+    """`shots` train rows chosen by a seeded draw: fixed for a given train file. `leaving_out`: the
+    train row whose own prompt this is; when drawn, the draw's next row takes its place, so that
+    no prompt holds its own worked solution (8 gsm8k-train prompts did)."""
+    source = getattr(train_rows, "source", "GSM8K train rows")
     if len(train_rows) < shots:  # random.sample's "Sample larger than population" names neither file nor need
         problem = f"the {shots}-shot prompt needs at least {shots} rows (its exemplars); it has {len(train_rows)}"
-        raise DataError(getattr(train_rows, "source", "GSM8K train rows"), 0, "file", problem)
-    indices = random.Random(seed).sample(range(len(train_rows)), shots)
+        raise DataError(source, 0, "file", problem)
+    draw = random.Random(seed)
+    indices = draw.sample(range(len(train_rows)), shots)
+    if leaving_out in indices:
+        if len(train_rows) == shots:
+            raise DataError(source, 0, "file", f"the {shots}-shot prompt of train row {leaving_out}, one of its "
+                                               f"exemplars, needs a row besides them: at least {shots + 1} rows")
+        while (substitute := draw.randrange(len(train_rows))) in indices:
+            pass
+        indices[indices.index(leaving_out)] = substitute
     return [train_rows[i] for i in indices]
 
 

@@ -124,11 +124,17 @@ def benchmark_problems(name: str, data_dir: str | Path | None = None) -> list[Pr
                 for i, row in enumerate(rows)]
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; expected one of {BENCHMARKS}")
-    split = name.removeprefix("gsm8k-")
-    exemplars = prompts.gsm8k_exemplars(prompts.load_gsm8k("train", data_dir))
-    return [Problem(f"{name}-{i}", prompts.gsm8k_prompt(row["question"], exemplars),
+    train = prompts.load_gsm8k("train", data_dir)
+    exemplars = prompts.gsm8k_exemplars(train)
+    rows = train if name == "gsm8k-train" else prompts.load_gsm8k(name.removeprefix("gsm8k-"), data_dir)
+
+    def exemplars_of(index: int, row: dict) -> list[dict]:  # an exemplar's own prompt takes another row
+        return (prompts.gsm8k_exemplars(train, leaving_out=index)
+                if rows is train and any(row is exemplar for exemplar in exemplars) else exemplars)
+
+    return [Problem(f"{name}-{i}", prompts.gsm8k_prompt(row["question"], exemplars_of(i, row)),
                     prompts.gsm8k_final_answer(row["answer"]), "gsm8k")
-            for i, row in enumerate(prompts.load_gsm8k(split, data_dir))]
+            for i, row in enumerate(rows)]
 
 
 def jsonl_problems(path: str | Path, task: str, rendered_prompts: bool = False) -> list[Problem]:
