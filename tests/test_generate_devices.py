@@ -48,7 +48,31 @@ def test_cpu_device_samples_what_auto_samples_here(prompt_run, tmp_path):
     assert outputs["auto"] == outputs["cpu"]
 
 
-def test_flags_reach_the_sampling_settings(prompt_run):
+@pytest.fixture
+def vllm_importable(monkeypatch):
+    """vLLM importable, as on a GPU machine with requirements-vllm.txt (this environment has none)."""
+    real_find_spec = generate.importlib.util.find_spec
+    monkeypatch.setattr(generate.importlib.util, "find_spec",
+                        lambda name, *rest: object() if name == "vllm" else real_find_spec(name, *rest))
+
+
+def test_the_vllm_backend_is_refused_where_it_cannot_sample(prompt_run, tmp_path, capsys, request):
+    """Before anything is read or logged: without vLLM the import failed in a traceback once the
+    sample log was written; on the CPU, with vLLM installed, it would not sample at all."""
+    out = tmp_path / "o.jsonl"
+    args = [*prompt_run, "--backend", "vllm", "--device", "cpu", "--out", str(out)]
+    assert generate.main(args) == 1
+    assert capsys.readouterr().err == ("nemo-topr generate: --backend vllm: vLLM is not installed in this environment "
+                                       "(pip install -r requirements-vllm.txt); --backend transformers, or auto, "
+                                       "samples without it\n")
+    request.getfixturevalue("vllm_importable")
+    assert generate.main(args) == 1
+    assert capsys.readouterr().err == ("nemo-topr generate: --backend vllm samples on GPUs: it needs --device cuda (or "
+                                       "auto on a machine with one)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_flags_reach_the_sampling_settings(prompt_run, vllm_importable):
     args = generate.build_parser().parse_args([*prompt_run, "--tensor-parallel-size", "8", "--backend", "vllm",
                                                "--device", "cuda", "--out", "x.jsonl"])
     settings = generate.settings_from_args(args, "math")

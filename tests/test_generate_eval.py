@@ -2,6 +2,7 @@
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,18 @@ def test_records_eval_grades_each_record_for_its_own_task(tmp_path, capsys):
     assert json.loads(out.read_text())["metrics"]["pass@1"] == 0.5  # hand-graded: one of two says 250
     assert evaluate.main(["--records", str(graded), "--task", "gsm8k", "--out", str(out), "--overwrite"]) == 0
     capsys.readouterr()
+    for score in (float("nan"), -0.5, "0.2", True, float("inf")):  # NaN won every vote for the first answer
+        scored = tmp_path / "scored.jsonl"
+        scored.write_text("\n".join([record(0, " The answer is 250.", verifier_score=0.9),
+                                     record(1, " The answer is 12.", verifier_score=score)]) + "\n")
+        assert evaluate.main(["--records", str(scored), "--out", str(tmp_path / "s.json")]) == 1
+        assert capsys.readouterr().err == (f"nemo-topr eval: {scored}:2: meta.verifier_score: expected a finite "
+                                           "number >= 0, the sample's weight in the vote (`nemo-topr verifier score` "
+                                           f"writes P(Yes)); got {score!r}\n")
+    for limit in ("-1", "0"):  # `--limit -1` evaluated all but the last problem without a word
+        assert evaluate.main(["--records", str(graded), "--limit", limit, "--out", str(tmp_path / "l.json")]) == 1
+        assert capsys.readouterr().err == f"nemo-topr eval: --limit must be at least 1; got {limit}\n"
+    assert not (tmp_path / "l.json").exists()
     # --task that contradicts a record: MATH's grader on GSM8K samples, which used to pass unsaid
     assert evaluate.main(["--records", str(graded), "--task", "math", "--out", str(tmp_path / "m.json")]) == 1
     assert capsys.readouterr().err == (f"nemo-topr eval: {graded}:1: meta.task: is 'gsm8k' but --task is 'math': "
@@ -479,6 +492,50 @@ def test_a_sample_log_of_prompts_edited_since_is_not_resumed(monkeypatch, tmp_pa
         assert sampler.asked == [] and not out.exists()
     prompts.write_text(original)  # as logged: resumed
     assert generate.main(args) == 0 and sampler.asked == [2]
+
+
+def test_a_sample_log_graded_for_another_task_is_graded_again_on_resume(monkeypatch, tmp_path, capsys):
+    """--task is not a sampling option (the stop strings it implies are): a rerun with --task gsm8k
+    after a crashed --task math run took the MATH grader's verdicts under the gsm8k label. The logged
+    prompts are now graded again, so the result is what a fresh gsm8k run of the same samples gives."""
+    # graded apart by the two graders (by hand: MATH reads \boxed only, GSM8K "The answer is" and the
+    # last number, so 10/2 is 10 to it)
+    monkeypatch.setattr(sys.modules[__name__], "BOXED", ["The answer is 5.", "so \\boxed{\\frac{10}{2}}"])
+    _, out, log, args = _crashed_generate(monkeypatch, tmp_path, prompts=3, crash_after=2, first_options=["--no-stop"])
+    as_gsm8k = [*args[:args.index("--task")], "--task", "gsm8k", *args[args.index("--task") + 2:], "--no-stop"]
+    math_grades = [[s["grade"] for s in json.loads(line)["samples"]] for line in log.read_text().splitlines()[1:]]
+    capsys.readouterr()
+    monkeypatch.setattr(generate, "iter_completions", FixedSampler())
+    assert generate.main(as_gsm8k) == 0
+    assert ("nemo-topr generate: 2 logged prompts graded again as gsm8k (2 graded as math); the log now holds these "
+            "grades\n") in capsys.readouterr().err
+    fresh = tmp_path / "fresh.jsonl"
+    fresh_args = [*as_gsm8k[:as_gsm8k.index("--out")], "--out", str(fresh), *as_gsm8k[as_gsm8k.index("--out") + 2:]]
+    assert generate.main(fresh_args) == 0
+    assert out.read_text() == fresh.read_text()  # records: rewards and meta.grade of the gsm8k grader
+    logged = [json.loads(line) for line in log.read_text().splitlines()[1:]]
+    assert [row["samples"] for row in logged] == [json.loads(line)["samples"] for line in
+                                                   (tmp_path / "fresh.jsonl.samples").read_text().splitlines()[1:]]
+    assert {row["task"] for row in logged} == {"gsm8k"}
+    assert math_grades == [["invalid", "correct"]] * 2
+    assert [[s["grade"] for s in row["samples"]] for row in logged] == [["correct", "wrong"]] * 3
+
+
+def test_a_sample_log_line_without_its_task_is_graded_again(tmp_path):
+    """A log written before its lines named their task: which grader graded it cannot be told."""
+    from nemo_topr.evaluation.sample_log import SampleLog, _identity
+
+    problem, log = Problem("q0", "What is 2+3?", "5", "gsm8k"), tmp_path / "graded.jsonl.samples"
+    identity = {key: value for key, value in _identity(problem).items() if key != "task"}
+    sample = {"text": " The answer is 5.", "sampler_logprob": None, "answer": None, "grade": "invalid",
+              "grader_error": None}
+    log.write_text(json.dumps({"options": {}}) + "\n" +
+                   json.dumps({"index": 0, "prompt_id": "q0", **identity, "samples": [sample]}) + "\n")
+    resumed = SampleLog(log, {}, [problem])
+    assert resumed.regraded == {None: 1}
+    assert [(s.answer, s.grade) for s in resumed.done[0]] == [("5", "correct")]  # by hand: "5" against "5"
+    assert json.loads(log.read_text().splitlines()[1])["task"] == "gsm8k"
+    assert SampleLog(log, {}, [problem]).regraded == {}  # rewritten: graded once
 
 
 def test_a_sample_log_whose_lines_cannot_show_the_prompts_is_not_resumed(tmp_path):

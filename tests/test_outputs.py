@@ -126,14 +126,19 @@ def tiny_model(tmp_path_factory):
                                   ["verifier", "score", "--model", "{model}", "--records", "{data}", "--out", "{data}",
                                    "--device", "cpu"],
                                   ["generate", "--prompts", "{data}", "--task", "gsm8k", "--model", "{model}",
-                                   "--max-new-tokens", "4", "--device", "cpu", "--out", "{data}"]],
-                         ids=["curate", "score-logprobs", "verifier-build", "verifier-score", "generate"])
+                                   "--max-new-tokens", "4", "--device", "cpu", "--out", "{data}"],
+                                  ["eval", "--prompts", "{data}", "--task", "gsm8k", "--model", "{model}",
+                                   "--max-new-tokens", "4", "--device", "cpu", "--out", "{data}.json",
+                                   "--samples-out", "{data}", "--overwrite"]],
+                         ids=["curate", "score-logprobs", "verifier-build", "verifier-score", "generate",
+                              "eval-samples-out"])
 def test_each_command_refuses_to_write_its_records_over_its_input(tmp_path, tiny_model, verb):
     """Curating, or scoring with --no-strict, into the input itself would lose the records it
     drops, and generating into the prompts file would lose the prompts: every command that reads
-    records or prompts and writes records refuses, before any model loads."""
+    records or prompts and writes records refuses, before any model loads, --overwrite or not
+    (`eval --samples-out` replaced its prompts file with the graded samples)."""
     data = tmp_path / "graded.jsonl"
-    if verb[0] == "generate":  # its input is prompts, which it would replace with graded records
+    if verb[0] in ("generate", "eval"):  # its input is prompts, which it would replace with graded records
         data.write_text('{"prompt": "1+1=", "reference_answer": "2", "prompt_id": "p0"}\n')
     else:
         data.write_bytes((REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl").read_bytes())

@@ -128,6 +128,26 @@ def test_build_and_score_refuse_special_tokens_the_judge_prompt_would_hold_namin
         assert capsys.readouterr().err.count(f"{data}:2: {field}: holds Llama 3's special token {token!r}") == 2
 
 
+@pytest.mark.parametrize("messages", [[{"role": "system", "content": "Solve: 2+2"}],
+                                      [{"role": "User", "content": "Solve: 2+2"}]], ids=["system-only", "User"])
+def test_build_and_score_refuse_messages_without_a_user_turn_naming_row_and_field(model_dir, tmp_path, capsys,
+                                                                                messages):
+    """The judge reads the last user message as the problem; without one, both verbs ended in an
+    IndexError traceback."""
+    first = [{"role": "user", "content": "What is 1+1?"}]
+    data = write_records([graded(first, " 2", 1.0, prompt_id="p"), graded(messages, " 4", -1.0)],
+                         tmp_path / "graded.jsonl")
+    out = tmp_path / "judge.jsonl"
+    assert verifier.main(["build", "--graded", str(data), "--out", str(out)]) == 1
+    assert verifier.main(["score", "--model", str(model_dir), "--records", str(data), "--out", str(out),
+                          "--device", "cpu"]) == 1
+    roles = [message["role"] for message in messages]
+    assert capsys.readouterr().err == 2 * (f"nemo-topr verifier: {data}:2: prompt: has no user message (roles "
+                                           f"{roles}), whose text the verifier's judge reads as the problem: give the "
+                                           "problem as a message with role \"user\"\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graded.jsonl"]
+
+
 # ---------------------------------------------------------------------------------------------
 # P(Yes)
 

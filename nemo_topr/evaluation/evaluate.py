@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -42,6 +43,7 @@ from nemo_topr.evaluation.generate import (
     GradedCompletion,
     Problem,
     add_sampling_arguments,
+    check_limit,
     graded_records,
     load_problems,
     logged_sample_and_grade,
@@ -123,12 +125,16 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
         if reference != first_reference:
             raise record.error("meta.reference_answer", f"{reference!r}, but {first_reference!r} for prompt "
                                                         f"{record.prompt_name!r} at {first.path}:{first.line}")
+        score = meta.get("verifier_score")
+        if score is not None and not (isinstance(score, (int, float)) and not isinstance(score, bool)
+                                      and 0 <= score < math.inf):  # NaN too: it lost every comparison of the vote
+            raise record.error("meta.verifier_score", f"expected a finite number >= 0, the sample's weight in the "
+                                                      f"vote (`nemo-topr verifier score` writes P(Yes)); got {score!r}")
         result = graded_answer(record_task, record.completion, reference)
         results.append(result)
         samples = by_prompt.setdefault(record.prompt_key, [])
         if result.grade != "error":
-            samples.append((record.sample_id,
-                            SampleOutcome(result.answer, result.grade == "correct", meta.get("verifier_score"))))
+            samples.append((record.sample_id, SampleOutcome(result.answer, result.grade == "correct", score)))
         empty = meta.get("empty_sample_ids", [])
         if not (isinstance(empty, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in empty)
                 and (not empty or isinstance(record.sample_id, int))):
@@ -270,6 +276,7 @@ def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _evaluate_records(args: argparse.Namespace, records: list[Record]) -> dict[str, Any]:
+    check_limit(args.limit)  # `problems[:-1]` would drop the last problem without a word
     task, problems, grader_errors = outcomes_of_records(records, args.task, args.max_grader_error_rate)
     problems = problems[: args.limit]
     scored, voters = scored_voters(problems)
@@ -348,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                           "the sample log beside --out": None if args.records else log_path(args.out)})
         writable_output_file(markdown, "--out's Markdown", inputs=inputs, overwrite=args.overwrite)
         if args.samples_out:
-            writable_records_file(args.samples_out, "--samples-out", overwrite=args.overwrite)
+            writable_records_file(args.samples_out, "--samples-out", inputs=inputs, overwrite=args.overwrite)
         results = _evaluate_records(args, records.records) if args.records else _evaluate_model(args)
     except (OSError, ValueError) as error:  # DataError is a ValueError
         print(f"nemo-topr eval: {error}", file=sys.stderr)

@@ -194,7 +194,7 @@ def _problem_of_row(path: str | Path, number: int, row: object, task: str, rende
     return Problem(str(prompt_id), RenderedPrompt(prompt) if rendered_prompts else prompt, str(answer), task)
 
 
-def _check_limit(limit: int | None) -> None:
+def check_limit(limit: int | None) -> None:
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be at least 1; got {limit}")
 
@@ -202,7 +202,7 @@ def _check_limit(limit: int | None) -> None:
 def load_problems(source: str, *, task: str | None = None, data_dir: str | Path | None = None,
                   limit: int | None = None, rendered_prompts: bool = False) -> list[Problem]:
     """The first `limit` problems of a benchmark name or of a JSONL file (which needs `task`)."""
-    _check_limit(limit)
+    check_limit(limit)
     if source in BENCHMARKS:
         if rendered_prompts:
             raise ValueError(f"--rendered-prompts is for a prompt file of rendered prompts; {source}'s are plain text")
@@ -241,7 +241,13 @@ def trim_at_stop(text: str, stop_strings: Sequence[str]) -> str:
 
 
 def choose_backend(backend: str, device: str) -> str:
-    """`auto`: vLLM when it is importable and the device is cuda, else `transformers`."""
+    """`auto`: vLLM when it is importable and the device is cuda, else `transformers`. `vllm`
+    where vLLM is not installed, or with --device cpu, is refused (ValueError)."""
+    if backend == "vllm" and not importlib.util.find_spec("vllm"):
+        raise ValueError("--backend vllm: vLLM is not installed in this environment (pip install -r "
+                         "requirements-vllm.txt); --backend transformers, or auto, samples without it")
+    if backend == "vllm" and device == "cpu":
+        raise ValueError("--backend vllm samples on GPUs: it needs --device cuda (or auto on a machine with one)")
     if backend != "auto":
         return backend
     return "vllm" if importlib.util.find_spec("vllm") and device == "cuda" else "transformers"
@@ -507,7 +513,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, num_samples: int)
 def check_sampling_args(args: argparse.Namespace) -> None:
     """The sampling options' values (ValueError), before anything is loaded; `iterate` checks its
     generate and eval stages' options with it at its start."""
-    _check_limit(args.limit)
+    check_limit(args.limit)
     for flag in ("num_samples", "max_new_tokens", "top_k", "tensor_parallel_size"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1; got {getattr(args, flag)}")
@@ -524,7 +530,8 @@ def check_sampling_args(args: argparse.Namespace) -> None:
     if args.temperature == 0 and args.num_samples != 1:
         raise ValueError(f"--temperature 0 is greedy decoding, one completion per prompt: --num-samples 1 "
                          f"(got {args.num_samples})")
-    if args.tensor_parallel_size != 1 and choose_backend(args.backend, args.device) == "transformers":
+    backend = choose_backend(args.backend, args.device)  # vLLM missing or on the CPU: refused before anything loads
+    if args.tensor_parallel_size != 1 and backend == "transformers":
         raise ValueError(TRANSFORMERS_ON_ONE_DEVICE)  # before the sample log records a size no sampling used
     if args.temperature == 0 and args.sampler_logprobs:
         raise ValueError("--sampler-logprobs with --temperature 0: greedy decoding samples from no distribution "
@@ -597,6 +604,11 @@ def logged_sample_and_grade(args: argparse.Namespace, problems: list[Problem], s
     if log.done:
         print(f"{what}: resuming: {len(log.done)} of {len(problems)} prompts already sampled in {log.path}",
               file=sys.stderr)
+    if log.regraded:
+        graded_for = ", ".join(f"{lines} graded as {task}" if task else f"{lines} logged without their task"
+                               for task, lines in log.regraded.items())
+        print(f"{what}: {sum(log.regraded.values())} logged prompts graded again as {problems[0].task} "
+              f"({graded_for}); the log now holds these grades", file=sys.stderr)
     graded = sample_and_grade(args.model, problems, settings, args.backend, device, log=log, what=what)
     grades = Counter(sample.grade for samples in graded for sample in samples)
     print(f"{len(problems)} prompts x {settings.num_samples} samples: " + ", ".join(f"{grades[g]} {g}" for g in GRADES))

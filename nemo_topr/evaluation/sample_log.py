@@ -7,9 +7,12 @@ with what the grader raised). A crash or a time limit loses at most the prompt i
 same command resumes after the last complete line, and refuses options other than the logged
 ones (a log without a finished prompt, from a run that failed before sampling, starts over), and a
 prompt whose text or reference answer changed since it was logged (each line holds the text's
-SHA-256 and the reference: the samples answer the text, and their grades follow the reference). The
-log is kept after the command ends: it is the only place that holds the samples the grader failed
-on, and a rerun reads it instead of sampling again.
+SHA-256 and the reference: the samples answer the text, and their grades follow the reference).
+Each line names the task whose grader graded it: a line of another task, or from before lines
+named it, is graded again with this command's grader and rewritten (the samples do not depend on
+the task; the stop strings that do are among the options). The log is kept after the command
+ends: it is the only place that holds the samples the grader failed on, and a rerun reads it
+instead of sampling again.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem
+from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem, grade_completions
 from nemo_topr.outputs import OutputWriteError, filesystem_remedy, write_whole
 
 
@@ -42,9 +45,11 @@ def _sample_of(row: dict[str, Any]) -> GradedCompletion:
 
 
 def _identity(problem: Problem) -> dict[str, str]:
-    """What a prompt's logged samples and grades hold for: its text (a digest) and its reference."""
+    """What a prompt's logged samples and grades hold for: its text (a digest), its reference and
+    the task whose grader graded them."""
     text = json.dumps(problem.prompt, sort_keys=True, ensure_ascii=False)
-    return {"prompt_sha256": hashlib.sha256(text.encode()).hexdigest(), "reference_answer": problem.reference_answer}
+    return {"prompt_sha256": hashlib.sha256(text.encode()).hexdigest(), "reference_answer": problem.reference_answer,
+            "task": problem.task}
 
 
 def logged_samples(path: Path) -> list[list[GradedCompletion]]:
@@ -59,6 +64,7 @@ class SampleLog:
     def __init__(self, path: Path, options: dict[str, Any], problems: list[Problem]):
         self.path = path
         self.done: dict[int, list[GradedCompletion]] = {}
+        self.regraded: dict[str | None, int] = {}  # {the task a line was graded for: lines graded again}
         if path.exists():
             self._resume(options, problems)
         else:  # whole or not at all: a log cut in its first line would not resume
@@ -77,13 +83,21 @@ class SampleLog:
             details = "; ".join(f"{key}: {logged.get(key)!r} then, {options.get(key)!r} now" for key in changed)
             raise SampleLogError(f"{self.path} holds samples drawn with other options ({details}): rerun with the "
                                  "logged options to resume, or choose another --out (or delete the log to start over)")
-        for number, line in enumerate(lines[1:], start=2):
-            row = json.loads(line)
+        rows = [json.loads(line) for line in lines[1:]]
+        for number, row in enumerate(rows, start=2):
             index = row["index"]
             if index < len(problems):
-                self._check_same_problem(number, index, row, problems[index])
-                self.done[index] = [_sample_of(sample) for sample in row["samples"]]
-        if len(complete) < len(text):
+                problem = problems[index]
+                self._check_same_problem(number, index, row, problem)
+                samples = [_sample_of(sample) for sample in row["samples"]]
+                if row.get("task") != problem.task:  # graded for another task (--task changed), or unnamed
+                    self.regraded[row.get("task")] = self.regraded.get(row.get("task"), 0) + 1
+                    samples = grade_completions(problem, [sample.completion for sample in samples])
+                    row |= {"task": problem.task, "samples": [_sample_row(sample) for sample in samples]}
+                self.done[index] = samples
+        if self.regraded:  # whole or not at all, as the first line: `iterate` counts the log's grades
+            write_whole(self.path, "".join(json.dumps(row) + "\n" for row in [{"options": logged}, *rows]))
+        elif len(complete) < len(text):
             self.path.write_text(complete, encoding="utf-8")
 
     def _check_same_problem(self, number: int, index: int, row: dict[str, Any], problem: Problem) -> None:

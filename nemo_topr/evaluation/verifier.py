@@ -74,6 +74,10 @@ def judge_prompt(record: Record) -> str:
     """What the verifier reads before answering " Yes" or " No". A special token left in the
     problem or written in the completion is refused: tokenized inside the judge's own turn, it
     would be read as the token, and `train` refuses the judge data that holds it."""
+    if not isinstance(record.prompt, str) and not any(message["role"] == "user" for message in record.prompt):
+        roles = [message["role"] for message in record.prompt]
+        raise record.error("prompt", f"has no user message (roles {roles}), whose text the verifier's judge reads as "
+                                     "the problem: give the problem as a message with role \"user\"")
     problem = judged_problem(record.prompt)
     for field, text in (("prompt", problem), ("completion", record.completion)):
         if match := LLAMA3_SPECIAL_TOKEN.search(text):
