@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 
 def at_least_one(text: str) -> int:
@@ -48,3 +49,10 @@ def share(text: str) -> float:
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be a share in [0, 1]; got {text}")
     return value
+
+
+def documented(doc: str) -> dict[str, Any]:
+    """ArgumentParser keywords for a verb whose module docstring is its help: the first paragraph as
+    the description, the rest as the epilog (the whole docstring there printed that paragraph twice)."""
+    description, _, rest = doc.partition("\n\n")
+    return {"description": description, "epilog": rest or None, "formatter_class": argparse.RawDescriptionHelpFormatter}

@@ -41,3 +41,17 @@ def test_ctrl_c_stops_a_verb_in_one_line_with_the_shells_status(monkeypatch, cap
     monkeypatch.setattr("nemo_topr.data.cli.main", interrupted)
     assert main(["data", "validate", "graded.jsonl"]) == 130
     assert capsys.readouterr().err == "nemo-topr data: interrupted\n"
+
+
+def test_no_verbs_help_says_a_line_twice(capsys):
+    """`eval`, `verifier` and `iterate` printed their docstring's first paragraph as the description
+    and again at the top of the epilog (the whole docstring)."""
+    import contextlib
+
+    from nemo_topr.cli import VERBS
+
+    for verb in VERBS:
+        with contextlib.suppress(SystemExit):
+            main([verb, "--help"])
+        lines = [line.strip() for line in capsys.readouterr().out.splitlines() if len(line.strip()) > 40]
+        assert lines and len(lines) == len(set(lines)), (verb, [line for line in lines if lines.count(line) > 1])

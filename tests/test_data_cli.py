@@ -174,6 +174,15 @@ def test_curate_anna_karenina_and_bad_settings(tmp_path, capsys):
         main(["data", "curate", str(SCORED), "--anna-karenina", "--target-p", "0.2", "--out", str(out)])
     assert main(["data", "curate", str(SCORED), "--target-p-tilde", "0.2", "--baseline", "1", "--out", str(out)]) == 1
     assert "baseline must be in (-1, 1)" in capsys.readouterr().err
+    # usage errors naming the flag: --seed -1 drew what --seed 1 draws (random.Random takes |seed|)
+    for option, value, message in (("--seed", "-1", "must be at least 0; got -1"),
+                                   ("--target-p", "1.5", "must be a share in [0, 1]; got 1.5"),
+                                   ("--target-p-tilde", "nan", "must be a share in [0, 1]; got nan")):
+        extra = [] if option != "--seed" else ["--target-p", "0.3"]
+        with pytest.raises(SystemExit) as usage:
+            main(["data", "curate", str(SCORED), *extra, option, value, "--out", str(tmp_path / "x.jsonl")])
+        assert usage.value.code == 2 and f"argument {option}: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()
 
 
 def _graded_01(tmp_path: Path) -> Path:

@@ -162,6 +162,23 @@ def test_eval_refuses_options_its_mode_would_ignore(options, message, tmp_path, 
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("verb, options", [
+    (generate.main, ["--prompts", "gsm8k-test", "--task", "math", "--out", "g.jsonl"]),
+    (evaluate.main, ["--benchmark", "gsm8k", "--task", "math", "--out", "r.json"]),
+    (evaluate.main, ["--prompts", "math500", "--task", "gsm8k", "--out", "r.json"]),
+], ids=["generate", "eval-benchmark", "eval-prompts"])
+def test_a_task_that_contradicts_the_benchmark_is_refused(verb, options, tmp_path, monkeypatch, capsys):
+    """It was ignored: GSM8K's problems graded by GSM8K's grader under `--task math`, unsaid."""
+    monkeypatch.chdir(tmp_path)
+    model = placeholder_hf_model(tmp_path / "model")
+    assert verb([*options, "--model", str(model), "--limit", "1", "--device", "cpu"]) == 1
+    source, task = ("math500", "gsm8k") if "math500" in options else ("gsm8k-test", "math")
+    graded_as = "math" if source == "math500" else "gsm8k"
+    assert capsys.readouterr().err.endswith(f"--task {task}: {source}'s problems are graded as {graded_as}; drop "
+                                            "--task (a benchmark sets its own)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
 def test_records_eval_grades_each_record_for_its_own_task(tmp_path, capsys):
     def record(sample_id, completion, task="gsm8k", **meta):
         return json.dumps({"prompt": "Q: 200 + 50?", "completion": completion, "reward": 1.0, "prompt_id": "p0",
@@ -319,6 +336,11 @@ def test_plot_refuses_what_it_cannot_draw_naming_the_file(tmp_path, capsys):
         ([str(records)], f"{records}: not JSON (Extra data: line 2 column 1"),
         ([str(tmp_path / "doctor.json")], f"{tmp_path / 'doctor.json'}: not a result of `nemo-topr eval`"),
         ([str(tmp_path / "r9.json")], f"{tmp_path / 'r9.json'}: cannot be read (No such file or directory)"),
+        # a null ended in a TypeError, a string was drawn as a point, a list as task in a TypeError
+        ([result("n.json", "gsm8k", **{"pass@1": None})], f"{tmp_path / 'n.json'}: metrics.pass@1: None is no rate"),
+        ([result("s.json", "gsm8k", **{"pass@1": "0.5"})], f"{tmp_path / 's.json'}: metrics.pass@1: '0.5' is no rate"),
+        ([result("p.json", "gsm8k", **{"pass@1": 35.0})], f"{tmp_path / 'p.json'}: metrics.pass@1: 35.0 is no rate"),
+        ([result("t.json", ["gsm8k"], **{"pass@1": 0.1})], f"{tmp_path / 't.json'}: task: ['gsm8k'] is no task"),
     ]
     for paths, message in cases:
         assert evaluate.main(["--plot", *paths, "--out", str(plot)]) == 1

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from nemo_topr.arguments import at_least_one, finite
+from nemo_topr.arguments import at_least_one, finite, non_negative, share
 from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records
 from nemo_topr.outputs import add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file
 
@@ -196,14 +196,15 @@ def build_parser() -> argparse.ArgumentParser:
     curate = verbs.add_parser("curate", help="sub-sample and de-duplicate into a new JSONL dataset")
     _add_input_arguments(curate)
     mode = curate.add_mutually_exclusive_group()
-    mode.add_argument("--target-p", type=float, help="share of positives to reach")
-    mode.add_argument("--target-p-tilde", type=float, help="effective share of positives to reach at --baseline")
+    mode.add_argument("--target-p", type=share, help="share of positives to reach")
+    mode.add_argument("--target-p-tilde", type=share, help="effective share of positives to reach at --baseline")
     mode.add_argument("--anna-karenina", action="store_true", help="per prompt, the first positive plus all negatives")
     _add_baseline_argument(curate)
     curate.add_argument("--per-prompt", action="store_true", help="spread the sub-sampling evenly over prompts")
     curate.add_argument("--dedup", action=argparse.BooleanOptionalAction, default=True,
                         help="drop exact duplicate (prompt, completion) pairs first (default on)")
-    curate.add_argument("--seed", type=int, default=0)
+    # >= 0: Python's random.Random seeds with |seed|, so --seed -1 drew what --seed 1 draws
+    curate.add_argument("--seed", type=non_negative, default=0, help="seed of the sub-sampling (default: 0)")
     curate.add_argument("--out", type=Path, required=True, help="output JSONL file")
     curate.add_argument("--stats", type=Path, help="stats JSON (default: OUT with suffix .stats.json)")
     add_overwrite_argument(curate)

@@ -37,6 +37,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from nemo_topr.arguments import documented
 from nemo_topr.data.records import DataError, Record, load_records, write_jsonl
 from nemo_topr.evaluation.generate import (
     BENCHMARKS,
@@ -218,6 +219,11 @@ def read_round_results(result_paths: Sequence[Path]) -> list[dict[str, Any]]:
         if not (isinstance(result, dict) and isinstance(result.get("metrics"), dict) and "task" in result):
             raise ValueError(f"{path}: not a result of `nemo-topr eval` (no task and metrics): give the results "
                              "JSON its --out wrote")
+        if result["task"] not in TASKS:
+            raise ValueError(f"{path}: task: {result['task']!r} is no task of `nemo-topr eval` ({'|'.join(TASKS)})")
+        for name, value in result["metrics"].items():  # a null or a string ended in a TypeError, or was drawn
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):
+                raise ValueError(f"{path}: metrics.{name}: {value!r} is no rate in [0, 1] as `nemo-topr eval` writes")
         results.append(result)
     if len({result["task"] for result in results}) > 1:
         raise ValueError("--plot: the results are of different tasks (" + ", ".join(
@@ -261,8 +267,8 @@ def plot_rounds(result_paths: Sequence[Path], out: Path, metrics: Sequence[str] 
 
 def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
     if args.benchmark:
-        source, problems = args.benchmark, load_problems(EVAL_BENCHMARKS[args.benchmark], data_dir=args.data_dir,
-                                                         limit=args.limit)
+        source, problems = args.benchmark, load_problems(EVAL_BENCHMARKS[args.benchmark], task=args.task,
+                                                         data_dir=args.data_dir, limit=args.limit)
     else:
         source, problems = prompt_source(args.prompts), prompt_problems(args)
     settings, graded, grader_errors = logged_sample_and_grade(args, problems, source, args.out, "nemo-topr eval")
@@ -288,8 +294,7 @@ def _evaluate_records(args: argparse.Namespace, records: list[Record]) -> dict[s
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nemo-topr eval", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(prog="nemo-topr eval", **documented(__doc__))
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--benchmark", choices=sorted(EVAL_BENCHMARKS), help="sample and grade a model (needs --model)")
     mode.add_argument("--prompts", help="the same on a JSONL file of {prompt, reference_answer, prompt_id} (with "

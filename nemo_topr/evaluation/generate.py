@@ -207,6 +207,9 @@ def load_problems(source: str, *, task: str | None = None, data_dir: str | Path 
         if rendered_prompts:
             raise ValueError(f"--rendered-prompts is for a prompt file of rendered prompts; {source}'s are plain text")
         problems = benchmark_problems(source, data_dir)
+        if task is not None and task != problems[0].task:  # was ignored: graded as the benchmark, unsaid
+            raise ValueError(f"--task {task}: {source}'s problems are graded as {problems[0].task}; drop --task (a "
+                             "benchmark sets its own)")
     elif Path(source).is_dir():
         raise ValueError(f"{source}: a directory; --prompts takes a JSONL file or a benchmark name "
                          f"({', '.join(BENCHMARKS)}), whose local copy (JSONL files or a save_to_disk dataset) "
