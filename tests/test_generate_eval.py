@@ -467,7 +467,7 @@ def test_generate_writes_as_it_goes_and_resumes_where_it_stopped(monkeypatch, tm
                                        "or choose another path\n")
     assert generate.main([*args, "--out", str(out), "--seed", "1", "--overwrite"]) == 1  # nor other samples' log
     err = capsys.readouterr().err
-    assert f"{log} holds samples drawn with other options (settings: " in err and "'seed': 0" in err
+    assert f"{log} holds samples drawn with other options (settings.seed: 0 then, 1 now): rerun" in err
     assert resumed.asked == [3, 4] and out.read_bytes() == before
 
     (model / "model.safetensors").write_text('{"re-exported": 1}')  # other weights under the same path

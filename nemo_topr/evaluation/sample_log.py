@@ -52,6 +52,18 @@ def _identity(problem: Problem) -> dict[str, str]:
             "task": problem.task}
 
 
+def _differences(logged: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+    """Each option that differs, a nested one by its dotted name (`settings.seed`), not the whole section."""
+    differences = []
+    for key in sorted(logged.keys() | now.keys()):
+        then, current = logged.get(key), now.get(key)
+        if isinstance(then, dict) and isinstance(current, dict):
+            differences += _differences(then, current, f"{prefix}{key}.")
+        elif then != current:
+            differences.append(f"{prefix}{key}: {then!r} then, {current!r} now")
+    return differences
+
+
 def logged_samples(path: Path) -> list[list[GradedCompletion]]:
     """The graded samples of each prompt the log holds, in the order they were logged."""
     lines = path.read_text(encoding="utf-8").splitlines()[1:]
@@ -79,8 +91,7 @@ class SampleLog:
             write_whole(self.path, json.dumps({"options": options}) + "\n")
             return
         if logged != options:
-            changed = sorted(key for key in {**logged, **options} if logged.get(key) != options.get(key))
-            details = "; ".join(f"{key}: {logged.get(key)!r} then, {options.get(key)!r} now" for key in changed)
+            details = "; ".join(_differences(logged, options))
             raise SampleLogError(f"{self.path} holds samples drawn with other options ({details}): rerun with the "
                                  "logged options to resume, or choose another --out (or delete the log to start over)")
         rows = [json.loads(line) for line in lines[1:]]
