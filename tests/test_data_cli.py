@@ -301,6 +301,9 @@ def test_data_validate_warns_when_every_advantage_is_zero(tmp_path, capsys):
     assert "advantage R - c is 0" not in capsys.readouterr().err
 
 
-def test_validate_max_seq_length_without_a_tokenizer_is_a_usage_error(capsys):
-    assert main(["data", "validate", str(SCORED), "--max-seq-length", "16"]) == 2
-    assert "--max-seq-length needs --tokenizer" in capsys.readouterr().err
+@pytest.mark.parametrize("option", [["--max-seq-length", "16"], ["--too-long", "drop"]], ids=["limit", "too-long"])
+def test_validate_length_options_without_a_tokenizer_are_a_usage_error(capsys, option):
+    """--too-long without --tokenizer was ignored: nothing counts the tokens."""
+    assert main(["data", "validate", str(SCORED), *option]) == 2
+    assert capsys.readouterr().err == (f"nemo-topr data validate: {option[0]} needs --tokenizer (lengths are counted "
+                                       "in tokens)\n")

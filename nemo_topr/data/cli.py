@@ -66,10 +66,11 @@ def _tokenize(args: argparse.Namespace, records: RecordSet, **limits):
 
 
 def _validate(args: argparse.Namespace) -> int:
-    if args.max_seq_length is not None and args.tokenizer is None:
-        print("nemo-topr data validate: --max-seq-length needs --tokenizer (lengths are counted in tokens)",
-              file=sys.stderr)
-        return 2
+    for option, value in (("--max-seq-length", args.max_seq_length), ("--too-long", args.too_long)):
+        if value is not None and args.tokenizer is None:  # --too-long alone was ignored without a word
+            print(f"nemo-topr data validate: {option} needs --tokenizer (lengths are counted in tokens)",
+                  file=sys.stderr)
+            return 2
     records = _load(args)
     if args.tokenizer is not None:
         from nemo_topr.model_source import context_of
