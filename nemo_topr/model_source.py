@@ -23,7 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from nemo_topr.training.checkpoints import TRACKER, iteration_dir_name, latest_iteration, saved_iterations
+from nemo_topr.training.checkpoints import (TRACKER, DamagedCheckpointError, iteration_dir_name, latest_iteration,
+                                            saved_iterations)
 
 HF_ARTIFACTS = "hf_artifacts"  # config.json, tokenizer files, generation_config.json of the model
 HF_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
@@ -244,7 +245,10 @@ def _run_source(run_dir: Path, iteration: int | None, *, given: str, named: str)
 def _megatron_source(root: Path, iteration: int | None, *, kind: str, shown: Path, named: str) -> ModelSource:
     """A checkpoint root and an iteration in it (None: the latest), checked complete."""
     if iteration is None:
-        iteration = latest_iteration(root)
+        try:
+            iteration = latest_iteration(root)
+        except DamagedCheckpointError as error:
+            raise ModelSourceError(f"{named}{shown}: {error}") from None
         if iteration is None:
             raise ModelSourceError(
                 f"{named}{shown}: unfinished or empty checkpoint: no {root / TRACKER} (Bridge writes it when "

@@ -5,11 +5,15 @@ checkpoints that are unfinished, carry no HF config or belong to another archite
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -212,6 +216,66 @@ def test_an_import_stopped_while_loading_leaves_no_directory_it_made(tiny, tmp_p
     assert sorted(tmp_path.rglob("*")) == ([tmp_path / "new", out] if users else [])
 
 
+# `nemo-topr import` whose save, once written, waits to be signalled; its children are listed first
+SAVED_THEN_WAITS = """
+import os, sys, time
+from pathlib import Path
+from nemo_topr import cpu_runtime
+cpu_runtime.enable_cpu_runtime()
+from megatron.bridge import AutoBridge
+from nemo_topr.training import import_checkpoint
+
+real_save = AutoBridge.save_megatron_model
+
+def save_then_wait(self, model, path, **kwargs):
+    real_save(self, model, path, **kwargs)
+    children = [pid for task in os.listdir("/proc/self/task")
+                for pid in open(f"/proc/self/task/{task}/children").read().split()]
+    Path(sys.argv[2] + ".children").write_text(" ".join(children))
+    time.sleep(600)
+
+AutoBridge.save_megatron_model = save_then_wait
+sys.exit(import_checkpoint.main([sys.argv[1], sys.argv[2]]))
+"""
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_killed_import_leaves_no_process_and_says_what_it_left(tiny, tmp_path, stop):
+    """Killed while it saved, the import left Megatron's writer-queue process and multiprocessing's
+    resource tracker running for good, holding its stdout and stderr: a caller reading them (a pipe,
+    `subprocess.run`) waited until its timeout. SIGTERM also left OUT half written, as SIGKILL must."""
+    out = tmp_path / "ckpt"
+    proc = subprocess.Popen([sys.executable, "-c", SAVED_THEN_WAITS, str(tiny / "hf"), str(out)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children = tmp_path / "ckpt.children"
+    try:
+        deadline = time.monotonic() + 300
+        while not children.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        time.sleep(0.2)  # the list written whole
+        assert len(children.read_text().split()) == 2  # the writer queue's manager and the resource tracker
+        proc.send_signal(stop)
+        _, stderr = proc.communicate(timeout=60)  # EOF: nothing holds the pipes
+    finally:
+        for pid in map(int, children.read_text().split() if children.exists() else []):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+    if stop == signal.SIGTERM:
+        assert (proc.returncode, stderr.splitlines()[-1]) == (
+            143, f"nemo-topr import: terminated (SIGTERM); what it wrote in {out} is removed"), stderr[-3000:]
+        assert not out.exists()
+    else:
+        assert proc.returncode == -9
+        (out / "latest_checkpointed_iteration.txt").unlink()  # as a kill before the save's end leaves it
+        rerun = nemo_topr("import", tiny / "hf", out, ok=False)
+        assert rerun.stderr.strip().splitlines()[-1] == (
+            f"nemo-topr import: {out}: exists and is not an empty directory; import writes a new checkpoint directory; "
+            "it holds an import cut short (hf_artifacts/ without latest_checkpointed_iteration.txt, which the save "
+            "writes last): remove it and import again")
+
+
 def test_a_bf16_import_stores_bf16_and_loads_into_the_fp32_cpu_runtime(tiny, scored, tmp_path):
     """Llama 3.1's config says bfloat16, so that is the default import dtype: half the bytes."""
     from torch.distributed.checkpoint import FileSystemReader
@@ -344,7 +408,13 @@ def _edit_config(path: Path, **changes) -> None:
     (lambda c: (c / "hf_artifacts" / "tokenizer.json").unlink(), r"no tokenizer \(tokenizer.json or tokenizer.model"),
     (lambda c: _edit_config(c / "hf_artifacts" / "config.json", num_hidden_layers=3, intermediate_size=256),
      r"architecture mismatch .*num_layers: checkpoint 2, .*num_hidden_layers=3; ffn_hidden_size: checkpoint 172"),
-], ids=["no_tracker", "no_metadata_json", "no_dcp_metadata", "no_hf_artifacts", "no_tokenizer", "other_architecture"])
+    # int()'s ValueError traceback in export, score-logprobs and train
+    (lambda c: (c / "latest_checkpointed_iteration.txt").write_text(""),
+     r"latest_checkpointed_iteration.txt names no iteration \(''\), .*saved iterations: \[0\]: write the one"),
+    (lambda c: (c / "latest_checkpointed_iteration.txt").write_text("release"),
+     r"latest_checkpointed_iteration.txt names no iteration \('release'\)"),
+], ids=["no_tracker", "no_metadata_json", "no_dcp_metadata", "no_hf_artifacts", "no_tokenizer", "other_architecture",
+        "empty_tracker", "release_tracker"])
 def test_a_broken_megatron_checkpoint_is_a_clear_error(imported, tmp_path, breaks, message):
     from nemo_topr.model_source import ModelSourceError, resolve
 

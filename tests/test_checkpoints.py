@@ -55,6 +55,33 @@ def test_killed_between_tracker_and_run_config_falls_back_to_previous(tmp_path):
     assert (tmp_path / "iter_0000010.incomplete").is_dir() and not (tmp_path / "iter_0000010").exists()
 
 
+@pytest.mark.parametrize("tracker", ["", "release\n"], ids=["emptied", "megatron-lm-release"])
+def test_a_tracker_naming_no_iteration_is_named_not_read_as_iteration_zero(tmp_path, tracker):
+    """Bridge writes the tracker in place (open "w", then the number): a full disk can leave it
+    empty. Read as 0, the start's repair found no iteration 0, removed the tracker and started the
+    run over from the pretrained model; now it is refused, naming the file and the saved iterations,
+    and nothing is moved. The verbs that read it ended in int()'s ValueError traceback."""
+    from nemo_topr.training.checkpoints import DamagedCheckpointError, latest_iteration
+    from nemo_topr.training.run_state import RunStateError, check_queued_start
+
+    for iteration in (1, 2):
+        _checkpoint(tmp_path / "checkpoints", iteration)
+    _point_latest(tmp_path / "checkpoints", 2)
+    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(tracker)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    message = (f"{tmp_path}/checkpoints/latest_checkpointed_iteration.txt names no iteration ({tracker.strip()!r}), "
+               "where the last complete save writes its number; saved iterations: [1, 2]: write the one to load "
+               "there (or give RUN@ITERATION, or DIR/iter_NNNNNNN)")
+    for read in (latest_iteration, ensure_latest_complete):
+        with pytest.raises(DamagedCheckpointError) as refused:
+            read(tmp_path / "checkpoints")
+        assert str(refused.value) == message
+    with pytest.raises(RunStateError) as queued:  # `submit`'s look before the queue
+        check_queued_start(tmp_path, {})
+    assert str(queued.value) == f"run_dir={tmp_path}: {message}"
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
 def test_incomplete_first_checkpoint_restarts_from_the_pretrained_model(tmp_path):
     path = _checkpoint(tmp_path, 3)
     (path / ".metadata").unlink()  # the tensor data itself was never finalised

@@ -339,12 +339,80 @@ def test_a_directory_filled_in_place_gets_its_record_last(checkpoint, tmp_path, 
     not leave the record, which would make a rerun keep a model missing its weights."""
     hf = tmp_path / "hf"
     hf.mkdir()
-    moved, real_rename = [], Path.rename
+    moved, real_move = [], export.shutil.move
 
-    def recorded(self, target):
+    def recorded(source, target):
         moved.append(Path(target).name)
-        return real_rename(self, target)
+        return real_move(source, target)
 
-    monkeypatch.setattr(Path, "rename", recorded)
+    monkeypatch.setattr(export.shutil, "move", recorded)
     assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(hf), "--device", "cpu"]) == 0
     assert moved == ["model.safetensors", "nemo_topr_export.json"]
+
+
+def _refused_into(out: Path, error: int):
+    """os.rename and shutil.copyfile failing with `error` for any path inside `out`, as for a mount
+    point of another filesystem (EXDEV: rename only, the copy works) or a read-only one."""
+    import errno
+    import os
+    import shutil
+
+    real_rename, real_copy = os.rename, shutil.copyfile
+
+    def rename(source, target, *rest, **options):
+        if Path(target).parent == out or (error != errno.EXDEV and Path(source) == out):
+            raise OSError(error, os.strerror(error), str(source), None, str(target))
+        return real_rename(source, target, *rest, **options)
+
+    def copyfile(source, target, *rest, **options):
+        if Path(target).parent == out and error != errno.EXDEV:
+            raise OSError(error, os.strerror(error), str(target))
+        return real_copy(source, target, *rest, **options)
+
+    return rename, copyfile
+
+
+@pytest.mark.parametrize("error", ["EXDEV", "EROFS"], ids=["another-filesystem", "read-only"])
+def test_an_empty_hf_out_that_refuses_renames_is_filled_by_copying_or_refused_in_one_line(checkpoint, tmp_path,
+                                                                                          monkeypatch, error):
+    """An empty --hf-out on another filesystem (a mount point, a container's volume) ended, after the
+    whole export, in "Invalid cross-device link", a read-only one in a PermissionError: tracebacks,
+    with the whole model left hidden in .DIR.partial beside it."""
+    import errno
+
+    out = tmp_path / "mounted"
+    out.mkdir()
+    rename, copyfile = _refused_into(out, getattr(errno, error))
+    monkeypatch.setattr("os.rename", rename)
+    monkeypatch.setattr("shutil.copyfile", copyfile)
+    args = ["--ckpt", str(checkpoint), "--hf-out", str(out), "--device", "cpu"]
+    if error == "EXDEV":  # copied instead
+        assert export.main(args) == 0
+        assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "nemo_topr_export.json"]
+    else:
+        with pytest.raises(SystemExit, match=rf"^nemo-topr export: moving the export into {out}: Read-only file "
+                                             rf"system \(.*\); the partial export is removed and {out} left as it "
+                                             r"was$"):
+            export.main(args)
+        assert list(out.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "mounted"]  # no .mounted.partial
+
+
+def test_iterations_of_another_checkpoint_in_the_folder_are_refused(checkpoint, tmp_path, capsys):
+    """A round-2 run exported with --all-iterations into round 1's folder: its iter_* sat beside
+    round 1's as one run's, and --overwrite left round 1's later iterations in place."""
+    import shutil
+
+    _with_iterations(checkpoint, 3)
+    other = Path(shutil.copytree(checkpoint, tmp_path / "round2"))
+    (other / "latest_checkpointed_iteration.txt").write_text("1")
+    shutil.rmtree(other / "iter_0000002")
+    shutil.rmtree(other / "iter_0000003")
+    hf = tmp_path / "exports"
+    assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(hf), "--all-iterations", "--device", "cpu"]) == 0
+    for flags in ([], ["--overwrite"]):
+        with pytest.raises(SystemExit, match=rf"^nemo-topr export: {hf}: holds iter_0000001, exported from "
+                                             rf"{checkpoint}/iter_0000001, another checkpoint than {other}: "):
+            export.main(["--ckpt", str(other), "--hf-out", str(hf), "--all-iterations", "--device", "cpu", *flags])
+    assert json.loads((hf / "iter_0000001" / "nemo_topr_export.json").read_text())["checkpoint"] == \
+        str(checkpoint / "iter_0000001")

@@ -53,9 +53,19 @@ def iteration_dir_name(iteration: int) -> str:
 
 
 def latest_iteration(checkpoint_dir: Path) -> int | None:
-    """The iteration the "latest" tracker names; None before the first save."""
+    """The iteration the "latest" tracker names; None before the first save. A tracker that names
+    none (emptied, or Megatron-LM's "release") is a DamagedCheckpointError naming it, not int()'s
+    ValueError traceback in every verb that reads the checkpoint."""
     tracker = checkpoint_dir / TRACKER
-    return int(tracker.read_text()) if tracker.is_file() else None
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text(errors="replace").strip()
+    if not text.isdigit():
+        raise DamagedCheckpointError(
+            f"{tracker} names no iteration ({text[:40]!r}), where the last complete save writes its number; saved "
+            f"iterations: {saved_iterations(Path(checkpoint_dir))}: write the one to load there (or give "
+            "RUN@ITERATION, or DIR/iter_NNNNNNN)")
+    return int(text)
 
 
 def _iteration_dirs(checkpoint_dir: Path) -> list[tuple[int, Path]]:
@@ -78,7 +88,7 @@ def ensure_latest_complete(checkpoint_dir: str | Path) -> str | None:
     directory was already consistent (or holds no checkpoint)."""
     checkpoint_dir = Path(checkpoint_dir)
     tracker = checkpoint_dir / TRACKER
-    latest = int(tracker.read_text().strip() or 0) if tracker.is_file() else None
+    latest = latest_iteration(checkpoint_dir)  # an emptied tracker read as 0 restarted from the pretrained model
     cut_short = set_aside_unrecorded_saves(checkpoint_dir, latest)
     if latest is None:
         return cut_short

@@ -121,6 +121,22 @@ def check_outputs(targets: dict[ModelSource, Path], overwrite: bool, kept: set[M
                                    "--overwrite replaces only those: remove it yourself or choose another --hf-out")
 
 
+def check_one_checkpoint_per_folder(source: ModelSource, folder: Path) -> None:
+    """--iteration / --all-iterations write HF_OUT/iter_NNNNNNN: refuse an HF_OUT that holds exports
+    of another checkpoint's iterations, which would sit beside these as one run's (a round-2 run
+    exported into round 1's folder mixed the two, and --overwrite left round 1's later iterations)."""
+    root = str(source.checkpoint.parent)
+    for record in sorted(folder.glob(f"iter_*/{EXPORT_RECORD}")):
+        try:
+            exported_from = json.loads(record.read_text()).get("checkpoint")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            continue
+        if isinstance(exported_from, str) and str(Path(exported_from).parent) != root:
+            raise ModelSourceError(f"{folder}: holds {record.parent.name}, exported from {exported_from}, another "
+                                   f"checkpoint than {root}: its iterations and these would sit in one folder as one "
+                                   "run's; choose another --hf-out")
+
+
 def check_parents(out: Path) -> None:
     """Refuse an `out` (resolved) below a file, which failed only when written, after Megatron's
     start-up ("Not a directory"), or inside an earlier export: `--iteration 1 --hf-out EXPORT`
@@ -145,8 +161,11 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
     select_device(device, where="--device")
     source = resolve(ckpt, named="--ckpt ", expected=EXPORTED_KINDS)
     # resolved: `--hf-out .` has a name to put a partial directory beside, a symlink its target
-    targets = export_targets(source, Path(hf_out).resolve(), iterations)  # each checked before any work
+    hf_out = Path(hf_out).resolve()
+    targets = export_targets(source, hf_out, iterations)  # each checked before any work
     kept = set() if overwrite else current_exports(targets)
+    if iterations is not None:  # first: with --overwrite, the other checkpoint's exports would be replaced in part
+        check_one_checkpoint_per_folder(source, hf_out)
     check_outputs(targets, overwrite, kept)
     for checkpoint in targets:
         check_intact(checkpoint)
@@ -173,17 +192,36 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
             if isinstance(error, (OSError, _safetensors_error())):
                 raise ExportWriteError(f"writing {out}: {error} (the partial export is removed)") from error
             raise
-        if out.is_dir() and any(out.iterdir()):  # an earlier export, with --overwrite (check_outputs)
-            out.rename(replaced)  # not deleted in place: a stop then would leave half a model with its record
-        if out.is_dir():  # empty, perhaps the shell's own directory: filled in place, it stays that directory
-            # its record last: a move cut short leaves no record, so no export taken as current
+        move_into_place(partial, out, replaced)
+    return {checkpoint.checkpoint: (out, checkpoint in kept) for checkpoint, out in targets.items()}
+
+
+def move_into_place(partial: Path, out: Path, replaced: Path) -> None:
+    """`partial`, a whole export, becomes `out`. An earlier export there (with --overwrite) is set
+    aside first, not deleted in place, where a stop would leave half a model with its record. An
+    empty `out` (the shell's own directory, a mount point) is filled in place and stays that
+    directory, the record last, so that a move cut short leaves no record: no export taken as
+    current. A move that fails (another filesystem refusing, a read-only directory) is one line,
+    with the partial export removed and `out` as it was, not a traceback after the export."""
+    moved = []
+    try:
+        if out.is_dir() and any(out.iterdir()):
+            out.rename(replaced)
+        if out.is_dir():
             for entry in sorted(partial.iterdir(), key=lambda entry: entry.name == EXPORT_RECORD):
-                entry.rename(out / entry.name)
+                moved.append(Path(shutil.move(entry, out / entry.name)))  # copied where out is another filesystem
             partial.rmdir()
         else:
             partial.rename(out)
-        shutil.rmtree(replaced, ignore_errors=True)
-    return {checkpoint.checkpoint: (out, checkpoint in kept) for checkpoint, out in targets.items()}
+    except OSError as error:
+        for path in moved:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if replaced.exists() and not out.exists():
+            replaced.rename(out)
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ExportWriteError(f"moving the export into {out}: {error.strerror or error} ({error.filename}); the "
+                               f"partial export is removed and {out} left as it was") from error
+    shutil.rmtree(replaced, ignore_errors=True)
 
 
 def check_one_choice_of_iterations(ckpt: str, source: ModelSource, option: str) -> None:

@@ -18,6 +18,8 @@ import contextlib
 import json
 import resource
 import shutil
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +32,15 @@ from nemo_topr.model_settings import device_model_settings
 from nemo_topr.model_source import HF_KIND, ModelSourceError, check_intact, resolve, write_hf_artifacts
 from nemo_topr.quiet import stdout_to_stderr
 from nemo_topr.training.disk_space import estimated_checkpoint_bytes, free_bytes, size_text
+
+class Terminated(BaseException):
+    """SIGTERM (`kill`, Slurm's cancel, `docker stop`): the import stops as at Ctrl-C, removing
+    what it wrote, where the signal's default action left OUT half written."""
+
+
+def _terminated(signum, frame) -> None:  # noqa: ANN001 - a signal handler
+    raise Terminated
+
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # beside the weights: hf_artifacts/ (Llama 3's tokenizer.json is 9 MB), Bridge's tokenizer copy, metadata
@@ -59,7 +70,11 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
     check_intact(source)  # weights config.json does not describe were imported as they were, exit 0
     out = Path(out).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ModelSourceError(f"{out}: exists and is not an empty directory; import writes a new checkpoint directory")
+        cut_short = (out / "hf_artifacts").is_dir() and not (out / "latest_checkpointed_iteration.txt").exists()
+        hint = ("; it holds an import cut short (hf_artifacts/ without latest_checkpointed_iteration.txt, which the "
+                "save writes last): remove it and import again") if cut_short else ""
+        raise ModelSourceError(f"{out}: exists and is not an empty directory; import writes a new checkpoint "
+                               f"directory{hint}")
     # the highest directory the import makes (OUT, or a parent of it), None for an empty OUT of the user's
     made = next((path for path in reversed((out, *out.parents)) if not path.exists()), None)
     try:  # now, not after minutes of loading: a path that cannot be made stops the import here
@@ -94,6 +109,10 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
                                        "there, or choose another OUT")
             # the HF files first: the tracker Bridge writes last then marks the whole import complete
             write_hf_artifacts(source, out)
+            # Megatron's own writer-queue process outlived a killed import, holding its stdout and stderr
+            from nemo_topr.training.writer_queue import start_checkpoint_writer_queue
+
+            start_checkpoint_writer_queue()
             bridge.save_megatron_model(model, str(out), hf_tokenizer_path=str(source.hf_dir), low_memory_save=True)
     except BaseException as error:  # Ctrl-C too, while loading: leave no OUT it made, no half-written checkpoint
         _remove_written(out, made)
@@ -138,10 +157,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out", help="new directory for the Megatron distributed checkpoint")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="weights dtype (default: the HF config's torch_dtype)")
     args = parser.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         with stdout_to_stderr():  # progress and Megatron's and Gloo's prints; stdout: the result line alone
             summary = import_hf(args.hf_dir, args.out, dtype=args.dtype)
     except ModelSourceError as error:
         raise SystemExit(f"nemo-topr import: {error}") from None
+    except Terminated:
+        print(f"nemo-topr import: terminated (SIGTERM); what it wrote in {args.out} is removed", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"imported {summary['hf_dir']} -> {summary['out']}")
     return 0

@@ -31,7 +31,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from nemo_topr.outputs import folders_to_make, remove_if_empty, write_whole
-from nemo_topr.training.checkpoints import latest_iteration
+from nemo_topr.training.checkpoints import DamagedCheckpointError, latest_iteration
 
 LOCK_FILE = "LOCK"
 FINGERPRINT_FILE = "fingerprint.json"
@@ -211,7 +211,10 @@ def check_queued_start(run_dir: Path, settings: dict[str, Any]) -> int | None:
     where the job would train nothing, and settings that differ from the recorded ones, as
     `check_resume` would at the start (the data, which needs the tokenizer, is compared there)."""
     run_dir = Path(run_dir)
-    resume_iteration = latest_iteration(run_dir / "checkpoints")
+    try:
+        resume_iteration = latest_iteration(run_dir / "checkpoints")
+    except DamagedCheckpointError as error:
+        raise RunStateError(f"run_dir={run_dir}: {error}") from None
     if resume_iteration is None:
         return None
     if (run_dir / COMPLETED_MARKER).is_file():

@@ -1,4 +1,4 @@
-"""The process behind Megatron's checkpoint-writer results queue, started by `nemo-topr train`.
+"""The process behind Megatron's checkpoint-writer results queue, started by `nemo-topr train` and `import`.
 
 Stdlib imports only at module level: the spawned process imports this module to run its
 initializer, and would otherwise load torch and Megatron for nothing.
@@ -14,9 +14,9 @@ import sys
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def start_checkpoint_writer_queue(exit_signal: signal.Signals) -> None:
+def start_checkpoint_writer_queue(exit_signal: signal.Signals | None = None) -> None:
     """Start Megatron's checkpoint-writer results queue in a process that ignores the exit signal
-    and ends with the training process.
+    (training's; `import` has none) and ends with the process that saves.
 
     A torch_dist save sends its write results through a multiprocessing Manager process that
     Megatron spawns at the first save and keeps in a module global (megatron/core/
@@ -37,12 +37,13 @@ def start_checkpoint_writer_queue(exit_signal: signal.Signals) -> None:
         filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager alive
 
 
-def _writer_queue_process(exit_signal: int, parent: int) -> None:
-    """In the manager process: ignore the exit signal, and die with the training process. A
-    training killed by SIGKILL (or a signal's default action) left it, and the resource tracker
-    it keeps open, running for good, ignoring SIGTERM, and holding the job's stdout and stderr
-    open, so a caller reading them (a pipe, `subprocess.run`) waited for EOF until its timeout."""
-    signal.signal(exit_signal, signal.SIG_IGN)
+def _writer_queue_process(exit_signal: int | None, parent: int) -> None:
+    """In the manager process: ignore the exit signal, and die with the process that saves. A
+    training (or import) killed by SIGKILL or a signal's default action left it, and the resource
+    tracker it keeps open, running for good, ignoring SIGTERM, and holding the job's stdout and
+    stderr open, so a caller reading them (a pipe, `subprocess.run`) waited for EOF until its timeout."""
+    if exit_signal is not None:
+        signal.signal(exit_signal, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the training ended before prctl: nothing would send the signal
