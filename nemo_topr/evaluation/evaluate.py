@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr.arguments import documented
-from nemo_topr.data.records import DataError, Record, load_records, write_jsonl
+from nemo_topr.data.records import DataError, Record, is_number, load_records, write_jsonl
 from nemo_topr.evaluation.generate import (
     BENCHMARKS,
     GradedCompletion,
@@ -127,8 +127,7 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
             raise record.error("meta.reference_answer", f"{reference!r}, but {first_reference!r} for prompt "
                                                         f"{record.prompt_name!r} at {first.path}:{first.line}")
         score = meta.get("verifier_score")
-        if score is not None and not (isinstance(score, (int, float)) and not isinstance(score, bool)
-                                      and 0 <= score < math.inf):  # NaN too: it lost every comparison of the vote
+        if score is not None and not (is_number(score) and 0 <= score < math.inf):  # NaN lost every comparison
             raise record.error("meta.verifier_score", f"expected a finite number >= 0, the sample's weight in the "
                                                       f"vote (`nemo-topr verifier score` writes P(Yes)); got {score!r}")
         result = graded_answer(record_task, record.completion, reference)
@@ -222,7 +221,7 @@ def read_round_results(result_paths: Sequence[Path]) -> list[dict[str, Any]]:
         if result["task"] not in TASKS:
             raise ValueError(f"{path}: task: {result['task']!r} is no task of `nemo-topr eval` ({'|'.join(TASKS)})")
         for name, value in result["metrics"].items():  # a null or a string ended in a TypeError, or was drawn
-            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):
+            if not (is_number(value) and 0 <= value <= 1):
                 raise ValueError(f"{path}: metrics.{name}: {value!r} is no rate in [0, 1] as `nemo-topr eval` writes")
         results.append(result)
     if len({result["task"] for result in results}) > 1:

@@ -29,9 +29,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 from nemo_topr import cpu_runtime
 from nemo_topr.distributed import local_rendezvous
 from nemo_topr.model_settings import device_model_settings
-from nemo_topr.model_source import HF_KIND, ModelSourceError, check_intact, resolve, write_hf_artifacts
+from nemo_topr.model_source import HF_ARTIFACTS, HF_KIND, ModelSourceError, check_intact, resolve, write_hf_artifacts
 from nemo_topr.quiet import stdout_to_stderr
+from nemo_topr.training.checkpoints import TRACKER
 from nemo_topr.training.disk_space import estimated_checkpoint_bytes, free_bytes, size_text
+
 
 class Terminated(BaseException):
     """SIGTERM (`kill`, Slurm's cancel, `docker stop`): the import stops as at Ctrl-C, removing
@@ -70,9 +72,9 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
     check_intact(source)  # weights config.json does not describe were imported as they were, exit 0
     out = Path(out).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        cut_short = (out / "hf_artifacts").is_dir() and not (out / "latest_checkpointed_iteration.txt").exists()
-        hint = ("; it holds an import cut short (hf_artifacts/ without latest_checkpointed_iteration.txt, which the "
-                "save writes last): remove it and import again") if cut_short else ""
+        cut_short = (out / HF_ARTIFACTS).is_dir() and not (out / TRACKER).exists()
+        hint = (f"; it holds an import cut short ({HF_ARTIFACTS}/ without {TRACKER}, which the save writes last): "
+                "remove it and import again") if cut_short else ""
         raise ModelSourceError(f"{out}: exists and is not an empty directory; import writes a new checkpoint "
                                f"directory{hint}")
     # the highest directory the import makes (OUT, or a parent of it), None for an empty OUT of the user's

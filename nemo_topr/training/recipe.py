@@ -42,7 +42,6 @@ from nemo_topr.training.disk_space import (check_room, checkpoint_bytes, estimat
                                            parameter_count)
 from nemo_topr.training.nonfinite import NonFiniteTrainingError
 from nemo_topr.training.step import baseline_column, baseline_source
-from nemo_topr.training.writer_queue import start_checkpoint_writer_queue
 from nemo_topr.training.run_state import (
     COMPLETED_MARKER,
     STOPPED_MARKER,
@@ -55,6 +54,7 @@ from nemo_topr.training.run_state import (
     save_start_config,
     truncate_ledgers,
 )
+from nemo_topr.training.writer_queue import start_checkpoint_writer_queue
 
 
 def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
