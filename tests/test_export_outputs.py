@@ -33,7 +33,7 @@ class _FakeBridge:
         self.error = error or (RuntimeError("killed half-way") if fail else None)
 
     def export_ckpt(self, checkpoint: str, out: str, show_progress: bool) -> None:
-        Path(out).mkdir(parents=True)
+        Path(out).mkdir(parents=True, exist_ok=True)  # as Bridge does
         (Path(out) / "model.safetensors").write_text(f"exported from {checkpoint}")
         if self.error:
             raise self.error
@@ -276,9 +276,13 @@ def test_an_export_cut_short_goes_on_where_it_stopped_when_run_again(checkpoint,
     monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: again)
     assert export.main(args) == 0
     assert again.exported == ["iter_0000002", "iter_0000003"]
-    assert capsys.readouterr().out.splitlines() == [
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
         f"kept {iterations[0]} -> {hf / 'iter_0000001'} (exported earlier, unchanged since)",
         f"exported {iterations[1]} -> {hf / 'iter_0000002'}", f"exported {iterations[2]} -> {hf / 'iter_0000003'}"]
+    # stderr: how far it is, from the first checkpoint on (of the two left to export), not only at the end
+    assert [line.split(",")[0] for line in err.splitlines() if line.startswith("[export]")] == [
+        "[export] 1/2 checkpoints (50.0%)", "[export] 2/2 checkpoints (100.0%)"]
     assert (hf / "iter_0000001" / "model.safetensors").stat().st_mtime_ns == first
     for iteration in iterations:
         assert (hf / iteration.name / "model.safetensors").read_text() == f"exported from {iteration}"
@@ -291,22 +295,94 @@ def test_an_export_cut_short_goes_on_where_it_stopped_when_run_again(checkpoint,
     assert again.exported == ["iter_0000002", "iter_0000003", "iter_0000001", "iter_0000002", "iter_0000003"]
 
 
-@pytest.mark.parametrize("changed", ["checkpoint", "hf_config"])
-def test_an_export_of_a_checkpoint_changed_since_is_not_kept(checkpoint, tmp_path, changed, capsys):
+@pytest.mark.parametrize("changed", ["checkpoint", "hf_config", "shard_truncated", "shard_deleted"])
+def test_an_export_changed_since_or_of_a_checkpoint_changed_since_is_not_kept(checkpoint, tmp_path, changed, capsys):
     """A run directory trained again from scratch under the same name, or a new HF config: the
-    earlier export is of other weights, so it is refused as any non-empty --hf-out is."""
+    earlier export is of other weights. A shard of the export cut short (a copy that ran out of
+    space) or deleted: it is no whole model. Either way it is refused, named as such, and
+    --overwrite exports it again; a damaged export used to be kept as current."""
     hf = tmp_path / "hf"
     args = ["--ckpt", str(checkpoint), "--hf-out", str(hf), "--device", "cpu"]
     assert export.main(args) == 0
-    touched = checkpoint / ("iter_0000001/metadata.json" if changed == "checkpoint" else "hf_artifacts/tokenizer.json")
-    touched.write_text(touched.read_text() + "\n")
-    with pytest.raises(SystemExit, match=rf"^nemo-topr export: {hf}: exists and is not empty; .*--overwrite"):
+    touched = {"checkpoint": checkpoint / "iter_0000001/metadata.json",
+               "hf_config": checkpoint / "hf_artifacts/tokenizer.json"}.get(changed, hf / "model.safetensors")
+    if changed == "shard_deleted":
+        touched.unlink()
+    elif changed == "shard_truncated":
+        touched.write_text(touched.read_text()[:-3])
+    else:
+        touched.write_text(touched.read_text() + "\n")
+    with pytest.raises(SystemExit, match=rf"^nemo-topr export: {hf}: holds an export of this checkpoint whose files, "
+                                         r"or the checkpoint's, changed since; pass --overwrite to export it again$"):
         export.main(args)
     capsys.readouterr()
     assert export.main([*args, "--overwrite"]) == 0
     assert capsys.readouterr().out.startswith("exported ")
+    assert (hf / "model.safetensors").read_text() == f"exported from {checkpoint / 'iter_0000001'}"
     assert export.main(args) == 0  # current again
     assert capsys.readouterr().out.startswith("kept ")
+
+
+def test_a_second_export_into_a_target_being_written_is_refused(checkpoint, tmp_path, monkeypatch):
+    """Two exports into one --hf-out at once (round 2's while round 1's still ran) both wrote
+    .NAME.partial, the second deleting the first's: one could end with the other checkpoint's weights
+    under its record, which a rerun then kept. The second is refused while the first holds the
+    target (a real flock: two opens of one directory conflict as two processes' do), the first ends
+    whole and its own; one killed earlier (SIGKILL: nothing removed it) holds no lock and is cleared."""
+    import shutil
+
+    other = Path(shutil.copytree(checkpoint, tmp_path / "round2"))
+    hf, partial = tmp_path / "hf", tmp_path / ".hf.partial"
+    partial.mkdir()
+    (partial / "model.safetensors").write_text("half of a model from an export killed earlier")
+    second = ["--ckpt", str(other), "--hf-out", str(hf), "--device", "cpu"]
+    refusals = []
+
+    class SecondExportMeanwhile(_FakeBridge):
+        def export_ckpt(self, ckpt: str, out: str, show_progress: bool) -> None:
+            super().export_ckpt(ckpt, out, show_progress)
+            with pytest.raises(SystemExit) as refused:
+                export.main(second)
+            refusals.append(str(refused.value))
+
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: SecondExportMeanwhile())
+    assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(hf), "--device", "cpu"]) == 0
+    assert refusals == [f"nemo-topr export: {hf}: another export is writing it now ({partial} is locked): wait for "
+                        "it to end, or choose another --hf-out"]
+    assert _tree(hf) == {"model.safetensors": f"exported from {checkpoint / 'iter_0000001'}".encode(),
+                         export.EXPORT_RECORD: (hf / export.EXPORT_RECORD).read_bytes()}
+    assert json.loads((hf / export.EXPORT_RECORD).read_text())["checkpoint"] == str(checkpoint / "iter_0000001")
+    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge())
+    assert export.main([*second, "--overwrite"]) == 0  # once the first has ended
+    assert (hf / "model.safetensors").read_text() == f"exported from {other / 'iter_0000001'}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "hf", "round2"]
+
+
+def test_a_read_only_folder_keeps_its_current_exports_and_refuses_new_ones_in_one_line(checkpoint, tmp_path,
+                                                                                        monkeypatch, capsys):
+    """A folder of exports made read-only (archived) and exported into again: what is current is
+    kept, reading only; a new target there is one line naming it (checked by hand on a read-only
+    tmpfs mount: the same words), not a traceback after Megatron's start-up."""
+    import errno
+    import os
+
+    hf = tmp_path / "hf"
+    args = ["--ckpt", str(checkpoint), "--hf-out", str(hf), "--device", "cpu"]
+    assert export.main(args) == 0
+    real_mkdir = Path.mkdir
+
+    def read_only(path, *rest, **options):
+        if tmp_path in Path(path).parents:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_mkdir(path, *rest, **options)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    capsys.readouterr()
+    assert export.main(args) == 0
+    assert capsys.readouterr().out.startswith("kept ")
+    with pytest.raises(SystemExit, match=rf"^nemo-topr export: writing {tmp_path / 'new'}: Read-only file system "
+                                         rf"\({tmp_path / '.new.partial'}\)$"):
+        export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "new"), "--device", "cpu"])
 
 
 def test_an_overwrite_stopped_while_replacing_leaves_a_whole_model_or_none(checkpoint, tmp_path, monkeypatch):

@@ -16,22 +16,26 @@ hf_artifacts/ too, so the result loads with `transformers` as is. With several i
 goes to HF_OUT/iter_NNNNNNN; one process exports them all, so the ~10 s of Megatron start-up is
 paid once (each further checkpoint of a small model takes well under 1 s).
 
-An earlier export of the very same checkpoint, whose files and HF config are unchanged since (by
-name, size and modification time), is kept and listed as `kept`: run again, an export cut short
-(a job's time limit during --all-iterations) goes on where it stopped. Any other non-empty output
+An earlier export of the very same checkpoint, whose files and HF config, and its own files, are
+unchanged since (by name, size and modification time), is kept and listed as `kept`: run again, an
+export cut short (a job's time limit during --all-iterations) goes on where it stopped. Any other
+non-empty output
 directory is refused unless --overwrite, which replaces only an earlier export (a directory
 holding its nemo_topr_export.json: a typo could name the base model) and redoes kept ones; the
 checkpoint being exported (or a directory holding it, or one inside its root), a path below a
 file and one inside an earlier export are refused always. Each model is written beside its target
 and moved into place once complete; one that fails to be written (a full disk) is removed and
-named in one line.
+named in one line. A second export into the same target while one writes it is refused. A line on
+stderr tells how many checkpoints are exported, at most every 10 s; stdout lists them at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -39,6 +43,7 @@ from nemo_topr.arguments import non_negative
 from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
 from nemo_topr.model_source import (MEGATRON_KINDS, ModelSource, ModelSourceError, check_intact, resolve,
                                     split_iteration)
+from nemo_topr.progress import Progress
 from nemo_topr.quiet import stdout_to_stderr
 from nemo_topr.training.checkpoints import iteration_dir_name
 
@@ -69,28 +74,41 @@ def export_targets(source: ModelSource, hf_out: Path, iterations: list[int] | No
     return {source.at_iteration(i): hf_out / iteration_dir_name(i) for i in iterations}
 
 
-def checkpoint_stamp(source: ModelSource) -> str:
-    """A digest of the names, sizes and modification times of the files of `source`'s checkpoint
-    and HF config: an export made from them is current while it is unchanged, as make judges."""
+def files_stamp(*directories: Path) -> str:
+    """A digest of the names, sizes and modification times of the files under `directories` but
+    an export's record: what was made from them, or they are, is current while it is unchanged, as
+    make judges."""
     digest = hashlib.sha256()
-    for directory in (source.checkpoint, source.hf_dir):
-        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+    for directory in directories:
+        for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != EXPORT_RECORD):
             stat = path.stat()
             digest.update(f"{path.relative_to(directory)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()
 
 
+def checkpoint_stamp(source: ModelSource) -> str:
+    """`files_stamp` of `source`'s checkpoint and HF config."""
+    return files_stamp(source.checkpoint, source.hf_dir)
+
+
+def export_record(out: Path) -> dict | None:
+    """`out`'s nemo_topr_export.json, None where there is none that reads as one."""
+    try:
+        record = json.loads((out / EXPORT_RECORD).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def current_exports(targets: dict[ModelSource, Path]) -> set[ModelSource]:
-    """The targets that already hold an export of their very checkpoint, unchanged since: their
-    nemo_topr_export.json names it and its stamp (`checkpoint_stamp`)."""
+    """The targets that already hold an export of their very checkpoint, both unchanged since: their
+    nemo_topr_export.json names it, its stamp (`checkpoint_stamp`) and the stamp of the export's
+    own files (a shard truncated or deleted since is no current export)."""
     current = set()
     for source, out in targets.items():
-        try:
-            record = json.loads((out / EXPORT_RECORD).read_text())
-        except (OSError, UnicodeDecodeError, ValueError):
-            continue
-        if (isinstance(record, dict) and record.get("checkpoint") == str(source.checkpoint)
-                and record.get("stamp") == checkpoint_stamp(source)):
+        record = export_record(out) or {}
+        if (record.get("checkpoint") == str(source.checkpoint) and record.get("stamp") == checkpoint_stamp(source)
+                and record.get("model_stamp") == files_stamp(out)):
             current.add(source)
     return current
 
@@ -114,8 +132,11 @@ def check_outputs(targets: dict[ModelSource, Path], overwrite: bool, kept: set[M
         if source in kept or not out.exists() or (out.is_dir() and not any(out.iterdir())):
             continue
         if not overwrite:
-            raise ModelSourceError(f"{out}: exists and is not empty; export writes a new directory "
-                                   "(pass --overwrite to replace it)")
+            earlier = (export_record(out) or {}).get("checkpoint") == str(source.checkpoint)
+            raise ModelSourceError(f"{out}: " + ("holds an export of this checkpoint whose files, or the "
+                                                 "checkpoint's, changed since; pass --overwrite to export it again"
+                                                 if earlier else "exists and is not empty; export writes a new "
+                                                 "directory (pass --overwrite to replace it)"))
         if not (out / EXPORT_RECORD).is_file():
             raise ModelSourceError(f"{out}: exists and holds no {EXPORT_RECORD}, so it is no earlier export; "
                                    "--overwrite replaces only those: remove it yourself or choose another --hf-out")
@@ -127,10 +148,7 @@ def check_one_checkpoint_per_folder(source: ModelSource, folder: Path) -> None:
     exported into round 1's folder mixed the two, and --overwrite left round 1's later iterations)."""
     root = str(source.checkpoint.parent)
     for record in sorted(folder.glob(f"iter_*/{EXPORT_RECORD}")):
-        try:
-            exported_from = json.loads(record.read_text()).get("checkpoint")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-            continue
+        exported_from = (export_record(record.parent) or {}).get("checkpoint")
         if isinstance(exported_from, str) and str(Path(exported_from).parent) != root:
             raise ModelSourceError(f"{folder}: holds {record.parent.name}, exported from {exported_from}, another "
                                    f"checkpoint than {root}: its iterations and these would sit in one folder as one "
@@ -174,26 +192,85 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
         from nemo_topr.model import config_only_bridge
 
         bridge = config_only_bridge(source.hf_dir)
+    progress = Progress("export", len(targets) - len(kept), "checkpoints")
     for checkpoint, out in targets.items():
         partial, replaced = out.with_name(f".{out.name}.partial"), out.with_name(f".{out.name}.replaced")
-        for left in (partial, replaced):
-            shutil.rmtree(left, ignore_errors=True)  # left by an interrupted export
-        if checkpoint in kept:
-            continue
+        if checkpoint in kept and not (partial.exists() or replaced.exists()):
+            continue  # nothing to write or clear: a read-only folder of current exports is only read
+        held = claim_partial(partial, out)
         try:
-            stamp = checkpoint_stamp(checkpoint)  # before the export: a checkpoint changed meanwhile is not current
-            bridge.export_ckpt(str(checkpoint.checkpoint), str(partial), show_progress=False)
-            (partial / EXPORT_RECORD).write_text(json.dumps(
-                {"source": str(checkpoint.path), "checkpoint": str(checkpoint.checkpoint),
-                 "iteration": checkpoint.iteration, "hf_config": str(checkpoint.hf_dir), "stamp": stamp},
-                indent=2) + "\n")
-        except BaseException as error:  # a full disk, say: what was written would only take more room
-            shutil.rmtree(partial, ignore_errors=True)
-            if isinstance(error, (OSError, _safetensors_error())):
-                raise ExportWriteError(f"writing {out}: {error} (the partial export is removed)") from error
-            raise
-        move_into_place(partial, out, replaced)
+            shutil.rmtree(replaced, ignore_errors=True)  # left by an interrupted export
+            if checkpoint in kept:
+                partial.rmdir()
+                continue
+            write_export(bridge, checkpoint, partial, out)
+            move_into_place(partial, out, replaced)
+        finally:
+            os.close(held)
+        progress.advance()
     return {checkpoint.checkpoint: (out, checkpoint in kept) for checkpoint, out in targets.items()}
+
+
+def claim_partial(partial: Path, out: Path) -> int:
+    """Make `partial`, where `out`'s export is written, and hold an exclusive flock on it until the
+    export has moved into place (the returned descriptor's close). One left by an interrupted export,
+    unlocked, is removed first; one locked is another export writing `out` now: two exports into one
+    target wrote one directory, so that one could end with the other checkpoint's weights under its
+    record. Where the filesystem has no flock for directories (NFS), nothing is locked."""
+    while True:
+        try:
+            partial.mkdir(parents=True)
+        except FileExistsError:
+            left = _locked(partial, out)
+            if left is not None:  # interrupted earlier
+                shutil.rmtree(partial, ignore_errors=True)
+                os.close(left)
+            continue
+        except OSError as error:  # a read-only folder
+            raise ExportWriteError(f"writing {out}: {error.strerror or error} ({error.filename})") from error
+        held = _locked(partial, out)
+        try:
+            if held is not None and os.fstat(held).st_ino == partial.stat().st_ino:
+                return held  # not removed by another export between mkdir and flock
+        except FileNotFoundError:
+            pass
+        if held is not None:
+            os.close(held)
+
+
+def _locked(directory: Path, out: Path) -> int | None:
+    """A descriptor of `directory` holding its flock, None where it has gone meanwhile; refused while
+    another process holds it."""
+    try:
+        held = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(held)
+        raise ExportWriteError(f"{out}: another export is writing it now ({directory} is locked): wait for it to end, "
+                               "or choose another --hf-out") from None
+    except OSError:  # no flock here: as before, unlocked
+        pass
+    return held
+
+
+def write_export(bridge, checkpoint: ModelSource, partial: Path, out: Path) -> None:
+    """Bridge's HF export of `checkpoint` into `partial`, with the record naming its source and the
+    stamps that make it current; removed, and named in one line, if it cannot be written."""
+    try:
+        stamp = checkpoint_stamp(checkpoint)  # before the export: a checkpoint changed meanwhile is not current
+        bridge.export_ckpt(str(checkpoint.checkpoint), str(partial), show_progress=False)
+        (partial / EXPORT_RECORD).write_text(json.dumps(
+            {"source": str(checkpoint.path), "checkpoint": str(checkpoint.checkpoint),
+             "iteration": checkpoint.iteration, "hf_config": str(checkpoint.hf_dir), "stamp": stamp,
+             "model_stamp": files_stamp(partial)}, indent=2) + "\n")
+    except BaseException as error:  # a full disk, say: what was written would only take more room
+        shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(error, (OSError, _safetensors_error())):
+            raise ExportWriteError(f"writing {out}: {error} (the partial export is removed)") from error
+        raise
 
 
 def move_into_place(partial: Path, out: Path, replaced: Path) -> None:
