@@ -153,9 +153,18 @@ def test_eval_on_a_prompt_file_grades_what_generate_samples_from_it(model_dir, t
      "--samples-out is for --benchmark and --prompts, which sample a model"),
     (["--benchmark", "gsm8k", "--model", "M", "--rendered-prompts"],
      "--rendered-prompts is for --prompts, a prompt file of rendered prompts"),
+    *[(["--records", "r.jsonl", *flags], f"{flags[0]} is for --benchmark and --prompts, which sample a model; "
+                                         "--records grades records sampled already")
+      for flags in (["--temperature", "0"], ["--num-samples", "8"], ["--seed", "1"], ["--max-new-tokens", "64"],
+                    ["--no-stop"], ["--stop", "###"], ["--device", "cpu"], ["--backend", "vllm"],
+                    ["--sampler-logprobs"], ["--data-dir", "d"], ["--top-p", "0.9"], ["--top-k", "5"],
+                    ["--tensor-parallel-size", "2"])],
+    (["--plot", "a.json", "--temperature", "0.6"],
+     "--temperature is for --benchmark and --prompts, which sample a model; --plot draws results"),
 ])
 def test_eval_refuses_options_its_mode_would_ignore(options, message, tmp_path, monkeypatch, capsys):
-    """`--records` with `--model` or `--samples-out` ran and ignored them: no samples were written."""
+    """`--records` with `--model` or `--samples-out` ran and ignored them: no samples were written.
+    So were the sampling options (`--records r.jsonl --num-samples 8` graded the records' own samples)."""
     monkeypatch.chdir(tmp_path)
     assert evaluate.main([*options, "--out", "r.json"]) == 2
     assert capsys.readouterr().err == f"nemo-topr eval: {message}\n"
@@ -646,6 +655,9 @@ def test_eval_and_generate_refuse_zero_samples_or_tokens(flag, tmp_path, capsys)
     (["--temperature", "nan"], "--temperature must be at least 0 (0: greedy decoding) and finite; got nan"),
     # inf sampled uniformly from the top-k and wrote `Infinity` (no JSON) in the settings line
     (["--temperature", "inf"], "--temperature must be at least 0 (0: greedy decoding) and finite; got inf"),
+    # 1e-300 is 0 in float32: the logits divided by it ended in torch's "probability tensor contains inf, nan"
+    (["--temperature", "1e-300"], "--temperature 1e-300: below 1e-05 sampling is greedy decoding in effect (vLLM "
+                                  "switches to it) and overflows the logits; give 0 for greedy decoding"),
     # -1, a "random seed" in some tools, was one fixed seed here
     (["--seed", "-1"], "--seed must be in [0, 2^63): the same seed draws the same samples; got -1"),
     (["--seed", str(2**63)], f"--seed must be in [0, 2^63): the same seed draws the same samples; got {2**63}"),

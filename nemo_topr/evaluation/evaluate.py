@@ -317,6 +317,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SAMPLING_ONLY = ("data_dir", "num_samples", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "stop",
+                 "sampler_logprobs", "backend", "device", "tensor_parallel_size")  # what --records and --plot ignore
+
+
+def sampling_option_given(args: argparse.Namespace) -> str | None:
+    """The first sampling option set to other than its default (`--records --temperature 0` was
+    accepted and did nothing: the records' samples are what they are)."""
+    parser = build_parser()
+    for dest in SAMPLING_ONLY:
+        if getattr(args, dest) != parser.get_default(dest):
+            return "--no-stop" if args.stop == [] else f"--{dest.replace('_', '-')}"
+    return None
+
+
 def usage_problem(args: argparse.Namespace) -> str | None:
     """What makes these options unusable together, found before the sampling (not after it)."""
     sampled = args.benchmark or args.prompts
@@ -325,6 +339,9 @@ def usage_problem(args: argparse.Namespace) -> str | None:
     for option, given in (("--model", args.model), ("--samples-out", args.samples_out)):
         if given and not sampled:  # --records and --plot read no model and sample nothing
             return f"{option} is for --benchmark and --prompts, which sample a model"
+    if not sampled and (option := sampling_option_given(args)):
+        return (f"{option} is for --benchmark and --prompts, which sample a model; "
+                f"{'--records grades records sampled already' if args.records else '--plot draws results'}")
     if args.metrics and not args.plot:
         return "--metrics is for --plot (results JSONs list every metric)"
     if args.rendered_prompts and not args.prompts:

@@ -482,6 +482,9 @@ def grader_error_report(graded: Sequence[Sequence[GradedCompletion]], max_rate: 
 # Command line (the sampling options are shared with `nemo-topr eval`)
 
 
+MIN_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: below it, it decodes greedily
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, num_samples: int) -> None:
     defaults = SamplingSettings()
     parser.add_argument("--task", choices=TASKS, help="grader for a prompt file (benchmarks set it)")
@@ -523,6 +526,9 @@ def check_sampling_args(args: argparse.Namespace) -> None:
     # checked before the model loads (transformers refused a temperature of 0 only after loading it)
     if not 0 <= args.temperature < math.inf:  # inf: uniform over top-k, and `Infinity` in the settings' JSON
         raise ValueError(f"--temperature must be at least 0 (0: greedy decoding) and finite; got {args.temperature}")
+    if 0 < args.temperature < MIN_TEMPERATURE:  # 1e-300 is 0 in float32: logits / 0 ended in torch's NaN traceback
+        raise ValueError(f"--temperature {args.temperature}: below {MIN_TEMPERATURE} sampling is greedy decoding in "
+                         "effect (vLLM switches to it) and overflows the logits; give 0 for greedy decoding")
     if not 0 <= args.seed < 2**63:  # torch's generators take 64 bits; -1 would be a fixed seed, not "random"
         raise ValueError(f"--seed must be in [0, 2^63): the same seed draws the same samples; got {args.seed}")
     if not 0 < args.top_p <= 1:
