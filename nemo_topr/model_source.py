@@ -184,8 +184,12 @@ def _resolve(spec: str | Path, named: str, expected: str) -> ModelSource:
         return _megatron_source(path.parent, int(path.name.removeprefix("iter_")), kind="megatron", shown=path,
                                 named=named)
     if not (path / TRACKER).is_file() and (exports := _hf_iterations(path)):
-        raise ModelSourceError(f"{named}{path}: a folder of Hugging Face models, one per iteration, as `nemo-topr "
-                               f"export --iteration/--all-iterations` writes; give one of them: {exports[-1]}")
+        folder = (f"{named}{path}: a folder of Hugging Face models, one per iteration, as `nemo-topr export "
+                  "--iteration/--all-iterations` writes")
+        if "Hugging Face" not in expected:  # export: nothing in there to export
+            raise ModelSourceError(f"{folder}, exported already; give the Megatron checkpoint they came from "
+                                   f"(expected {expected})")
+        raise ModelSourceError(f"{folder}; give one of them: {exports[-1]}")
     if _looks_like_checkpoint_root(path):
         return _megatron_source(path, None, kind="megatron", shown=path, named=named)
     if (path / "config.json").is_file():

@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO, placeholder_hf_model
 
 from nemo_topr.model_source import ModelSourceError, resolve
+from nemo_topr.training import export
 from nemo_topr.training.config import ConfigError, build_training_run, compose
 
 
@@ -431,3 +432,10 @@ def test_a_folder_of_exported_iterations_is_named_as_one(tiny_hf, tmp_path):
                                   "iteration, as `nemo-topr export --iteration/--all-iterations` writes; give one of "
                                   f"them: {tmp_path / 'exports' / 'iter_0000010'}")
     assert resolve(tmp_path / "exports" / "iter_0000010").kind == "huggingface"
+    # export reads Megatron checkpoints: "give one of them" led on to "already a Hugging Face directory"
+    with pytest.raises(SystemExit) as refused:
+        export.main(["--ckpt", str(tmp_path / "exports"), "--hf-out", str(tmp_path / "again"), "--device", "cpu"])
+    assert str(refused.value) == (f"nemo-topr export: --ckpt {tmp_path / 'exports'}: a folder of Hugging Face models, "
+                                  "one per iteration, as `nemo-topr export --iteration/--all-iterations` writes, "
+                                  "exported already; give the Megatron checkpoint they came from (expected "
+                                  f"{export.EXPORTED_KINDS})")
