@@ -622,10 +622,27 @@ def test_a_failed_save_on_a_full_filesystem_ends_with_a_line_that_says_so(tiny_h
         train(_run(tiny_hf, tmp_path / "run", f"dataset.train_path={tmp_path / 'graded.jsonl'}"))
 
 
-def test_train_iters_is_refused_naming_the_key_to_use(tiny_hf, tmp_path):
-    for value in ("5", "abc"):
-        with pytest.raises(ConfigError, match=rf"train.train_iters='?{value}'? is not a setting.*dataset.epochs"):
-            _run(tiny_hf, tmp_path, f"train.train_iters={value}")
+@pytest.mark.parametrize("override, shown, use", [
+    ("train.train_iters=5", "5", "Use dataset.epochs"), ("train.train_iters=abc", "'abc'", "Use dataset.epochs"),
+    # Bridge asserted "Cannot specify more than one of train_iters, train_samples, or num_epochs" in a traceback,
+    # after config.yaml recorded it
+    ("train.train_samples=40", "40", "Use dataset.epochs"), ("train.num_epochs=2", "2", "Use dataset.epochs"),
+    # said "stopped at iteration 0 of 18 with a checkpoint saved" (exit 75) with none: a job requeued for ever
+    ("train.skip_train=true", "True", "has no validation data"),
+    ("validation.skip_train=true", "True", "has no validation data"),
+    # accepted and echoed, and nothing was ever evaluated
+    ("validation.eval_interval=2", "2", "has no validation data"), ("train.eval_iters=2", "2", "has no validation data"),
+    # wrote over another run's checkpoints, past the lock and every resume check; loaded another run's state
+    ("checkpoint.save=/elsewhere", "'/elsewhere'", "run_dir sets it"),
+    ("checkpoint.load=/elsewhere", "'/elsewhere'", "run_dir sets it"),
+    ("logger.tensorboard_dir=/elsewhere", "'/elsewhere'", "run_dir sets it"),
+    ("checkpoint.pretrained_checkpoint=/elsewhere", "'/elsewhere'", "base_model sets it"),
+])
+def test_keys_the_recipe_sets_or_cannot_honour_are_refused_naming_what_to_use(tiny_hf, tmp_path, override, shown, use):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}={re.escape(shown)} is not a setting: .*{use}"):
+        _run(tiny_hf, tmp_path / "run", override)
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_model_given_as_run_dir_is_refused_and_left_as_it_was(tiny_hf, tmp_path):

@@ -181,6 +181,9 @@ MISTYPED_OVERRIDES = [
     ("optimizer.lr=.nan", r"optimizer.lr=nan must be a finite number$"),
     ("optimizer.adam_beta2=1.5", r"optimizer.adam_beta2=1.5 must be below 1$"),
     ("train.train_iters=100", r"train.train_iters=100 is not a setting: .* Use dataset.epochs"),
+    # honoured, these wrote over another run's checkpoints, or requeued a job for ever (config.NOT_SETTINGS)
+    ("checkpoint.save=/elsewhere", r"checkpoint.save='/elsewhere' is not a setting: run_dir sets it"),
+    ("train.skip_train=true", r"train.skip_train=True is not a setting: nemo-topr train has no validation data"),
     # a sweep below the preset's min_lr (5e-7) queued, then Megatron's scheduler asserted at the start
     ("optimizer.lr=1e-7", r"optimizer.lr=1e-07 is below optimizer.min_lr=5e-07, where the schedule decays to"),
     # plan said FITS to these; train refused them, or (the last four) raised after writing the run dir

@@ -270,15 +270,38 @@ def _check_bridge_name(dotted: str, value: str, hint: Any) -> None:
         raise ConfigError(f"{dotted}={value!r} is not {what} Bridge knows: {known}")
 
 
-def check_no_train_iters(values: dict[str, Any]) -> None:
-    """train.train_iters is Bridge's key, not ours: `plan` and `submit` passed it, and the job
-    failed at its start, after the queue wait."""
-    if "train_iters" in (values.get("train") or {}):
-        raise ConfigError(
-            f"train.train_iters={values['train']['train_iters']!r} is not a setting: a run trains on each of its "
-            "records dataset.epochs times, and its iterations follow from that (packed rows x epochs / "
-            "train.global_batch_size). Use dataset.epochs, or train on fewer records; to stop early and "
-            "resume later, send the exit signal (docs/training.md)")
+ITERATIONS_FOLLOW_THE_DATA = ("is not a setting: a run trains on each of its records dataset.epochs times, and its "
+                              "iterations follow from that (packed rows x epochs / train.global_batch_size). Use "
+                              "dataset.epochs, or train on fewer records; to stop early and resume later, send the "
+                              "exit signal (docs/training.md)")
+SET_BY_RUN_DIR = ("is not a setting: run_dir sets it (RUN_DIR/checkpoints, RUN_DIR/tensorboard), where the resume "
+                  "checks, the lock and export look; choose run_dir instead")
+NO_VALIDATION = ("is not a setting: nemo-topr train has no validation data, so it would evaluate nothing (skip_train: "
+                 "train nothing and report a stop); measure a run's checkpoints with `nemo-topr export` and "
+                 "`nemo-topr eval`")
+# Bridge keys the recipe sets itself, or that would do nothing or something else here: refused by train, plan and
+# submit. Honoured, checkpoint.save wrote over another run's checkpoints past every resume check, and
+# train.skip_train ended "stopped with a checkpoint saved" with none, a job requeueing itself for ever.
+NOT_SETTINGS = {
+    "train": {"train_iters": ITERATIONS_FOLLOW_THE_DATA, "train_samples": ITERATIONS_FOLLOW_THE_DATA,
+              "num_epochs": ITERATIONS_FOLLOW_THE_DATA, "skip_train": NO_VALIDATION, "eval_iters": NO_VALIDATION,
+              "eval_interval": NO_VALIDATION},
+    "validation": None,  # every key: NO_VALIDATION
+    "checkpoint": {"save": SET_BY_RUN_DIR, "load": SET_BY_RUN_DIR,
+                   "pretrained_checkpoint": "is not a setting: base_model sets it (the weights the run starts from)"},
+    "logger": {"tensorboard_dir": SET_BY_RUN_DIR},
+}
+
+
+def check_no_recipe_keys(values: dict[str, Any]) -> None:
+    """Refuse the keys of `NOT_SETTINGS`, naming what to use instead: `plan` and `submit` passed
+    train.train_iters, and the job failed at its start, after the queue wait."""
+    for section, keys in NOT_SETTINGS.items():
+        given = values.get(section) or {}
+        for key in sorted(given) if isinstance(given, dict) else ():
+            if keys is None or key in keys:
+                why = NO_VALIDATION if keys is None else keys[key]
+                raise ConfigError(f"{section}.{key}={given[key]!r} {why}")
 
 
 def check_values(values: dict[str, Any], base_model: ModelSource | None = None) -> ObjectiveConfig:
@@ -288,7 +311,7 @@ def check_values(values: dict[str, Any], base_model: ModelSource | None = None) 
     (`check_architecture_overrides`). `plan` and `submit` call this too, so what they pass `train`
     accepts. Imports Bridge (the classes); builds no model."""
     check_sections(values)
-    check_no_train_iters(values)
+    check_no_recipe_keys(values)
     check_own_values(values)
     classes = _section_classes()
     # `model` first: the presets' dataset.seq_length interpolates model.seq_length, and a bad value
@@ -708,7 +731,7 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
     if missing:
         raise ConfigError(f"config keys {missing} must be set (e.g. {'; '.join(examples[key] for key in missing)})")
     check_sections(values)
-    check_no_train_iters(values)
+    check_no_recipe_keys(values)
     check_own_values(values)
     try:
         base_model = model_source.resolve(values["base_model"])
