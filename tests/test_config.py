@@ -863,6 +863,32 @@ def test_rendered_prompts_train_and_score_as_their_plain_text(megatron_world, ti
     assert scores["rendered"] == scores["plain"]
 
 
+@pytest.mark.parametrize("config, overrides", [
+    ("tiny_cpu", ["model.bf16=true"]),
+    ("llama31_8b_bf16", ["device=cpu", "model.tensor_model_parallel_size=1", "model.sequence_parallel=false",
+                         "train.global_batch_size=4", "model.seq_length=512",
+                         "optimizer.use_distributed_optimizer=false", "ddp.use_distributed_optimizer=false"]),
+], ids=["bf16-override", "bf16-preset"])
+def test_half_precision_on_the_cpu_is_refused_naming_the_keys_to_set(tiny_hf, tmp_path, config, overrides):
+    """The CPU runtime trains in fp32: model.bf16=true ended at the first step in "attempting to
+    assign a gradient with dtype 'float' to a tensor with dtype 'c10::BFloat16'", a BF16 preset at
+    the optimizer's set-up ("Wrapped parameters must be one of torch.cuda.FloatTensor"), tracebacks
+    after the run directory was written (found by probing). The keys the message says to set build."""
+    compose_run = lambda *extra: build_training_run(compose(  # noqa: E731
+        config, [f"hf_model={tiny_hf}", f"run_dir={tmp_path / 'run'}", *overrides, *extra]))
+    with pytest.raises(ConfigError, match=r" with device=cpu: the CPU runtime trains in fp32 \(docs/cpu_runtime.md\); "
+                                          r"set (.*)$") as refused:
+        compose_run()
+    keys = str(refused.value).split(" with device=cpu")[0].split(", ")
+    expected = ["model.bf16"] if config == "tiny_cpu" else ["model.bf16", "optimizer.bf16", "model.params_dtype",
+                                                           "optimizer.params_dtype", "model.pipeline_dtype"]
+    assert keys == expected
+    fix = str(refused.value).rsplit("; set ", 1)[1].split()
+    run = compose_run(*fix)
+    assert not run.container.model.bf16 and run.container.model.params_dtype == torch.float32
+    assert run.container.optimizer.params_dtype == torch.float32
+
+
 def test_the_distributed_optimizer_is_refused_where_it_cannot_train_or_resume(tiny_hf, tmp_path, monkeypatch):
     """Megatron's distributed optimizer needs CUDA tensors (on CPU its set-up raises a TypeError),
     and without TE's or Apex's FusedAdam (Megatron-Core's HAVE_APEX_OR_TE) it falls back to torch's

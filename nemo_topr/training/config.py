@@ -624,6 +624,22 @@ def choose_pipeline_p2p(model: Any, set_by_config: set[str]) -> None:
                           "silently wrong; leave model.batch_p2p_comm unset (the recipe uses overlapped p2p)")
 
 
+def check_cpu_precision(container: Any) -> None:
+    """device=cpu trains in fp32: `model.bf16=true` failed at the first step ("attempting to assign
+    a gradient with dtype 'float' to a tensor with dtype 'c10::BFloat16'"), a BF16 preset at the
+    optimizer's set-up (Megatron's "Wrapped parameters must be one of torch.cuda.FloatTensor"),
+    both tracebacks after the run directory was written."""
+    set_lower = [f"{section}.{key}" for section in ("model", "optimizer") for key in ("bf16", "fp16")
+                 if getattr(getattr(container, section), key, False)]
+    set_lower += [f"{section}.{key}" for section, key in (("model", "params_dtype"), ("optimizer", "params_dtype"),
+                                                          ("model", "pipeline_dtype"))
+                  if getattr(getattr(container, section), key, None) not in (None, torch.float32)]
+    if set_lower:
+        fix = " ".join(f"{key}={'false' if key.endswith(('bf16', 'fp16')) else 'fp32'}" for key in set_lower)
+        raise ConfigError(f"{', '.join(set_lower)} with device=cpu: the CPU runtime trains in fp32 "
+                          f"(docs/cpu_runtime.md); set {fix}")
+
+
 def _check_distributed_optimizer(container: Any, device: str) -> None:
     """Megatron's distributed optimizer on the machine that trains: it needs CUDA tensors
     (megatron/core/optimizer/distrib_optimizer.py:470-480), and to resume, TE's or Apex's FusedAdam
@@ -784,6 +800,7 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     choose_pipeline_p2p(container.model, set(values.get("model") or {}))
     _check_shared_prefix(container)
     if values["device"] == "cpu":
+        check_cpu_precision(container)
         check_cpu_attention(container.model, container.train.micro_batch_size, available_bytes())
     if values["device"] == "cpu" or torch.cuda.is_available():  # this machine trains; a login node may not
         _check_distributed_optimizer(container, values["device"])
