@@ -257,6 +257,20 @@ def test_cli_reports_does_not_fit(capsys):
     assert "verdict: DOES NOT FIT" in capsys.readouterr().out
 
 
+def test_a_rejected_layout_leads_the_verdict_and_its_estimated_dp_is_named(capsys):
+    """70B (TP8·PP4 = 32 GPUs) on one node: the layout line said DP=1 beside a check saying
+    DP = 8/32 = 0.25, and the verdict began "FITS: 48.18 GiB", read as a yes (found by probing)."""
+    assert main(["llama31_70b_bf16", "--nodes", "1"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    layout = next(line for line in out if line.startswith("layout "))
+    assert "DP=1 (estimated: 8 GPUs do not divide into TP·PP·CP = 32)" in layout
+    assert out[-1].startswith("verdict: LAYOUT REJECTED (world size = TP·PP·CP·DP); memory, were it accepted: FITS: ")
+    assert main(["llama31_70b_bf16", "--nodes", "4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "DP=1 (VP=5" in next(line for line in out if line.startswith("layout "))
+    assert out[-1].startswith("verdict: FITS: ") and out[-1].endswith("; layout OK")
+
+
 @pytest.mark.parametrize("options, problem", [
     (["--nodes", "0"], "--nodes and --gpus-per-node must be >= 1"),
     (["--gpus-per-node", "-2"], "--nodes and --gpus-per-node must be >= 1"),

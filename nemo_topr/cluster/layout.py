@@ -71,7 +71,9 @@ class Layout:
 
     def describe(self) -> str:
         vp = f"VP={self.vp}" if self.vp else "VP off"
-        return (f"TP={self.tp} PP={self.pp} CP={self.cp} DP={self.dp} ({vp}, SP "
+        dp = (f"DP={self.dp}" if self.world_size % self.model_parallel == 0 else
+              f"DP={self.dp} (estimated: {self.world_size} GPUs do not divide into TP·PP·CP = {self.model_parallel})")
+        return (f"TP={self.tp} PP={self.pp} CP={self.cp} {dp} ({vp}, SP "
                 f"{'on' if self.sequence_parallel else 'off'}); seq {self.seq_length} x micro-batch "
                 f"{self.micro_batch}, global batch {self.global_batch} = {self.micro_batches} "
                 f"micro-batches per DP rank")

@@ -79,5 +79,6 @@ def verdict(findings: list[Finding], estimate: MemoryEstimate) -> str:
     else:
         memory = f"DOES NOT FIT: {_gib(need)} needed, {_gib(have)} per GPU ({_gib(need - have)} short{where})"
     failed = [f.rule for f in findings if f.blocking]
-    layout = "layout OK" if not failed else f"LAYOUT REJECTED ({'; '.join(failed)})"
-    return f"verdict: {memory}; {layout}"
+    if failed:  # "FITS" first read as a yes for a layout that cannot run (70B on one node)
+        return f"verdict: LAYOUT REJECTED ({'; '.join(failed)}); memory, were it accepted: {memory}"
+    return f"verdict: {memory}; layout OK"
