@@ -371,6 +371,15 @@ def test_a_users_own_yaml_extends_a_preset_and_a_file_beside_it(tmp_path, monkey
         compose("my_runs/typo.yaml")
     with pytest.raises(ConfigError, match=r"^config my_runs/exp2.yaml: no such file$"):
         compose("my_runs/exp2.yaml")
+    # no defaults list: it said "device must be one of cuda, cpu; got None", or named dataset.seq_length, unset
+    # by the user; the iterate driver's config, a training config's name by mistake, likewise
+    (mine / "alone.yaml").write_text("optimizer:\n  lr: 1.0e-3\n")
+    for name, path in (("my_runs/alone.yaml", mine / "alone"), ("iterate_tiny_cpu", REPO / "conf/iterate_tiny_cpu")):
+        with pytest.raises(ConfigError, match=rf"^config {path}.yaml composes nothing from conf/topr.yaml, the "
+                                              r"recipe's settings \(device, objective, run_dir, ...\): begin it with "
+                                              r"a defaults list naming topr or a preset, as `defaults: \[topr, "
+                                              r"_self_\]`"):
+            compose(name, ["device=cpu"])
     # a file meant in the working directory: it used to be looked up as the preset 'exp3' alone
     with pytest.raises(ConfigError, match=rf"^config exp3.yaml: no such file, here \({tmp_path}\) or among the "
                                           rf"configs in {REPO}/conf$"):

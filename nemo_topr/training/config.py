@@ -80,6 +80,10 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
         raise ConfigError(f"no config {config_name!r} in {config_dir}; available: {available}") from None
     except yaml.YAMLError as error:  # the mark names the file (the user's, or one its defaults name) and line
         raise ConfigError(unparsed_yaml(f"config {config_dir / config_name}.yaml", error)) from None
+    if "resume_from_base" not in cfg:  # a key of conf/topr.yaml alone: the first missing key was named instead
+        raise ConfigError(f"config {config_dir / config_name}.yaml composes nothing from conf/topr.yaml, the "
+                          "recipe's settings (device, objective, run_dir, ...): begin it with a defaults list naming "
+                          "topr or a preset, as `defaults: [topr, _self_]` or `defaults: [llama31_8b_bf16, _self_]`")
     malformed = [item for item in overrides if "=" not in item]
     if malformed:
         raise ConfigError(f"overrides must be key=value; got {malformed}")
