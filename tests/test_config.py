@@ -898,6 +898,30 @@ def test_half_precision_on_the_cpu_is_refused_naming_the_keys_to_set(tiny_hf, tm
     assert run.container.optimizer.params_dtype == torch.float32
 
 
+def test_a_decay_ending_at_lr_zero_before_the_run_ends_is_warned_of(tiny_hf, tmp_path):
+    """cosine to min_lr=0 over lr_decay_iters=5 of an 18-iteration run: iterations 6 to 18 trained at
+    lr 0, without a word (found by probing). Megatron holds min_lr after lr_decay_iters, so only a
+    zero min_lr idles; the whole-run decay (lr_decay_iters unset) and a constant rate do not."""
+    from nemo_topr.training.config import idle_schedule_warning
+
+    def warning(*overrides, iters=18):
+        container = _run(tiny_hf, tmp_path, "optimizer.min_lr=0", *overrides).container
+        return idle_schedule_warning(container.scheduler, container.optimizer.min_lr, iters)
+
+    assert warning("scheduler.lr_decay_style=cosine", "scheduler.lr_decay_iters=5") == (
+        "scheduler.lr_decay_iters=5 of 18 iterations decays to optimizer.min_lr=0: iterations 6 to 18 train at "
+        "learning rate 0, changing nothing; leave lr_decay_iters unset to decay over the whole run, or set "
+        "optimizer.min_lr above 0")
+    assert warning("scheduler.lr_decay_style=linear", "scheduler.lr_decay_iters=17").startswith(
+        "scheduler.lr_decay_iters=17 of 18 iterations")
+    assert warning("scheduler.lr_decay_style=cosine", "scheduler.lr_decay_iters=18") is None  # ends with the run
+    assert warning("scheduler.lr_decay_style=cosine") is None  # unset: Megatron decays over train_iters
+    assert warning("scheduler.lr_decay_style=constant", "scheduler.lr_decay_iters=5") is None
+    container = _run(tiny_hf, tmp_path, "optimizer.min_lr=1e-4", "scheduler.lr_decay_style=cosine",
+                     "scheduler.lr_decay_iters=5").container
+    assert idle_schedule_warning(container.scheduler, container.optimizer.min_lr, 18) is None
+
+
 def test_the_distributed_optimizer_is_refused_where_it_cannot_train_or_resume(tiny_hf, tmp_path, monkeypatch):
     """Megatron's distributed optimizer needs CUDA tensors (on CPU its set-up raises a TypeError),
     and without TE's or Apex's FusedAdam (Megatron-Core's HAVE_APEX_OR_TE) it falls back to torch's

@@ -628,6 +628,19 @@ def choose_pipeline_p2p(model: Any, set_by_config: set[str]) -> None:
                           "silently wrong; leave model.batch_p2p_comm unset (the recipe uses overlapped p2p)")
 
 
+def idle_schedule_warning(scheduler: Any, min_lr: float, train_iters: int) -> str | None:
+    """A decay that ends before the run at a learning rate of 0 leaves the iterations after it
+    training nothing (`scheduler.lr_decay_iters=5 optimizer.min_lr=0`, 13 of 18 iterations), with no
+    word from Megatron; `lr_decay_iters` is the user's to set (Megatron then holds min_lr), so this
+    is a warning, with train_iters known (the data's)."""
+    decay = scheduler.lr_decay_iters
+    if decay is None or decay >= train_iters or scheduler.lr_decay_style == "constant" or min_lr > 0:
+        return None
+    return (f"scheduler.lr_decay_iters={decay} of {train_iters} iterations decays to optimizer.min_lr={min_lr:g}: "
+            f"iterations {decay + 1} to {train_iters} train at learning rate 0, changing nothing; leave "
+            "lr_decay_iters unset to decay over the whole run, or set optimizer.min_lr above 0")
+
+
 def check_cpu_precision(container: Any) -> None:
     """device=cpu trains in fp32: `model.bf16=true` failed at the first step ("attempting to assign
     a gradient with dtype 'float' to a tensor with dtype 'c10::BFloat16'"), a BF16 preset at the

@@ -37,7 +37,7 @@ from nemo_topr.model_source import write_hf_artifacts
 from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
 from nemo_topr.data.records import SOURCE_OPTIONS, DataError, RecordSet, load_records, require_scored
 from nemo_topr.training.config import (CONF_DIR, ConfigError, TrainingRun, build_training_run, check_batch_division,
-                                       check_config, compose)
+                                       check_config, compose, idle_schedule_warning)
 from nemo_topr.training.disk_space import (check_room, checkpoint_bytes, estimated_checkpoint_bytes, failure_hint,
                                            parameter_count)
 from nemo_topr.training.nonfinite import NonFiniteTrainingError
@@ -92,6 +92,9 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
         raise ConfigError(f"dataset: {NO_ADVANTAGE}")
     train.train_iters = prepared.num_rows // train.global_batch_size
     if rank_zero:
+        idle = idle_schedule_warning(run.container.scheduler, run.container.optimizer.min_lr, train.train_iters)
+        if idle:
+            print(f"[nemo-topr] WARNING: {idle}", flush=True)
         resume_iteration = latest_iteration(Path(run.container.checkpoint.save))
         fingerprint = {"data": data_fingerprint(prepared.dataset.sequences, prepared.rows),
                        "config": resume_settings(run.raw, run.objective, run.base_model)}
