@@ -121,6 +121,16 @@ def test_schema_differing_between_files_names_both(strict):
     assert str(FIXTURES / "schema_mismatch" / "a.jsonl") in message
 
 
+def test_a_null_field_is_named_absent_or_null(tmp_path):
+    """`"behavior_logprob": null` in one record of a scored file was reported as "absent here"."""
+    rows = _scored_rows()[:2]
+    rows[1] = {**rows[1], "behavior_logprob": None}
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(DataError, match=r":2: behavior_logprob: schema differs within the file: absent or null here, "
+                                        r"number in earlier records"):
+        load_records(tmp_path / "data.jsonl")
+
+
 def test_misspelt_field_is_a_schema_error(tmp_path):
     row = {**_scored_rows()[0], "behaviour_logprob": -3.0}
     path = tmp_path / "typo.jsonl"

@@ -191,6 +191,9 @@ MISTYPED_OVERRIDES = [
     ("resume_from_base=maybe", r"resume_from_base='maybe' must be true or false$"),
     ("dataset.seq_length=1024", r"dataset.seq_length \(1024\) must equal model.seq_length \(2048\)$"),
     ("train.global_batch_size=", r"train.global_batch_size=: an empty value \(an unset shell variable\?\)"),
+    # Hydra's add prefix: "unknown config section '+optimizer'"
+    ("+optimizer.weight_decay=0.1", r"\+optimizer.weight_decay=0.1: Hydra's \+ and ~ prefixes are not read here; set "
+                                    r"any key of the config as is \(optimizer.weight_decay=VALUE"),
     ("train.global_batch_size=null", r"train.global_batch_size is unset \(null\): a run needs a value; set "
                                      r"train.global_batch_size=VALUE$"),
     ("train=5", r"train=5: train is a section; set its keys, as train.KEY=VALUE$"),

@@ -322,7 +322,7 @@ def schema_of(record: Record) -> dict[str, str]:
 def _schema_difference(schema: dict[str, str], expected: dict[str, str]) -> tuple[str, str, str]:
     """(field, its kind here, its kind in `expected`) for the first field that differs."""
     name = next(name for name in FIELDS if schema.get(name) != expected.get(name))
-    return name, schema.get(name, "absent"), expected.get(name, "absent")
+    return name, schema.get(name, "absent or null"), expected.get(name, "absent or null")
 
 
 class _ConsistencyCheck:

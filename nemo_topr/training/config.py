@@ -111,6 +111,10 @@ def check_overrides(overrides: list[str]) -> None:
     models: dict[str, str] = {}  # the last of each, as OmegaConf keeps it
     for item in overrides:
         key, value = item.split("=", 1)
+        if key.startswith(("+", "~")):  # Hydra's add / delete: read as a section named "+optimizer"
+            raise ConfigError(f"{item}: Hydra's + and ~ prefixes are not read here; set any key of the config "
+                              f"as is ({key.lstrip('+~')}=VALUE: an unknown key is refused by name), or null it "
+                              f"({key.lstrip('+~')}=null)")
         if value == "":
             none = "" if key in NEEDS_A_VALUE else f", or {key}=null for none"
             raise ConfigError(f"{item}: an empty value (an unset shell variable?); give one{none}")
