@@ -19,11 +19,10 @@ paid once (each further checkpoint of a small model takes well under 1 s).
 An earlier export of the very same checkpoint, whose files and HF config, and its own files, are
 unchanged since (by name, size and modification time), is kept and listed as `kept`: run again, an
 export cut short (a job's time limit during --all-iterations) goes on where it stopped. Any other
-non-empty output
-directory is refused unless --overwrite, which replaces only an earlier export (a directory
-holding its nemo_topr_export.json: a typo could name the base model) and redoes kept ones; the
-checkpoint being exported (or a directory holding it, or one inside its root), a path below a
-file and one inside an earlier export are refused always. Each model is written beside its target
+non-empty output directory is refused unless --overwrite, which replaces only an earlier export (a
+directory holding its nemo_topr_export.json: a typo could name the base model) and redoes kept
+ones; the checkpoint being exported (or a directory holding it, or one inside its root), a path
+below a file and one inside an earlier export are refused always. Each model is written beside its target
 and moved into place once complete; one that fails to be written (a full disk) is removed and
 named in one line. A second export into the same target while one writes it is refused. A line on
 stderr tells how many checkpoints are exported, at most every 10 s; stdout lists them at the end.
@@ -75,9 +74,9 @@ def export_targets(source: ModelSource, hf_out: Path, iterations: list[int] | No
 
 
 def files_stamp(*directories: Path) -> str:
-    """A digest of the names, sizes and modification times of the files under `directories` but
-    an export's record: what was made from them, or they are, is current while it is unchanged, as
-    make judges."""
+    """A digest of the names, sizes and modification times of the files under `directories`, an
+    export's record left out: what was made from them, or they themselves, are current while it is
+    unchanged, as make judges."""
     digest = hashlib.sha256()
     for directory in directories:
         for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != EXPORT_RECORD):
