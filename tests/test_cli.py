@@ -1,8 +1,10 @@
 """nemo_topr/cli.py: the verb dispatch, --version and a misspelled verb."""
 
 import importlib.util
+import os
 import re
 
+import pytest
 from conftest import REPO
 from nemo_topr.cli import main
 
@@ -41,6 +43,22 @@ def test_ctrl_c_stops_a_verb_in_one_line_with_the_shells_status(monkeypatch, cap
     monkeypatch.setattr("nemo_topr.data.cli.main", interrupted)
     assert main(["data", "validate", "graded.jsonl"]) == 130
     assert capsys.readouterr().err == "nemo-topr data: interrupted\n"
+
+
+@pytest.mark.parametrize("argv", [["--verbose", "data", "validate", "graded.jsonl"],
+                                  ["data", "validate", "graded.jsonl", "--verbose"],
+                                  ["data", "--verbose", "validate", "graded.jsonl"]])
+def test_verbose_is_read_before_or_after_the_verb(argv, monkeypatch):
+    """`nemo-topr export ... --verbose`, as the README's "`--verbose` shows them" invites, ended in
+    "unrecognized arguments: --verbose" (found by following the docs)."""
+    from nemo_topr.quiet import VERBOSE_ENV
+
+    received = []
+    monkeypatch.setattr("nemo_topr.data.cli.main", received.append)
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    assert main(argv) == 0
+    assert received == [["validate", "graded.jsonl"]]
+    assert os.environ[VERBOSE_ENV] == "1"
 
 
 def test_no_verbs_help_says_a_line_twice(capsys):

@@ -187,6 +187,20 @@ def test_a_model_of_another_architecture_is_refused_for_megatron_and_kept_for_sa
     assert require_hugging_face(model) == model  # generate / eval / verifier sample any causal LM with transformers
 
 
+def test_a_megatron_checkpoint_given_to_a_sampling_verb_names_the_export_with_its_device(tmp_path):
+    """The export the message gives, run as printed on a machine without a GPU, failed on its
+    default --device cuda (found by following the docs)."""
+    from test_export_outputs import _fake_checkpoint
+
+    from nemo_topr.model_source import require_hugging_face
+
+    checkpoint = _fake_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(ModelSourceError, match=rf"export it once with `nemo-topr export --ckpt {checkpoint} --hf-out "
+                                               r"HF_DIR` \(with `--device cpu` on a machine without a GPU\) and pass "
+                                               r"HF_DIR$"):
+        require_hugging_face(checkpoint)
+
+
 def test_a_config_json_that_is_not_an_object_is_named(tmp_path):
     model = placeholder_hf_model(tmp_path / "model", '["LlamaForCausalLM"]')
     with pytest.raises(ModelSourceError, match=r"config.json is not a JSON object"):

@@ -491,12 +491,13 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, num_samples: int)
     parser.add_argument("--data-dir", type=Path, help="benchmark JSONL files or a save_to_disk dataset "
                         "(default: $NEMO_TOPR_DATA_DIR, else the repository's data/benchmarks)")
     parser.add_argument("--limit", type=int, help="only the first K problems")
-    parser.add_argument("--num-samples", type=int, default=num_samples, help="samples per prompt")
-    parser.add_argument("--temperature", type=float, default=defaults.temperature)
-    parser.add_argument("--top-p", type=float, default=defaults.top_p)
-    parser.add_argument("--top-k", type=int, default=defaults.top_k)
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--num-samples", type=int, default=num_samples, help="samples per prompt (default: "
+                        "%(default)s)")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature,
+                        help="0: greedy decoding (default: %(default)s)")
+    for flag, kind, value in (("--top-p", float, defaults.top_p), ("--top-k", int, defaults.top_k),
+                              ("--max-new-tokens", int, defaults.max_new_tokens), ("--seed", int, defaults.seed)):
+        parser.add_argument(flag, type=kind, default=value, help="(default: %(default)s)")
     stops = parser.add_mutually_exclusive_group()
     stops.add_argument("--stop", action="append",
                        help="stop string, repeatable (default: the task's, GSM8K: '\\n\\nQuestion:')")
