@@ -454,6 +454,22 @@ def _submit_inputs(tmp_path: Path) -> tuple[str, ...]:
             f"dataset.train_path={tmp_path / 'scored.jsonl'}")
 
 
+def test_a_relative_input_found_only_in_the_working_directory_is_explained(tmp_path, capsys, monkeypatch):
+    """`submit` reads a relative path from the checkout, where the job runs (documented), while
+    `train` reads it from the working directory: a file beside the user was only "does not exist"."""
+    model = placeholder_hf_model(tmp_path / "Llama-3.1-70B", LLAMA_31_70B)
+    (tmp_path / "rollouts.jsonl").write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    status, _, err = _submit(capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--container-image", "img",
+                             "--run-dir", str(tmp_path / "run"), "--dry-run", "base_model=Llama-3.1-70B",
+                             "dataset.train_path=rollouts.jsonl")
+    assert status == 1
+    for key, name in (("dataset.train_path", "rollouts.jsonl"), ("base_model", "Llama-3.1-70B")):
+        line = next(line for line in err.splitlines() if f"{key}={REPO / name}" in line)
+        assert line.endswith(f" (a relative path is read from the checkout, {REPO}, where the job runs; "
+                             f"{tmp_path / name} exists: give that)"), line
+
+
 @pytest.mark.parametrize("name, why", [("../../mine", "holds a '/'"), ("../evil", "holds a '/'"),
                                        ("a/b", "holds a '/'"), ("-x", "starts with '-', as an option does"),
                                        (".", "is not a file name"), ("..", "is not a file name"), ("", "is empty"),

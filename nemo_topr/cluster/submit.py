@@ -197,6 +197,16 @@ def check_venv(venv: Path, cfg: dict[str, Any]) -> tuple[list[str], list[str]]:
                 "kernels), slower than the presets are sized for; install requirements-gpu.txt there"]
 
 
+def read_from_the_checkout(typed: Any) -> str:
+    """Why a relative path missing from the checkout is missing, where it exists in the working
+    directory: `train` reads it there, `submit` from the checkout, where the job runs."""
+    path = Path(model_source.split_iteration(str(typed))[0])
+    if path.is_absolute() or Path.cwd().resolve() == REPO or not (Path.cwd() / path).exists():
+        return ""
+    return (f" (a relative path is read from the checkout, {REPO}, where the job runs; "
+            f"{Path.cwd() / path} exists: give that)")
+
+
 def check_inputs(on_host: dict[str, Path], cfg: dict[str, Any]) -> list[str]:
     """The starting model is complete (`nemo_topr.model_source`: an HF directory with config and
     tokenizer, or a finished Megatron checkpoint carrying its HF config), the data exists and the
@@ -212,10 +222,10 @@ def check_inputs(on_host: dict[str, Path], cfg: dict[str, Any]) -> list[str]:
         try:
             model_source.resolve(f"{model}{model_source.split_iteration(str(typed['base_model']))[1]}")
         except model_source.ModelSourceError as error:
-            problems.append(str(error))
+            problems.append(f"{error}{read_from_the_checkout(typed['base_model'])}")
     data = on_host.get("dataset.train_path")
     if data is not None and (missing := why_missing(str(data), typed=str(typed["dataset.train_path"]))):
-        problems.append(f"dataset.train_path={data}: {missing}")
+        problems.append(f"dataset.train_path={data}: {missing}{read_from_the_checkout(typed['dataset.train_path'])}")
     run_dir = on_host.get("run_dir")
     if run_dir is not None:
         existing = nearest_existing(run_dir)
