@@ -82,7 +82,7 @@ def test_export_all_iterations_maps_each_output_to_its_own_iteration(run_dir, tm
     class RecordingBridge:
         def export_ckpt(self, checkpoint, out, show_progress):
             converted.append((Path(checkpoint).name, Path(out).name))
-            Path(out).mkdir(parents=True)
+            Path(out).mkdir(parents=True, exist_ok=True)  # as Bridge does: export makes it first
 
     monkeypatch.setattr(export, "use_device", lambda device, where: device)
     monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: RecordingBridge())

@@ -51,14 +51,17 @@ class ConfigError(ValueError):
     """A configuration problem, with the dotted key that caused it."""
 
 
-def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path | None = None) -> DictConfig:
+def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path | None = None, *,
+            whole_run: bool = True) -> DictConfig:
     """Compose ``config_dir/config_name.yaml`` (with its defaults list), then apply ``key=value``
     overrides. Any field of the target dataclasses may be overridden, whether or not the YAML
     mentions it; unknown keys are rejected later, against the dataclasses themselves.
 
     `config_name` may also be the path of a YAML file of the user's (`my_runs/exp1.yaml`): its
     defaults list may name a file beside it or one of this repository's presets (`topr`,
-    `llama31_8b_bf16`), which are searched after the user's directory."""
+    `llama31_8b_bf16`), which are searched after the user's directory. `whole_run`: it configures a
+    run, so it must compose conf/topr.yaml (False: a file read for one section, as score-logprobs
+    reads --train-config's model section)."""
     import yaml
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -80,7 +83,7 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
         raise ConfigError(f"no config {config_name!r} in {config_dir}; available: {available}") from None
     except yaml.YAMLError as error:  # the mark names the file (the user's, or one its defaults name) and line
         raise ConfigError(unparsed_yaml(f"config {config_dir / config_name}.yaml", error)) from None
-    if "resume_from_base" not in cfg:  # a key of conf/topr.yaml alone: the first missing key was named instead
+    if whole_run and "resume_from_base" not in cfg:  # conf/topr.yaml's key alone: the first missing one was named
         raise ConfigError(f"config {config_dir / config_name}.yaml composes nothing from conf/topr.yaml, the "
                           "recipe's settings (device, objective, run_dir, ...): begin it with a defaults list naming "
                           "topr or a preset, as `defaults: [topr, _self_]` or `defaults: [llama31_8b_bf16, _self_]`")

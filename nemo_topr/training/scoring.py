@@ -88,7 +88,7 @@ def training_model_section(train_config: str, provider) -> dict:
     """A training config's ``model`` section, checked as `train` checks it, less the sizes that
     describe the data rather than the model (seq_length stays the scoring command's).
     `train_config` is a config name in conf/ or a YAML path; `provider` is the scored model's."""
-    raw = compose(train_config)  # a YAML path or a preset's name, as train's --config-name
+    raw = compose(train_config, whole_run=False)  # a YAML path or a preset's name, as train's --config-name
     section = {k: v for k, v in dict(raw.get("model") or {}).items() if k != "seq_length"}
     check_values({"model": section})
     # a key that sets the weights' shapes (a user's YAML with model.num_layers) would score
