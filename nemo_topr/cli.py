@@ -51,9 +51,11 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--verbose"]:  # every warning and log line, the known-harmless ones included; after the verb too
+    # every warning and log line, the known-harmless ones included; before or after the verb
+    # (`nemo-topr train ... --verbose`, as often written): no verb has an option of that name
+    if "--verbose" in argv:
         os.environ[VERBOSE_ENV] = "1"
-        argv = argv[1:]
+        argv = [arg for arg in argv if arg != "--verbose"]
     quiet_known_noise()
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
@@ -62,9 +64,6 @@ def main(argv: list[str] | None = None) -> int:
         print(_version())
         return 0
     verb, rest = argv[0], argv[1:]
-    if "--verbose" in rest:  # `nemo-topr train ... --verbose`, as often written: no verb has its own
-        os.environ[VERBOSE_ENV] = "1"
-        rest = [arg for arg in rest if arg != "--verbose"]
     if verb not in VERBS:
         close = [name for name in VERBS if name.startswith(verb)] or difflib.get_close_matches(verb, VERBS, n=1)
         print(f"nemo-topr: unknown verb {verb!r}{f'; did you mean {close[0]}?' if close else ''}\n\n{_usage()}",

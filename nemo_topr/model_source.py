@@ -354,8 +354,8 @@ def require_hugging_face(spec: str | Path, *, named: str = "--model ") -> Path:
     if source.is_megatron:
         raise ModelSourceError(f"{source.describe()}: generate, eval and verifier run the model with transformers "
                                "or vLLM, which read Hugging Face weights only; export it once with "
-                               f"`nemo-topr export --ckpt {spec} --hf-out HF_DIR` (with `--device cpu` on a machine without a "
-                               "GPU) and pass HF_DIR")
+                               f"`nemo-topr export --ckpt {spec} --hf-out HF_DIR` (with `--device cpu` on a machine "
+                               "without a GPU) and pass HF_DIR")
     return source.path
 
 

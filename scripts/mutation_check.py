@@ -1248,7 +1248,7 @@ MUTANTS = (
            ("tests/test_plan.py::test_plan_runs_the_key_type_and_range_checks_of_train",),
            "+optimizer.weight_decay=0.1 is refused as an unknown config section '+optimizer'"),
     Mutant("verbose_after_the_verb_refused", "nemo_topr/cli.py",
-           '    if "--verbose" in rest:', "    if False:",
+           '    if "--verbose" in argv:', '    if argv[:1] == ["--verbose"]:',
            ("tests/test_cli.py::test_verbose_is_read_before_or_after_the_verb",),
            "nemo-topr export ... --verbose ends in 'unrecognized arguments: --verbose'"),
     Mutant("submit_relative_path_unexplained", "nemo_topr/cluster/submit.py",

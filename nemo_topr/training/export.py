@@ -22,10 +22,10 @@ export cut short (a job's time limit during --all-iterations) goes on where it s
 non-empty output directory is refused unless --overwrite, which replaces only an earlier export (a
 directory holding its nemo_topr_export.json: a typo could name the base model) and redoes kept
 ones; the checkpoint being exported (or a directory holding it, or one inside its root), a path
-below a file and one inside an earlier export are refused always. Each model is written beside its target
-and moved into place once complete; one that fails to be written (a full disk) is removed and
-named in one line. A second export into the same target while one writes it is refused. A line on
-stderr tells how many checkpoints are exported, at most every 10 s; stdout lists them at the end.
+below a file and one inside an earlier export are refused always. Each model is written beside its
+target and moved into place once complete; one that fails to be written (a full disk) is removed
+and named in one line. A second export into the same target while one writes it is refused. A line
+on stderr tells how many checkpoints are exported, at most every 10 s; stdout lists them at the end.
 """
 
 from __future__ import annotations
