@@ -3,8 +3,70 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
+import re
+import sys
 from typing import Any
+
+# an option as typed: `--name` or `--name=value`; a lone `--` ends the options
+OPTION = re.compile(r"--[A-Za-z][\w-]*")
+
+
+class Parser(argparse.ArgumentParser):
+    """The verbs' ArgumentParser: a usage error also names each option it does not know, with the
+    closest one it does (`--devcie: did you mean --device?`), or, for a verb that takes KEY=VALUE
+    overrides, the override (`--device cpu` to `train`: `device=...`). Python 3.12's argparse says
+    only "unrecognized arguments", and only once the required ones are there: `export --hf_out x`
+    said that --hf-out was missing."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.typed = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def known_options(self) -> set[str]:
+        """This parser's long options, with those of the sub-command typed (`data stats --bogus` is
+        reported by `data`'s parser)."""
+        parsers = [self]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += [action.choices[word] for word in self.typed if word in action.choices][:1]
+        return {name for parser in parsers for name in parser._option_string_actions if name.startswith("--")}
+
+    def unknown_options(self) -> dict[str, str | None]:
+        """{option typed that is neither known nor a prefix of exactly one known (argparse's
+        abbreviations): what was meant, where something is close; else None}."""
+        known = self.known_options()
+        takes_overrides = any(action.dest == "overrides" for action in self._positionals._group_actions)
+        typed = getattr(self, "typed", [])
+        unknown = {}
+        options = typed[: typed.index("--")] if "--" in typed else typed
+        for place, word in enumerate(options):
+            name, equals, value = word.partition("=")
+            if not OPTION.fullmatch(name) or name in known or sum(o.startswith(name) for o in known) == 1:
+                continue
+            # compared without the dashes, which every name shares
+            close = difflib.get_close_matches(name[2:], [option[2:] for option in known], n=1)
+            following = options[place + 1] if place + 1 < len(options) else "-"
+            if close:
+                unknown[name] = "--" + close[0]
+            elif takes_overrides:  # a setting written as an option: `--device cpu` for device=cpu
+                if not equals:
+                    value = following if not following.startswith("-") and "=" not in following else "VALUE"
+                unknown[name] = f"the override {name[2:].replace('-', '_')}={value}"
+            else:
+                unknown[name] = None
+        return unknown
+
+    def error(self, message: str):
+        unknown = self.unknown_options()
+        if message.startswith("unrecognized arguments:"):
+            hints = [f"{name}: did you mean {meant}?" for name, meant in unknown.items() if meant]
+            message += f" ({'; '.join(hints)})" if hints else ""
+        elif unknown:
+            message += "; unknown: " + ", ".join(f"{name} (did you mean {meant}?)" if meant else name
+                                                 for name, meant in unknown.items())
+        super().error(message)
 
 
 def at_least_one(text: str) -> int:

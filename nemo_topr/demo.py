@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from nemo_topr.arguments import Parser
 
 STAGES = 6
 MAX_CHARS = 600  # question + answer, so that prompt + completion fit 512 tiny-tokenizer tokens
@@ -128,7 +129,7 @@ def _tensorboard_series(run_dir: Path, tag: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nemo_topr.demo", description=__doc__,
+    parser = Parser(prog="python -m nemo_topr.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/demo", help="demo directory (emptied first if an earlier demo made "
                         "it; another non-empty one is refused)")

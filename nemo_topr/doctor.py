@@ -51,7 +51,7 @@ from typing import Callable
 import torch
 
 from nemo_topr import installed_version
-from nemo_topr.arguments import positive_seconds
+from nemo_topr.arguments import Parser, positive_seconds
 from nemo_topr.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.model_settings import CUDNN_922_ATTRIBUTE, CUDNN_922_FIX, loaded_cudnn, own_cudnn_fix
 from nemo_topr.outputs import OutputError, add_overwrite_argument, fresh_output_dir, writable_output_file, write_whole
@@ -448,7 +448,7 @@ def json_outside_work_dir(json_path: Path, work_dir: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="nemo-topr doctor", description=__doc__,
+    parser = Parser(prog="nemo-topr doctor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_argument(parser)
     parser.add_argument("--json", type=Path, help="also write the table (and versions) as JSON here")

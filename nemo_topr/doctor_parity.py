@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 
 import torch
+from nemo_topr.arguments import Parser
 
 SEQ_LENGTH = 128
 LENGTHS = ([40, 30, 50], [70, 45])  # two rows, each with several sequences and a padding tail
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
     from nemo_topr.doctor import report_result
 
-    parser = argparse.ArgumentParser(prog="python -m nemo_topr.doctor_parity", description=__doc__,
+    parser = Parser(prog="python -m nemo_topr.doctor_parity", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--attention-backend", choices=("auto", "unfused"), default="auto",
                         help="TE's attention: auto (TE chooses; cuDNN fused attention on THD, the doctor's) or "

@@ -92,3 +92,48 @@ def test_a_baseline_length_or_iteration_out_of_range_is_a_usage_error(tmp_path, 
     assert exit_.value.code == 2
     assert capsys.readouterr().err.endswith(f"nemo-topr {message}\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["graded.jsonl", "model"]
+
+
+@pytest.mark.parametrize(("command", "message"), [
+    # argparse alone: "unrecognized arguments: --devcie", or only the missing required ones
+    (["score-logprobs", "--model", "M", "--data", "D.jsonl", "--out", "O.jsonl", "--devcie", "cpu"],
+     "score-logprobs: error: unrecognized arguments: --devcie cpu (--devcie: did you mean --device?)"),
+    (["export", "--hf_out", "x"],
+     "export: error: the following arguments are required: --ckpt, --hf-out; "
+     "unknown: --hf_out (did you mean --hf-out?)"),
+    # the sub-command's options, not every sub-command's: --target-p is curate's
+    (["data", "stats", "D.jsonl", "--tokeniser", "M", "--target_p", "0.5"],
+     "data: error: unrecognized arguments: --tokeniser M --target_p 0.5 (--tokeniser: did you mean --tokenizer?)"),
+    (["data", "curate", "D.jsonl", "--out", "O.jsonl", "--target_p", "0.5"],
+     "data: error: unrecognized arguments: --target_p 0.5 (--target_p: did you mean --target-p?)"),
+    # a verb taking KEY=VALUE overrides: a setting written as an option names the override
+    (["train", "--config-name", "tiny_cpu", "--device", "cpu"],
+     "train: error: unrecognized arguments: --device (--device: did you mean the override device=cpu?)"),
+    (["plan", "tiny_cpu", "--base-model=/models/llama"],
+     "plan: error: unrecognized arguments: --base-model=/models/llama "
+     "(--base-model: did you mean the override base_model=/models/llama?)"),
+    # nothing close, and after `--` nothing is an option
+    (["generate", "--xyzzy", "--", "--model"],
+     "generate: error: the following arguments are required: --prompts, --model, --out; unknown: --xyzzy"),
+    # an abbreviation of exactly one option is argparse's own, and no unknown option
+    (["eval", "--num-samp", "3", "--out", "x"],
+     "eval: error: one of the arguments --benchmark --prompts --records --plot is required"),
+])
+def test_a_usage_error_names_the_option_meant_by_a_mistyped_one(capsys, command, message):
+    from nemo_topr import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(command)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"nemo-topr {message}"
+
+
+def test_every_verb_suggests_the_option_meant(capsys):
+    """Each verb's parser is `arguments.Parser` (a new verb's plain ArgumentParser would not say)."""
+    from nemo_topr import cli
+
+    for verb in cli.VERBS:
+        with pytest.raises(SystemExit):
+            cli.main([verb, "--hepl"])
+        last = capsys.readouterr().err.splitlines()[-1]
+        assert last.endswith(("(--hepl: did you mean --help?)", "unknown: --hepl (did you mean --help?)")), verb

@@ -566,7 +566,8 @@ def test_verifier_options_are_checked_at_the_start(fake_model, tmp_path):
         tiny_config(fake_model, tmp_path, "verifier.args=[--batch-size,'2']")
     with pytest.raises(IterateError, match=rf"^verifier.model={tmp_path / 'nowhere'}: no such directory \(expected "):
         tiny_config(fake_model, tmp_path, f"verifier.model={tmp_path / 'nowhere'}")
-    with pytest.raises(IterateError, match=r"^verifier: unrecognized arguments: --bach-size 2 \(verifier.args\)$"):
+    with pytest.raises(IterateError, match=r"^verifier: unrecognized arguments: --bach-size 2 "
+                                           r"\(--bach-size: did you mean --batch-size\?\) \(verifier.args\)$"):
         tiny_config(fake_model, tmp_path, f"verifier.model={fake_model}", "verifier.args=[--bach-size,'2']")
 
 

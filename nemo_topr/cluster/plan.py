@@ -29,6 +29,7 @@ import re
 import sys
 from typing import Any
 
+from nemo_topr.arguments import Parser
 from nemo_topr.cluster.architecture import (REFERENCE_ARCHITECTURES, Architecture, architecture_from_hf_config,
                                             with_model_overrides)
 from nemo_topr.cluster.checks import check_layout
@@ -74,7 +75,7 @@ def compose_config(config: str, overrides: list[str], config_path: str | None) -
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="nemo-topr plan", description=__doc__,
+    parser = Parser(prog="nemo-topr plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="run config: a name in the config dir (e.g. llama31_8b_bf16) or a YAML path")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, as for `nemo-topr train`")

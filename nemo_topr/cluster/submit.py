@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr import model_source
-from nemo_topr.arguments import at_least_one
+from nemo_topr.arguments import Parser, at_least_one
 from nemo_topr.data.sources import HUB_PREFIX, why_missing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -430,7 +430,7 @@ def own_run_dir(config_file: Path, overrides: list[str]) -> Path | None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="nemo-topr submit", description=__doc__,
+    parser = Parser(prog="nemo-topr submit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     # --config-name as `train` spells it (`plan` takes either, or the config as its first word)
     parser.add_argument("--config", "--config-name", dest="config", required=True,

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from nemo_topr.arguments import at_least_one, finite, non_negative, share
+from nemo_topr.arguments import Parser, at_least_one, finite, non_negative, share
 from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records
 from nemo_topr.outputs import add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file
 
@@ -179,7 +179,7 @@ def _add_baseline_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nemo-topr data", description="Validate, inspect and curate pre-scored datasets.")
+    parser = Parser(prog="nemo-topr data", description="Validate, inspect and curate pre-scored datasets.")
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     validate = verbs.add_parser("validate", help="check a dataset and print the report")

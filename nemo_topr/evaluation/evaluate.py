@@ -37,7 +37,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from nemo_topr.arguments import documented
+from nemo_topr.arguments import Parser, documented
 from nemo_topr.data.records import DataError, Record, is_number, load_records, write_jsonl
 from nemo_topr.evaluation.generate import (
     BENCHMARKS,
@@ -293,7 +293,7 @@ def _evaluate_records(args: argparse.Namespace, records: list[Record]) -> dict[s
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nemo-topr eval", **documented(__doc__))
+    parser = Parser(prog="nemo-topr eval", **documented(__doc__))
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--benchmark", choices=sorted(EVAL_BENCHMARKS), help="sample and grade a model (needs --model)")
     mode.add_argument("--prompts", help="the same on a JSONL file of {prompt, reference_answer, prompt_id} (with "

@@ -43,7 +43,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nemo_topr.arguments import share
+from nemo_topr.arguments import Parser, share
 from nemo_topr.data.records import (
     DataError, Messages, Record, RenderedPrompt, check_messages, is_id, is_number, write_jsonl,
 )
@@ -558,7 +558,7 @@ def settings_from_args(args: argparse.Namespace, task: str) -> SamplingSettings:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nemo-topr generate", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="nemo-topr generate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", required=True,
                         help=f"{' | '.join(BENCHMARKS)}, or a JSONL file of {{prompt, reference_answer, prompt_id}}")
     parser.add_argument("--model", type=Path, required=True, help="local Hugging Face checkpoint directory")

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nemo_topr.arguments import at_least_one, documented
+from nemo_topr.arguments import Parser, at_least_one, documented
 from nemo_topr.data.positives import require_signed_grades
 from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
 from nemo_topr.device import add_device_argument, select_device
@@ -214,7 +214,7 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nemo-topr verifier", **documented(__doc__))
+    parser = Parser(prog="nemo-topr verifier", **documented(__doc__))
     verbs = parser.add_subparsers(dest="verb", required=True)
     build = verbs.add_parser("build", help="judge data (Yes/No completions, +-1 rewards) from graded samples")
     build.add_argument("--graded", nargs="+", required=True, help="graded records (files, directories, globs)")

@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from nemo_topr.arguments import Parser
 from nemo_topr.outputs import OutputError, fresh_output_dir
 
 VARIANTS = ("sft_positive", "reinforce", "tis", "topr", "asymre", "ppo_clip")
@@ -269,7 +270,7 @@ def variant_overrides(variant: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nemo_topr.miniature", description=__doc__,
+    parser = Parser(prog="python -m nemo_topr.miniature", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/miniature", help="results directory (emptied first if an earlier "
                         "run made it; another non-empty one is refused)")

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nemo_topr.arguments import Parser
 from nemo_topr.miniature.pipeline import VARIANTS
 from nemo_topr.outputs import OutputError, fresh_output_dir
 
@@ -372,7 +373,7 @@ def run_study(design: Design, out: Path, docs: Path | None, resume: bool = False
 
 def _parser(design_class: type) -> argparse.ArgumentParser:
     """The command line of one design: its fields as options, defaulting to its pre-registration."""
-    parser = argparse.ArgumentParser(prog="python -m nemo_topr.miniature.study", description=__doc__,
+    parser = Parser(prog="python -m nemo_topr.miniature.study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--design", choices=DESIGNS, default="study1",
                         help="which pre-registered study: study1 (issue 19) or study2 (issue 32)")

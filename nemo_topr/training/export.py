@@ -38,7 +38,7 @@ import os
 import shutil
 from pathlib import Path
 
-from nemo_topr.arguments import non_negative
+from nemo_topr.arguments import Parser, non_negative
 from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
 from nemo_topr.model_source import (MEGATRON_KINDS, ModelSource, ModelSourceError, check_intact, resolve,
                                     split_iteration)
@@ -311,7 +311,7 @@ def check_one_choice_of_iterations(ckpt: str, source: ModelSource, option: str) 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="nemo-topr export", description=__doc__,
+    parser = Parser(prog="nemo-topr export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", required=True, help="run directory (RUN or RUN@ITERATION), Megatron checkpoint "
                         "root, or one iter_* directory")

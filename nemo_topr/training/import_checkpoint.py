@@ -27,6 +27,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from nemo_topr import cpu_runtime
+from nemo_topr.arguments import Parser
 from nemo_topr.distributed import local_rendezvous
 from nemo_topr.model_settings import device_model_settings
 from nemo_topr.model_source import HF_ARTIFACTS, HF_KIND, ModelSourceError, check_intact, resolve, write_hf_artifacts
@@ -153,7 +154,7 @@ def _progress(message: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="nemo-topr import", description=__doc__,
+    parser = Parser(prog="nemo-topr import", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("hf_dir", help="local Hugging Face model directory (config, safetensors, tokenizer)")
     parser.add_argument("out", help="new directory for the Megatron distributed checkpoint")

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from nemo_topr import model_source
-from nemo_topr.arguments import at_least_one
+from nemo_topr.arguments import Parser, at_least_one
 from nemo_topr.data.cli import add_source_arguments, source_options
 from nemo_topr.data.packing import collate_packed, pack_sequences
 from nemo_topr.data.records import load_records, write_jsonl
@@ -276,7 +276,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="nemo-topr score-logprobs", description=__doc__,
+    parser = Parser(prog="nemo-topr score-logprobs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True,
                         help="HF directory, Megatron checkpoint, or run directory (RUN[@ITER])")
