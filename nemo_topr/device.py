@@ -71,6 +71,13 @@ def use_device(requested: str, *, where: str, choices: tuple[str, ...] = CHOICES
     return device
 
 
+def out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocation that failed: torch's on a GPU, its CPU allocator's
+    (a RuntimeError naming "can't allocate memory"), or Python's."""
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
 def add_device_argument(parser) -> None:  # noqa: ANN001 - an argparse parser
     """`--device {cuda,cpu,auto}`, default cuda: the flag every model-running verb shares."""
     parser.add_argument("--device", choices=CHOICES, default="cuda",

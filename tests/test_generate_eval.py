@@ -2,11 +2,14 @@
 
 import json
 import math
+import resource
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import placeholder_hf_model
+import torch
+from conftest import checkout_env, placeholder_hf_model
 
 from nemo_topr.data.records import DataError, load_records
 from nemo_topr.evaluation import evaluate, generate
@@ -636,6 +639,53 @@ def test_a_model_that_is_not_there_leaves_no_sample_log(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"nemo-topr generate: --model {tmp_path / 'nothere'}: no such "
                                               "directory")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_more_samples_than_memory_holds_end_in_one_line_naming_what_to_lower(model_dir, tmp_path):
+    """A prompt's samples are one batch for transformers: 10^9 of them need about 1.4 TB for the
+    prompt's copies alone. The allocation fails for real (the address space capped at 64 GiB, so
+    that the kernel's overcommit policy cannot let it through); it ended in torch's traceback."""
+    out = tmp_path / "g.jsonl"
+    cap = 64 << 30
+    proc = subprocess.run(
+        [sys.executable, "-m", "nemo_topr.cli", "generate", "--prompts", "math500", "--limit", "1", "--model",
+         str(model_dir), "--num-samples", str(10**9), "--max-new-tokens", "16", "--device", "cpu", "--out", str(out)],
+        capture_output=True, text=True, env=checkout_env(), timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (cap, cap)))
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("nemo-topr generate: cpu ran out of memory sampling one prompt's 1000000000 samples (up to ")
+    assert "Give a lower --num-samples or --max-new-tokens (" in last and "can't allocate memory" in last
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+@pytest.mark.parametrize(("raised", "expected"), [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB"),
+     (ValueError, r"^cpu ran out of memory sampling one prompt's 64 samples \(up to \d+ tokens each\): .* one batch; "
+                  r"the scores of every step are kept for --sampler-logprobs, vocabulary-wide: leave it out\. Give a "
+                  r"lower --num-samples or --max-new-tokens \(CUDA out of memory\. Tried to allocate 40\.00 GiB\)$")),
+    # an error that is no failed allocation is the program's, raised as it is
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), (RuntimeError, "^mat1 and mat2 shapes")),
+])
+def test_only_a_failed_allocation_while_sampling_is_read_as_out_of_memory(model_dir, monkeypatch, raised, expected):
+    from transformers import GenerationMixin
+
+    def generate_fails(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(GenerationMixin, "generate", generate_fails)
+    settings = SamplingSettings(num_samples=64, max_new_tokens=8, sampler_logprobs=True)
+    with pytest.raises(expected[0], match=expected[1]):
+        sample_and_grade(str(model_dir), load_problems("math500", limit=1), settings, device="cpu")
+
+
+def test_a_gpu_out_of_memory_offers_vllm():
+    settings = SamplingSettings(num_samples=512, max_new_tokens=4000)
+    error = torch.OutOfMemoryError("CUDA out of memory.\nmore")
+    assert generate.sampling_out_of_memory(settings, "cuda", 4100, error) == (
+        "cuda ran out of memory sampling one prompt's 512 samples (up to 4100 tokens each): the transformers backend "
+        "samples a prompt's samples as one batch. Give a lower --num-samples or --max-new-tokens, or sample with "
+        "--backend vllm (CUDA out of memory.)")
 
 
 @pytest.mark.parametrize("flag", ["--num-samples", "--max-new-tokens"])

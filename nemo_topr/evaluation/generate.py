@@ -49,7 +49,7 @@ from nemo_topr.data.records import (
 )
 from nemo_topr.data.schema import RejectedRow
 from nemo_topr.data.sources import jsonl_rows
-from nemo_topr.device import add_device_argument, select_device
+from nemo_topr.device import add_device_argument, out_of_memory, select_device
 from nemo_topr.grading import (
     GRADES, MAX_GRADER_ERROR_RATE, TASKS, Grade, GradeResult, GraderErrorRateExceeded, check_grader_errors,
     graded_answer, reference_problem, reward_of,
@@ -299,14 +299,19 @@ def _sample_with_transformers(model_dir: Path, prompt_ids: dict[int, list[int]],
     for index, ids in prompt_ids.items():
         torch.manual_seed(prompt_seed(settings.seed, index))
         input_ids = torch.tensor([ids], device=device)
-        with torch.no_grad():
-            output = model.generate(
-                input_ids, attention_mask=torch.ones_like(input_ids), **_decoding(settings),
-                max_new_tokens=budgets[index], num_return_sequences=settings.num_samples,
-                stop_strings=list(settings.stop_strings) or None, tokenizer=tokenizer,
-                pad_token_id=pad_id, return_dict_in_generate=True,
-                output_scores=settings.sampler_logprobs,
-            )
+        try:
+            with torch.no_grad():
+                output = model.generate(
+                    input_ids, attention_mask=torch.ones_like(input_ids), **_decoding(settings),
+                    max_new_tokens=budgets[index], num_return_sequences=settings.num_samples,
+                    stop_strings=list(settings.stop_strings) or None, tokenizer=tokenizer,
+                    pad_token_id=pad_id, return_dict_in_generate=True,
+                    output_scores=settings.sampler_logprobs,
+                )
+        except (RuntimeError, MemoryError) as error:
+            if not out_of_memory(error):
+                raise
+            raise ValueError(sampling_out_of_memory(settings, device, len(ids) + budgets[index], error)) from None
         new_tokens = output.sequences[:, input_ids.shape[1]:]
         texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         logprobs = [None] * len(texts)
@@ -315,6 +320,16 @@ def _sample_with_transformers(model_dir: Path, prompt_ids: dict[int, list[int]],
             lengths = _generated_lengths(new_tokens, eos_ids, pad_id)
             logprobs = [float(row[:n].sum()) for row, n in zip(token_logprobs, lengths)]
         yield index, [Completion(trim_at_stop(t, settings.stop_strings), lp) for t, lp in zip(texts, logprobs)]
+
+
+def sampling_out_of_memory(settings: SamplingSettings, device: str, tokens: int, error: BaseException) -> str:
+    """What to do where transformers could not hold one prompt's samples, sampled as one batch."""
+    kept = ("; the scores of every step are kept for --sampler-logprobs, vocabulary-wide: leave it out"
+            if settings.sampler_logprobs else "")
+    other = "" if device == "cpu" else ", or sample with --backend vllm"
+    return (f"{device} ran out of memory sampling one prompt's {settings.num_samples} samples (up to {tokens} tokens "
+            f"each): the transformers backend samples a prompt's samples as one batch{kept}. Give a lower "
+            f"--num-samples or --max-new-tokens{other} ({str(error).splitlines()[0][:200]})")
 
 
 def _sample_with_vllm(model_dir: Path, prompt_ids: dict[int, list[int]], budgets: dict[int, int],
