@@ -42,10 +42,12 @@ import io
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -212,6 +214,8 @@ def check_config(config: IterateConfig) -> None:
         problems.append(f"curate.mode must be one of {CURATION_MODES}; got {config.curate.mode!r}")
     if (config.curate.mode in SUBSAMPLING_MODES) != (config.curate.target is not None):
         problems.append("curate.target is needed by, and only by, curate.mode target_p / target_p_tilde")
+    if config.curate.target is not None and not 0 <= config.curate.target <= 1:  # NaN too
+        problems.append(f"curate.target must be a share in [0, 1]; got {config.curate.target}")
     if config.curate.per_prompt and config.curate.mode not in SUBSAMPLING_MODES:
         problems.append("curate.per_prompt spreads the sub-sampling of curate.mode target_p / target_p_tilde over "
                         f"the prompts; curate.mode {config.curate.mode} has none")
@@ -230,7 +234,10 @@ def check_config(config: IterateConfig) -> None:
     problems += sampling_problems(config, eval_benchmark_known=config.eval.benchmark in EVAL_BENCHMARKS)
     problems += verifier_problems(config)
     try:
-        model_source.resolve(config.base_model)
+        root = model_root(model_source.resolve(config.base_model))
+        if Path(config.out).resolve().is_relative_to(root):
+            problems.append(f"out={config.out} is inside base_model's {root}: a rerun would read the rounds as files "
+                            "of the model, changed since it started, and refuse to resume; choose an out outside it")
     except model_source.ModelSourceError as error:
         problems.append(str(error))
     try:
@@ -368,6 +375,10 @@ def training_config(train: TrainOptions, ranks: int) -> tuple[dict[str, Any], An
     try:
         values, _ = compose_config(train.config_name, list(train.overrides), None)  # with check_values
         check_batch_division(values, max(ranks, 1))
+        if values.get("resume_from_base"):  # round 0 starts from base_model, later rounds on new data
+            raise IterateError("train: resume_from_base=true continues one run on its own data, and each round "
+                               "trains a new run on new samples from the previous round's model (round 0's from a "
+                               "Hugging Face base_model, which has no optimizer state): remove it")
         return values, objective_from(values.get("objective") or {})
     except ConfigError as error:
         raise IterateError(f"train ({train.config_name} with train.overrides): {error}") from None
@@ -498,23 +509,79 @@ class Stage:
     def is_done(self) -> bool:
         if not self.marker.is_file():
             return False
-        recorded = json.loads(self.marker.read_text(encoding="utf-8"))["args"]
-        if recorded == list(self.args):
+        marker = json.loads(self.marker.read_text(encoding="utf-8"))
+        recorded = marker["args"]
+        if recorded == list(self.args) and not (changed := self.outputs_changed(marker.get("stamps"))):
             return True
         if self.redo_if_changed:
             return False
+        if recorded == list(self.args):
+            raise IterateError(f"{self.marker}: this stage finished, but {changed} since, and later stages use it: "
+                               f"put it back, or delete {self.directory} to redo the stages there")
         raise IterateError(f"{self.marker}: this stage finished with other arguments, and later stages used its "
                            f"outputs; use a new `out`, or delete {self.directory} to redo it\n"
                            f"  then: {' '.join(recorded)}\n  now:  {' '.join(self.args)}")
 
+    def output_stamps(self) -> dict[str, list[int]]:
+        """{output file: [size, modification time]}: what the marker holds, so that a rerun does not
+        build on an output emptied, edited or replaced since (an emptied graded.jsonl read as "no
+        records", the round skipped). Directories (a run, a model) are only checked to exist."""
+        return {str(path): [path.stat().st_size, path.stat().st_mtime_ns] for path in self.outputs if path.is_file()}
+
+    def outputs_changed(self, stamps: dict[str, list[int]] | None) -> str | None:
+        """What of the outputs is gone or changed since the marker's `stamps` (None: a marker from
+        before they were kept, where only their presence is checked); None when nothing is."""
+        for path in self.outputs:
+            if not path.exists():
+                return f"its output {path} is gone"
+        now = self.output_stamps()
+        changed = [name for name, stamp in (stamps or {}).items() if now.get(name) != stamp]
+        return f"its output {changed[0]} changed (size or time)" if changed else None
+
+
+class Stopped(IterateError):
+    """The driver was told to stop (Ctrl-C, SIGTERM) while a stage ran; the stage's processes were
+    told the same and have ended."""
+
+    def __init__(self, signum: int, verb: str, code: int):
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} while `nemo-topr {verb}` ran; it was stopped too "
+                         f"(exit {code}) and is not marked done: the same command resumes")
+
+
+@contextlib.contextmanager
+def forwarding_stops(process: subprocess.Popen) -> Iterator[list[int]]:
+    """While `process` runs: Ctrl-C or SIGTERM to the driver goes to its processes' group too, and
+    the driver waits for them to end (train saves a checkpoint first). The process has a group of
+    its own, so the terminal's Ctrl-C comes once, through here; before, SIGTERM killed the driver
+    alone, its stage running on, and Ctrl-C made `subprocess.run` SIGKILL train 0.25 s later.
+    Yields the signals received."""
+    received: list[int] = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
 
 def run_command(args: tuple[str, ...], log: Path, ranks: Ranks) -> None:
     """`nemo-topr ARGS` in `ranks`' processes, their output in `log`; raises IterateError when it
-    fails."""
+    fails, Stopped when the driver was told to stop (`forwarding_stops`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as out:
-        code = subprocess.run([*ranks.command(), *args], stdout=out, stderr=subprocess.STDOUT,
-                              env={**os.environ, **ranks.environment()}).returncode
+        process = subprocess.Popen([*ranks.command(), *args], stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **ranks.environment()}, start_new_session=True)
+        with forwarding_stops(process) as received:
+            code = process.wait()
+    if received:
+        raise Stopped(received[0], args[0], code)
     if code != 0:
         tail = "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])
         raise IterateError(f"`nemo-topr {args[0]}` failed (exit {code}); full log: {log}\n{tail}")
@@ -537,6 +604,7 @@ def run_stage(stage: Stage, *, dry_run: bool = False) -> None:
     seconds = round(time.monotonic() - started, 1)
     write_whole(stage.marker, json.dumps({"stage": stage.name, "args": list(stage.args),
                                                "outputs": [str(p) for p in stage.outputs],
+                                               "stamps": stage.output_stamps(),
                                                "log": str(stage.log), "seconds": seconds}, indent=2) + "\n")
     print(f"{where}: finished in {seconds} s", flush=True)
 
@@ -600,11 +668,16 @@ def sampling_flags(options: SamplingOptions, seed: int) -> list[str]:
 BASE_MODEL_RECORD = "base_model.json"  # in OUT: the files the rounds started from
 
 
+def model_root(source: model_source.ModelSource) -> Path:
+    """The directory holding `source`'s files: a Hugging Face directory, or a Megatron checkpoint's iteration."""
+    return (source.checkpoint if source.is_megatron else source.path).resolve()
+
+
 def model_files(source: model_source.ModelSource) -> list[list]:
-    """Name, size and modification time of each file of `source` (a Hugging Face directory, or a
-    Megatron checkpoint's iteration): the same path holding other weights (an `export
-    --overwrite`, a run trained on) is another model. Hashing would cost minutes at 70B."""
-    root = source.checkpoint if source.is_megatron else source.path
+    """Name, size and modification time of each file of `source` (`model_root`): the same path
+    holding other weights (an `export --overwrite`, a run trained on) is another model. Hashing
+    would cost minutes at 70B."""
+    root = model_root(source)
     return [[str(path.relative_to(root)), path.stat().st_size, path.stat().st_mtime_ns]
             for path in sorted(root.rglob("*")) if path.is_file()]
 
@@ -664,6 +737,10 @@ class Driver:
         # score mu at the training sequence length, so that exactly the sequences training accepts are scored
         values, objective = training_config(train, Ranks.of(config).total)
         self.seq_length, self.baseline = int(values["model"]["seq_length"]), objective.baseline
+        # training drops over-long records (dataset.too_long, else strict): scoring must too, not stop at the first
+        dataset = values.get("dataset") or {}
+        too_long = dataset.get("too_long") or ("error" if dataset.get("strict", True) else "drop")
+        self.score_flags = ["--no-strict"] if too_long == "drop" else []
         self.device_flag = ("--device", config.device)
         # its absolute path, as base_model's, in the verify stages' recorded arguments
         self.verifier_model = (None if config.verifier.model is None
@@ -732,7 +809,8 @@ class Driver:
             Stage("curate", directory, ("data", "curate", str(graded), *flags, "--seed", str(self.config.curate.seed),
                                         "--out", str(curated)), (curated, curated.with_suffix(".stats.json"))),
             Stage("score", directory, ("score-logprobs", "--model", weights, "--data", str(curated),
-                                       "--out", str(scored), "--seq-length", str(self.seq_length), *self.device_flag,
+                                       "--out", str(scored), "--seq-length", str(self.seq_length), *self.score_flags,
+                                       *self.device_flag,
                                        *(["--rendered-prompts"] if rendered else [])), (scored,), ranks=ranks),
             Stage("train", directory, ("train", "--config-name", train.config_name, *train.overrides,
                                        f"base_model={weights}", f"run_dir={run_dir}", f"dataset.train_path={scored}",
@@ -924,5 +1002,5 @@ def main(argv: list[str] | None = None) -> int:
         Driver(load_config(args.config, args.overrides), dry_run=args.dry_run).run()
     except (IterateError, OutputError) as error:
         print(f"nemo-topr iterate: {error}", file=sys.stderr)
-        return 1
+        return 128 + error.signum if isinstance(error, Stopped) else 1  # the shell's status for the signal
     return 0

@@ -46,12 +46,18 @@ def _own_directory(path: str | Path, command: str, refusal: str) -> Path:
         if made_by != command:
             origin = f"was made by {made_by}" if made_by else f"has no {MARK} file from a nemo-topr command"
             raise OutputError(f"{path} is not empty and {origin}: {command} {refusal}")
+    if unmakeable := _why_unmakeable(path):  # checked in a dry run too, where nothing is made
+        raise OutputError(f"{path}: {command} cannot make this directory ({unmakeable}); choose another path")
     return path
 
 
 def _mark(path: Path, command: str) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / MARK).write_text(command + "\n", encoding="utf-8")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / MARK).write_text(command + "\n", encoding="utf-8")
+    except OSError as error:  # what access() cannot tell: root under /sys, a read-only mount
+        raise OutputError(f"{path}: {command} cannot make this directory ({error.strerror}); choose another "
+                          "path") from None
     return path
 
 

@@ -3,14 +3,17 @@ and two real rounds on CPU with a tiny model."""
 
 import dataclasses
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, placeholder_hf_model, tensorboard_scalars
+from conftest import REPO, checkout_env, placeholder_hf_model, tensorboard_scalars
 from nemo_topr import iterate
 from nemo_topr.data.records import Record, load_records, write_jsonl
 from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem, graded_records
@@ -51,6 +54,12 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
     # the driver sets these per round: train then refused the key given twice, in round 1
     ("train.overrides=[run_dir=mine]", r"^train.overrides holds run_dir=mine, which the driver sets for every round "),
     ("curate.mode=target_p_tilde", "curate.target"),
+    # as `data curate --target-p` refuses them; the run failed in the first round with both kinds of sample
+    ("curate.mode=target_p curate.target=1.5", r"^curate.target must be a share in \[0, 1\]; got 1.5$"),
+    ("curate.mode=target_p_tilde curate.target=nan", r"^curate.target must be a share in \[0, 1\]; got nan$"),
+    # train refused it in round 0, after the start's eval, generate, curate and score
+    ("train.overrides=[resume_from_base=true]", r"^train: resume_from_base=true continues one run on its own data, "
+                                                r"and each round trains a new run on new samples "),
     ("curate.mode=best", "curate.mode"),
     # per_prompt spreads a target's sub-sampling: with anna_karenina (the default) it did nothing
     ("curate.per_prompt=true", r"curate.per_prompt spreads the sub-sampling of curate.mode target_p / "
@@ -96,6 +105,28 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
 def test_config_mistakes_are_errors(fake_model, tmp_path, override, message):
     with pytest.raises(IterateError, match=message):
         tiny_config(fake_model, tmp_path, *override.split())
+
+
+def test_an_out_inside_the_base_model_is_refused(fake_model):
+    """The rounds' files would count as the model's (`model_files`): changed since it started, so
+    no rerun could resume, and the message blamed the model."""
+    with pytest.raises(IterateError, match=rf"^out={fake_model}/rounds is inside base_model's {fake_model}: a rerun "
+                                           r"would read the rounds as files of the model, .* choose an out outside it$"):
+        tiny_config(fake_model, fake_model / "rounds")
+    tiny_config(fake_model, fake_model.parent / "rounds")
+
+
+@pytest.mark.parametrize(("overrides", "flags"), [
+    ("[]", []),
+    ("[dataset.too_long=drop]", ["--no-strict"]),
+    ("[dataset.strict=false]", ["--no-strict"]),  # too_long follows strict
+    ("[dataset.strict=false,dataset.too_long=error]", []),
+])
+def test_scoring_drops_over_long_records_where_training_would(fake_model, tmp_path, overrides, flags):
+    """Scoring was always strict: with dataset.too_long=drop the round stopped at score-logprobs's
+    first over-long record, which training would have dropped (and counted)."""
+    driver = Driver(tiny_config(fake_model, tmp_path, f"train.overrides={overrides}"), dry_run=True)
+    assert driver.score_flags == flags
 
 
 def test_target_p_tilde_curates_at_the_baseline_training_uses(fake_model, tmp_path):
@@ -265,6 +296,109 @@ def test_a_failed_stage_leaves_no_marker_and_a_done_stage_is_not_rerun(tmp_path,
     changed = Stage("curate", tmp_path, (*stage.args, "--no-dedup"))
     with pytest.raises(IterateError, match="finished with other arguments"):
         run_stage(changed)
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    # emptied: read as "generation wrote no records", the round skipped and the next one trained on the base model
+    (lambda path: path.write_text(""), "its output {path} changed (size or time)"),
+    (lambda path: path.write_text(path.read_text() + '{"prompt": "x"'), "its output {path} changed (size or time)"),
+    (lambda path: path.unlink(), "its output {path} is gone"),  # was a FileNotFoundError traceback, --dry-run too
+])
+def test_a_finished_stage_whose_output_changed_since_is_named_not_built_on(tmp_path, monkeypatch, change, problem):
+    graded = tmp_path / "graded.jsonl"
+
+    def generate(args, log, ranks):
+        graded.write_text(graded_line(1.0, 0) + graded_line(-1.0, 1, " 5"))
+
+    monkeypatch.setattr(iterate, "run_command", generate)
+    stage = Stage("generate", tmp_path, ("generate", "--out", str(graded)), (graded,))
+    run_stage(stage)
+    assert stage.is_done()
+    change(graded)
+    with pytest.raises(IterateError) as error:
+        stage.is_done()
+    assert str(error.value) == (f"{stage.marker}: this stage finished, but {problem.format(path=graded)} since, and "
+                                f"later stages use it: put it back, or delete {tmp_path} to redo the stages there")
+
+
+def test_a_marker_from_before_the_stamps_checks_only_that_the_outputs_are_there(tmp_path):
+    graded = tmp_path / "graded.jsonl"
+    graded.write_text(graded_line(1.0, 0))
+    stage = Stage("generate", tmp_path, ("generate", "--out", str(graded)), (graded,))
+    stage.marker.write_text(json.dumps({"stage": "generate", "args": list(stage.args), "outputs": [str(graded)]}))
+    assert stage.is_done()
+    graded.unlink()
+    with pytest.raises(IterateError, match=f"its output {graded} is gone since"):
+        stage.is_done()
+
+
+def test_a_plot_deleted_since_is_drawn_again(tmp_path, monkeypatch):
+    """Nothing depends on the plot: it is redrawn, where the summary said it wrote a file that was gone."""
+    plot, calls = tmp_path / "rounds.png", []
+
+    def draw(args, log, ranks):
+        calls.append(args)
+        plot.write_bytes(b"png")
+
+    monkeypatch.setattr(iterate, "run_command", draw)
+    stage = Stage("plot", tmp_path, ("eval", "--plot", "a.json", "--out", str(plot)), (plot,), redo_if_changed=True)
+    run_stage(stage)
+    run_stage(stage)
+    plot.unlink()
+    run_stage(stage)
+    assert len(calls) == 2 and plot.read_bytes() == b"png"
+
+
+# The driver, with every stage's command a stand-in that takes a while to stop, as train does
+STOPPING_DRIVER = """
+import sys
+from nemo_topr import iterate
+stage = sys.argv[1]
+iterate.Ranks.command = lambda self, python=sys.executable: [sys.executable, stage]
+sys.exit(iterate.main(sys.argv[2:]))
+"""
+SLOW_STAGE = """
+import os, signal, sys, time
+from pathlib import Path
+report = Path(os.environ["STAGE_REPORT"])
+def stop(signum, frame):
+    time.sleep(1)  # a checkpoint saved before it exits
+    report.write_text(report.read_text() + f" {signal.Signals(signum).name}")
+    sys.exit(75)
+signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGTERM, stop)
+report.write_text(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_of_the_driver_stops_its_stage_and_waits_for_it(fake_model, tmp_path, stop):
+    """`kill` (or `timeout`, a supervisor) signals the driver alone: its stage ran on, writing into
+    `out`, with no driver to mark it. Ctrl-C made subprocess.run SIGKILL the stage 0.25 s later,
+    before train could save. The stage now gets the driver's signal once and is waited for."""
+    (tmp_path / "driver.py").write_text(STOPPING_DRIVER)
+    (tmp_path / "stage.py").write_text(SLOW_STAGE)
+    report, out = tmp_path / "report", tmp_path / "out"
+    report.write_text("")
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "stage.py"),
+                               "iterate_tiny_cpu", f"base_model={fake_model}", f"out={out}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=checkout_env(STAGE_REPORT=str(report)))
+    deadline = time.monotonic() + 120
+    while not report.read_text() and time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.1)
+    stage_pid = int(report.read_text())
+    driver.send_signal(stop)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 128 + stop, err
+    assert err.strip().splitlines()[-1] == (f"nemo-topr iterate: stopped by {stop.name} while `nemo-topr eval` ran; "
+                                            "it was stopped too (exit 75) and is not marked done: the same command "
+                                            "resumes")
+    assert report.read_text() == f"{stage_pid} {stop.name}"  # one signal, handled: the stage's own stop
+    with pytest.raises(ProcessLookupError):
+        os.kill(stage_pid, 0)
+    assert not (out / "start" / "eval.done.json").exists()
 
 
 def test_a_stage_nothing_depends_on_is_redone_when_its_arguments_change(tmp_path, monkeypatch):

@@ -231,6 +231,22 @@ def test_a_directory_resumed_in_is_claimed_once_and_never_emptied(tmp_path):
     assert not (tmp_path / "dry").exists()  # a dry run makes nothing
 
 
+@pytest.mark.parametrize("make", [False, True], ids=["dry run", "run"])
+def test_an_output_directory_that_cannot_be_made_is_one_line_in_a_dry_run_too(tmp_path, make):
+    """`iterate out=FILE/sub` passed --dry-run, then ended in a NotADirectoryError traceback;
+    under /sys (where root may write by the permission bits, and the kernel refuses) a
+    PermissionError one."""
+    (tmp_path / "FILE").write_text("mine")
+    with pytest.raises(OutputError) as error:
+        claimed_output_dir(tmp_path / "FILE" / "sub", "nemo-topr iterate", make=make)
+    assert str(error.value) == (f"{tmp_path}/FILE/sub: nemo-topr iterate cannot make this directory (File exists: "
+                                f"{tmp_path}/FILE); choose another path")
+    with pytest.raises(OutputError, match=r"^/sys/nemo-topr-out: nemo-topr iterate cannot make this directory "
+                                          r"\((Permission denied: /sys|Operation not permitted)\); choose another path$"):
+        claimed_output_dir("/sys/nemo-topr-out", "nemo-topr iterate")
+    assert (tmp_path / "FILE").read_text() == "mine"
+
+
 RECORDS_OUTPUT = {  # every command that writes records, its option naming them as JSON
     "curate": ["data", "curate", "{data}", "--target-p", "0.25", "--out", "{dir}/curated.json"],
     "score-logprobs": ["score-logprobs", "--model", "{model}", "--data", "{data}", "--out", "{dir}/curated.json",
