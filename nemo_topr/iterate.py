@@ -321,6 +321,18 @@ def eval_prompt_note(config: IterateConfig) -> str | None:
             "eval.zero_shot=true (GSM8K) or eval.prompts to a prompt file of the benchmark's problems")
 
 
+def test_split_warning(config: IterateConfig) -> str | None:
+    """A line when the rounds sample, and so train on, the problems eval measures them on: a
+    legitimate experiment (overfitting on purpose), and a mistake when unsaid."""
+    from nemo_topr.evaluation.evaluate import EVAL_BENCHMARKS
+
+    if config.eval.prompts or config.generate.prompts != EVAL_BENCHMARKS.get(config.eval.benchmark):
+        return None
+    return (f"WARNING: generate.prompts={config.generate.prompts} is the split eval measures ({config.eval.benchmark}): "
+            "the rounds train on the test problems, so eval's scores say nothing of unseen problems; sample "
+            "gsm8k-train or a prompt file of training problems")
+
+
 def verifier_problems(config: IterateConfig) -> list[str]:
     """`verifier.model` and `verifier.args` as `verifier score` reads them, at the start rather
     than after the starting model's evaluation."""
@@ -751,8 +763,9 @@ class Driver:
             check_launch(self.config)
         claimed_output_dir(self.out, "nemo-topr iterate", make=not self.dry_run)
         check_same_base_model(self.out / BASE_MODEL_RECORD, self.config.base_model, write=not self.dry_run)
-        if note := eval_prompt_note(self.config):
-            print(note, flush=True)
+        for note in (eval_prompt_note(self.config), test_split_warning(self.config)):
+            if note:
+                print(note, flush=True)
         start = self.start()
         results = [start]
         for index in range(self.config.rounds):

@@ -259,6 +259,25 @@ def test_rounds_trained_in_one_prompt_form_and_measured_in_another_are_named(fak
         "file of the benchmark's problems"])
 
 
+@pytest.mark.parametrize("overrides, warned", [
+    ([], False),  # gsm8k-train, measured on gsm8k-test
+    (["generate.prompts=gsm8k-test"], True),
+    (["generate.prompts=math500", "generate.zero_shot=false", "eval.benchmark=math500", "eval.zero_shot=false"], True),
+    (["generate.prompts=math500", "generate.zero_shot=false"], False),  # measured on GSM8K
+])
+def test_rounds_that_train_on_the_problems_eval_measures_are_warned_of(fake_model, tmp_path, monkeypatch, capsys,
+                                                                        overrides, warned):
+    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
+    assert iterate.main(["iterate_tiny_cpu", "--dry-run", f"base_model={fake_model}", f"out={tmp_path / 'out'}",
+                         *overrides]) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING:")]
+    split = overrides[0].split("=")[1] if warned else None
+    benchmark = "math500" if split == "math500" else "gsm8k"
+    assert warnings == ([f"WARNING: generate.prompts={split} is the split eval measures ({benchmark}): the rounds "
+                         "train on the test problems, so eval's scores say nothing of unseen problems; sample "
+                         "gsm8k-train or a prompt file of training problems"] if warned else [])
+
+
 def test_the_base_model_must_exist(tmp_path):
     with pytest.raises(IterateError, match="no such directory"):
         tiny_config(tmp_path / "nowhere", tmp_path)
