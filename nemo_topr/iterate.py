@@ -46,6 +46,7 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -173,6 +174,7 @@ def load_config(source: str, overrides: list[str] = ()) -> IterateConfig:
     if {"defaults", "objective", "dataset"} & set(loaded):  # e.g. tiny_cpu for iterate_tiny_cpu
         raise IterateError(f"{path}: a training config (for `nemo-topr train`); iterate takes a driver config, such "
                            "as iterate_tiny_cpu, whose train.config_name names the training config")
+    check_driver_overrides(overrides)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(IterateConfig), loaded, OmegaConf.from_dotlist(list(overrides)))
         config = OmegaConf.to_object(merged)
@@ -180,6 +182,25 @@ def load_config(source: str, overrides: list[str] = ()) -> IterateConfig:
         raise IterateError(f"{path}{' with overrides' if overrides else ''}: {_key_problem(error)}") from None
     check_config(config)
     return config
+
+
+def check_driver_overrides(overrides: list[str]) -> None:
+    """An empty value (`out=`, an unset shell variable: OmegaConf's "Incompatible value 'None'"),
+    and a list key given a plain value (`generate.args=--top-k 50`: "AnyNode is not a ListConfig"),
+    each in a line saying what to write."""
+    for item in overrides:
+        key, equals, value = item.partition("=")
+        section: Any = IterateConfig
+        for part in key.split("."):
+            hints = get_type_hints(section) if dataclasses.is_dataclass(section) else {}
+            section = hints.get(part)
+        if equals and not value:
+            none = f", or {key}=null for none" if type(None) in typing.get_args(section) else ""
+            raise IterateError(f"{item}: an empty value (an unset shell variable?); give one{none}")
+        if typing.get_origin(section) is list and equals and not value.startswith("["):
+            example = ",".join(value.split()) or "a,b"
+            raise IterateError(f"{item}: {key} is a list; write it in brackets, one item per comma: "
+                               f"{key}=[{example}] (quoted for the shell)")
 
 
 def _key_problem(error: OmegaConfBaseException) -> str:

@@ -107,6 +107,24 @@ def test_config_mistakes_are_errors(fake_model, tmp_path, override, message):
         tiny_config(fake_model, tmp_path, *override.split())
 
 
+@pytest.mark.parametrize(("override", "message"), [
+    # OmegaConf's words were "out: Incompatible value 'None' for field of type 'str'"
+    ("out=", "out=: an empty value (an unset shell variable?); give one"),
+    ("curate.target=", "curate.target=: an empty value (an unset shell variable?); give one, or curate.target=null "
+                       "for none"),
+    # "AnyNode is not a ListConfig, list or tuple"
+    ("generate.args=--top-k 50", "generate.args=--top-k 50: generate.args is a list; write it in brackets, one item "
+                                 "per comma: generate.args=[--top-k,50] (quoted for the shell)"),
+    ("train.overrides=dataset.epochs=2", "train.overrides=dataset.epochs=2: train.overrides is a list; write it in "
+                                         "brackets, one item per comma: train.overrides=[dataset.epochs=2] (quoted "
+                                         "for the shell)"),
+])
+def test_an_empty_value_or_a_list_without_brackets_says_what_to_write(fake_model, tmp_path, override, message):
+    with pytest.raises(IterateError) as error:
+        load_config("iterate_tiny_cpu", [f"base_model={fake_model}", override])
+    assert str(error.value) == message
+
+
 def test_an_out_inside_the_base_model_is_refused(fake_model):
     """The rounds' files would count as the model's (`model_files`): changed since it started, so
     no rerun could resume, and the message blamed the model."""
