@@ -295,6 +295,54 @@ def test_an_empty_override_or_the_model_named_twice_is_refused(overrides, expect
     assert compose("tiny_cpu", ["base_model=/models/a", "hf_model=/models/a"]).base_model == "/models/a"
 
 
+@pytest.mark.parametrize("key, expected", [
+    ("dataset.shared_prefix", "dataset.shared_prefix=: an empty value (an unset shell variable?); give one"),
+    ("dataset.packed", "dataset.packed=: an empty value (an unset shell variable?); give one"),
+    ("objective.baseline", "objective.baseline=: an empty value (an unset shell variable?); give one"),
+    ("resume_from_base", "resume_from_base=: an empty value (an unset shell variable?); give one"),
+    ("dataset.too_long", "dataset.too_long=: an empty value (an unset shell variable?); give one, or "
+                         "dataset.too_long=null for none"),
+    ("objective.pos_lower", "objective.pos_lower=: an empty value (an unset shell variable?); give one, or "
+                            "objective.pos_lower=null for none"),
+    ("model.fp8", "model.fp8=: an empty value (an unset shell variable?); give one, or model.fp8=null for none"),
+], ids=["shared_prefix", "packed", "baseline", "resume_from_base", "too_long", "pos_lower", "fp8"])
+def test_an_empty_override_offers_null_only_for_a_key_that_takes_it(key, expected):
+    """`dataset.shared_prefix=` was answered "give one, or dataset.shared_prefix=null for none", and
+    that null was then refused (expected bool): null is offered where the key's annotation admits
+    it, and the checks `train`, `plan` and `submit` share accept what is offered."""
+    from nemo_topr.training.config import check_values
+
+    with pytest.raises(ConfigError) as refused:
+        compose("tiny_cpu", [f"{key}="])
+    assert str(refused.value) == expected
+    values = OmegaConf.to_container(compose("tiny_cpu", [f"{key}=null"]), resolve=True)
+    if expected.endswith("null for none"):
+        check_values(values)
+    else:
+        with pytest.raises(ConfigError, match=rf"^{key}=None (is not a valid value|must be true or false)"):
+            check_values(values)
+
+
+def test_shared_prefix_with_unpacked_rows_is_refused_before_megatron_and_by_plan(tmp_path):
+    """`train` ended in a 20-line traceback (ToprDatasetConfig.prepare's ValueError, after Megatron's
+    import and the data), and `plan` passed the config."""
+    from nemo_topr.training.config import check_values
+
+    run_dir = tmp_path / "run"
+    raw = compose("tiny_cpu", ["dataset.shared_prefix=true", "dataset.packed=false", f"run_dir={run_dir}"])
+    expected = ("dataset.shared_prefix=true packs each row with a prompt and several of its completions; it cannot be "
+                "combined with dataset.packed=false (one sequence per row): drop one of them")
+    with pytest.raises(ConfigError) as refused:
+        check_config(raw)  # train's, before Megatron's import
+    assert str(refused.value) == expected
+    with pytest.raises(ConfigError) as planned:
+        check_values(OmegaConf.to_container(raw, resolve=True))  # plan's and submit's
+    assert str(planned.value) == expected
+    assert not run_dir.exists()
+    check_own_values({"dataset": {"shared_prefix": True}})  # packed by default
+    check_own_values({"dataset": {"shared_prefix": False, "packed": False}})
+
+
 @pytest.mark.parametrize("key", ["train.global_batch_size", "train.micro_batch_size", "optimizer.lr",
                                  "optimizer.min_lr"])
 def test_a_value_the_run_needs_set_to_null_is_refused_before_anything_is_written(key, tmp_path):

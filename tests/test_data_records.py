@@ -397,3 +397,91 @@ def test_per_token_behavior_logprobs_are_refused_saying_it_is_one_sum(tmp_path):
                                   "`nemo-topr score-logprobs` (the trainer's own numerics, so rho = 1 at step 0)")
     with pytest.raises(DataError, match=r"no usable records \(1 read, all dropped: \{'wrong_type': 1\}\)"):
         load_records(path, strict=False)  # counted as the wrong type it is
+
+
+SURROGATE = ("holds a lone UTF-16 surrogate \\ud83d (e.g. a truncated emoji), which cannot be encoded as UTF-8; fix "
+             "the text or drop the record")
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"completion": " 4 \ud83d"}, "completion"),
+    ({"prompt": "Q\ud83d"}, "prompt"),
+    ({"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q\ud83d"}]}, "prompt[1].content"),
+    ({"sample_id": "s\ud83d"}, "sample_id"),
+    ({"meta": {"source": ["ok", "\ud83d"]}}, "meta.source[1]"),
+    ({"meta": {"\ud83d": 1}}, "meta"),
+], ids=["completion", "prompt", "message", "sample_id", "meta", "meta-key"])
+def test_a_lone_surrogate_in_any_text_is_named_as_the_field_not_a_tokenizer_traceback(tmp_path, change, field):
+    """A JSON escape of half an emoji (`"\\ud83d"`, text cut inside a surrogate pair) passed validation:
+    with a tokenizer (`data validate --tokenizer`, `data stats`, `score-logprobs`, `train`) it ended in
+    `TypeError: TextEncodeInput must be Union[...]`, and `data curate` in a bare "surrogates not
+    allowed". Non-strict, it is a counted drop like undecodable bytes."""
+    rows = [{"prompt": "Q", "completion": " 4", "reward": 1.0}, {"prompt": "Q", "completion": " 4", "reward": 1.0,
+                                                                 **change}]
+    path = tmp_path / "surrogate.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))  # ASCII: the surrogate as its JSON escape
+    assert "\\ud83d" in path.read_text()
+    with pytest.raises(DataError) as refused:
+        load_records(path)
+    assert str(refused.value) == f"{path}:2: {field}: {SURROGATE}"
+    loaded = load_records(path, strict=False)
+    assert loaded.report.dropped == {"invalid_utf8": 1} and [r.line for r in loaded.records] == [1]
+    assert loaded.report.first_error == {"invalid_utf8": f"{path}:2: {field}: {SURROGATE}"}
+    write_jsonl(loaded.records, tmp_path / "curated.jsonl")  # what is kept can be written
+
+
+def test_a_whole_surrogate_pair_is_one_character_and_kept(tmp_path):
+    path = tmp_path / "emoji.jsonl"
+    path.write_text('{"prompt": "Q", "completion": " 4 \\ud83d\\ude00", "reward": 1.0}\n')
+    assert load_records(path).records[0].completion == " 4 \U0001F600"
+
+
+@pytest.mark.parametrize("prompt, reason, expected", [
+    ([{"role": "usr", "content": "hi"}], "invalid_message",
+     "prompt[0].role: unknown role 'usr'; the chat template knows system, user, assistant, ipython, tool; did you "
+     "mean 'user'?"),
+    ([{"role": "narrator", "content": "hi"}], "invalid_message",
+     "prompt[0].role: unknown role 'narrator'; the chat template knows system, user, assistant, ipython, tool"),
+    ([{"role": "user", "content": ""}], "empty_prompt", "prompt[0].content: is empty (the last user message)"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": ""}, {"role": "tool", "content": "7"}],
+     "empty_prompt", "prompt[1].content: is empty (the last user message)"),
+    ([{"role": "system", "content": ""}], "empty_prompt", "prompt: every message's content is empty"),
+    ([{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "Let me think."}], "invalid_message",
+     "prompt[1].role: the last message is the assistant's: the completion is a new assistant turn after it, not its "
+     "continuation; end the prompt with the message the completion answers, and put text the assistant began into "
+     "the completion"),
+], ids=["typo", "unknown", "empty", "empty-last-user", "all-empty", "ends-with-assistant"])
+def test_chat_prompts_need_known_roles_a_question_and_no_final_assistant_turn(tmp_path, prompt, reason, expected):
+    """A role typo was rendered as its own header (`<|start_header_id|>usr<|end_header_id|>`); an
+    empty user message was accepted where an empty string prompt is `empty_prompt`; and a prompt
+    ending in an assistant message was rendered as that finished turn (`...<|eot_id|>`) before the
+    generation prompt's new assistant header (tokenization.prompt_token_ids), so the completion
+    trained as a second turn, not the continuation the data meant."""
+    good = {"prompt": [{"role": "user", "content": "hi"}], "completion": " 4", "reward": 1.0}
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "prompt": prompt}) + "\n")
+    with pytest.raises(DataError) as refused:
+        load_records(path)
+    assert str(refused.value) == f"{path}:2: {expected}"
+    assert load_records(path, strict=False).report.dropped == {reason: 1}
+
+
+def test_chat_prompts_of_every_known_role_and_empty_earlier_messages_are_kept(tmp_path):
+    prompt = [{"role": "system", "content": ""}, {"role": "user", "content": "2 + 2?"},
+              {"role": "assistant", "content": ""}, {"role": "ipython", "content": "4"},
+              {"role": "user", "content": "and 3 + 3?"}, {"role": "tool", "content": "6"}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"prompt": prompt, "completion": " 6", "reward": 1.0}) + "\n")
+    assert load_records(path).records[0].prompt == prompt
+
+
+def test_check_messages_which_prompt_files_share_names_a_lone_surrogate():
+    """`nemo-topr generate --prompts` checks its message prompts with check_messages too."""
+    from nemo_topr.data.records import check_messages
+    from nemo_topr.data.schema import RejectedRow
+
+    with pytest.raises(RejectedRow) as refused:
+        check_messages("prompts.jsonl", 3, [{"role": "user", "content": "Q \udc00"}])
+    assert (refused.value.reason, str(refused.value.error)) == (
+        "invalid_utf8", "prompts.jsonl:3: prompt[0].content: holds a lone UTF-16 surrogate \\udc00 (e.g. a truncated "
+                        "emoji), which cannot be encoded as UTF-8; fix the text or drop the record")

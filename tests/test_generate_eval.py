@@ -817,6 +817,13 @@ def test_a_misspelled_benchmark_or_a_bad_prompt_file_is_named(tmp_path, capsys):
      "'prompt_id'?"),
     ({"prompt": "Q: 1+1?", "reference_answer": "2", "source": "web"}, "source: unknown field (a prompt file's rows "
                                                                       "hold prompt, reference_answer and prompt_id)"),
+    # an emoji cut in two: the tokenizer's TypeError traceback after the model loaded
+    ({"prompt": "Q: 1+1? \ud83d", "reference_answer": "2"},
+     "prompt: holds a lone UTF-16 surrogate \\ud83d (e.g. a truncated emoji), which cannot be encoded as UTF-8; fix "
+     "the text or drop the record"),
+    ({"prompt": [{"role": "usr", "content": "Q: 1+1?"}], "reference_answer": "2"},
+     "prompt[0].role: unknown role 'usr'; the chat template knows system, user, assistant, ipython, tool; did you "
+     "mean 'user'?"),
 ])
 def test_a_prompt_files_bad_row_is_named_by_line_and_field(tmp_path, row, message):
     prompts = tmp_path / "prompts.jsonl"

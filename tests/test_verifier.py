@@ -129,7 +129,8 @@ def test_build_and_score_refuse_special_tokens_the_judge_prompt_would_hold_namin
 
 
 @pytest.mark.parametrize("messages", [[{"role": "system", "content": "Solve: 2+2"}],
-                                      [{"role": "User", "content": "Solve: 2+2"}]], ids=["system-only", "User"])
+                                      [{"role": "system", "content": "Solve:"}, {"role": "tool", "content": "2+2"}]],
+                         ids=["system-only", "system-and-tool"])  # a misspelt role ("User") is refused on reading
 def test_build_and_score_refuse_messages_without_a_user_turn_naming_row_and_field(model_dir, tmp_path, capsys,
                                                                                 messages):
     """The judge reads the last user message as the problem; without one, both verbs ended in an

@@ -21,8 +21,10 @@ whole file, with the schema or with the column mapping always raise.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
+import re
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -188,16 +190,73 @@ def _type_name(value: Any) -> str:
     return names.get(type(value), "number")
 
 
+# A code point a JSON escape can name but UTF-8 cannot encode: half of a pair (`"\ud83d"`, an emoji
+# cut in two) that json.loads keeps as is, where a whole pair becomes one character. The tokenizer
+# refused it in a TypeError traceback, and writing the record (data curate) in a bare UnicodeEncodeError.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_problem(text: str) -> str | None:
+    """The problem of a text holding a lone UTF-16 surrogate, else None."""
+    if match := _LONE_SURROGATE.search(text):
+        return (f"holds a lone UTF-16 surrogate \\u{ord(match[0]):04x} (e.g. a truncated emoji), which cannot be "
+                "encoded as UTF-8; fix the text or drop the record")
+    return None
+
+
+def _strings_of(value: Any, name: str):
+    """(dotted name, string) for every string in a JSON value; an object's keys are named as the object."""
+    if isinstance(value, str):
+        yield name, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield name, key
+            yield from _strings_of(item, f"{name}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _strings_of(item, f"{name}[{i}]")
+
+
+# The roles Llama 3.1's chat template renders (it writes tool as ipython); any other role was
+# rendered as its own header (`<|start_header_id|>usr<|end_header_id|>`), which the model never saw.
+CHAT_ROLES = ("system", "user", "assistant", "ipython", "tool")
+
+
 def check_messages(path: str | Path, line: int, messages: list) -> None:
-    """Each message is an object with string `role` and `content`; RejectedRow names the first that is not."""
+    """Each message is an object with a known string `role` and string `content` without a lone
+    surrogate; the last user message asks something, and the last message is not the assistant's.
+    RejectedRow names the first problem."""
+
+    def reject(reason: str, field_name: str, problem: str) -> RejectedRow:
+        return RejectedRow(reason, DataError(path, line, field_name, problem))
+
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            problem = f"expected a message object, got {_type_name(message)}"
-            raise RejectedRow("wrong_type", DataError(path, line, f"prompt[{i}]", problem))
+            raise reject("wrong_type", f"prompt[{i}]", f"expected a message object, got {_type_name(message)}")
         for key in ("role", "content"):
             if not isinstance(message.get(key), str):
                 problem = f"expected a string, got {_type_name(message.get(key))}"
-                raise RejectedRow("wrong_type", DataError(path, line, f"prompt[{i}].{key}", problem))
+                raise reject("wrong_type", f"prompt[{i}].{key}", problem)
+        role = message["role"]
+        if role not in CHAT_ROLES:
+            close = difflib.get_close_matches(role, CHAT_ROLES, n=1)
+            raise reject("invalid_message", f"prompt[{i}].role", f"unknown role {role!r}; the chat template knows "
+                         f"{', '.join(CHAT_ROLES)}" + (f"; did you mean {close[0]!r}?" if close else ""))
+        if problem := lone_surrogate_problem(message["content"]):
+            raise reject("invalid_utf8", f"prompt[{i}].content", problem)
+    if not messages:
+        return
+    # the completion follows the prompt rendered with a new assistant header, so a last assistant
+    # message would be a finished turn the completion does not continue
+    if messages[-1]["role"] == "assistant":
+        raise reject("invalid_message", f"prompt[{len(messages) - 1}].role", "the last message is the assistant's: "
+                     "the completion is a new assistant turn after it, not its continuation; end the prompt with the "
+                     "message the completion answers, and put text the assistant began into the completion")
+    last_user = next((i for i in reversed(range(len(messages))) if messages[i]["role"] == "user"), None)
+    if last_user is not None and not messages[last_user]["content"]:
+        raise reject("empty_prompt", f"prompt[{last_user}].content", "is empty (the last user message)")
+    if not any(message["content"] for message in messages):
+        raise reject("empty_prompt", "prompt", "every message's content is empty")
 
 
 def _assistant_content(completion: list, reject) -> str:
@@ -251,6 +310,12 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
             raise reject("wrong_type", name, f"expected a string or an integer, got {_type_name(values[name])}")
     if values["meta"] is not None and not isinstance(values["meta"], dict):
         raise reject("wrong_type", "meta", f"expected an object, got {_type_name(values['meta'])}")
+    # messages' content is check_messages'; meta too, as data curate writes it
+    texts = {**values, "prompt": prompt if isinstance(prompt, str) else None, "completion": completion}
+    for name in ("prompt", "completion", "prompt_id", "sample_id", "meta"):
+        for where, text in _strings_of(texts[name], name):
+            if problem := lone_surrogate_problem(text):
+                raise reject("invalid_utf8", where, problem)
 
     reward, logprob, baseline = values["reward"], values["behavior_logprob"], values["baseline"]
     if not _is_finite(reward):

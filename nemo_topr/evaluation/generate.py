@@ -45,7 +45,7 @@ from pathlib import Path
 
 from nemo_topr.arguments import Parser, share
 from nemo_topr.data.records import (
-    DataError, Messages, Record, RenderedPrompt, check_messages, is_id, is_number, write_jsonl,
+    DataError, Messages, Record, RenderedPrompt, check_messages, is_id, is_number, lone_surrogate_problem, write_jsonl,
 )
 from nemo_topr.data.schema import RejectedRow
 from nemo_topr.data.sources import jsonl_rows
@@ -181,6 +181,8 @@ def _problem_of_row(path: str | Path, number: int, row: object, task: str, rende
             raise rejected.error from None
     elif not isinstance(prompt, str):
         raise DataError(path, number, "prompt", "expected a string or a list of {role, content} messages")
+    elif problem := lone_surrogate_problem(prompt):  # the tokenizer's TypeError traceback otherwise
+        raise DataError(path, number, "prompt", problem)
     # a number is an answer (0 among them); a boolean or an object is no answer a grader compares
     if not (isinstance(answer, str) or is_number(answer)):
         raise DataError(path, number, "reference_answer", f"expected a string or a number, got {answer!r}")

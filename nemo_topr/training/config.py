@@ -119,13 +119,36 @@ def check_overrides(overrides: list[str]) -> None:
                               f"as is ({key.lstrip('+~')}=VALUE: an unknown key is refused by name), or null it "
                               f"({key.lstrip('+~')}=null)")
         if value == "":
-            none = "" if key in NEEDS_A_VALUE else f", or {key}=null for none"
+            none = f", or {key}=null for none" if _takes_null(key) else ""
             raise ConfigError(f"{item}: an empty value (an unset shell variable?); give one{none}")
         if key in ("base_model", "hf_model"):
             models[key] = value
     if len(models) == 2 and models["base_model"] != models["hf_model"]:
         raise ConfigError(f"base_model={models['base_model']} and hf_model={models['hf_model']} disagree; hf_model "
                           "is an alias of base_model: set one")
+
+
+def _takes_null(dotted: str) -> bool:
+    """Whether `dotted=null` is a value the checks accept: its field's annotation admits None, and it
+    is no NEEDS_A_VALUE key. Our own values and keys no section has take none. Imports Bridge for
+    its sections' classes, on this error path alone (`dataset.packed=null` was offered, then refused)."""
+    section, *keys = dotted.split(".")
+    if not keys or section in OUR_VALUES or dotted in NEEDS_A_VALUE:
+        return False
+    target = ObjectiveConfig if section == "objective" else _section_classes().get(section)
+    for key in keys:
+        hints = typing.get_type_hints(target) if target is not None else {}
+        if key not in hints:
+            return False
+        hint, target = hints[key], _dataclass_in(hints[key])
+    return _admits_none(hint)
+
+
+def _admits_none(hint: Any) -> bool:
+    """Whether a type annotation takes None (`X | None`, `Optional[X]`, `Any`)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_admits_none(member) for member in typing.get_args(hint))
+    return hint is type(None) or hint is Any
 
 
 def unparsed_yaml(what: str, error: Exception) -> str:
@@ -407,9 +430,9 @@ NEEDS_A_VALUE = ("train.global_batch_size", "train.micro_batch_size", "optimizer
 
 
 def check_own_values(values: dict[str, Any]) -> None:
-    """Our keys' values and the one rule between sections, which `plan` and `submit` passed and
-    `train` refused: resume_from_base, device, dataset.seq_length; and NEEDS_A_VALUE, in the
-    sections the config has."""
+    """Our keys' values and the rules across keys, which `plan` and `submit` passed and `train`
+    refused: resume_from_base, device, dataset.seq_length against model.seq_length,
+    dataset.shared_prefix against dataset.packed; and NEEDS_A_VALUE, in the sections the config has."""
     for dotted in NEEDS_A_VALUE:
         section, key = dotted.split(".")
         if isinstance(values.get(section), dict) and values[section].get(key) is None:
@@ -426,6 +449,10 @@ def check_own_values(values: dict[str, Any]) -> None:
     dataset, model = values.get("dataset") or {}, values.get("model") or {}
     if "seq_length" in dataset and "seq_length" in model:
         check_sequence_lengths(dataset["seq_length"], model["seq_length"])
+    # ToprDatasetConfig.prepare refuses it too, after Megatron's import and the data, in a traceback
+    if dataset.get("shared_prefix") is True and dataset.get("packed") is False:
+        raise ConfigError("dataset.shared_prefix=true packs each row with a prompt and several of its completions; "
+                          "it cannot be combined with dataset.packed=false (one sequence per row): drop one of them")
 
 
 def check_sequence_lengths(dataset_length: int, model_length: int) -> None:
