@@ -664,6 +664,8 @@ def test_more_samples_than_memory_holds_end_in_one_line_naming_what_to_lower(mod
      (ValueError, r"^cpu ran out of memory sampling one prompt's 64 samples \(up to \d+ tokens each\): .* one batch; "
                   r"the scores of every step are kept for --sampler-logprobs, vocabulary-wide: leave it out\. Give a "
                   r"lower --num-samples or --max-new-tokens \(CUDA out of memory\. Tried to allocate 40\.00 GiB\)$")),
+    # Python's own failed allocation says nothing: named by its type
+    (MemoryError(), (ValueError, r"^cpu ran out of memory sampling one prompt's 64 samples .* \(MemoryError\)$")),
     # an error that is no failed allocation is the program's, raised as it is
     (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), (RuntimeError, "^mat1 and mat2 shapes")),
 ])

@@ -329,9 +329,10 @@ def sampling_out_of_memory(settings: SamplingSettings, device: str, tokens: int,
     kept = ("; the scores of every step are kept for --sampler-logprobs, vocabulary-wide: leave it out"
             if settings.sampler_logprobs else "")
     other = "" if device == "cpu" else ", or sample with --backend vllm"
+    said = (str(error).splitlines() or [type(error).__name__])[0][:200]  # Python's MemoryError says nothing
     return (f"{device} ran out of memory sampling one prompt's {settings.num_samples} samples (up to {tokens} tokens "
             f"each): the transformers backend samples a prompt's samples as one batch{kept}. Give a lower "
-            f"--num-samples or --max-new-tokens{other} ({str(error).splitlines()[0][:200]})")
+            f"--num-samples or --max-new-tokens{other} ({said})")
 
 
 def _sample_with_vllm(model_dir: Path, prompt_ids: dict[int, list[int]], budgets: dict[int, int],
