@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import hashlib
 import io
 import json
 import os
@@ -194,13 +195,16 @@ def check_driver_overrides(overrides: list[str]) -> None:
         for part in key.split("."):
             hints = get_type_hints(section) if dataclasses.is_dataclass(section) else {}
             section = hints.get(part)
+        is_list = typing.get_origin(section) is list
         if equals and not value:
-            none = f", or {key}=null for none" if type(None) in typing.get_args(section) else ""
+            none = (f", or {key}=[] for none" if is_list else
+                    f", or {key}=null for none" if type(None) in typing.get_args(section) else "")
             raise IterateError(f"{item}: an empty value (an unset shell variable?); give one{none}")
-        if typing.get_origin(section) is list and equals and not value.startswith("["):
-            example = ",".join(value.split()) or "a,b"
+        if is_list and equals and value in ("null", "~"):
+            raise IterateError(f"{item}: {key} is a list; for none write {key}=[]")
+        if is_list and equals and not value.startswith("["):
             raise IterateError(f"{item}: {key} is a list; write it in brackets, one item per comma: "
-                               f"{key}=[{example}] (quoted for the shell)")
+                               f"{key}=[{','.join(value.split())}] (quoted for the shell)")
 
 
 def _key_problem(error: OmegaConfBaseException) -> str:
@@ -349,9 +353,10 @@ def test_split_warning(config: IterateConfig) -> str | None:
 
     if config.eval.prompts or config.generate.prompts != EVAL_BENCHMARKS.get(config.eval.benchmark):
         return None
-    return (f"WARNING: generate.prompts={config.generate.prompts} is the split eval measures ({config.eval.benchmark}): "
-            "the rounds train on the test problems, so eval's scores say nothing of unseen problems; sample "
-            "gsm8k-train or a prompt file of training problems")
+    instead = "gsm8k-train" if config.eval.benchmark == "gsm8k" else "a prompt file of MATH's training problems"
+    prompts, benchmark = config.generate.prompts, config.eval.benchmark
+    return (f"WARNING: generate.prompts={prompts} is the split eval measures ({benchmark}): "
+            f"the rounds train on the test problems, so eval's scores say nothing of unseen problems; sample {instead}")
 
 
 def verifier_problems(config: IterateConfig) -> list[str]:
@@ -526,6 +531,9 @@ class Stage:
     args: tuple[str, ...]  # `nemo-topr` arguments, verb first
     outputs: tuple[Path, ...] = ()
     redo_if_changed: bool = False  # for stages nothing depends on (the plot)
+    # the outputs that later stages read, checked unchanged on a rerun (None: all); not a report
+    # someone may open in an editor (eval.md), nor samples nothing reads on
+    read_later: tuple[Path, ...] | None = None
     # run with --overwrite: a rerun replaces what this stage's failed try left in the driver's own
     # directory. Not recorded in args, so the marker compares only what decides the outputs.
     overwrite: bool = True
@@ -549,37 +557,60 @@ class Stage:
         if self.redo_if_changed:
             return False
         if recorded == list(self.args):
-            raise IterateError(f"{self.marker}: this stage finished, but {changed} since, and later stages use it: "
+            raise IterateError(f"{self.marker}: this stage finished, but its output {changed}; later stages use it: "
                                f"put it back, or delete {self.directory} to redo the stages there")
         raise IterateError(f"{self.marker}: this stage finished with other arguments, and later stages used its "
                            f"outputs; use a new `out`, or delete {self.directory} to redo it\n"
                            f"  then: {' '.join(recorded)}\n  now:  {' '.join(self.args)}")
 
-    def output_stamps(self) -> dict[str, list[int]]:
-        """{output file: [size, modification time]}: what the marker holds, so that a rerun does not
-        build on an output emptied, edited or replaced since (an emptied graded.jsonl read as "no
-        records", the round skipped). Directories (a run, a model) are only checked to exist."""
-        return {str(path): [path.stat().st_size, path.stat().st_mtime_ns] for path in self.outputs if path.is_file()}
+    @property
+    def checked_outputs(self) -> tuple[Path, ...]:
+        return self.outputs if self.read_later is None else self.read_later
 
-    def outputs_changed(self, stamps: dict[str, list[int]] | None) -> str | None:
-        """What of the outputs is gone or changed since the marker's `stamps` (None: a marker from
-        before they were kept, where only their presence is checked); None when nothing is."""
-        for path in self.outputs:
+    def output_stamps(self) -> dict[str, list]:
+        """{output file later stages read: [size, modification time, SHA-256]}: what the marker
+        holds, so that a rerun does not build on an output emptied, edited or replaced since (an
+        emptied graded.jsonl was read as "no records", the round skipped). Directories (a run, a
+        model) are only checked to exist."""
+        return {str(path): [*_size_and_time(path), _sha256(path)] for path in self.checked_outputs if path.is_file()}
+
+    def outputs_changed(self, stamps: dict[str, list] | None) -> str | None:
+        """How an output later stages read is gone or changed since the marker's `stamps` (None: a
+        marker from before they were kept, where only its presence is checked); None when none is.
+        Size and time as recorded mean the same file; else its content decides (`touch`, a copy)."""
+        for path in self.checked_outputs:
             if not path.exists():
-                return f"its output {path} is gone"
-        now = self.output_stamps()
-        changed = [name for name, stamp in (stamps or {}).items() if now.get(name) != stamp]
-        return f"its output {changed[0]} changed (size or time)" if changed else None
+                return f"{path} is gone"
+        for name, (size, mtime, digest) in (stamps or {}).items():
+            path = Path(name)
+            if _size_and_time(path) != [size, mtime] and (path.stat().st_size != size or _sha256(path) != digest):
+                return f"{path} changed since"
+        return None
+
+
+def _size_and_time(path: Path) -> list[int]:
+    return [path.stat().st_size, path.stat().st_mtime_ns]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class Stopped(IterateError):
     """The driver was told to stop (Ctrl-C, SIGTERM) while a stage ran; the stage's processes were
-    told the same and have ended."""
+    told the same and have ended (`code`: their exit status, Popen's -N for a signal N), or had
+    finished their work first (0: marked done)."""
 
     def __init__(self, signum: int, verb: str, code: int):
         self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name} while `nemo-topr {verb}` ran; it was stopped too "
-                         f"(exit {code}) and is not marked done: the same command resumes")
+        ended = ("it finished first and is marked done: the same command goes on after it" if code == 0 else
+                 f"it was stopped too ({f'killed by {signal.Signals(-code).name}' if code < 0 else f'exit {code}'}) "
+                 "and is not marked done: the same command resumes")
+        super().__init__(f"stopped by {signal.Signals(signum).name} while `nemo-topr {verb}` ran; {ended}")
 
 
 @contextlib.contextmanager
@@ -587,8 +618,9 @@ def forwarding_stops(process: subprocess.Popen) -> Iterator[list[int]]:
     """While `process` runs: Ctrl-C or SIGTERM to the driver goes to its processes' group too, and
     the driver waits for them to end (train saves a checkpoint first). The process has a group of
     its own, so the terminal's Ctrl-C comes once, through here; before, SIGTERM killed the driver
-    alone, its stage running on, and Ctrl-C made `subprocess.run` SIGKILL train 0.25 s later.
-    Yields the signals received."""
+    alone, its stage running on, and Ctrl-C made `subprocess.run` SIGKILL train 0.25 s later. A
+    signal the driver was started ignoring (SIGINT in a background job) stays ignored, as the
+    stage inherits it. Yields the signals received."""
     received: list[int] = []
 
     def forward(signum, frame):
@@ -596,7 +628,8 @@ def forwarding_stops(process: subprocess.Popen) -> Iterator[list[int]]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signum)
 
-    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(signum) is not signal.SIG_IGN}
     try:
         yield received
     finally:
@@ -604,20 +637,22 @@ def forwarding_stops(process: subprocess.Popen) -> Iterator[list[int]]:
             signal.signal(signum, handler)
 
 
-def run_command(args: tuple[str, ...], log: Path, ranks: Ranks) -> None:
+def run_command(args: tuple[str, ...], log: Path, ranks: Ranks) -> list[int]:
     """`nemo-topr ARGS` in `ranks`' processes, their output in `log`; raises IterateError when it
-    fails, Stopped when the driver was told to stop (`forwarding_stops`)."""
+    fails, Stopped when it did as the driver was told to stop (`forwarding_stops`). Returns the
+    stop signals received while it still succeeded."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as out:
         process = subprocess.Popen([*ranks.command(), *args], stdout=out, stderr=subprocess.STDOUT,
                                    env={**os.environ, **ranks.environment()}, start_new_session=True)
         with forwarding_stops(process) as received:
             code = process.wait()
-    if received:
+    if received and code != 0:
         raise Stopped(received[0], args[0], code)
     if code != 0:
         tail = "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])
         raise IterateError(f"`nemo-topr {args[0]}` failed (exit {code}); full log: {log}\n{tail}")
+    return received
 
 
 def run_stage(stage: Stage, *, dry_run: bool = False) -> None:
@@ -633,13 +668,15 @@ def run_stage(stage: Stage, *, dry_run: bool = False) -> None:
         return
     stage.marker.unlink(missing_ok=True)  # a stale marker of other arguments (redo_if_changed)
     started = time.monotonic()
-    run_command(command, stage.log, stage.ranks)
+    received = run_command(command, stage.log, stage.ranks)
     seconds = round(time.monotonic() - started, 1)
     write_whole(stage.marker, json.dumps({"stage": stage.name, "args": list(stage.args),
                                                "outputs": [str(p) for p in stage.outputs],
                                                "stamps": stage.output_stamps(),
                                                "log": str(stage.log), "seconds": seconds}, indent=2) + "\n")
     print(f"{where}: finished in {seconds} s", flush=True)
+    if received:  # the stage had done its work: kept, then the driver stops as told
+        raise Stopped(received[0], stage.args[0], 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -897,11 +934,12 @@ class Driver:
         for verification in (
                 Stage("verify", directory, ("verifier", "score", "--model", str(self.verifier_model), "--records",
                                             str(samples), "--out", str(scored), *self.config.verifier.args,
-                                            *self.device_flag), (scored, scored.with_suffix(".report.json"))),
+                                            *self.device_flag), (scored, scored.with_suffix(".report.json")),
+                      read_later=(scored,)),
                 Stage("eval-verified", directory, ("eval", "--records", str(scored),
                                                    *(["--k", *map(str, ks)] if ks else []), "--label", label,
                                                    "--out", str(results)),
-                      (results, results.with_suffix(".md")))):
+                      (results, results.with_suffix(".md")), read_later=(results,))):
             run_stage(verification, dry_run=self.dry_run)
         return None
 
@@ -912,7 +950,8 @@ class Driver:
         return Stage("eval", directory, ("eval", "--model", str(model), *prompts,
                                          *sampling_flags(options, options.seed), *self.device_flag, "--label", label,
                                          "--samples-out", str(samples), "--out", str(results)),
-                     (results, results.with_suffix(".md"), samples))
+                     (results, results.with_suffix(".md"), samples),
+                     read_later=(results, samples) if self.verifier_model is not None else (results,))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -115,6 +115,9 @@ def test_config_mistakes_are_errors(fake_model, tmp_path, override, message):
     # "AnyNode is not a ListConfig, list or tuple"
     ("generate.args=--top-k 50", "generate.args=--top-k 50: generate.args is a list; write it in brackets, one item "
                                  "per comma: generate.args=[--top-k,50] (quoted for the shell)"),
+    ("generate.args=", "generate.args=: an empty value (an unset shell variable?); give one, or generate.args=[] for "
+                       "none"),
+    ("generate.args=null", "generate.args=null: generate.args is a list; for none write generate.args=[]"),
     ("train.overrides=dataset.epochs=2", "train.overrides=dataset.epochs=2: train.overrides is a list; write it in "
                                          "brackets, one item per comma: train.overrides=[dataset.epochs=2] (quoted "
                                          "for the shell)"),
@@ -291,9 +294,10 @@ def test_rounds_that_train_on_the_problems_eval_measures_are_warned_of(fake_mode
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING:")]
     split = overrides[0].split("=")[1] if warned else None
     benchmark = "math500" if split == "math500" else "gsm8k"
+    instead = "gsm8k-train" if benchmark == "gsm8k" else "a prompt file of MATH's training problems"
     assert warnings == ([f"WARNING: generate.prompts={split} is the split eval measures ({benchmark}): the rounds "
-                         "train on the test problems, so eval's scores say nothing of unseen problems; sample "
-                         "gsm8k-train or a prompt file of training problems"] if warned else [])
+                         f"train on the test problems, so eval's scores say nothing of unseen problems; sample "
+                         f"{instead}"] if warned else [])
 
 
 def test_the_base_model_must_exist(tmp_path):
@@ -337,24 +341,34 @@ def test_a_failed_stage_leaves_no_marker_and_a_done_stage_is_not_rerun(tmp_path,
 
 @pytest.mark.parametrize(("change", "problem"), [
     # emptied: read as "generation wrote no records", the round skipped and the next one trained on the base model
-    (lambda path: path.write_text(""), "its output {path} changed (size or time)"),
-    (lambda path: path.write_text(path.read_text() + '{"prompt": "x"'), "its output {path} changed (size or time)"),
-    (lambda path: path.unlink(), "its output {path} is gone"),  # was a FileNotFoundError traceback, --dry-run too
-])
+    (lambda path: path.write_text(""), "{path} changed since"),
+    (lambda path: path.write_text(path.read_text() + '{"prompt": "x"'), "{path} changed since"),
+    # the same size, another content (a reward's sign flipped): its SHA-256 tells
+    (lambda path: path.write_text(path.read_text().replace("-1.0", "+1.0")), "{path} changed since"),
+    (lambda path: path.unlink(), "{path} is gone"),  # was a FileNotFoundError traceback, --dry-run too
+    # the same content: a `touch`, a copy without -p
+    (lambda path: os.utime(path, ns=(1, 1)), None),
+    (lambda path: path.write_text(path.read_text()), None),
+], ids=["emptied", "appended", "edited-in-place", "deleted", "touched", "rewritten-the-same"])
 def test_a_finished_stage_whose_output_changed_since_is_named_not_built_on(tmp_path, monkeypatch, change, problem):
-    graded = tmp_path / "graded.jsonl"
+    graded, report = tmp_path / "graded.jsonl", tmp_path / "graded.md"
 
     def generate(args, log, ranks):
         graded.write_text(graded_line(1.0, 0) + graded_line(-1.0, 1, " 5"))
+        report.write_text("# what a person reads")
 
     monkeypatch.setattr(iterate, "run_command", generate)
-    stage = Stage("generate", tmp_path, ("generate", "--out", str(graded)), (graded,))
+    stage = Stage("generate", tmp_path, ("generate", "--out", str(graded)), (graded, report), read_later=(graded,))
     run_stage(stage)
     assert stage.is_done()
+    report.write_text("# edited in an editor")  # no later stage reads it
     change(graded)
+    if problem is None:
+        assert stage.is_done()
+        return
     with pytest.raises(IterateError) as error:
         stage.is_done()
-    assert str(error.value) == (f"{stage.marker}: this stage finished, but {problem.format(path=graded)} since, and "
+    assert str(error.value) == (f"{stage.marker}: this stage finished, but its output {problem.format(path=graded)}; "
                                 f"later stages use it: put it back, or delete {tmp_path} to redo the stages there")
 
 
@@ -365,7 +379,7 @@ def test_a_marker_from_before_the_stamps_checks_only_that_the_outputs_are_there(
     stage.marker.write_text(json.dumps({"stage": "generate", "args": list(stage.args), "outputs": [str(graded)]}))
     assert stage.is_done()
     graded.unlink()
-    with pytest.raises(IterateError, match=f"its output {graded} is gone since"):
+    with pytest.raises(IterateError, match=f"its output {graded} is gone; later stages use it"):
         stage.is_done()
 
 
@@ -397,20 +411,28 @@ sys.exit(iterate.main(sys.argv[2:]))
 SLOW_STAGE = """
 import os, signal, sys, time
 from pathlib import Path
-report = Path(os.environ["STAGE_REPORT"])
+report, exit_code = Path(os.environ["STAGE_REPORT"]), os.environ["STAGE_EXIT"]
 def stop(signum, frame):
     time.sleep(1)  # a checkpoint saved before it exits
     report.write_text(report.read_text() + f" {signal.Signals(signum).name}")
-    sys.exit(75)
-signal.signal(signal.SIGINT, stop)
-signal.signal(signal.SIGTERM, stop)
+    sys.exit(int(exit_code))
+if exit_code != "default":  # else killed by the signal
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
 report.write_text(str(os.getpid()))
 time.sleep(120)
 """
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_of_the_driver_stops_its_stage_and_waits_for_it(fake_model, tmp_path, stop):
+@pytest.mark.parametrize(("stop", "exit_code", "ended"), [
+    (signal.SIGTERM, "75", "it was stopped too (exit 75) and is not marked done: the same command resumes"),
+    (signal.SIGINT, "75", "it was stopped too (exit 75) and is not marked done: the same command resumes"),
+    (signal.SIGTERM, "default", "it was stopped too (killed by SIGTERM) and is not marked done: the same command "
+                                "resumes"),  # Popen's -15
+    # its work was done when the signal came: kept, not thrown away
+    (signal.SIGINT, "0", "it finished first and is marked done: the same command goes on after it"),
+], ids=["sigterm", "sigint", "killed", "finished"])
+def test_a_stop_of_the_driver_stops_its_stage_and_waits_for_it(fake_model, tmp_path, stop, exit_code, ended):
     """`kill` (or `timeout`, a supervisor) signals the driver alone: its stage ran on, writing into
     `out`, with no driver to mark it. Ctrl-C made subprocess.run SIGKILL the stage 0.25 s later,
     before train could save. The stage now gets the driver's signal once and is waited for."""
@@ -421,7 +443,7 @@ def test_a_stop_of_the_driver_stops_its_stage_and_waits_for_it(fake_model, tmp_p
     driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "stage.py"),
                                "iterate_tiny_cpu", f"base_model={fake_model}", f"out={out}"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=checkout_env(STAGE_REPORT=str(report)))
+                              env=checkout_env(STAGE_REPORT=str(report), STAGE_EXIT=exit_code))
     deadline = time.monotonic() + 120
     while not report.read_text() and time.monotonic() < deadline and driver.poll() is None:
         time.sleep(0.1)
@@ -429,13 +451,27 @@ def test_a_stop_of_the_driver_stops_its_stage_and_waits_for_it(fake_model, tmp_p
     driver.send_signal(stop)
     _, err = driver.communicate(timeout=60)
     assert driver.returncode == 128 + stop, err
-    assert err.strip().splitlines()[-1] == (f"nemo-topr iterate: stopped by {stop.name} while `nemo-topr eval` ran; "
-                                            "it was stopped too (exit 75) and is not marked done: the same command "
-                                            "resumes")
-    assert report.read_text() == f"{stage_pid} {stop.name}"  # one signal, handled: the stage's own stop
+    assert err.strip().splitlines()[-1] == f"nemo-topr iterate: stopped by {stop.name} while `nemo-topr eval` ran; {ended}"
+    # one signal, handled: the stage's own stop
+    assert report.read_text() == (str(stage_pid) if exit_code == "default" else f"{stage_pid} {stop.name}")
     with pytest.raises(ProcessLookupError):
         os.kill(stage_pid, 0)
-    assert not (out / "start" / "eval.done.json").exists()
+    assert (out / "start" / "eval.done.json").exists() == (exit_code == "0")
+
+
+def test_a_stop_the_driver_was_started_ignoring_stays_ignored():
+    """A background job starts with SIGINT ignored, and so does its stage: `kill -INT` stopped the
+    driver alone, which threw away the stage that then finished."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        with iterate.forwarding_stops(process) as received:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # forwarded
+        assert received == [] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        process.wait()
 
 
 def test_a_stage_nothing_depends_on_is_redone_when_its_arguments_change(tmp_path, monkeypatch):
