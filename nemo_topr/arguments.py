@@ -7,6 +7,7 @@ import difflib
 import math
 import re
 import sys
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 # an option as typed: `--name` or `--name=value`; a lone `--` ends the options
@@ -16,9 +17,15 @@ OPTION = re.compile(r"--[A-Za-z][\w-]*")
 class Parser(argparse.ArgumentParser):
     """The verbs' ArgumentParser: a usage error also names each option it does not know, with the
     closest one it does (`--devcie: did you mean --device?`), or, for a verb that takes KEY=VALUE
-    overrides, the override (`--device cpu` to `train`: `device=...`). Python 3.12's argparse says
+    overrides, the setting's override (`train --device cpu`: device=cpu; `--lr`: optimizer.lr).
+    Python 3.12's argparse says
     only "unrecognized arguments", and only once the required ones are there: `export --hf_out x`
     said that --hf-out was missing."""
+
+    def __init__(self, *args, settings: Callable[[], Iterable[str]] | None = None, **kwargs):
+        """`settings`: the dotted keys of the verb's KEY=VALUE overrides, read only for a usage error."""
+        super().__init__(*args, **kwargs)
+        self.settings = settings
 
     def parse_known_args(self, args=None, namespace=None):
         self.typed = list(sys.argv[1:] if args is None else args)
@@ -34,8 +41,8 @@ class Parser(argparse.ArgumentParser):
         return {name for parser in parsers for name in parser._option_string_actions if name.startswith("--")}
 
     def unknown_options(self) -> dict[str, str | None]:
-        """{option typed that is neither known nor a prefix of exactly one known (argparse's
-        abbreviations): what was meant, where something is close; else None}."""
+        """{option typed that is neither known nor a known one's prefix: what was meant, where
+        something is close; else None}."""
         known = self.known_options()
         takes_overrides = any(action.dest == "overrides" for action in self._positionals._group_actions)
         typed = getattr(self, "typed", [])
@@ -43,30 +50,61 @@ class Parser(argparse.ArgumentParser):
         options = typed[: typed.index("--")] if "--" in typed else typed
         for place, word in enumerate(options):
             name, equals, value = word.partition("=")
-            if not OPTION.fullmatch(name) or name in known or sum(o.startswith(name) for o in known) == 1:
+            # a known option's prefix is argparse's abbreviation, or its "ambiguous option"
+            if not OPTION.fullmatch(name) or any(option.startswith(name) for option in known):
                 continue
             # compared without the dashes, which every name shares
             close = difflib.get_close_matches(name[2:], [option[2:] for option in known], n=1)
             following = options[place + 1] if place + 1 < len(options) else "-"
             if close:
                 unknown[name] = "--" + close[0]
-            elif takes_overrides:  # a setting written as an option: `--device cpu` for device=cpu
+            elif takes_overrides and (keys := self.settings_meant(name[2:].replace("-", "_"))):
+                # a setting written as an option: `--device cpu` for device=cpu, `--lr` for optimizer.lr
                 if not equals:
                     value = following if not following.startswith("-") and "=" not in following else "VALUE"
-                unknown[name] = f"the override {name[2:].replace('-', '_')}={value}"
+                unknown[name] = " or ".join(f"the override {key}={value}" for key in keys)
             else:
                 unknown[name] = None
         return unknown
+
+    def settings_meant(self, word: str) -> list[str]:
+        """The setting keys `word` names: itself, or a section's key of that name (`seq_length`:
+        dataset.seq_length, model.seq_length); else the closest by that last name."""
+        keys = list(self.settings()) if self.settings else []
+        named = [key for key in keys if key == word or key.endswith("." + word)]
+        last = {key.rpartition(".")[2]: key for key in keys}
+        return named or [last[close] for close in difflib.get_close_matches(word, last, n=1)]
 
     def error(self, message: str):
         unknown = self.unknown_options()
         if message.startswith("unrecognized arguments:"):
             hints = [f"{name}: did you mean {meant}?" for name, meant in unknown.items() if meant]
             message += f" ({'; '.join(hints)})" if hints else ""
-        elif unknown:
+        elif unknown and "expected one argument" not in message:  # `--stop --x`: --x was meant as the value
             message += "; unknown: " + ", ".join(f"{name} (did you mean {meant}?)" if meant else name
                                                  for name, meant in unknown.items())
         super().error(message)
+
+
+def dotted_keys(mapping: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys of a nested mapping's leaves (a config's settings)."""
+    keys = []
+    for key, value in mapping.items():
+        if isinstance(value, Mapping) and value:
+            keys += dotted_keys(value, f"{prefix}{key}.")
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+def run_settings() -> list[str]:
+    """The dotted keys of conf/topr.yaml, the base of every run config: `train`'s, `plan`'s and
+    `submit`'s settings. Imported here, on a usage error alone (the config module imports torch)."""
+    from omegaconf import OmegaConf
+
+    from nemo_topr.training.config import CONF_DIR
+
+    return dotted_keys(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "topr.yaml")))
 
 
 def at_least_one(text: str) -> int:

@@ -130,7 +130,7 @@ def _tensorboard_series(run_dir: Path, tag: str) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m nemo_topr.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/demo", help="demo directory (emptied first if an earlier demo made "
                         "it; another non-empty one is refused)")
     parser.add_argument("--prompts", type=int, default=48, help="GSM8K train questions to use")

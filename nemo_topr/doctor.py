@@ -449,7 +449,7 @@ def json_outside_work_dir(json_path: Path, work_dir: Path) -> None:
 
 def main(argv: list[str]) -> int:
     parser = Parser(prog="nemo-topr doctor", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_argument(parser)
     parser.add_argument("--json", type=Path, help="also write the table (and versions) as JSON here")
     add_overwrite_argument(parser)

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     from nemo_topr.doctor import report_result
 
     parser = Parser(prog="python -m nemo_topr.doctor_parity", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--attention-backend", choices=("auto", "unfused"), default="auto",
                         help="TE's attention: auto (TE chooses; cuDNN fused attention on THD, the doctor's) or "
                              "unfused (no cuDNN attention, for a cuDNN that TE's fused backward refuses)")

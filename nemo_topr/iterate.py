@@ -58,7 +58,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from nemo_topr import model_source
-from nemo_topr.arguments import Parser, documented
+from nemo_topr.arguments import Parser, documented, dotted_keys
 from nemo_topr.data.records import Record, is_positive
 from nemo_topr.device import DEVICES
 from nemo_topr.outputs import OutputError, claimed_output_dir, write_whole
@@ -183,6 +183,11 @@ def load_config(source: str, overrides: list[str] = ()) -> IterateConfig:
         raise IterateError(f"{path}{' with overrides' if overrides else ''}: {_key_problem(error)}") from None
     check_config(config)
     return config
+
+
+def driver_settings() -> list[str]:
+    """The driver config's dotted keys (`arguments.Parser`: `--rounds 3` is rounds=3)."""
+    return dotted_keys(OmegaConf.to_container(OmegaConf.structured(IterateConfig)))
 
 
 def check_driver_overrides(overrides: list[str]) -> None:
@@ -1066,7 +1071,7 @@ def write_summary(out: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="nemo-topr iterate", **documented(__doc__))
+    parser = Parser(prog="nemo-topr iterate", settings=driver_settings, **documented(__doc__))
     parser.add_argument("config", help="driver config: a YAML path, or a name in conf/ (e.g. iterate_tiny_cpu)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the driver config (dotted keys)")
     parser.add_argument("--dry-run", action="store_true", help="list the stages, done or to run; run nothing")

@@ -112,6 +112,18 @@ def test_a_baseline_length_or_iteration_out_of_range_is_a_usage_error(tmp_path, 
     (["plan", "tiny_cpu", "--base-model=/models/llama"],
      "plan: error: unrecognized arguments: --base-model=/models/llama "
      "(--base-model: did you mean the override base_model=/models/llama?)"),
+    # a section's key by its last name (conf/topr.yaml's keys); no key of that name, no suggestion
+    (["train", "--config-name", "tiny_cpu", "--seq-length", "512"],
+     "train: error: unrecognized arguments: --seq-length (--seq-length: did you mean the override "
+     "dataset.seq_length=512 or the override model.seq_length=512?)"),
+    (["submit", "--config", "tiny_cpu", "--lr=1e-4", "--dry-run"],
+     "submit: error: unrecognized arguments: --lr=1e-4 (--lr: did you mean the override optimizer.lr=1e-4?)"),
+    (["train", "--config-name", "tiny_cpu", "--dry-run"], "train: error: unrecognized arguments: --dry-run"),
+    (["iterate", "iterate_tiny_cpu", "--rounds", "3"],
+     "iterate: error: unrecognized arguments: --rounds 3 (--rounds: did you mean the override rounds=3?)"),
+    # argparse's own words where they are right: an ambiguous abbreviation, an option's missing value
+    (["generate", "--s", "1"], "generate: error: ambiguous option: --s could match --seed, --stop, --sampler-logprobs"),
+    (["generate", "--stop", "--x"], "generate: error: argument --stop: expected one argument"),
     # nothing close, and after `--` nothing is an option
     (["generate", "--xyzzy", "--", "--model"],
      "generate: error: the following arguments are required: --prompts, --model, --out; unknown: --xyzzy"),

@@ -716,6 +716,11 @@ def test_a_model_given_as_run_dir_is_refused_and_left_as_it_was(tiny_hf, tmp_pat
     notes.write_text("mine")
     with pytest.raises(ConfigError, match=rf"^run_dir={notes} is a file; a run writes a directory there$"):
         _run(tiny_hf, notes)
+    # below a file: a NotADirectoryError traceback from the run's lock
+    with pytest.raises(ConfigError, match=rf"^run_dir={notes}/run: {notes} is a file, so no directory can be made "
+                                          r"under it$"):
+        _run(tiny_hf, notes / "run")
+    assert notes.read_text() == "mine"
     (tmp_path / "slurm_run" / "logs" / "job-7-start-0").mkdir(parents=True)
     assert _run(tiny_hf, tmp_path / "slurm_run").run_dir == tmp_path / "slurm_run"
 

@@ -29,7 +29,7 @@ import re
 import sys
 from typing import Any
 
-from nemo_topr.arguments import Parser
+from nemo_topr.arguments import Parser, run_settings
 from nemo_topr.cluster.architecture import (REFERENCE_ARCHITECTURES, Architecture, architecture_from_hf_config,
                                             with_model_overrides)
 from nemo_topr.cluster.checks import check_layout
@@ -75,8 +75,8 @@ def compose_config(config: str, overrides: list[str], config_path: str | None) -
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = Parser(prog="nemo-topr plan", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="nemo-topr plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    settings=run_settings)
     parser.add_argument("config", help="run config: a name in the config dir (e.g. llama31_8b_bf16) or a YAML path")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, as for `nemo-topr train`")
     parser.add_argument("--nodes", type=int, default=1, help="number of nodes (default: %(default)s)")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr import model_source
-from nemo_topr.arguments import Parser, at_least_one
+from nemo_topr.arguments import Parser, at_least_one, run_settings
 from nemo_topr.data.sources import HUB_PREFIX, why_missing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -430,8 +430,8 @@ def own_run_dir(config_file: Path, overrides: list[str]) -> Path | None:
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="nemo-topr submit", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="nemo-topr submit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    settings=run_settings)
     # --config-name as `train` spells it (`plan` takes either, or the config as its first word)
     parser.add_argument("--config", "--config-name", dest="config", required=True,
                         help="a config in conf/ (e.g. llama31_8b_bf16), or the path of your own YAML file, whose "

@@ -271,7 +271,7 @@ def variant_overrides(variant: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m nemo_topr.miniature", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/miniature", help="results directory (emptied first if an earlier "
                         "run made it; another non-empty one is refused)")
     parser.add_argument("--docs", default="docs/miniature", help="copy the table and plots here ('' to skip)")

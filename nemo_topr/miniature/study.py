@@ -374,7 +374,7 @@ def run_study(design: Design, out: Path, docs: Path | None, resume: bool = False
 def _parser(design_class: type) -> argparse.ArgumentParser:
     """The command line of one design: its fields as options, defaulting to its pre-registration."""
     parser = Parser(prog="python -m nemo_topr.miniature.study", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--design", choices=DESIGNS, default="study1",
                         help="which pre-registered study: study1 (issue 19) or study2 (issue 32)")
     parser.add_argument("--out", help="results directory (default results/miniature_study[2]; emptied first if an "

@@ -38,6 +38,7 @@ from nemo_topr.model_settings import (CUDNN_922_FIX, device_model_settings, fuse
                                       te_attention_cudnn_problem)
 from nemo_topr.model_source import ModelSource
 from nemo_topr.objective import ObjectiveConfig
+from nemo_topr.outputs import nearest_existing
 from nemo_topr.training.checkpoints import latest_iteration
 from nemo_topr.training.host_memory import available_bytes, check_cpu_attention
 from nemo_topr.training.run_state import START_CONFIGS_DIR, entries_of_others
@@ -769,6 +770,8 @@ def check_run_dir(run_dir: Path) -> None:
     if run_dir.is_file():
         raise ConfigError(f"run_dir={run_dir} is a file; a run writes a directory there")
     if not run_dir.is_dir():
+        if not (existing := nearest_existing(run_dir.absolute())).is_dir():  # a NotADirectoryError traceback
+            raise ConfigError(f"run_dir={run_dir}: {existing} is a file, so no directory can be made under it")
         return
     try:
         found = model_source.resolve(run_dir)

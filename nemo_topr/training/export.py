@@ -312,7 +312,7 @@ def check_one_choice_of_iterations(ckpt: str, source: ModelSource, option: str) 
 
 def main(argv: list[str]) -> int:
     parser = Parser(prog="nemo-topr export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", required=True, help="run directory (RUN or RUN@ITERATION), Megatron checkpoint "
                         "root, or one iter_* directory")
     parser.add_argument("--hf-out", required=True, help="output Hugging Face directory (a parent directory "

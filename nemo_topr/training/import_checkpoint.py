@@ -155,7 +155,7 @@ def _progress(message: str) -> None:
 
 def main(argv: list[str]) -> int:
     parser = Parser(prog="nemo-topr import", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("hf_dir", help="local Hugging Face model directory (config, safetensors, tokenizer)")
     parser.add_argument("out", help="new directory for the Megatron distributed checkpoint")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="weights dtype (default: the HF config's torch_dtype)")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from nemo_topr.arguments import Parser
+from nemo_topr.arguments import Parser, run_settings
 from nemo_topr.cluster.warning import release_the_warning
 from nemo_topr.data.positives import NO_ADVANTAGE, no_negatives_warning, sign_flipping_baseline
 from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
@@ -334,8 +334,8 @@ def _is_rank_zero() -> bool:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = Parser(prog="nemo-topr train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="nemo-topr train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    settings=run_settings)
     parser.add_argument("--config-name", default="topr",
                         help="a config in the config dir (tiny_cpu, llama31_8b_bf16), or the path of your own YAML "
                              "file, whose defaults list may name those presets")

@@ -277,7 +277,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
 
 def main(argv: list[str]) -> int:
     parser = Parser(prog="nemo-topr score-logprobs", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True,
                         help="HF directory, Megatron checkpoint, or run directory (RUN[@ITER])")
     parser.add_argument("--data", required=True, help="records: JSONL/Parquet/Arrow files, directory, glob, "
