@@ -402,8 +402,11 @@ def test_a_plot_deleted_since_is_drawn_again(tmp_path, monkeypatch):
 
 # The driver, with every stage's command a stand-in that takes a while to stop, as train does
 STOPPING_DRIVER = """
-import sys
+import signal, sys
 from nemo_topr import iterate
+# a driver started at a terminal: one started in the background (as a test run may be, by a
+# non-interactive shell's `&`) ignores SIGINT, and so would its stage (the next test)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 stage = sys.argv[1]
 iterate.Ranks.command = lambda self, python=sys.executable: [sys.executable, stage]
 sys.exit(iterate.main(sys.argv[2:]))
