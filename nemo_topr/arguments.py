@@ -18,9 +18,8 @@ class Parser(argparse.ArgumentParser):
     """The verbs' ArgumentParser: a usage error also names each option it does not know, with the
     closest one it does (`--devcie: did you mean --device?`), or, for a verb that takes KEY=VALUE
     overrides, the setting's override (`train --device cpu`: device=cpu; `--lr`: optimizer.lr).
-    Python 3.12's argparse says
-    only "unrecognized arguments", and only once the required ones are there: `export --hf_out x`
-    said that --hf-out was missing."""
+    Python 3.12's argparse says only "unrecognized arguments", and only once the required ones are
+    there: `export --hf_out x` said that --hf-out was missing."""
 
     def __init__(self, *args, settings: Callable[[], Iterable[str]] | None = None, **kwargs):
         """`settings`: the dotted keys of the verb's KEY=VALUE overrides, read only for a usage error."""

@@ -190,20 +190,27 @@ def driver_settings() -> list[str]:
     return dotted_keys(OmegaConf.to_container(OmegaConf.structured(IterateConfig)))
 
 
+def _driver_type(dotted: str) -> Any:
+    """The type of the driver config's field at `dotted` ("" for the whole config); None for no field."""
+    section: Any = IterateConfig
+    for part in filter(None, dotted.split(".")):
+        section = get_type_hints(section).get(part) if dataclasses.is_dataclass(section) else None
+    return section
+
+
 def check_driver_overrides(overrides: list[str]) -> None:
     """An empty value (`out=`, an unset shell variable: OmegaConf's "Incompatible value 'None'"),
     and a list key given a plain value (`generate.args=--top-k 50`: "AnyNode is not a ListConfig"),
     each in a line saying what to write."""
+    from nemo_topr.training.config import admits_none
+
     for item in overrides:
         key, equals, value = item.partition("=")
-        section: Any = IterateConfig
-        for part in key.split("."):
-            hints = get_type_hints(section) if dataclasses.is_dataclass(section) else {}
-            section = hints.get(part)
+        section = _driver_type(key)
         is_list = typing.get_origin(section) is list
         if equals and not value:
             none = (f", or {key}=[] for none" if is_list else
-                    f", or {key}=null for none" if type(None) in typing.get_args(section) else "")
+                    f", or {key}=null for none" if section is not None and admits_none(section) else "")
             raise IterateError(f"{item}: an empty value (an unset shell variable?); give one{none}")
         if is_list and equals and value in ("null", "~"):
             raise IterateError(f"{item}: {key} is a list; for none write {key}=[]")
@@ -220,9 +227,7 @@ def _key_problem(error: OmegaConfBaseException) -> str:
     if not isinstance(error, ConfigKeyError) or not key:
         return omegaconf_problem(error)
     parent, _, name = key.rpartition(".")
-    section: Any = IterateConfig
-    for part in filter(None, parent.split(".")):
-        section = get_type_hints(section).get(part)
+    section = _driver_type(parent)
     known = [f.name for f in dataclasses.fields(section)] if dataclasses.is_dataclass(section) else []
     close = difflib.get_close_matches(name, known, n=1)
     prefix = f"{parent}." if parent else ""
@@ -588,13 +593,15 @@ class Stage:
                 return f"{path} is gone"
         for name, (size, mtime, digest) in (stamps or {}).items():
             path = Path(name)
-            if _size_and_time(path) != [size, mtime] and (path.stat().st_size != size or _sha256(path) != digest):
+            now = _size_and_time(path)
+            if now != [size, mtime] and (now[0] != size or _sha256(path) != digest):
                 return f"{path} changed since"
         return None
 
 
 def _size_and_time(path: Path) -> list[int]:
-    return [path.stat().st_size, path.stat().st_mtime_ns]
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
 
 
 def _sha256(path: Path) -> str:

@@ -142,13 +142,13 @@ def _takes_null(dotted: str) -> bool:
         if key not in hints:
             return False
         hint, target = hints[key], _dataclass_in(hints[key])
-    return _admits_none(hint)
+    return admits_none(hint)
 
 
-def _admits_none(hint: Any) -> bool:
+def admits_none(hint: Any) -> bool:
     """Whether a type annotation takes None (`X | None`, `Optional[X]`, `Any`)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return any(_admits_none(member) for member in typing.get_args(hint))
+        return any(admits_none(member) for member in typing.get_args(hint))
     return hint is type(None) or hint is Any
 
 
