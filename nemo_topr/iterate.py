@@ -60,6 +60,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from nemo_topr import model_source
 from nemo_topr.arguments import Parser, documented, dotted_keys
 from nemo_topr.data.records import Record, is_positive
+from nemo_topr.data.tokenization import too_long_policy
 from nemo_topr.device import DEVICES
 from nemo_topr.outputs import OutputError, claimed_output_dir, write_whole
 
@@ -819,9 +820,9 @@ class Driver:
         # score mu at the training sequence length, so that exactly the sequences training accepts are scored
         values, objective = training_config(train, Ranks.of(config).total)
         self.seq_length, self.baseline = int(values["model"]["seq_length"]), objective.baseline
-        # training drops over-long records (dataset.too_long, else strict): scoring must too, not stop at the first
+        # where training drops over-long records, scoring must too, not stop at the first
         dataset = values.get("dataset") or {}
-        too_long = dataset.get("too_long") or ("error" if dataset.get("strict", True) else "drop")
+        too_long = too_long_policy(dataset.get("too_long"), dataset.get("strict", True))
         self.score_flags = ["--no-strict"] if too_long == "drop" else []
         self.device_flag = ("--device", config.device)
         # its absolute path, as base_model's, in the verify stages' recorded arguments

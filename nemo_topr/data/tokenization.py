@@ -159,6 +159,12 @@ def prompt_token_ids(tokenizer, prompts: Sequence[str | Messages]) -> list[list[
     return _encode(tokenizer, list(prompts), add_special_tokens=True)
 
 
+def too_long_policy(too_long: TooLong | None, strict: bool) -> str:
+    """What becomes of a record over the length limits: `too_long` as set, else "error" when
+    strict and "drop" otherwise (training's rule, which `iterate`'s scoring follows)."""
+    return too_long or ("error" if strict else "drop")
+
+
 def tokenize_records(
     records: RecordSet,
     tokenizer,
@@ -178,7 +184,7 @@ def tokenize_records(
     `records.report`. The dense sample_id of a sequence is its record's `index`; the dense
     prompt_id numbers `Record.prompt_key` in order of first appearance.
     """
-    too_long = too_long or ("error" if strict else "drop")
+    too_long = too_long_policy(too_long, strict)
     if too_long not in get_args(TooLong):  # anything but "error" would drop
         raise ValueError(f"too_long must be one of {get_args(TooLong)}; got {too_long!r}")
     eos_id = tokenizer.eos_token_id
