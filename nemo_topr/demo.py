@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
 from nemo_topr.arguments import Parser
 
 STAGES = 6

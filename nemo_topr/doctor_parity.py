@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 
 import torch
+
 from nemo_topr.arguments import Parser
 
 SEQ_LENGTH = 128
