@@ -207,11 +207,11 @@ def check_driver_overrides(overrides: list[str]) -> None:
 
     for item in overrides:
         key, equals, value = item.partition("=")
-        section = _driver_type(key)
-        is_list = typing.get_origin(section) is list
+        hint = _driver_type(key)  # None for a key the config lacks
+        is_list = typing.get_origin(hint) is list
         if equals and not value:
             none = (f", or {key}=[] for none" if is_list else
-                    f", or {key}=null for none" if section is not None and admits_none(section) else "")
+                    f", or {key}=null for none" if admits_none(hint) else "")
             raise IterateError(f"{item}: an empty value (an unset shell variable?); give one{none}")
         if is_list and equals and value in ("null", "~"):
             raise IterateError(f"{item}: {key} is a list; for none write {key}=[]")
