@@ -45,12 +45,10 @@ QUICK = {
 
 def _python_module(module: str, args: list[str], nproc: int, threads: int) -> None:
     """Run ``python -m module args`` (under torch.distributed.run when nproc > 1), fail loudly."""
-    from nemo_topr.distributed import free_port
-
     launcher = [sys.executable]
-    if nproc > 1:
-        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-                     f"--master_port={free_port()}"]
+    if nproc > 1:  # --standalone: torchrun's stores bind port 0, none chosen ahead for another process to take
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--local-addr=127.0.0.1",
+                     f"--nproc-per-node={nproc}"]
     cmd = [*launcher, "-m", module, *args, "--threads", str(threads)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}

@@ -2,6 +2,7 @@
 checkout_env() import ``nemo_topr`` from REPO, even when PYTHONPATH names another checkout."""
 
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import nemo_topr
+from nemo_topr import distributed
 from conftest import REPO, WORKERS, checkout_env, run_distributed
 
 
@@ -45,3 +47,15 @@ def test_scripts_run_with_checkout_env_import_this_checkout(other_checkout):
     plain = subprocess.run([sys.executable, str(WORKERS / "which_checkout.py")],
                            capture_output=True, text=True, timeout=120, check=True)
     assert _imported_from(plain.stdout).is_relative_to(other_checkout)
+
+
+def test_distributed_workers_need_no_port_chosen_ahead(monkeypatch):
+    """run_distributed used to pick a free port for torchrun, which bound it later: another pytest
+    worker's launch took it first once (EADDRINUSE). Here the port free_port() would give is taken
+    before the launch, as that launch would: two ranks still meet."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(distributed, "free_port", lambda: taken.getsockname()[1])
+        out = run_distributed("which_checkout.py", 2, timeout=300).stdout
+    assert len(re.findall(r"nemo_topr imported from ", out)) == 2, out[-3000:]
