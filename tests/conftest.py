@@ -12,8 +12,10 @@ import contextlib
 import functools
 import json
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -217,6 +219,24 @@ def run_distributed(worker: str, nproc: int, *args: str, timeout: float = 600) -
     if proc.returncode != 0:
         raise AssertionError(f"{worker} x{nproc} exited {proc.returncode}:\n{out[-6000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+def port_below_ephemeral_range() -> int:
+    """A free port for ranks that must be told it ahead and bind it only after their start-up
+    (the fake-srun jobs of tests/test_slurm.py, ~20-30 s later). The OS hands out ports of its
+    ephemeral range (ip_local_port_range) to every bind to port 0 and outgoing connection, the
+    other pytest worker's launches included, so a free port from there could be taken first
+    (EADDRINUSE); below it only an explicit bind could, and the real Slurm jobs' ports
+    (29500 + job id, slurm/topr_job.sh) lie above the range drawn from."""
+    lowest_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(10000, min(lowest_ephemeral, 29500)), 50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port among 50 drawn from 10000-{min(lowest_ephemeral, 29500) - 1}")
 
 
 @pytest.fixture(scope="session")

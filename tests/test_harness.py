@@ -11,7 +11,7 @@ import pytest
 
 import nemo_topr
 from nemo_topr import distributed
-from conftest import REPO, WORKERS, checkout_env, run_distributed
+from conftest import REPO, WORKERS, checkout_env, port_below_ephemeral_range, run_distributed
 
 
 def _imported_from(output: str) -> Path:
@@ -59,3 +59,16 @@ def test_distributed_workers_need_no_port_chosen_ahead(monkeypatch):
         monkeypatch.setattr(distributed, "free_port", lambda: taken.getsockname()[1])
         out = run_distributed("which_checkout.py", 2, timeout=300).stdout
     assert len(re.findall(r"nemo_topr imported from ", out)) == 2, out[-3000:]
+
+
+def test_a_port_told_ahead_is_one_the_os_never_hands_out():
+    """The fake-srun jobs' ranks are told their port and bind it ~20-30 s later. A free port of
+    the ephemeral range (what distributed.free_port() gives) can be handed meanwhile to another
+    process's bind to port 0; one below the range cannot, and stays clear of 29500 + job id."""
+    lowest_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {port_below_ephemeral_range() for _ in range(20)}
+    assert all(1024 <= port < min(lowest_ephemeral, 29500) for port in ports), (ports, lowest_ephemeral)
+    assert len(ports) > 1, ports  # drawn, not one fixed port that two runs on a host would share
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", ports.pop()))  # free when given
+    assert distributed.free_port() >= lowest_ephemeral  # the contrast: the old choice lies in the range

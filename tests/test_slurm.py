@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, placeholder_hf_model
+from conftest import REPO, placeholder_hf_model, port_below_ephemeral_range
 from test_plan import MISTYPED_OVERRIDES
 
 SCRIPTS = sorted([*REPO.glob("slurm/*.sh"), *REPO.glob("slurm/*.sbatch"), *REPO.glob("launchers/*.sh"),
@@ -572,10 +572,9 @@ def _ledger_lengths(run_dir: Path) -> dict[str, int]:
 
 
 def _job_env(**extra: str) -> dict[str, str]:
-    from nemo_topr.distributed import free_port
-
     return {**os.environ, "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NAME": "topr", "SLURM_JOB_NODELIST": "localhost",
-            "SLURM_SUBMIT_DIR": str(REPO), "SLURM_PROCID": "0", "NEMO_TOPR_MASTER_PORT": str(free_port()),
+            "SLURM_SUBMIT_DIR": str(REPO), "SLURM_PROCID": "0",
+            "NEMO_TOPR_MASTER_PORT": str(port_below_ephemeral_range()),
             "OMP_NUM_THREADS": "1", **extra}
 
 
