@@ -229,14 +229,15 @@ def port_below_ephemeral_range() -> int:
     (EADDRINUSE); below it only an explicit bind could, and the real Slurm jobs' ports
     (29500 + job id, slurm/topr_job.sh) lie above the range drawn from."""
     lowest_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for port in random.sample(range(10000, min(lowest_ephemeral, 29500)), 50):
+    candidates = range(10000, min(lowest_ephemeral, 29500))
+    for port in random.sample(candidates, 50):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("", port))
             except OSError:
                 continue
             return port
-    raise AssertionError(f"no free port among 50 drawn from 10000-{min(lowest_ephemeral, 29500) - 1}")
+    raise AssertionError(f"no free port among 50 drawn from {candidates.start}-{candidates.stop - 1}")
 
 
 @pytest.fixture(scope="session")
