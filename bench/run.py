@@ -45,11 +45,10 @@ QUICK = {
 
 def _python_module(module: str, args: list[str], nproc: int, threads: int) -> None:
     """Run ``python -m module args`` (under torch.distributed.run when nproc > 1), fail loudly."""
-    launcher = [sys.executable]
-    if nproc > 1:  # --standalone: torchrun's stores bind port 0, none chosen ahead for another process to take
-        launcher += ["-m", "torch.distributed.run", "--standalone", "--local-addr=127.0.0.1",
-                     f"--nproc-per-node={nproc}"]
-    cmd = [*launcher, "-m", module, *args, "--threads", str(threads)]
+    from nemo_topr.distributed import standalone_torchrun
+
+    torchrun = standalone_torchrun(nproc, "--local-addr=127.0.0.1") if nproc > 1 else []
+    cmd = [sys.executable, *torchrun, "-m", module, *args, "--threads", str(threads)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)

@@ -15,6 +15,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def standalone_torchrun(nproc: int, *options: str) -> list[str]:
+    """``python`` arguments that start ``nproc`` ranks on this node under torchrun ``--standalone``
+    (then ``-m module`` or a script): its rendezvous store binds port 0, so no port is chosen
+    ahead for another process to take before the bind (EADDRINUSE, seen once in the suite)."""
+    return ["-m", "torch.distributed.run", "--standalone", *options, f"--nproc-per-node={nproc}"]
+
+
 def local_rendezvous(environ=os.environ) -> None:  # noqa: B008 - the process environment by default
     """For a plain process (no launcher) whose process group Bridge makes from the environment
     (env://, which would default to port 29500): this host and port 0. In a world of one no

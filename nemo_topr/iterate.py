@@ -62,6 +62,7 @@ from nemo_topr.arguments import Parser, documented, dotted_keys
 from nemo_topr.data.records import Record, is_positive
 from nemo_topr.data.tokenization import too_long_policy
 from nemo_topr.device import DEVICES
+from nemo_topr.distributed import standalone_torchrun
 from nemo_topr.outputs import OutputError, claimed_output_dir, write_whole
 
 CURATION_MODES = ("anna_karenina", "target_p", "target_p_tilde", "none")
@@ -512,8 +513,8 @@ class Ranks:
         if self.nodes > 1:
             return ["srun", f"--nodes={self.nodes}", f"--ntasks-per-node={self.per_node}", "--kill-on-bad-exit=1",
                     "--label", str(TASK_SCRIPT), python]
-        torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.per_node}"]
-        return [python, *(torchrun if self.per_node > 1 else []), "-m", "nemo_topr.cli"]
+        torchrun = standalone_torchrun(self.per_node) if self.per_node > 1 else []
+        return [python, *torchrun, "-m", "nemo_topr.cli"]
 
     def environment(self, environ=os.environ) -> dict[str, str]:  # noqa: B008 - the process environment
         """What these ranks' environment adds to the driver's: on GPUs, a Slurm training job's

@@ -200,13 +200,14 @@ def with_cuda_only_packages(root: Path) -> dict[str, str]:
 def run_distributed(worker: str, nproc: int, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``tests/workers/<worker>`` under ``torch.distributed.run`` on this host's loopback.
 
-    ``--standalone``: torchrun's stores bind port 0, so no port is chosen ahead that another
-    test's launch could take before the bind (EADDRINUSE, seen once with two pytest workers).
+    ``--standalone`` (distributed.standalone_torchrun): no port chosen ahead that another test's
+    launch could take before the bind (EADDRINUSE, seen once with two pytest workers).
     The workers run in their own process group, which is killed whole on timeout so no
     stray ranks outlive the test. Raises with the workers' output when they fail.
     """
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr=127.0.0.1",
-           f"--nproc-per-node={nproc}", str(WORKERS / worker), *args]
+    from nemo_topr.distributed import standalone_torchrun
+
+    cmd = [sys.executable, *standalone_torchrun(nproc, "--local-addr=127.0.0.1"), str(WORKERS / worker), *args]
     env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=REPO, env=env, start_new_session=True)
