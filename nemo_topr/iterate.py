@@ -287,9 +287,9 @@ def check_config(config: IterateConfig) -> None:
 
 def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> list[str]:
     """`generate`'s and `eval`'s options (the config's and `args`) and generate's prompts, read by
-    those commands' own parsers and checks, now: a typo in `args`, a count of 0 or a missing prompt
-    file used to fail the round's `generate` after the starting model's evaluation, or `eval` after
-    the round's training."""
+    those commands' own parsers and checks, at the start: a typo in `args`, a count of 0 or a missing
+    prompt file would otherwise fail the round's `generate` after the starting model's evaluation, or
+    `eval` after the round's training."""
     from nemo_topr.evaluation import evaluate, generate
 
     options = config.generate
@@ -347,7 +347,7 @@ def driver_set_in_args(section: str, parser: argparse.ArgumentParser, sampling: 
 
 def eval_prompt_note(config: IterateConfig) -> str | None:
     """A line when the rounds train on zero-shot or rendered prompts but are measured with the
-    benchmark's own prompt: a valid choice, and until 2026-11-30 the driver's only one, unsaid."""
+    benchmark's own prompt: a valid choice, but one to say."""
     generate, evaluation = config.generate, config.eval
     if evaluation.zero_shot or evaluation.prompts or not (generate.zero_shot or generate.rendered_prompts):
         return None
@@ -631,8 +631,8 @@ class Stopped(IterateError):
 def forwarding_stops(process: subprocess.Popen) -> Iterator[list[int]]:
     """While `process` runs: Ctrl-C or SIGTERM to the driver goes to its processes' group too, and
     the driver waits for them to end (train saves a checkpoint first). The process has a group of
-    its own, so the terminal's Ctrl-C comes once, through here; before, SIGTERM killed the driver
-    alone, its stage running on, and Ctrl-C made `subprocess.run` SIGKILL train 0.25 s later. A
+    its own, so the terminal's Ctrl-C comes once, through here (left to `subprocess.run`, SIGTERM
+    would kill the driver alone, its stage running on, and Ctrl-C SIGKILL train 0.25 s later). A
     signal the driver was started ignoring (SIGINT in a background job) stays ignored, as the
     stage inherits it. Yields the signals received."""
     received: list[int] = []
@@ -768,7 +768,7 @@ def model_files(source: model_source.ModelSource) -> list[list]:
 
 def check_same_base_model(record: Path, spec: str, *, write: bool = True) -> None:
     """A rerun resumes OUT's stages by their arguments; base_model's path among them is the same
-    when the files there changed, and every stage used to count as done on the earlier weights.
+    when the files there changed, and every stage would count as done on the earlier weights.
     OUT's first start records base_model's files (`model_files`), a rerun compares them."""
     source = model_source.resolve(spec)
     now = {"base_model": str(source.path), "files": model_files(source)}
@@ -1025,7 +1025,7 @@ def sample_counts(graded: Path) -> dict[str, int | None]:
 def training_composition(run_dir: Path) -> dict[str, Any]:
     """Records training used, their share of positives p, and p~ with the c each record got, as the
     run's data report gives them (asymre's c is its group means, not `objective.baseline`). A report
-    written before 2026-11-28 has no p~ nor baselines: None, shown as "—"."""
+    without p~ or baselines (an earlier version's) gives None, shown as "—"."""
     report = json.loads((run_dir / "data_report.json").read_text(encoding="utf-8"))
     return {"training_records": report["records_used"], "positives": report["positives"],
             "p": report["positives"] / report["sequences"], "baseline": report.get("baselines"),

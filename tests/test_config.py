@@ -155,9 +155,9 @@ def test_virtual_stages_need_two_chunks_and_a_pipeline(tiny_hf, tmp_path, overri
 
 
 def test_a_cpu_run_whose_attention_cannot_fit_in_memory_is_refused(tiny_hf, tmp_path):
-    """Before, the first forward ended in the CPU allocator's traceback, after the data was prepared
-    and the run directory written (`DefaultCPUAllocator: can't allocate memory: you tried to
-    allocate 10000000000000000 bytes`, the [L, L] mask alone)."""
+    """Unchecked, the first forward would end in the CPU allocator's traceback, after the data was
+    prepared and the run directory written (`DefaultCPUAllocator: can't allocate memory: you tried
+    to allocate 10000000000000000 bytes`, the [L, L] mask alone)."""
     with pytest.raises(ConfigError, match=r"^model.seq_length=100000000 with train.micro_batch_size=2 on the CPU: one "
                                           r"layer's attention takes at least 600,266.50 TiB per rank"):
         _run(tiny_hf, tmp_path, "model.seq_length=100000000")
@@ -191,7 +191,7 @@ def test_cpu_scoring_whose_attention_cannot_fit_in_memory_is_refused(tiny_hf, tm
     ("model.init_method_std=.nan", r"^model.init_method_std=nan must be a finite number$"),
     ("optimizer.adam_beta1=1.0", r"^optimizer.adam_beta1=1.0 must be below 1$"),
     ("scheduler.lr_warmup_iters=-5", r"^scheduler.lr_warmup_iters=-5 must be at least 0$"),
-    # a word outside a choice: too_long=foo used to drop over-long records (anything but "error" did)
+    # a word outside a choice: too_long=foo is refused, not read as drop
     ("dataset.too_long=foo", r"^dataset.too_long='foo' is not a valid value: expected 'error' or 'drop' or None$"),
     ("dataset.extra_columns=metadata", r"^dataset.extra_columns='metadata' is not a valid value: expected 'error' or "
                                        r"'meta'$"),
@@ -428,7 +428,7 @@ def test_a_users_own_yaml_extends_a_preset_and_a_file_beside_it(tmp_path, monkey
                                               r"a defaults list naming topr or a preset, as `defaults: \[topr, "
                                               r"_self_\]`"):
             compose(name, ["device=cpu"])
-    # a file meant in the working directory: it used to be looked up as the preset 'exp3' alone
+    # a file meant in the working directory: named as a file, not looked up as the preset 'exp3' alone
     with pytest.raises(ConfigError, match=rf"^config exp3.yaml: no such file, here \({tmp_path}\) or among the "
                                           rf"configs in {REPO}/conf$"):
         compose("exp3.yaml")
@@ -496,10 +496,10 @@ def _fake_checkpoint(run_dir, iteration):
 
 
 def test_resume_from_base_needs_the_bases_data_and_iterations_left(tiny_hf, tmp_path):
-    """By hand through finetune() before 2026-11-30, resume_from_base=true from a base run: on 100
-    of its 144 records, Megatron's scheduler asserted (48 iterations, checkpoint 72); on its records
-    with rewards negated, the first 20 samples were skipped untrained; from its last iteration,
-    nothing trained and the start exited 75 with STOPPED, which a Slurm job requeues forever."""
+    """Unchecked, resume_from_base=true from a base run goes wrong through finetune() (by hand): on
+    100 of its 144 records, Megatron's scheduler asserts (48 iterations, checkpoint 72); on its
+    records with rewards negated, the first 20 samples are skipped untrained; from its last
+    iteration, nothing trains and the start exits 75 with STOPPED, which a Slurm job requeues forever."""
     from nemo_topr.training.recipe import prepare
     from nemo_topr.training.run_state import RunStateError
 

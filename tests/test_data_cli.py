@@ -200,7 +200,7 @@ def test_zero_one_grades_with_a_baseline_above_zero_warn_that_there_are_no_negat
     err = capsys.readouterr().err
     assert "warning: no record is negative (reward < 0), yet the baseline 0.5 is above the smallest reward 0" in err
     assert "reward = 2 * grade - 1" in err
-    # at baseline 0 the wrong answers (reward 0 = c) train nothing: this used to pass unsaid
+    # at baseline 0 the wrong answers (reward 0 = c) train nothing: said, never unsaid
     assert main(["data", verb, str(graded)]) == 0
     assert capsys.readouterr().err == (
         "warning: no record is negative (reward < 0), and the records with the smallest reward 0, the baseline, get "

@@ -83,8 +83,8 @@ def test_unreadable_arrow_and_mixed_formats_are_file_errors(tmp_path):
 
 
 def test_a_file_named_twice_is_refused_naming_both_spellings(tmp_path, monkeypatch):
-    """Each of these used to fail as `duplicate sample_id 0 ...; first at a.jsonl:1`, the same line;
-    with --no-strict the second copy was dropped as duplicates."""
+    """Each of these is named as the one file it is, not as `duplicate sample_id 0 ...; first at
+    a.jsonl:1`, the same line (with --no-strict, the second copy dropped as duplicates)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d").mkdir()
     _write_jsonl(tmp_path / "d" / "a.jsonl", _rows(SCORED))
@@ -258,9 +258,9 @@ def test_a_hub_name_on_an_offline_machine_is_a_clear_error(tmp_path):
 
 
 def test_a_missing_local_path_is_never_taken_for_a_hub_name(tmp_path, monkeypatch, capsys):
-    """A typo used to reach the hub (30 s of retries, then a hub error) whenever it looked like
-    `name` or `owner/name`: `graded.jsnl`, `data/graded`, `openai/gsm8k`. Now only `hub:` does; a
-    missing path says what was probably meant."""
+    """A typo that looks like `name` or `owner/name` (`graded.jsnl`, `data/graded`, `openai/gsm8k`)
+    never reaches the hub (30 s of retries, then a hub error): only `hub:` does; a missing path says
+    what was probably meant."""
     import datasets
 
     monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: pytest.fail(f"hub asked for {args}"))

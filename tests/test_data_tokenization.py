@@ -106,7 +106,7 @@ def test_too_long_sequences_raise_or_are_counted(chat_tokenizer_dir):
     assert report.records_in == 16 == len(tokenized.sequences) + sum(report.dropped.values())
     assert report.records_used == len(tokenized.sequences) == 3
     assert max(len(s.input_ids) for s in tokenized.sequences) <= 256
-    # any other word (`dataset.too_long=Error`) used to drop: only "error" raised
+    # any other word (`dataset.too_long=Error`) is refused, not read as drop
     with pytest.raises(ValueError, match=r"too_long must be one of \('error', 'drop'\); got 'Error'"):
         load_tokenized(malformed, chat_tokenizer_dir, max_seq_length=256, strict=False, too_long="Error")
 

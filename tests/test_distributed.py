@@ -41,10 +41,10 @@ def test_a_rendezvous_that_cannot_work_is_named(environ, message):
 
 
 def test_a_plain_process_world_of_one_needs_no_port_chosen_ahead(tmp_path):
-    """A plain `train` or `import` makes its world of one from the environment. It used to pick a
-    free port and set it; torch's store bound it seconds later, so another process could take it
-    first (EADDRINUSE, once in the suite). Here the port that free_port() picked is taken before
-    the bind, as that process would: the world is still made, on a port the OS gives the store."""
+    """A plain `train` or `import` makes its world of one from the environment. A free port picked
+    ahead would be bound by torch's store seconds later, so another process could take it first
+    (EADDRINUSE). Here the port that free_port() picks is taken before the bind, as that process
+    would: the world is still made, on a port the OS gives the store."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

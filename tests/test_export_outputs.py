@@ -67,8 +67,8 @@ def _tree(root: Path) -> dict[str, bytes]:
 ], ids=["itself", "above", "inside", "all-iterations"])
 def test_the_checkpoint_being_exported_is_refused_as_its_output_even_with_overwrite(checkpoint, tmp_path, hf_out,
                                                                                     flags, where):
-    """With --overwrite, export used to delete --hf-out before moving the model there: naming the
-    checkpoint (or a directory holding it) deleted the weights being exported."""
+    """With --overwrite, export replaces --hf-out: naming the checkpoint (or a directory holding it)
+    would delete the weights being exported."""
     before = _tree(tmp_path)
     out = tmp_path / hf_out
     with pytest.raises(SystemExit, match=rf"^nemo-topr export: {out}.*: {where.format(ckpt=checkpoint)}.*, part of the "
@@ -120,8 +120,8 @@ def test_the_current_directory_or_a_symlink_to_an_empty_one_is_filled(checkpoint
 
 @pytest.mark.parametrize("flags", [[], ["--all-iterations"]], ids=["one", "iterations"])
 def test_overwrite_never_replaces_what_export_did_not_make(checkpoint, tmp_path, flags):
-    """--overwrite used to delete any non-empty --hf-out: a typo naming the base model (or a
-    file) replaced it with the export."""
+    """--overwrite replaces only an earlier export: a typo naming the base model (or a file) must
+    not replace it with the export."""
     base = tmp_path / "Llama-3.1-8B"
     target = base / "iter_0000001" if flags else base
     target.mkdir(parents=True)
@@ -260,8 +260,8 @@ class _CountingBridge(_FakeBridge):
 
 def test_an_export_cut_short_goes_on_where_it_stopped_when_run_again(checkpoint, tmp_path, monkeypatch, capsys):
     """`--all-iterations` stopped at its second iteration (a job's time limit), run again as it
-    was: it exports the rest and keeps the first, which it used to refuse ("exists and is not
-    empty"), --overwrite then exporting every iteration again."""
+    was: it exports the rest and keeps the first, rather than refusing ("exists and is not empty")
+    and leaving --overwrite to export every iteration again."""
     iterations = _with_iterations(checkpoint, 3)
     hf = tmp_path / "hf"
     args = ["--ckpt", str(checkpoint), "--hf-out", str(hf), "--all-iterations", "--device", "cpu"]
@@ -300,7 +300,7 @@ def test_an_export_changed_since_or_of_a_checkpoint_changed_since_is_not_kept(ch
     """A run directory trained again from scratch under the same name, or a new HF config: the
     earlier export is of other weights. A shard of the export cut short (a copy that ran out of
     space) or deleted: it is no whole model. Either way it is refused, named as such, and
-    --overwrite exports it again; a damaged export used to be kept as current."""
+    --overwrite exports it again; a damaged export is never kept as current."""
     hf = tmp_path / "hf"
     args = ["--ckpt", str(checkpoint), "--hf-out", str(hf), "--device", "cpu"]
     assert export.main(args) == 0
@@ -386,9 +386,9 @@ def test_a_read_only_folder_keeps_its_current_exports_and_refuses_new_ones_in_on
 
 
 def test_an_overwrite_stopped_while_replacing_leaves_a_whole_model_or_none(checkpoint, tmp_path, monkeypatch):
-    """The earlier export used to be deleted in place: stopped part way, its record could stay
-    beside half its weights, and a rerun would keep that as current. Whatever the stop, --hf-out
-    now holds a whole model (weights and record) or nothing."""
+    """Deleted in place, the earlier export, stopped part way, could keep its record beside half its
+    weights, and a rerun would keep that as current. Whatever the stop, --hf-out holds a whole
+    model (weights and record) or nothing."""
     hf = tmp_path / "hf"
     args = ["--ckpt", str(checkpoint), "--hf-out", str(hf), "--device", "cpu"]
     assert export.main(args) == 0

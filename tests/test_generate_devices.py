@@ -27,8 +27,8 @@ def prompt_run(tmp_path_factory):
 
 @pytest.mark.parametrize("backend", ["transformers", "auto"])
 def test_tensor_parallel_needs_vllm(prompt_run, tmp_path, capsys, backend):
-    """Refused before anything is read or logged: the sample log used to record the size, and the
-    corrected rerun was then refused as one "with other options"."""
+    """Refused before anything is read or logged: had the sample log recorded the size, the
+    corrected rerun would be refused as one "with other options"."""
     out = tmp_path / "o.jsonl"
     args = [*prompt_run, "--backend", backend, "--tensor-parallel-size", "4", "--device", "cpu", "--out", str(out)]
     assert generate.main(args) == 1

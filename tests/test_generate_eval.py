@@ -215,7 +215,7 @@ def test_records_eval_grades_each_record_for_its_own_task(tmp_path, capsys):
         assert evaluate.main(["--records", str(graded), "--limit", limit, "--out", str(tmp_path / "l.json")]) == 1
         assert capsys.readouterr().err == f"nemo-topr eval: --limit must be at least 1; got {limit}\n"
     assert not (tmp_path / "l.json").exists()
-    # --task that contradicts a record: MATH's grader on GSM8K samples, which used to pass unsaid
+    # --task that contradicts a record: MATH's grader on GSM8K samples, never unsaid
     assert evaluate.main(["--records", str(graded), "--task", "math", "--out", str(tmp_path / "m.json")]) == 1
     assert capsys.readouterr().err == (f"nemo-topr eval: {graded}:1: meta.task: is 'gsm8k' but --task is 'math': "
                                        "--task is for records without a task; drop it, or evaluate records of that "
@@ -230,7 +230,7 @@ def test_records_eval_grades_each_record_for_its_own_task(tmp_path, capsys):
     assert evaluate.main(["--records", str(bare), "--out", str(tmp_path / "b.json")]) == 1
     assert f"{bare}:1: meta: needs reference_answer and a task (gsm8k|math; or pass --task)" in capsys.readouterr().err
     assert evaluate.main(["--records", str(bare), "--task", "gsm8k", "--out", str(tmp_path / "b.json")]) == 0
-    # a reference GSM8K's grader cannot read: an unanswered sample used to count as merely invalid
+    # a reference GSM8K's grader cannot read: refused, not an unanswered sample counted merely invalid
     unreadable = tmp_path / "unreadable.jsonl"
     unreadable.write_text(json.dumps({"prompt": "Q", "completion": " I do not know.", "reward": -1.0, "prompt_id": "p0",
                                       "sample_id": 0, "meta": {"task": "gsm8k", "reference_answer": "twelve"}}) + "\n")

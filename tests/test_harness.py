@@ -50,9 +50,9 @@ def test_scripts_run_with_checkout_env_import_this_checkout(other_checkout):
 
 
 def test_distributed_workers_need_no_port_chosen_ahead(monkeypatch):
-    """run_distributed used to pick a free port for torchrun, which bound it later: another pytest
-    worker's launch took it first once (EADDRINUSE). Here the port free_port() would give is taken
-    before the launch, as that launch would: two ranks still meet."""
+    """A free port picked ahead for torchrun, bound later, could be taken first by another pytest
+    worker's launch (EADDRINUSE). Here the port free_port() would give is taken before the launch,
+    as that launch would: two ranks still meet."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

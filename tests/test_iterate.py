@@ -80,7 +80,7 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
     ("nodes=3", r"^train \(tiny_cpu with train.overrides\): train.global_batch_size=4 is not a multiple of "
                 r"train.micro_batch_size x data-parallel size = 2 x 3 = 6 "),  # nodes x nproc_per_node ranks
     # generate's and eval's options through those commands' own parsers and checks, at the start:
-    # they used to fail the round's generate after the start's eval, or eval after the training
+    # not the round's generate after the start's eval, or eval after the training
     ("generate.num_samples=0", r"^generate: --num-samples must be at least 1; got 0 \(generate's options and "
                                r"generate.args\)$"),
     ("generate.limit=-1", r"^generate: --limit must be at least 1; got -1 "),

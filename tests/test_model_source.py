@@ -176,8 +176,8 @@ ONLY_LLAMA = ("; nemo-topr converts, trains and exports LlamaForCausalLM models 
     ('{"model_type": "llama"}', 'names no architecture ("architectures")'),
 ])
 def test_a_model_of_another_architecture_is_refused_for_megatron_and_kept_for_sampling(tmp_path, config, found):
-    """GPT-2 used to reach AutoBridge's multi-line ValueError after Megatron's imports; Qwen2,
-    which Bridge converts, would run packing and export paths no test has run."""
+    """Unchecked, GPT-2 would reach AutoBridge's multi-line ValueError after Megatron's imports;
+    Qwen2, which Bridge converts, would run packing and export paths no test has run."""
     from nemo_topr.model_source import require_hugging_face
 
     model = placeholder_hf_model(tmp_path / "model", config)

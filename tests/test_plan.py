@@ -283,7 +283,7 @@ def test_a_rejected_layout_leads_the_verdict_and_its_estimated_dp_is_named(capsy
     (["--gpu-memory-gb", "40", "--reserve-gb", "40"], "--reserve-gb 40: must be at least 0 and below --gpu-memory-gb 40"),
 ])
 def test_a_machine_that_cannot_exist_is_a_usage_error_not_a_verdict(options, problem, capsys):
-    """Before, --gpu-memory-gb 0 (a typo for 80) printed a whole report ending "DOES NOT FIT"."""
+    """--gpu-memory-gb 0 (a typo for 80) is a usage error, not a whole report ending "DOES NOT FIT"."""
     assert main(["llama31_8b_bf16", *options]) == 2
     captured = capsys.readouterr()
     assert captured.err == f"nemo-topr plan: {problem}\n" and captured.out == ""

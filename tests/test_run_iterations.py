@@ -62,7 +62,7 @@ def test_run_at_iteration_errors_name_the_saved_iterations(run_dir):
         "checkpoint Megatron-LM wrote (it writes none). nemo-topr reads Megatron-Bridge checkpoints (its runs, "
         "`nemo-topr import`); convert a Megatron-LM one to a Hugging Face directory and pass that (complete "
         "iterations: [2, 4, 6])")
-    (eighth / ".metadata").unlink()  # the list used to name every iteration directory, this one included
+    (eighth / ".metadata").unlink()  # the list names complete iterations only, not this one
     with pytest.raises(ModelSourceError, match=r"unfinished save: .*iter_0000008 lacks \.metadata, run_config.yaml "
                                                r"\(written when a save completes\); complete iterations: \[2, 4, 6\]$"):
         resolve(f"{run_dir}@8")

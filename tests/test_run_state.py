@@ -119,7 +119,7 @@ def test_a_resume_naming_another_base_model_is_refused_since_it_would_not_be_rea
 def test_a_resume_with_other_optimizer_settings_is_refused_since_the_saved_state_keeps_its_own(
         tmp_path, override, change):
     """torch restores Adam's betas and eps with the optimizer state: a resume with
-    optimizer.adam_beta2=0.5 trained bit for bit as before, while config.yaml said 0.5. Megatron's
+    optimizer.adam_beta2=0.5 would train bit for bit as before, while config.yaml said 0.5. Megatron's
     scheduler checks the weight decay against the checkpoint's (a traceback after the queue)."""
     import types
 

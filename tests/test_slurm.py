@@ -712,8 +712,8 @@ def _wait_for_ready_ranks(run_dir: Path, alive) -> None:
 def test_a_warning_before_the_ranks_hold_it_requeues_even_if_a_rank_held_it(fake_slurm, holding_rank):
     """Ranks killed by the warning itself (srun status 128 + 10) are requeued: it was a warning,
     not a failure. If rank 1 already held it, --kill-on-bad-exit's SIGTERM makes it die of the
-    warning it holds (nemo_topr/cluster/warning.py), so srun still exits 128 + 10; it died of the
-    SIGTERM until 2026-11-27, srun exited 128 + 15 and the job failed."""
+    warning it holds (nemo_topr/cluster/warning.py), so srun still exits 128 + 10; dying of the
+    SIGTERM, srun would exit 128 + 15 and the job fail."""
     run_dir = fake_slurm / "run"
     venv = _venv_of_ranks_that_do_not_hold_the_warning_yet(fake_slurm, holding_rank)
     job = subprocess.Popen(["bash", str(REPO / "slurm" / "topr_job.sh"), "tiny_cpu"], cwd=REPO, text=True,

@@ -508,8 +508,8 @@ def test_sample_ledger_under_a_real_interleaved_pipeline(tmp_path):
         assert [c["sample_ids"] for c in first_stage["calls"] if c["chunk"] == chunk] == expected
     lines = [json.loads(line) for line in (tmp_path / "samples_dp0.jsonl").read_text().splitlines()]
     assert lines == [{"iteration": 5, "sample_ids": ids} for ids in expected]
-    # what a non-finite loss names: each of the iteration's samples once, on every pipeline rank
-    # (every id twice, one per chunk, until 2026-11-30)
+    # what a non-finite loss names: each of the iteration's samples once, on every pipeline rank,
+    # not once per chunk
     for rank in (0, 1):
         calls = json.loads((tmp_path / f"calls_pp{rank}.json").read_text())
         assert calls["remembered_sample_ids"] == [i for ids in expected for i in ids], rank

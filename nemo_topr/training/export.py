@@ -302,7 +302,7 @@ def move_into_place(partial: Path, out: Path, replaced: Path) -> None:
 
 def check_one_choice_of_iterations(ckpt: str, source: ModelSource, option: str) -> None:
     """RUN@N or an iter_* directory chooses an iteration; with `option` as well, one of the two
-    choices used to be dropped without a word (`--ckpt RUN@10 --iteration 5` exported 5)."""
+    choices would be dropped without a word (`--ckpt RUN@10 --iteration 5` would export 5)."""
     directory, at = split_iteration(ckpt)
     if at or source.path == source.checkpoint:
         whole = directory if at else source.checkpoint.parent
