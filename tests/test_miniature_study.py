@@ -361,6 +361,9 @@ def test_readme_states_each_claims_status_as_the_study_decided():
         assert not any(f"**{status}**" in line for status in others), line
 
 
+FIGURE = re.compile(r"(?<![\d.])[+−-]?\d\.\d{3}(?!\d)")  # a three-decimal figure, signed or not
+
+
 def figures_not_in_report(heading: str, ends_at: str, report: Path) -> list[str]:
     """The three-decimal figures that docs/miniature.md quotes in the section from `heading` up to the
     next `ends_at` and that `report` does not contain (asserting that the section quotes some)."""
@@ -368,7 +371,7 @@ def figures_not_in_report(heading: str, ends_at: str, report: Path) -> list[str]
     start = text.index(heading)
     end = text.find(ends_at, start + 1)
     section = text[start:end if end != -1 else None]
-    figures = set(re.findall(r"(?<![\d.])[+−-]?\d\.\d{3}(?!\d)", section))
+    figures = set(FIGURE.findall(section))
     assert figures, "the section quotes no figures"
     quoted = report.read_text()
     return sorted(f for f in figures if f.replace("−", "-") not in quoted)
