@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-.PHONY: venv test test-fast demo clean bench miniature miniature-study miniature-study2
+.PHONY: venv test test-fast demo clean bench miniature miniature-study miniature-study2 miniature-study3
 
 venv:
 	@scripts/setup_venv.sh
@@ -37,6 +37,11 @@ miniature-study: venv
 # Study 2 of issue 32 (docs/miniature/study2_preregistration.md): 73 minutes on 2 cores (4,357 s, 2026-11-25); ARGS=--dry-run, ARGS=--resume.
 miniature-study2: venv
 	$(PYTHON) -m nemo_topr.miniature.study --design study2 $(ARGS)
+
+# Study 3 of issue 96 (docs/miniature/study3_preregistration.md): about 2 hours on 2 idle cores (the registered
+# budget); ARGS=--dry-run prints the plan and the estimate, ARGS=--resume continues an interrupted study.
+miniature-study3: venv
+	$(PYTHON) -m nemo_topr.miniature.study --design study3 $(ARGS)
 
 bench: venv
 	$(PYTHON) -m bench.run

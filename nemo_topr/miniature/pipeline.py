@@ -37,7 +37,7 @@ from nemo_topr.outputs import OutputError, fresh_output_dir
 
 VARIANTS = ("sft_positive", "reinforce", "tis", "topr", "asymre", "ppo_clip")
 TELEMETRY = ("topr_loss", "positive_nll", "negative_nll", "negative_weight_mean", "positive_weight_mean",
-             "effective_positive_share", "negative_truncated_share", "log_ratio_abs_mean")
+             "effective_positive_share", "negative_truncated_share", "log_ratio_abs_mean", "log_ratio_abs_max")
 PRETRAIN_TARGET = 0.30
 
 
@@ -111,7 +111,8 @@ def batched_sample(model_dir: Path, problems, prefix: str, num_samples: int, see
 def evaluate(model_dir: Path, problems, prefix: str, num_samples: int, seed: int, max_new_tokens: int) -> dict:
     """pass@1, pass@N, maj@N and the grader's invalid rate (`nemo-topr eval`'s metrics), plus
     `malformed_rate` (no "The answer is N." statement: no parseable answer or degenerate text)
-    and the mean completion length in characters."""
+    and the mean completion length in characters; `per_problem`: for each problem in order, its
+    correct and its malformed samples out of `num_samples`."""
     from nemo_topr.evaluation.evaluate import benchmark_results, outcomes_of_completions
     from nemo_topr.miniature.task import TASK, is_well_formed
 
@@ -120,6 +121,9 @@ def evaluate(model_dir: Path, problems, prefix: str, num_samples: int, seed: int
     texts = [s.completion.text for samples in graded for s in samples]
     results["metrics"]["malformed_rate"] = sum(not is_well_formed(t) for t in texts) / len(texts)
     results["metrics"]["mean_chars"] = sum(map(len, texts)) / len(texts)
+    results["per_problem"] = {"correct": [sum(s.grade == "correct" for s in samples) for samples in graded],
+                              "malformed": [sum(not is_well_formed(s.completion.text) for s in samples)
+                                            for samples in graded]}
     results["examples"] = texts[:3]
     return results
 
@@ -201,7 +205,8 @@ def pretrain_mus(out: Path, splits: dict, model: Path, *, lr: float, epochs: int
     """Pretraining from scratch = one SFT run on the pretraining split's gold solutions, a checkpoint
     every `save_interval` iterations. Checkpoints are probed in order on the first `probe_prompts`
     train prompts x 8 samples until every target is met; each target's mu is the first checkpoint
-    with train pass@1 >= target. Returns ({target met: mu}, probes, the last probed checkpoint)."""
+    with train pass@1 >= target. Returns ({target met: mu}, probes (metrics and `per_problem`),
+    the last probed checkpoint)."""
     sft_data = _write_jsonl(_records(splits["pretrain"], "pre"), out / "data" / "pretrain.jsonl")
     run_dir, exports = train("pretrain", model, sft_data,
                              ["objective.variant=sft_positive", f"optimizer.lr={lr}", f"optimizer.min_lr={lr}",
@@ -210,7 +215,7 @@ def pretrain_mus(out: Path, splits: dict, model: Path, *, lr: float, epochs: int
     probes, mus = [], {}
     for iteration, hf in exports.items():
         probe = evaluate(hf, splits["train"][:probe_prompts], "train", 8, 0, max_new_tokens)
-        probes.append({"iteration": iteration, **probe["metrics"]})
+        probes.append({"iteration": iteration, **probe["metrics"], "per_problem": probe["per_problem"]})
         log(f"pretraining iteration {iteration}: train pass@1 {probe['metrics']['pass@1']:.3f}; "
              f"e.g. {probe['examples'][0]!r}")
         last = hf
@@ -245,12 +250,18 @@ def offline_dataset(mu: Path, problems, k: int, seed: int, directory: Path, max_
              **{g: grades.count(g) for g in ("correct", "wrong", "invalid")},
              "prompts_with_both": sum(0 < sum(s.grade == "correct" for s in samples) < len(samples)
                                       for samples in graded)}
+    scored = score_logprobs(mu, directory)
+    log(f"offline dataset (seed {seed}): {stats}")
+    return scored, stats
+
+
+def score_logprobs(mu: Path, directory: Path) -> Path:
+    """directory/graded.jsonl scored for log mu by `nemo-topr score-logprobs` into directory/scored.jsonl."""
     scored = directory / "scored.jsonl"
     _run_logged([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(mu), "--data",
                  str(directory / "graded.jsonl"), "--out", str(scored), "--seq-length", "256", "--device", "cpu"],
                 directory / "score.log", f"scoring {directory}")
-    log(f"offline dataset (seed {seed}): {stats}")
-    return scored, stats
+    return scored
 
 
 def train_variant(name: str, mu: Path, data: Path, overrides: list[str], out: Path, *, epochs: int, lr: float,

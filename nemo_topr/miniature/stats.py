@@ -264,3 +264,100 @@ def decide_normalisation(check: Check, outcome: Outcome) -> Decision:
     return _reading(outcome, {WORSE_WITHIN: same, BETTER_WITHIN: same, EQUIVALENT: same,
                               BETTER: (REFUTED, "token_sum favours TOPR"),
                               WORSE: (REFUTED, "token_sum disfavours TOPR")})
+
+
+# ---------------------------------------------------------------------------------------------
+# Study 3 (docs/miniature/study3_preregistration.md, "Statistics" and "Decision rules"): the
+# bootstrap over test problems and H8's outcomes
+
+PLACEBO_MARGIN = 0.01     # m
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 96
+
+INFORMATIVE = "negatives informative"
+INFORMATIVE_WITHIN = "negatives informative, by less than m"
+PLACEBO_BETTER = "placebo better"
+MECHANICAL = "mechanical"
+
+
+def select_lr(validation: dict[float, list[float]]) -> float:
+    """Study 3's lr of an arm: the highest mean validation pass@1 over the seeds ({lr: per seed});
+    exact ties go to the smaller lr."""
+    means = {lr: statistics.fmean(values) for lr, values in validation.items()}
+    return min(means, key=lambda lr: (-means[lr], lr))
+
+
+def problem_differences(a: list[list[int]], b: list[list[int]], samples: int) -> list[float]:
+    """D_j = (1/n) sum over the n seeds of (a[s][j] - b[s][j]) / samples, from the correct samples of
+    A and of B per seed (same seed order) and problem (split order)."""
+    if len(a) != len(b) or not a or len({len(row) for row in (*a, *b)}) != 1:
+        raise ValueError(f"problem-level differences need the same seeds and problems on both sides; got "
+                         f"{[len(row) for row in a]} and {[len(row) for row in b]}")
+    return [sum(x[j] - y[j] for x, y in zip(a, b)) / (samples * len(a)) for j in range(len(a[0]))]
+
+
+@dataclass(frozen=True)
+class ProblemLevel:
+    """The mean of D and its bootstrap intervals over problems (95 % and 90 %, percentile)."""
+
+    mean: float
+    ci95: tuple[float, float]
+    ci90: tuple[float, float]
+
+
+def bootstrap(d: list[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> ProblemLevel:
+    """The registered bootstrap: one random.Random(seed) per call; each resample draws len(d) problem
+    indices with `rng.choices`; of the sorted resample means the 95 % interval runs from the
+    (0.025 R + 1)-th to the 0.975 R-th value (251st to 9,750th of 10,000), the 90 % interval from
+    the (0.05 R + 1)-th to the 0.95 R-th."""
+    import random
+
+    rng, problems = random.Random(seed), range(len(d))
+    means = sorted(math.fsum(d[j] for j in rng.choices(problems, k=len(d))) / len(d) for _ in range(resamples))
+
+    def interval(tail: float) -> tuple[float, float]:
+        return means[round(tail * resamples)], means[round((1.0 - tail) * resamples) - 1]
+
+    return ProblemLevel(math.fsum(d) / len(d), interval(0.025), interval(0.05))
+
+
+def inside(interval: tuple[float, float], margin: float) -> bool:
+    return -margin < interval[0] and interval[1] < margin
+
+
+def decide_h8(check: Check, outcome: Outcome, problems: ProblemLevel, margin: float = PLACEBO_MARGIN,
+              alpha: float = ALPHA) -> Decision:
+    """H8, real (A) against placebo (B): `outcome` is `classify(A, B, margin=m)` (its sign test and its
+    TOST at m), `problems` the bootstrap of D; the first registered outcome that applies."""
+    if not check.passed:
+        return Decision(INCONCLUSIVE, "manipulation check failed")
+    paired, signed = outcome.paired, outcome.paired.p <= alpha
+    equivalent = outcome.tost.p <= alpha and inside(problems.ci90, margin)
+    if signed and paired.positive > paired.negative and problems.ci95[0] > 0.0:
+        return Decision(SUPPORTED, INFORMATIVE_WITHIN if equivalent else INFORMATIVE)
+    if signed and paired.negative > paired.positive and problems.ci95[1] < 0.0:
+        return Decision(REFUTED, PLACEBO_BETTER)
+    if equivalent:
+        return Decision(REFUTED, MECHANICAL)
+    return Decision(INCONCLUSIVE, UNDECIDED)
+
+
+DIRECTIONAL = {BETTER: 1, BETTER_WITHIN: 1, WORSE: -1, WORSE_WITHIN: -1}
+EQUIVALENCE = (EQUIVALENT, BETTER_WITHIN, WORSE_WITHIN)
+
+
+def intervals_agree(outcome: str, problems: ProblemLevel, margin: float = MIN_EFFECT) -> bool | None:
+    """Whether a study-2 outcome's problem-level intervals agree with it: a directional outcome's 95 %
+    interval excludes 0 on its side, an equivalence outcome's 90 % interval lies inside (−δ, +δ) (an
+    outcome "by less than δ" is both); a one-sided bound's 90 % interval stays on its side of ∓δ.
+    None for inconclusive, which the intervals cannot contradict."""
+    checks = []
+    if outcome in DIRECTIONAL:
+        checks.append(problems.ci95[0] > 0.0 if DIRECTIONAL[outcome] > 0 else problems.ci95[1] < 0.0)
+    if outcome in EQUIVALENCE:
+        checks.append(inside(problems.ci90, margin))
+    if outcome == NOT_WORSE:
+        checks.append(problems.ci90[0] > -margin)
+    if outcome == NOT_BETTER:
+        checks.append(problems.ci90[1] < margin)
+    return all(checks) if checks else None

@@ -1,8 +1,9 @@
 """`python -m nemo_topr.miniature.study` (`make miniature-study`): the pre-registered miniature study
 of issue 19 (docs/miniature.md, "Pre-registered study (issue 19)"). `--dry-run` prints the plan
 (runs, sizes, estimated time) without training anything. `--design study2` (`make miniature-study2`)
-runs study 2 instead (study2.py, docs/miniature/study2_preregistration.md); this module holds what
-the two share: options, results.json (new or resumed), datasets and trainings.
+runs study 2 instead (study2.py, docs/miniature/study2_preregistration.md), `--design study3`
+(`make miniature-study3`) study 3 (study3.py, docs/miniature/study3_preregistration.md); what the
+drivers share is in study_run.py.
 
 Stages, each with the miniature pipeline's own functions (pipeline.py):
 1. task splits pretrain / train / validation / test, tokenizer, random tiny Llama;
@@ -28,20 +29,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import shutil
 import statistics
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from nemo_topr.arguments import Parser
+from nemo_topr.miniature import study2, study3
 from nemo_topr.miniature.pipeline import VARIANTS
-from nemo_topr.outputs import OutputError, fresh_output_dir
+from nemo_topr.miniature.study_run import SharedDesign, StudyRun, deviations
+from nemo_topr.outputs import OutputError
 
 TIE_TOLERANCE = 0.005  # validation pass@1 within this of the best counts as tied (lr selection)
-FINAL_ONLY = 100_000   # checkpoint.save_interval beyond any run's length: only the final one is saved
 
 # Unit costs for the time estimate, from the timings recorded in docs/miniature.md (2 idle cores):
 ITERATION_S = 0.29          # pretraining log: 448 iterations in 128 s
@@ -50,30 +48,6 @@ EVAL_SAMPLE_S = 28.0 / 4800  # ... charged again per evaluated sample (3 x 1,600
 DATASET_RECORD_S = 29.0 / 1024  # dataset stage: 1,024 records sampled, scored, mu evaluated
 RECORDS_PER_ITERATION = 1024 * 3 / 46  # today's packing: 16 rows of 256 tokens per step
 PROBE_SAMPLES = 8
-
-
-@dataclass(frozen=True)
-class SharedDesign:
-    """The options both studies have, at the values both pre-registrations fixed; every field of a
-    design is a command-line option."""
-
-    task_seed: int = 0
-    pretrain_problems: int = 2000
-    train_prompts: int = 512
-    validation_prompts: int = 200
-    test_prompts: int = 500
-    pretrain_lr: float = 3e-3
-    pretrain_epochs: int = 30
-    pretrain_save_interval: int = 30
-    probe_prompts: int = 64
-    k: int = 16
-    seeds: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
-    epochs: int = 1
-    eval_samples: int = 8
-    hidden_size: int = 128
-    vocab_size: int = 384
-    max_new_tokens: int = 40
-    jobs: int = 2
 
 
 @dataclass(frozen=True)
@@ -90,12 +64,6 @@ class Design(SharedDesign):
 
 PREREGISTERED = Design()
 
-
-def deviations(design: SharedDesign) -> dict[str, dict]:
-    """Options that differ from the design's pre-registered defaults ({} for the study as registered)."""
-    registered = type(design)()
-    return {f.name: {"registered": getattr(registered, f.name), "used": getattr(design, f.name)}
-            for f in dataclasses.fields(design) if getattr(design, f.name) != getattr(registered, f.name)}
 
 
 def study_runs(design: Design) -> list[tuple[str, str]]:
@@ -162,147 +130,6 @@ def select_settings(validation: dict[tuple[float, int], list[float]]) -> tuple[f
     best = max(means.values())
     tied = [config for config, mean in means.items() if mean >= best - TIE_TOLERANCE]
     return min(tied, key=lambda config: (config[0], -config[1]))
-
-
-def _commit() -> str | None:
-    """HEAD, with "+uncommitted changes" when tracked files differ from it (None outside git)."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-    if head.returncode != 0:
-        return None
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True).returncode != 0
-    return head.stdout.strip() + (" +uncommitted changes" if dirty else "")
-
-
-def resumable_results(out: Path, design: Design) -> dict:
-    """The results.json of an interrupted study in `out`, checked to be of this design."""
-    path = out / "results.json"
-    if not path.is_file():
-        raise SystemExit(f"--resume: {path} does not exist; start the study without --resume")
-    results = json.loads(path.read_text())
-    registered = json.loads(json.dumps(dataclasses.asdict(design)))  # tuples -> lists, as stored
-    differing = sorted(k for k in registered.keys() | results["design"].keys()
-                       if registered.get(k) != results["design"].get(k))
-    if differing:
-        raise SystemExit(f"--resume: {path} is a study with other options ({', '.join(differing)}); "
-                         "resume it with the options it started with")
-    mus = [results["mu"]] if "mu" in results else list(results.get("mus", {}).values())  # study 1 / study 2
-    for mu in mus:
-        if not Path(mu["path"]).is_dir():
-            raise SystemExit(f"--resume: mu {mu['path']} recorded in {path} is missing")
-    return results
-
-
-class StudyRun:
-    """One study's run in `out`, what both studies' drivers share: results.json, new or resumed
-    (`--resume`: the design must be the one it started with; the clock continues from the last save),
-    the task's splits, evaluation of a model on a split, offline datasets saved as they are made, and
-    trainings `design.jobs` at a time with each final checkpoint evaluated here."""
-
-    def __init__(self, design: SharedDesign, out: Path, estimate_s: dict[str, float], resume: bool):
-        from nemo_topr.miniature import pipeline
-
-        self.design, self.out = design, out
-        started = time.time()
-        if resume:
-            self.results = resumable_results(out, design)
-            # Time between the processes is not counted, nor a killed process's unsaved work (it is
-            # redone here and counted again).
-            started -= self.results.get("wall_time_s", 0.0)
-            self.results.setdefault("resumed", []).append({"after_s": self.results.get("wall_time_s", 0.0),
-                                                           "commit": _commit(), "runs_kept": len(self.results["runs"])})
-            pipeline.log(f"resuming {out}: {len(self.results['datasets'])} datasets and "
-                         f"{len(self.results['runs'])} runs kept")
-        else:
-            fresh_output_dir(out, "nemo_topr.miniature.study")
-            (out / "data").mkdir()
-            self.results = {"design": dataclasses.asdict(design), "deviations": deviations(design), "commit": _commit(),
-                            "estimate_s": estimate_s, "stage_seconds": {}, "datasets": {}, "runs": {}}
-        self.started = started
-        self.save, self.stage_done = pipeline.results_file(out / "results.json", self.results, started)
-        self.sizes = {"pretrain": design.pretrain_problems, "train": design.train_prompts,
-                      "validation": design.validation_prompts, "test": design.test_prompts}
-        self.splits: dict = {}
-
-    def build_task(self) -> Path:
-        """Splits, tokenizer and the random initial model (a new study); returns the model."""
-        from nemo_topr.miniature import pipeline
-
-        self.splits, model = pipeline.build_task_and_model(self.out, self.sizes, self.design.task_seed,
-                                                           self.design.vocab_size, self.design.hidden_size)
-        return model
-
-    def resume_task(self) -> None:
-        """A resumed study's splits: a function of the task seed (the models are on disk)."""
-        from nemo_topr.miniature.task import make_splits
-
-        self.splits = make_splits(self.sizes, seed=self.design.task_seed)
-
-    def evaluate(self, model: Path, split: str) -> dict:
-        from nemo_topr.miniature import pipeline
-
-        return pipeline.evaluate(model, self.splits[split], split, self.design.eval_samples, 0,
-                                 self.design.max_new_tokens)["metrics"]
-
-    def dataset(self, key: str, mu: Path, seed: int, directory: Path) -> Path:
-        """The scored offline dataset `key` (k samples per train prompt from mu, sampling seed `seed`),
-        made and saved unless a resumed study already has it."""
-        from nemo_topr.miniature import pipeline
-
-        if key in self.results["datasets"] and (directory / "scored.jsonl").is_file():
-            return directory / "scored.jsonl"
-        scored, self.results["datasets"][key] = pipeline.offline_dataset(
-            mu, self.splits["train"], self.design.k, seed, directory, self.design.max_new_tokens)
-        self.save()
-        return scored
-
-    def train_all(self, jobs: list[dict], splits_to_evaluate: tuple[str, ...], *, second_failure_scored: bool = False,
-                  failed_metrics: dict | None = None) -> None:
-        """Train jobs (dicts with name, seed, lr, warmup, overrides, mu, data and what the run records)
-        `design.jobs` at a time in subprocesses; evaluate each final checkpoint here, in order. A
-        failed training stops the study; with `second_failure_scored` (study 2's rule) a run that
-        already failed once is recorded as failed with `failed_metrics` on every split instead."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from nemo_topr.miniature import pipeline
-
-        design, results = self.design, self.results
-
-        def train(job: dict) -> tuple[Path, dict[int, Path]]:
-            return pipeline.train_variant(job["name"], job["mu"], job["data"], job["overrides"], self.out,
-                                          epochs=design.epochs, lr=job["lr"], warmup=job["warmup"],
-                                          save_interval=FINAL_ONLY, seed=job["seed"], jobs=design.jobs)
-
-        jobs = [job for job in jobs if job["name"] not in results["runs"]]  # kept by --resume
-        with ThreadPoolExecutor(max(1, design.jobs)) as pool:
-            for job, future in [(job, pool.submit(train, job)) for job in jobs]:
-                run = {k: v for k, v in job.items() if k not in ("overrides", "mu", "data")}
-                try:
-                    run_dir, checkpoints = future.result()
-                except SystemExit as error:
-                    if not (second_failure_scored and job["name"] in results.get("failed_once", {})):
-                        if second_failure_scored:
-                            results.setdefault("failed_once", {})[job["name"]] = str(error)
-                            self.save()
-                        pool.shutdown(cancel_futures=True)
-                        raise
-                    run.update({"failed": str(error), **{split: dict(failed_metrics) for split in splits_to_evaluate}})
-                else:
-                    final = max(checkpoints)
-                    run.update({"iterations": final, "telemetry": pipeline.telemetry(run_dir),
-                                **{split: self.evaluate(checkpoints[final], split) for split in splits_to_evaluate}})
-                    shutil.rmtree(run_dir / "checkpoints")
-                results["runs"][job["name"]] = run
-                pipeline.log(f"{job['name']}: " + ("FAILED twice, scored as degenerated; " if "failed" in run else "")
-                             + ", ".join(f"{split} pass@1 {run[split]['pass@1']:.3f}" for split in splits_to_evaluate))
-                self.save()
-
-    def finish(self, write_report, docs: Path | None) -> dict:
-        """Write the report with `write_report(out, results, docs)` and print it."""
-        from nemo_topr.miniature import pipeline
-
-        print(write_report(self.out, self.results, docs))
-        pipeline.log(f"done in {time.time() - self.started:.0f} s -> {self.out / 'results.md'}")
-        return self.results
 
 
 def run_study(design: Design, out: Path, docs: Path | None, resume: bool = False) -> dict:
@@ -376,10 +203,10 @@ def _parser(design_class: type) -> argparse.ArgumentParser:
     parser = Parser(prog="python -m nemo_topr.miniature.study", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--design", choices=DESIGNS, default="study1",
-                        help="which pre-registered study: study1 (issue 19) or study2 (issue 32)")
-    parser.add_argument("--out", help="results directory (default results/miniature_study[2]; emptied first if an "
+                        help="which pre-registered study: study1 (issue 19), study2 (issue 32) or study3 (issue 96)")
+    parser.add_argument("--out", help="results directory (default results/miniature_study[2|3]; emptied first if an "
                         "earlier study made it, another non-empty one is refused)")
-    parser.add_argument("--docs", help="copy the report and plots here ('' to skip; default docs/miniature/study[2])")
+    parser.add_argument("--docs", help="copy the report and plots here ('' to skip; default docs/miniature/study[2|3])")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the time estimate; train nothing")
     parser.add_argument("--resume", action="store_true",
                         help="continue an interrupted study in --out (same options): keep mu, datasets, finished runs")
@@ -395,18 +222,20 @@ def _parser(design_class: type) -> argparse.ArgumentParser:
     return parser
 
 
-DESIGNS = ("study1", "study2")
+# --design: (design class, plan text, driver, default --out, default --docs)
+DESIGNS = {
+    "study1": (Design, plan_text, run_study, "results/miniature_study", "docs/miniature/study"),
+    "study2": (study2.Study2Design, study2.plan_text, study2.run_study2, "results/miniature_study2",
+               "docs/miniature/study2"),
+    "study3": (study3.Study3Design, study3.plan_text, study3.run_study3, "results/miniature_study3",
+               "docs/miniature/study3"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from nemo_topr.miniature import study2
-
     chooser = argparse.ArgumentParser(add_help=False)  # the design decides the other options' defaults
     chooser.add_argument("--design", choices=DESIGNS, default="study1")
-    name = chooser.parse_known_args(argv)[0].design
-    design_class, plan, run, out_default, docs_default = (
-        (Design, plan_text, run_study, "results/miniature_study", "docs/miniature/study") if name == "study1" else
-        (study2.Study2Design, study2.plan_text, study2.run_study2, "results/miniature_study2", "docs/miniature/study2"))
+    design_class, plan, run, out_default, docs_default = DESIGNS[chooser.parse_known_args(argv)[0].design]
     args = vars(_parser(design_class).parse_args(argv))
     args.pop("design")
     out = Path(args.pop("out") or out_default).resolve()
@@ -414,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     docs = docs_default if docs is None else docs
     dry_run, resume = args.pop("dry_run"), args.pop("resume")
     design = design_class(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
-    unknown = sorted({*design.variants, *getattr(design, "token_sum_variants", ())} - set(VARIANTS))
+    unknown = sorted({*getattr(design, "variants", ()), *getattr(design, "token_sum_variants", ())} - set(VARIANTS))
     if unknown:
         raise SystemExit(f"unknown --variants {unknown}; known: {list(VARIANTS)}")
     print(plan(design), flush=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_topr.miniature.study import SharedDesign, StudyRun, deviations
+from nemo_topr.miniature.study_run import SharedDesign, StudyRun, deviations
 
 # Unit costs from study 1's committed results (docs/miniature/study/results.json, "stage_seconds"),
 # at the registered sizes on 2 idle cores:
@@ -168,7 +168,6 @@ def run_study2(design: Study2Design, out: Path, docs: Path | None, resume: bool 
                              "mu": mu, "data": scored[name, seed], "overrides": overrides})
     if skipped:
         results["skipped"] = skipped
-    study.train_all(jobs, ("test", "validation"), second_failure_scored=True,
-                    failed_metrics={"pass@1": 0.0, f"maj@{design.eval_samples}": 0.0, "malformed_rate": 1.0})
+    study.train_all(jobs, ("test", "validation"), second_failure_scored=True)
     study.stage_done("study")
     return study.finish(study2_report.write_report, docs)
