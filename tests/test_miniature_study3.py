@@ -406,3 +406,19 @@ def test_study3_smoke(tmp_path):
     assert set(checks["negative_log_mu"]) == {"real per sequence", "placebo per sequence", "real per token",
                                               "placebo per token"}
     assert (tmp_path / "docs" / study3_report.PLOT).is_file() and (tmp_path / "docs" / OUTCOMES).is_file()
+
+
+def test_setup_check_against_study2s_committed_runs():
+    """With study 2's mu 0.2 (iteration 210 and its test pass@1), the lr 1e-4 runs on seeds 1-6 are set
+    beside study 2's committed values; another mu is said to be another."""
+    results, outcomes = synthetic()
+    committed = json.loads(study3_checks.STUDY2_RESULTS.read_text())
+    mu2 = committed["mus"]["0.2"]
+    results["mu"].update(iteration=mu2["iteration"], test={**results["mu"]["test"], "pass@1": mu2["test"]["pass@1"]})
+    lines = study3_checks.setup_lines(study3_report.Study(results, outcomes), results)
+    old = committed["runs"]["sft_positive_mu0.2_s1"]["test"]["pass@1"]
+    assert f"- sft_positive: seed 1 0.5000 / {old:.4f}; seed 2 0.5000" in "\n".join(lines)
+    assert "seed 7" not in "\n".join(lines)  # study 2 ran seeds 1-6
+    results["mu"]["iteration"] = 240
+    assert "is not study 2's mu 0.2 (iteration 210" in study3_checks.setup_lines(
+        study3_report.Study(results, outcomes), results)[1]

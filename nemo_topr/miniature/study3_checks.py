@@ -13,7 +13,7 @@ STUDY2_RESULTS = Path(__file__).resolve().parents[2] / "docs" / "miniature" / "s
 STUDY2_STRENGTH = "0.2"
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # of a run's iterations: first, 25 %, 50 %, 75 %, last
 TRAJECTORY = (("truncated share", "negative_truncated_share"), ("mean negative weight", "negative_weight_mean"),
-              ("mean |log ρ|", "log_ratio_abs_mean"))
+              ("mean abs(log ρ)", "log_ratio_abs_mean"))  # no "|" in a table cell
 
 
 def _first(run: dict | None, tag: str) -> float | None:
@@ -95,7 +95,7 @@ def setup_lines(study, results: dict, study2_results: Path = STUDY2_RESULTS) -> 
     if (mu2.get("iteration"), mu2.get("test", {}).get("pass@1")) != (mu["iteration"], mu["test"]["pass@1"]):
         return ["", f"Set-up check: mu (iteration {mu['iteration']}, test pass@1 {mu['test']['pass@1']:.3f}) is not "
                 f"study 2's mu {STUDY2_STRENGTH} (iteration {mu2.get('iteration')}, test pass@1 "
-                f"{mu2.get('test', {}).get('pass@1')}); no run repeats study 2's."]
+                f"{mu2.get('test', {}).get('pass@1', float('nan')):.3f}); no run repeats study 2's."]
     lines = ["", f"Set-up check: mu is study 2's mu {STUDY2_STRENGTH}; runs at lr 1e-4 that repeat study 2's, test "
              "pass@1 study 3 / study 2:", ""]
     for arm in (study.arms[0], study.arms[1], study.arms[2], study.real):
