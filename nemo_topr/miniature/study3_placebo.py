@@ -153,4 +153,5 @@ def dataset_checks(pairs: dict[int, tuple[Path, Path]], tokenizer_dir: Path) -> 
             pooled[f"{name} per sequence"] += per_sequence
             pooled[f"{name} per token"] += per_token
             tokens[str(seed)][name] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
-    return {"tokens": tokens, "negative_log_mu": {name: percentiles(values) for name, values in pooled.items()}}
+    return {"tokens": tokens, "negative_log_mu": {name: percentiles(values) for name, values in pooled.items()
+                                                  if len(values) >= 2}}  # none without a placebo
