@@ -9,7 +9,6 @@ import gzip
 import json
 import random
 import shutil
-from pathlib import Path
 
 import pytest
 from test_miniature_study import fake_pipeline
@@ -362,50 +361,6 @@ def test_driver_trains_the_plan_and_resumes(tmp_path, monkeypatch):
     assert "Failed twice and scored as degenerated (pass@1 0, malformed 1): topr_lr0.0002_s2." in text
     assert "| H8 (real negatives > placebo) | **inconclusive** | manipulation check failed |" in text
     assert "Resumed (`--resume`)" in text
-
-
-@pytest.mark.slow
-def test_study3_smoke(tmp_path):
-    """Study 3 at tiny sizes through the real pipeline: pretraining probed until pass@1 >= 0 (the first
-    checkpoint), one seed's dataset and its placebo re-scored by score-logprobs, the five arms at one
-    lr, per-problem outcomes, the report and the figure. The p~ arms and the placebo need both signs
-    in the sampled data; without them they are skipped with a reason."""
-    out = tmp_path / "study3"
-    assert study.main(["--design", "study3", "--out", str(out), "--docs", str(tmp_path / "docs"),
-                       "--pretrain-problems", "64", "--train-prompts", "8", "--validation-prompts", "4",
-                       "--test-prompts", "4", "--probe-prompts", "4", "--k", "4", "--eval-samples", "2",
-                       "--pretrain-epochs", "1", "--pretrain-save-interval", "1", "--mu-target", "0",
-                       "--seeds", "3", "--lr-grid", "1e-4", "--hidden-size", "32", "--max-new-tokens", "16"]) == 0
-    results = json.loads((out / "results.json").read_text())
-    outcomes = read_outcomes(out)
-    assert results["mu"]["iteration"] == 1 and set(results["datasets"]) == {"3"}
-    p = results["datasets"]["3"]["positive_share"]
-    trained = {run["key"] for run in results["runs"].values()}
-    assert {"sft_positive", "sft_positive_token_sum", "topr"} <= trained
-    assert ({"topr_ptilde0.8", "placebo_ptilde0.8"} <= trained) == (0 < p < 1)
-    for name, run in results["runs"].items():
-        assert [len(outcomes[name][split]["correct"]) for split in ("test", "validation")] == [4, 4]
-        assert all(0 <= c <= 2 for c in outcomes[name]["test"]["correct"])
-    if 0 < p < 1:
-        placebo, checks = results["placebos"]["3"], results["dataset_checks"]
-    else:  # the placebo on the real files anyway: each prompt's first record made a positive
-        real = tmp_path / "two_signed.jsonl"
-        rows = [json.loads(line) for line in (out / "data" / "seed3" / "scored.jsonl").read_text().splitlines()]
-        seen: set[str] = set()
-        for row in rows:
-            row["reward"] = 1.0 if row["prompt_id"] not in seen else -1.0
-            seen.add(row["prompt_id"])
-        real.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        mu = Path(results["mu"]["path"])
-        scored, placebo = study3_placebo.placebo_dataset(real, mu, 3, 4, tmp_path / "placebo")
-        checks = study3_placebo.dataset_checks({3: (real, scored)}, mu)
-    assert placebo["own_prompt"] == 0 and placebo["completions_unchanged"]
-    assert placebo["positive_log_mu_max_change"] < 1e-3
-    tokens = checks["tokens"]["3"]
-    assert tokens["real"]["completion_tokens"] == tokens["placebo"]["completion_tokens"]
-    assert set(checks["negative_log_mu"]) == {"real per sequence", "placebo per sequence", "real per token",
-                                              "placebo per token"}
-    assert (tmp_path / "docs" / study3_report.PLOT).is_file() and (tmp_path / "docs" / OUTCOMES).is_file()
 
 
 def test_setup_check_against_study2s_committed_runs():
