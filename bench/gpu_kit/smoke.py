@@ -20,12 +20,14 @@ def mapped_cudnn() -> list[str]:
 def main() -> None:
     dry = sys.argv[1] == "--dry-run"
     lib_dir = os.path.realpath(sys.argv[-1])
+    if not dry:
+        import torch  # first, as in every GPU process: its CUDA libraries (NCCL, cuBLAS) are then loaded
+
     import transformer_engine  # loads cuDNN, NVRTC, cuRAND and TE's core library
 
     report = {"transformer_engine": transformer_engine.__version__,
               "CUDNN_LIB_CONFIG": os.environ.get("CUDNN_LIB_CONFIG")}
     if not dry:
-        import torch
         import transformer_engine.pytorch as te
 
         layer = te.Linear(1024, 1024, params_dtype=torch.bfloat16).cuda()

@@ -37,13 +37,15 @@ ready)
   rm -f "$lib"/libcudnn*.so* && cp -a "$stage"/payload/cudnn/lib/. "$lib/" || { log "cuDNN copy FAILED"; exit 1; }
   mkdir -p "$site" && cp -a "$stage"/payload/site/. "$site/" && rm -rf "$stage/payload"
   log "cuDNN 9.28 subset in $lib, TE in $site"
-  [ "$dry" = 1 ] && { $python "$kit/smoke.py" --dry-run "$lib" | tee -a "$OUT/window.log"; exit "${PIPESTATUS[0]}"; }
-  source "$kit/cudnn-env.sh" && timeout 120 python3 "$kit/smoke.py" "$lib" 2>&1 | tee -a "$OUT/window.log"
+  ldconfig -p | grep libcudnn | tee -a "$OUT/window.log"  # a system cuDNN that a missing name would reach
+  CUDNN_LIB_DIR=$lib source "$kit/cudnn-env.sh"; export PYTHONPATH=$site:$PYTHONPATH
+  flags=(); [ "$dry" = 1 ] && flags=(--dry-run)
+  timeout 120 "$python" "$kit/smoke.py" "${flags[@]}" "$lib" 2>&1 | tee -a "$OUT/window.log"
   rc=${PIPESTATUS[0]}; log "stage 2 ready: smoke test exit $rc"; exit "$rc"
   ;;
 items)
   sha=$2 until=$(( start + $3 ))
-  [ "$dry" = 1 ] || source "$kit/cudnn-env.sh"
+  source "$kit/cudnn-env.sh"
   # name, budget in seconds (the priorities: 2, then 3, then 1, then 4), command
   while IFS='|' read -r name budget cmd; do
     [ -f "$stage/done.$name" ] && continue
