@@ -22,17 +22,21 @@ def call(command: str, carry: list[str], tree: int) -> dict:
             "fits": total <= LIMIT_BYTES}
 
 
-def calls(parts: int, tree: int) -> list[dict]:
-    """The base, one call per part, the last one making stage 2 ready and going on with the items;
-    a further call only continues the items."""
-    out = [call("bash .gpu/kit/install-base.sh && python3 -m compileall -q -j 16 /tmp/site",
-                [".gpu/base", ".gpu/kit"], tree)]
+def calls(parts: int, tree: int, first_part_with_base: bool) -> list[dict]:
+    """The base (with part 1 where it fits beside it), one call per further part, the call with the
+    last part making stage 2 ready and going on with the items; a further call only continues them."""
+    base = "bash .gpu/kit/install-base.sh && python3 -m compileall -q -j 16 /tmp/site"
+    out, carry, command = [], [".gpu/base"], base
     for k in range(1, parts + 1):
-        command = f"bash .gpu/kit/window.sh stage {k}"
-        if k == parts:
-            command += f" && bash .gpu/kit/window.sh ready && bash .gpu/kit/window.sh items {SHA} 560"
-        out.append(call(command, [f".gpu/s{k}", ".gpu/kit"], tree))
-    out.append(call(f"bash .gpu/kit/window.sh items {SHA} 560", [".gpu/kit"], tree))
+        if k > 1 or not first_part_with_base:
+            out.append(call(command, [*carry, ".gpu/kit"], tree))
+            carry, command = [], ""
+        carry.append(f".gpu/s{k}")
+        command += (" && " if command else "") + f"bash .gpu/kit/window.sh stage {k}"
+    # 600 s a call: staging and ready take about a minute of it
+    command += f" && bash .gpu/kit/window.sh ready && bash .gpu/kit/window.sh items {SHA} 480"
+    out.append(call(command, [*carry, ".gpu/kit"], tree))
+    out.append(call(f"bash .gpu/kit/window.sh items {SHA} 560", [".gpu/kit"], tree))  # or what the lease has left
     return out
 
 
@@ -44,6 +48,7 @@ def main() -> None:
     parser.add_argument("--xz-seconds", type=float, required=True)
     parser.add_argument("--prune", type=Path, required=True, help="prune_fatbin.py's JSON line")
     parser.add_argument("--stand-ins", type=Path, required=True, help="the cuDNN libraries carried as stand-ins")
+    parser.add_argument("--first-part-with-base", action="store_true", help="part 1 rides with the base in call 1")
     args = parser.parse_args()
     parts = sorted(Path(".gpu").glob("s[0-9]*/part.*"), key=lambda p: int(p.parent.name[1:]))
     raw = tree_bytes(args.payload)
@@ -57,7 +62,8 @@ def main() -> None:
         "prune": json.loads(args.prune.read_text()),
         "cudnn_stand_ins": args.stand_ins.read_text().split(),
         "parts_bytes": [p.stat().st_size for p in parts],
-        "calls": calls(len(parts), args.tree_bytes),
+        "first_part_with_base": args.first_part_with_base,
+        "calls": calls(len(parts), args.tree_bytes, args.first_part_with_base),
     }, indent=1))
 
 

@@ -64,19 +64,31 @@ while read -r soname; do
 done < "$BUILD/stand-ins.txt"
 (cd "$payload" && find site cudnn -type f | sort | xargs sha256sum > MANIFEST.SHA256)
 
-start=$(date +%s)
-tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - -C "$BUILD" payload | xz -9e -T1 > "$BUILD/stage2.tar.xz"
-xz_s=$(( $(date +%s) - start ))
+# xz -9e on one core takes minutes: an archive made from a payload with the same sums is kept
+manifest=$(sha256sum < "$payload/MANIFEST.SHA256" | cut -d' ' -f1)
+if [ "$(cat "$BUILD/stage2.manifest" 2>/dev/null)" != "$manifest" ] || [ ! -f "$BUILD/stage2.tar.xz" ]; then
+  start=$(date +%s)
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - -C "$BUILD" payload | xz -9e -T1 > "$BUILD/stage2.tar.xz"
+  echo "$(( $(date +%s) - start ))" > "$BUILD/stage2.xz-seconds" && echo "$manifest" > "$BUILD/stage2.manifest"
+fi
+xz_s=$(cat "$BUILD/stage2.xz-seconds")
 
 tree_bytes=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb | tail -1 | cut -f1)
 kit_bytes=$(du -sb .gpu/kit | cut -f1)
 part_bytes=$(( LIMIT_MIB * 1048576 - tree_bytes - kit_bytes ))
-rm -rf .gpu/s[0-9]* "$BUILD"/part.*
-split -b "$part_bytes" -d -a 2 "$BUILD/stage2.tar.xz" "$BUILD/part."
-n=0
-for part in "$BUILD"/part.*; do n=$((n + 1)); mkdir -p ".gpu/s$n"; mv "$part" ".gpu/s$n/"; done
+# the first part rides with the base in call 1 when there is room beside it (a MiB at least)
+room=$(( part_bytes - $(du -sb .gpu/base | cut -f1) )) first=()
+[ "$room" -ge 1048576 ] && first=(--first-part-with-base)
+rm -rf .gpu/s[0-9]*
+size=$(stat -c %s "$BUILD/stage2.tar.xz") offset=0 n=0
+while [ "$offset" -lt "$size" ]; do
+  bytes=$part_bytes; [ "$n" = 0 ] && [ -n "${first[*]}" ] && bytes=$room
+  n=$((n + 1)); mkdir -p ".gpu/s$n"
+  tail -c +$((offset + 1)) "$BUILD/stage2.tar.xz" | head -c "$bytes" > ".gpu/s$n/part.$(printf %02d $((n - 1)))"
+  offset=$((offset + bytes))
+done
 (cd .gpu && sha256sum s*/part.* | sed 's| s[0-9]*/| |' > kit/parts.SHA256)
 python3 "$here/carry_sizes.py" --tree-bytes "$tree_bytes" --payload "$payload" --archive "$BUILD/stage2.tar.xz" \
-  --xz-seconds "$xz_s" --prune "$BUILD/prune.json" --stand-ins "$BUILD/stand-ins.txt" > .gpu/kit/sizes.json
+  --xz-seconds "$xz_s" --prune "$BUILD/prune.json" --stand-ins "$BUILD/stand-ins.txt" "${first[@]}" > .gpu/kit/sizes.json
 python3 -c "import json; [print(c['command'], ' carry:', json.dumps(c['carry']), f\"({c['bytes'] / 2**20:.1f} MiB)\")
             for c in json.load(open('.gpu/kit/sizes.json'))['calls']]"

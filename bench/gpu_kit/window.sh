@@ -54,7 +54,7 @@ items)
     [ "$budget" -gt "$left" ] && budget=$left
     if [ "$dry" = 1 ]; then log "$name: would run for at most $budget s: $cmd"; continue; fi
     log "$name: start, budget $budget s"
-    timeout "$budget" bash -c "$cmd" >> "$OUT/window.log" 2>&1
+    timeout "$budget" bash -c "$cmd" < /dev/null >> "$OUT/window.log" 2>&1
     rc=$?; log "$name: exit $rc"; [ "$rc" = 0 ] && touch "$stage/done.$name"
   done < <(sed "s/@SHA@/$sha/g" "$kit/items.txt")
   ;;

@@ -12,7 +12,7 @@ import json
 import re
 import sys
 
-# lease held, seconds: machine start with the base call, then one call per carried part
+# lease held, seconds: machine start with the base call, then one call per further part
 PAST_WINDOWS = {
     "fast (2026-11-26, gpu_h200_2026-11-26_stage2b_log.txt)": {
         "start_and_base": 54.0, "per_part_call": (135.2 - 54.0) / 16,
@@ -32,7 +32,7 @@ def main() -> None:
     unpack = [int(s) for s in re.findall(r"payload unpacked and checked in (\d+) s", log)]
     if len(unpack) != 1:
         sys.exit(f"{sys.argv[3]}: expected one 'payload unpacked and checked' line, found {len(unpack)}")
-    parts = len(sizes["parts_bytes"])
+    parts = len(sizes["parts_bytes"]) - sizes["first_part_with_base"]  # part calls after the base
     estimates = {}
     for name, rate in PAST_WINDOWS.items():
         seconds = rate["start_and_base"] + parts * rate["per_part_call"] + unpack[0] + TE_SMOKE_S
@@ -43,7 +43,7 @@ def main() -> None:
                           f"= {seconds:.1f} s", "rates_from": rate["how"]}
     calls = [{"call": int(k), "bytes": int(b), "exit": int(rc), "dry_run_seconds_on_cpu": float(s)}
              for k, b, rc, s in times]
-    summary = (f"stage 2 in {parts} part call(s) after the base; largest call "
+    summary = (f"stage 2 in {parts} call(s) after the base; largest call "
                f"{max(c['bytes'] for c in calls) / 2**20:.1f} MiB of 64; ready after "
                + " / ".join(f"{e['seconds']:.0f} s ({n.split()[0]} day)" for n, e in estimates.items())
                + f" of GPU time (target {TARGET_S:.0f} s)")
