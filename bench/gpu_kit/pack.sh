@@ -84,7 +84,8 @@ size=$(stat -c %s "$BUILD/stage2.tar.xz") offset=0 n=0
 while [ "$offset" -lt "$size" ]; do
   bytes=$part_bytes; [ "$n" = 0 ] && [ -n "${first[*]}" ] && bytes=$room
   n=$((n + 1)); mkdir -p ".gpu/s$n"
-  tail -c +$((offset + 1)) "$BUILD/stage2.tar.xz" | head -c "$bytes" > ".gpu/s$n/part.$(printf %02d $((n - 1)))"
+  dd if="$BUILD/stage2.tar.xz" of=".gpu/s$n/part.$(printf %02d $((n - 1)))" bs=1M iflag=skip_bytes,count_bytes \
+     skip="$offset" count="$bytes" status=none
   offset=$((offset + bytes))
 done
 (cd .gpu && sha256sum s*/part.* | sed 's| s[0-9]*/| |' > kit/parts.SHA256)
