@@ -16,15 +16,22 @@ scratch=$(mktemp -d)
 # the stand-in's cuDNN is replaced as the GPU machine's is; put back afterwards for the next dry run
 cp -a "$purelib/nvidia/cudnn/lib" "$scratch/cudnn-lib-before"
 trap 'rm -rf "$purelib/nvidia/cudnn/lib" && mv "$scratch/cudnn-lib-before" "$purelib/nvidia/cudnn/lib"; rm -rf "$scratch"' EXIT
-mkdir -p "$scratch/stub"
-echo 'int no_cuda_driver_here;' | gcc -shared -x c - -Wl,-soname,libcuda.so.1 -o "$scratch/stub/libcuda.so.1"
-# what torch's import loads on the GPU machine before TE's (NCCL), and a libcuda.so.1 without a driver
+# a libcuda.so.1 without a driver: every driver function the carried libraries import returns
+# CUDA_ERROR_UNKNOWN (999), so that they load and TE's import goes as far as it can without a GPU
+mkdir -p "$scratch/stub" "$scratch/peek"
+cat .gpu/s*/part.* | xz -dc | tar xf - -C "$scratch/peek" --wildcards 'payload/cudnn/lib/*' 'payload/site/transformer_engine/wheel_lib/*'
+find "$scratch/peek" -name 'lib*.so*' -exec nm -D --undefined-only {} + | awk '$NF ~ /^cu[A-Z]/ {print $NF}' | sort -u \
+  | sed 's/.*/int &(void) { return 999; }/' | gcc -shared -x c - -Wl,-soname,libcuda.so.1 -o "$scratch/stub/libcuda.so.1"
+rm -rf "$scratch/peek"
+# what torch's import loads on the GPU machine before TE's: NCCL
 export STAGE_DIR=$scratch/stage2 SITE_DIR=$scratch/site PYTHON=$image_python CUDNN_LIB_DIR=$purelib/nvidia/cudnn/lib
 export LD_LIBRARY_PATH=$scratch/stub:$purelib/nvidia/nccl/lib
 : > "$log"
 say() { echo "$*" | tee -a "$log"; }
 say "# GPU window dry run on CPU, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD), $(nproc) cores"
 say "# image stand-in: $image_python; cuDNN before: $(ls "$CUDNN_LIB_DIR" | tr '\n' ' ')"
+say "# libcuda.so.1 stand-in exports: $(nm -D --defined-only "$scratch/stub/libcuda.so.1" | awk '$2 == "T" {print $3}' | tr '\n' ' ')"
+say "# (env.sh's two notes below are the workplace kit's: the dry run's base is in a scratch site, not /tmp/site)"
 calls=$(python3 -c "import json; print(len(json.load(open('.gpu/kit/sizes.json'))['calls']))")
 : > "$scratch/times.txt"
 for i in $(seq 0 $((calls - 1))); do
