@@ -78,10 +78,10 @@ def _versions(found: dict) -> str:
 def gpu_tables(results_dir: Path) -> list[str]:
     """The runs on lent GPU machines, not part of `make bench` or CI: each GPU bench file (an
     environment and bench/gpu.py sections), each `bench.gpu_verbs` table and each packed parity
-    run, as committed."""
+    run, as committed (the GPU kit's CPU dry runs, gpu_kit_*, are no GPU run)."""
     lines = []
     for path in sorted(results_dir.glob("gpu_*.json")):
-        if path.name.startswith(("gpu_verbs_", "gpu_parity_")):
+        if path.name.startswith(("gpu_verbs_", "gpu_parity_", "gpu_kit_")):
             continue
         found = json.loads(path.read_text())
         env, rows = found["environment"], []

@@ -8,8 +8,8 @@
 #   window.sh items SHA SECONDS    the issue's GPU items by priority, each with its own budget,
 #                                  until SECONDS from the call's start; an item done is not rerun
 # Every step appends to $OUT/window.log as it ends, and every item writes its results to $OUT at
-# once (7 files at most), so a call cut off still returns what ran. --dry-run (first argument): the same steps on a
-# CPU machine (bench/gpu_kit/dryrun.sh), each stopping before its first CUDA call.
+# once (7 files at most), so a call cut off still returns what ran. --dry-run (first argument):
+# the same steps on a CPU machine (bench/gpu_kit/dryrun.sh), each stopping before its first CUDA call.
 set -uo pipefail
 dry=0; [ "${1:-}" = --dry-run ] && { dry=1; shift; }
 kit=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
