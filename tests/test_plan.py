@@ -197,6 +197,11 @@ MISTYPED_OVERRIDES = [
     ("train.global_batch_size=null", r"train.global_batch_size is unset \(null\): a run needs a value; set "
                                      r"train.global_batch_size=VALUE$"),
     ("train=5", r"train=5: train is a section; set its keys, as train.KEY=VALUE$"),
+    # a key of a section given at the top: it was answered "epochs is a section"
+    ("epochs=2", r"unknown config key epochs\b.*did you mean dataset\.epochs\b"),
+    ("lr=0.1", r"unknown config key lr\b.*did you mean optimizer\.lr\b"),
+    ("run-dir=x", r"unknown config key run-dir\b.*did you mean run_dir\b"),
+    ("foo=1", r"unknown config key foo\b"),
     ("rng.seed=0", r"rng.seed=0 must be at least 1$"),
     ("model.fp16=true", r"model.fp16 and model.bf16 are both true"),
     ("model.recompute_granularity=full", r"model.recompute_granularity=full needs model.recompute_method"),

@@ -261,14 +261,35 @@ def _check_section(target: type, values: dict[str, Any], path: str) -> None:
     for key, value in values.items():
         dotted = f"{path}.{key}"
         if key not in names:
-            close = difflib.get_close_matches(key, names, n=3)
-            hint = f"; did you mean {', '.join(f'{path}.{c}' for c in close)}?" if close else ""
-            raise ConfigError(f"unknown config key {dotted} ({target.__name__}){hint}")
+            raise ConfigError(f"unknown config key {dotted} ({target.__name__})"
+                              f"{did_you_mean(key, [f'{path}.{name}' for name in names])}")
         nested = _dataclass_in(hints[key])
         if isinstance(value, dict) and nested is not None and "_target_" not in value:
             _check_section(nested, value, dotted)
         else:
             _check_value(dotted, value, hints[key])
+
+
+def did_you_mean(key: str, names: list[str]) -> str:
+    """"; did you mean A, B?" naming up to three of the dotted `names` nearest `key`, compared by
+    their last part (`lr` finds optimizer.lr, `epochs` dataset.epochs); "" where none is near."""
+    by_leaf: dict[str, list[str]] = {}
+    for name in names:
+        by_leaf.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+    close = [name for leaf in difflib.get_close_matches(key.rsplit(".", 1)[-1], by_leaf, n=3) for name in by_leaf[leaf]]
+    return f"; did you mean {', '.join(close[:3])}?" if close else ""
+
+
+def _top_level_names(classes: dict[str, type | None]) -> list[str]:
+    """What a top-level key may be meant as: one of ours, a section, or a key of one (but those of
+    NOT_SETTINGS, which are refused)."""
+    sections = {**classes, "objective": ObjectiveConfig}
+    refused = {section: keys or {} for section, keys in NOT_SETTINGS.items()}
+    keys = [f"{section}.{field.name}" for section, target in sections.items()
+            if target is not None and NOT_SETTINGS.get(section, {}) is not None
+            for field in dataclasses.fields(target)
+            if not field.name.startswith("_") and field.name not in refused.get(section, {})]
+    return [*OUR_KEYS, *classes, *keys]
 
 
 def _check_value(dotted: str, value: Any, hint: Any) -> None:
@@ -355,8 +376,7 @@ def check_values(values: dict[str, Any], base_model: ModelSource | None = None) 
         if section in OUR_KEYS:
             continue
         if section not in classes:
-            close = difflib.get_close_matches(section, list(classes) + list(OUR_KEYS))
-            raise ConfigError(f"unknown config section {section!r}" + (f"; did you mean {close}?" if close else ""))
+            raise ConfigError(f"unknown config section {section!r}{did_you_mean(section, [*classes, *OUR_KEYS])}")
         if isinstance(section_values, dict) and classes[section] is not None:
             _check_section(classes[section], section_values, section)
     _check_lr_range(values.get("optimizer") or {})
@@ -417,9 +437,13 @@ def shape_changes(model: dict[str, Any], provider, whose: str) -> str | None:
 def check_sections(values: dict[str, Any]) -> None:
     """Every top-level key but our four values is a section. `train=5` replaced a whole section: a
     TypeError or AttributeError traceback from the checks, or (logger=abc) from Bridge's override
-    code after the data was prepared."""
+    code after the data was prepared. A value for a name that is no section (`epochs=2`, `lr=0.1`)
+    is an unknown key, with the keys it may mean (imports Bridge for its sections, on this path alone)."""
     for section, section_values in values.items():
         if section not in OUR_VALUES and section_values is not None and not isinstance(section_values, dict):
+            classes = _section_classes()
+            if section not in classes and section != "objective":
+                raise ConfigError(f"unknown config key {section}{did_you_mean(section, _top_level_names(classes))}")
             raise ConfigError(f"{section}={section_values!r}: {section} is a section; set its keys, as "
                               f"{section}.KEY=VALUE")
 
