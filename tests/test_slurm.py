@@ -84,6 +84,8 @@ def test_scripts_pass_bash_n_and_shellcheck():
 LLAMA_31_70B = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 80, "hidden_size": 8192,
                 "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8,
                 "vocab_size": 128256, "tie_word_embeddings": False}
+LLAMA_31_8B = {**LLAMA_31_70B, "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
+               "num_attention_heads": 32}
 
 
 def _submit(capsys, *args: str) -> tuple[int, str, str]:
@@ -112,7 +114,7 @@ def test_submit_dry_run_renders_a_container_job_with_mounts_from_the_config(tmp_
     lines = out.splitlines()
     for line in ("#SBATCH --nodes=4", "#SBATCH --account=acct", "#SBATCH --partition=batch",
                  "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --signal=USR1@600", "#SBATCH --requeue",  # no B: -- the ranks get it
+                 "#SBATCH --signal=USR1@900", "#SBATCH --requeue",  # no B: -- the ranks get it
                  f"export NEMO_TOPR_RUN_DIR={run_dir}",
                  "export NEMO_TOPR_CONTAINER_IMAGE=nvcr.io/nvidia/pytorch:25.09-py3"):
         assert line in lines, line
@@ -162,6 +164,27 @@ def test_submit_of_a_users_yaml_passes_it_by_absolute_path_and_mounts_its_direct
     assert status == 0 and "#SBATCH --job-name=topr-llama31_70b_bf16" in out.splitlines(), err
     assert out.splitlines()[-1].endswith(f"/topr_job.sh llama31_70b_bf16 base_model={model} "
                                          f"dataset.train_path={data}"), out.splitlines()[-1]
+
+
+def _signal_line(script: str) -> str:
+    return next(line for line in script.splitlines() if line.startswith("#SBATCH --signal="))
+
+
+@pytest.mark.parametrize("config, sbatch, nodes, architecture", [
+    ("llama31_70b_fp8", "llama31_70b.sbatch", "4", LLAMA_31_70B),
+    ("llama31_70b_bf16", "llama31_70b.sbatch", "4", LLAMA_31_70B),
+    ("llama31_8b_fp8", "llama31_8b.sbatch", "1", LLAMA_31_8B),
+])
+def test_submit_warns_as_early_as_the_presets_own_sbatch_script(config, sbatch, nodes, architecture, tmp_path, capsys):
+    """A 70B checkpoint takes longer to write: slurm/llama31_70b.sbatch warns 900 s ahead, and
+    `submit` rendered 600 for the same preset."""
+    model = placeholder_hf_model(tmp_path / "model", architecture)
+    data = tmp_path / "scored.jsonl"
+    data.write_text("{}\n")
+    status, out, err = _submit(capsys, "--config", config, "--nodes", nodes, "--container-image", "img", "--dry-run",
+                               "--run-dir", str(tmp_path / "run"), f"base_model={model}", f"dataset.train_path={data}")
+    assert status == 0, err
+    assert _signal_line(out) == _signal_line((REPO / "slurm" / sbatch).read_text())
 
 
 def _venv(root: Path, script: str) -> Path:

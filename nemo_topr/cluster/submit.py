@@ -32,6 +32,7 @@ from typing import Any
 
 from nemo_topr import model_source
 from nemo_topr.arguments import Parser, at_least_one, run_settings
+from nemo_topr.cluster.warning import DEFAULT_WARNING_S, preset_warning_s
 from nemo_topr.data.sources import HUB_PREFIX, why_missing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +52,7 @@ class ClusterJob:
     container_image: str | None = None
     container_mounts: str | None = None  # SRC:DST[,...]; None: derived from the run config
     venv: Path = REPO / ".venv"  # bare venv mode (no container image)
-    preemption_warning_s: int = 600
+    preemption_warning_s: int = DEFAULT_WARNING_S
 
     def sbatch_script(self, mounts: str | None = None) -> str:
         header = {
@@ -449,8 +450,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--container-mounts", help="pyxis SRC:DST[,...] (default: derived from the run config)")
     parser.add_argument("--venv", type=Path, default=REPO / ".venv",
                         help="bare venv mode: the virtual environment on the nodes (default: %(default)s)")
-    parser.add_argument("--preemption-warning", type=at_least_one, default=600, dest="preemption_warning_s",
-                        help="seconds before the time limit at which the ranks checkpoint and the job requeues")
+    parser.add_argument("--preemption-warning", type=at_least_one, dest="preemption_warning_s",
+                        help="seconds before the time limit at which the ranks checkpoint and the job requeues "
+                             "(default: that of the preset's slurm/*.sbatch script, else 600)")
     parser.add_argument("--dry-run", action="store_true", help="check and print the sbatch script; queue nothing")
     parser.add_argument("overrides", nargs="*", help="key=value overrides passed to nemo-topr train")
     args = parser.parse_intermixed_args(argv)  # options before, between or after the overrides
@@ -473,7 +475,8 @@ def main(argv: list[str]) -> int:
                      gpus_per_node=args.gpus_per_node, time=args.time, account=args.account,
                      partition=args.partition, container_image=args.container_image,
                      container_mounts=args.container_mounts, venv=args.venv.resolve(),
-                     preemption_warning_s=args.preemption_warning_s)
+                     preemption_warning_s=args.preemption_warning_s or preset_warning_s(
+                         config_dir / f"{name}.yaml", CONF_DIR.resolve()))
     problems, warnings, mounts = preflight(job)
     for warning in warnings:
         print(f"nemo-topr submit: warning: {warning}", file=sys.stderr)
