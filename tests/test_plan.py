@@ -5,6 +5,7 @@ planner and mapping onto Bridge's dataclasses (and Megatron-Core's own validatio
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 from conftest import placeholder_hf_model
@@ -218,6 +219,22 @@ def test_plan_runs_the_key_type_and_range_checks_of_train(override, message, cap
     assert re.search(message, err), err
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["llama31_70b_bf16"], "--nodes 4"),  # TP8·PP4 = 32 GPUs, 8 a node
+    (["llama31_70b_fp8", "--nodes", "3"], "--nodes 4"),
+    (["llama31_70b_bf16", "--nodes", "5"], "--nodes 8"),
+    (["llama31_70b_bf16", "--gpus-per-node", "4"], "--nodes 8"),
+    # the layout's own numbers, not the preset's: TP8·PP2 = 16 GPUs
+    (["llama31_70b_bf16", "model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=null"],
+     "--nodes 2"),
+])
+def test_a_layout_that_does_not_divide_the_gpus_names_the_node_count_that_does(argv, flag, capsys):
+    """The verdict said LAYOUT REJECTED (world size) and left the fix to the preset's YAML header."""
+    assert main(argv) == 1
+    verdict = capsys.readouterr().out.splitlines()[-1]
+    assert verdict.startswith("verdict: LAYOUT REJECTED") and re.search(rf"{flag}\b", verdict), verdict
+
+
 def test_micro_batch_above_one_with_pipeline_parallel_is_rejected(capsys):
     """Packed THD streams [1, MBS·seq] against pipeline buffers [seq, MBS, hidden]: only MBS = 1
     keeps the token order; local attention (no THD stream) is unaffected."""
@@ -272,7 +289,8 @@ def test_a_rejected_layout_leads_the_verdict_and_its_estimated_dp_is_named(capsy
     out = capsys.readouterr().out.splitlines()
     layout = next(line for line in out if line.startswith("layout "))
     assert "DP=1 (estimated: 8 GPUs do not divide into TP·PP·CP = 32)" in layout
-    assert out[-1].startswith("verdict: LAYOUT REJECTED (world size = TP·PP·CP·DP); memory, were it accepted: FITS: ")
+    assert out[-1].startswith("verdict: LAYOUT REJECTED (world size = TP·PP·CP·DP: --nodes 4 gives DP = 1); memory, "
+                              "were it accepted: FITS: ")
     assert main(["llama31_70b_bf16", "--nodes", "4"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "DP=1 (VP=5" in next(line for line in out if line.startswith("layout "))

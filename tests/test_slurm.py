@@ -321,6 +321,7 @@ def test_submit_rejects_a_layout_that_does_not_divide_the_gpus(tmp_path, capsys)
     assert status == 1
     # 3 x 8 = 24 GPUs; TP.PP.CP = 8.4.1 = 32 (conf/llama31_70b_bf16.yaml)
     assert "world size = TP·PP·CP·DP: 3 node(s) x 8 GPUs = 24; TP·PP·CP = 8·4·1 = 32" in err
+    assert re.search(r"world size = TP·PP·CP·DP: .*--nodes 4\b", err), err  # the fix, from the layout
 
 
 @pytest.mark.parametrize("override, message", MISTYPED_OVERRIDES)

@@ -4,6 +4,7 @@ not apply (`nemo-topr plan`, `nemo-topr submit`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,14 +20,20 @@ class Finding:
     passed: bool
     detail: str
     severity: str = "error"  # "error" fails the plan; "warning" does not
+    fix: str | None = None  # the option that passes the rule, where one does
 
     @property
     def blocking(self) -> bool:
         return not self.passed and self.severity == "error"
 
+    @property
+    def explained(self) -> str:
+        """The detail, with the fix where there is one."""
+        return f"{self.detail}: {self.fix}" if self.fix else self.detail
+
     def format(self) -> str:
         status = "ok" if self.passed else ("FAIL" if self.severity == "error" else "WARN")
-        return f"  {status:<4}  {self.rule}: {self.detail}"
+        return f"  {status:<4}  {self.rule}: {self.explained}"
 
 
 def _divisible(rule: str, numerator: int, denominator: int, what: str) -> Finding:
@@ -40,9 +47,14 @@ def check_world_size(arch: Architecture, lay: Layout) -> Finding:
     world, mp = lay.world_size, lay.model_parallel
     passed = world % mp == 0
     dp = f"{world // mp}" if passed else f"{world / mp:.3g}, not a positive integer"
+    # the fewest nodes whose GPUs TP·PP·CP divides, and the next count of them from --nodes on
+    step = mp // math.gcd(mp, lay.gpus_per_node)
+    nodes = -(-lay.nodes // step) * step
+    also = f", or any multiple of {step}" if nodes != step else ""
     return Finding("world size = TP·PP·CP·DP", passed,
                    f"{lay.nodes} node(s) x {lay.gpus_per_node} GPUs = {world}; TP·PP·CP = "
-                   f"{lay.tp}·{lay.pp}·{lay.cp} = {mp}, so DP = {world}/{mp} = {dp}")
+                   f"{lay.tp}·{lay.pp}·{lay.cp} = {mp}, so DP = {world}/{mp} = {dp}",
+                   fix=None if passed else f"--nodes {nodes} gives DP = {nodes * lay.gpus_per_node // mp}{also}")
 
 
 def check_virtual_pipeline(arch: Architecture, lay: Layout) -> Finding | None:

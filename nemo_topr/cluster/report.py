@@ -78,7 +78,7 @@ def verdict(findings: list[Finding], estimate: MemoryEstimate) -> str:
         memory = f"FITS: {_gib(need)} of {_gib(have)} per GPU ({_gib(have - need)} headroom{where})"
     else:
         memory = f"DOES NOT FIT: {_gib(need)} needed, {_gib(have)} per GPU ({_gib(need - have)} short{where})"
-    failed = [f.rule for f in findings if f.blocking]
+    failed = [f"{f.rule}: {f.fix}" if f.fix else f.rule for f in findings if f.blocking]
     if failed:  # "FITS" first read as a yes for a layout that cannot run (70B on one node)
         return f"verdict: LAYOUT REJECTED ({'; '.join(failed)}); memory, were it accepted: {memory}"
     return f"verdict: {memory}; layout OK"

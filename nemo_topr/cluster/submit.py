@@ -302,7 +302,7 @@ def check_layout(cfg: dict[str, Any], title: str, job: ClusterJob) -> tuple[list
 
     arch, _ = resolve_architecture(cfg, title, None)
     findings = checks.check_layout(arch, layout_from_config(cfg, job.nodes, job.gpus_per_node))
-    problems = [f"layout: {f.rule}: {f.detail}" for f in findings if f.blocking]
+    problems = [f"layout: {f.rule}: {f.explained}" for f in findings if f.blocking]
     warnings = [f"layout: {f.rule}: {f.detail}" for f in findings if not f.passed and not f.blocking]
     return problems, warnings
 
