@@ -161,7 +161,7 @@ def test_eval_on_a_prompt_file_grades_what_generate_samples_from_it(model_dir, t
       for flags in (["--temperature", "0"], ["--num-samples", "8"], ["--seed", "1"], ["--max-new-tokens", "64"],
                     ["--no-stop"], ["--stop", "###"], ["--device", "cpu"], ["--backend", "vllm"],
                     ["--sampler-logprobs"], ["--data-dir", "d"], ["--top-p", "0.9"], ["--top-k", "5"],
-                    ["--tensor-parallel-size", "2"])],
+                    ["--tensor-parallel-size", "2"], ["--num-shots", "0"])],
     (["--plot", "a.json", "--temperature", "0.6"],
      "--temperature is for --benchmark and --prompts, which sample a model; --plot draws results"),
 ])
@@ -172,6 +172,28 @@ def test_eval_refuses_options_its_mode_would_ignore(options, message, tmp_path, 
     assert evaluate.main([*options, "--out", "r.json"]) == 2
     assert capsys.readouterr().err == f"nemo-topr eval: {message}\n"
     assert not list(tmp_path.iterdir())
+
+
+def test_gsm8k_on_a_short_context_model_is_refused_naming_num_shots_and_runs_with_fewer(tmp_path, capsys):
+    """The demo model's context (1,024) holds no 8-shot GSM8K prompt (about 3,000 tiny-tokenizer
+    tokens): `eval --benchmark gsm8k` was refused with no way to evaluate it."""
+    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+
+    short = build_tiny_hf_llama(tmp_path / "short", build_tiny_tokenizer(), max_position_embeddings=1024)
+    sampling = ["--benchmark", "gsm8k", "--model", str(short), "--limit", "1", "--max-new-tokens", "4",
+                "--device", "cpu"]
+    assert evaluate.main([*sampling, "--out", str(tmp_path / "eight.json")]) == 1
+    assert "--num-shots" in capsys.readouterr().err
+    assert not (tmp_path / "eight.json").exists()
+    assert evaluate.main([*sampling, "--num-shots", "0", "--out", str(tmp_path / "zero.json")]) == 0
+    assert json.loads((tmp_path / "zero.json").read_text())["num_problems"] == 1
+    # the prompt holds that many worked exemplars before its own question
+    for shots in (0, 2):
+        prompt = load_problems("gsm8k-test", limit=1, shots=shots)[0].prompt
+        assert prompt.count("Question: ") == shots + 1 and prompt.count("The answer is ") == shots
+    with pytest.raises(ValueError, match="--num-shots"):  # a prompt file's prompts are sampled as written
+        load_problems("math500", shots=0)
 
 
 @pytest.mark.parametrize("verb, options", [

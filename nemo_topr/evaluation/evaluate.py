@@ -267,7 +267,8 @@ def plot_rounds(result_paths: Sequence[Path], out: Path, metrics: Sequence[str] 
 def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
     if args.benchmark:
         source, problems = args.benchmark, load_problems(EVAL_BENCHMARKS[args.benchmark], task=args.task,
-                                                         data_dir=args.data_dir, limit=args.limit)
+                                                         data_dir=args.data_dir, limit=args.limit,
+                                                         shots=args.num_shots)
     else:
         source, problems = prompt_source(args.prompts), prompt_problems(args)
     settings, graded, grader_errors = logged_sample_and_grade(args, problems, source, args.out, "nemo-topr eval")
@@ -317,8 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-SAMPLING_ONLY = ("data_dir", "num_samples", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "stop",
-                 "sampler_logprobs", "backend", "device", "tensor_parallel_size")  # what --records and --plot ignore
+SAMPLING_ONLY = ("data_dir", "num_shots", "num_samples", "temperature", "top_p", "top_k", "max_new_tokens", "seed",
+                 "stop", "sampler_logprobs", "backend", "device", "tensor_parallel_size")  # what --records and --plot ignore
 
 
 def sampling_option_given(args: argparse.Namespace) -> str | None:

@@ -43,10 +43,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nemo_topr.arguments import Parser, share
+from nemo_topr.arguments import Parser, non_negative, share
 from nemo_topr.data.records import (
     DataError, Messages, Record, RenderedPrompt, check_messages, is_id, is_number, lone_surrogate_problem, write_jsonl,
 )
+from nemo_topr.data.prompts import GSM8K_SHOTS
 from nemo_topr.data.schema import RejectedRow
 from nemo_topr.data.sources import jsonl_rows
 from nemo_topr.device import add_device_argument, out_of_memory, select_device
@@ -114,22 +115,25 @@ class GradedCompletion:
 # Prompts
 
 
-def benchmark_problems(name: str, data_dir: str | Path | None = None) -> list[Problem]:
-    """Every problem of `gsm8k-train`, `gsm8k-test` (8-shot prompt) or `math500` (zero-shot)."""
+def benchmark_problems(name: str, data_dir: str | Path | None = None, shots: int = GSM8K_SHOTS) -> list[Problem]:
+    """Every problem of `gsm8k-train`, `gsm8k-test` (a `shots`-shot prompt, the paper's 8 by
+    default) or `math500` (zero-shot)."""
     from nemo_topr.data import prompts
 
     if name == "math500":
+        if shots != GSM8K_SHOTS:
+            raise ValueError(f"--num-shots {shots}: math500's prompt is zero-shot; the option sets GSM8K's exemplars")
         rows = prompts.load_math500(data_dir)
         return [Problem(f"math500-{i}", prompts.math500_prompt(row["question"]), row["answer"], "math")
                 for i, row in enumerate(rows)]
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; expected one of {BENCHMARKS}")
     train = prompts.load_gsm8k("train", data_dir)
-    exemplars = prompts.gsm8k_exemplars(train)
+    exemplars = prompts.gsm8k_exemplars(train, shots)
     rows = train if name == "gsm8k-train" else prompts.load_gsm8k(name.removeprefix("gsm8k-"), data_dir)
 
     def exemplars_of(index: int, row: dict) -> list[dict]:  # an exemplar's own prompt takes another row
-        return (prompts.gsm8k_exemplars(train, leaving_out=index)
+        return (prompts.gsm8k_exemplars(train, shots, leaving_out=index)
                 if rows is train and any(row is exemplar for exemplar in exemplars) else exemplars)
 
     return [Problem(f"{name}-{i}", prompts.gsm8k_prompt(row["question"], exemplars_of(i, row)),
@@ -202,13 +206,15 @@ def check_limit(limit: int | None) -> None:
 
 
 def load_problems(source: str, *, task: str | None = None, data_dir: str | Path | None = None,
-                  limit: int | None = None, rendered_prompts: bool = False) -> list[Problem]:
-    """The first `limit` problems of a benchmark name or of a JSONL file (which needs `task`)."""
+                  limit: int | None = None, rendered_prompts: bool = False, shots: int = GSM8K_SHOTS
+                  ) -> list[Problem]:
+    """The first `limit` problems of a benchmark name (GSM8K's with `shots` exemplars) or of a
+    JSONL file (which needs `task`)."""
     check_limit(limit)
     if source in BENCHMARKS:
         if rendered_prompts:
             raise ValueError(f"--rendered-prompts is for a prompt file of rendered prompts; {source}'s are plain text")
-        problems = benchmark_problems(source, data_dir)
+        problems = benchmark_problems(source, data_dir, shots)
         if task is not None and task != problems[0].task:  # was ignored: graded as the benchmark, unsaid
             raise ValueError(f"--task {task}: {source}'s problems are graded as {problems[0].task}; drop --task (a "
                              "benchmark sets its own)")
@@ -220,6 +226,9 @@ def load_problems(source: str, *, task: str | None = None, data_dir: str | Path 
         close = difflib.get_close_matches(source, BENCHMARKS, n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
         raise ValueError(f"{source}: no such prompt file, and not a benchmark ({', '.join(BENCHMARKS)}){hint}")
+    elif shots != GSM8K_SHOTS:
+        raise ValueError(f"--num-shots {shots} sets the exemplars of GSM8K's benchmark prompts; a prompt file's "
+                         "prompts are sampled as written")
     elif task in TASKS:
         problems = jsonl_problems(source, task, rendered_prompts)
     else:
@@ -509,6 +518,9 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, num_samples: int)
     parser.add_argument("--data-dir", type=Path, help="benchmark JSONL files or a save_to_disk dataset "
                         "(default: $NEMO_TOPR_DATA_DIR, else the repository's data/benchmarks)")
     parser.add_argument("--limit", type=int, help="only the first K problems")
+    parser.add_argument("--num-shots", type=non_negative, default=GSM8K_SHOTS,
+                        help="worked GSM8K train problems before each GSM8K question (default: %(default)s, the "
+                             "paper's; fewer, or 0 for zero-shot, where a model's context does not hold them)")
     parser.add_argument("--num-samples", type=int, default=num_samples, help="samples per prompt (default: "
                         "%(default)s)")
     parser.add_argument("--temperature", type=float, default=defaults.temperature,
@@ -627,7 +639,13 @@ def logged_sample_and_grade(args: argparse.Namespace, problems: list[Problem], s
     # as written, or too long for the model's context. Sampling tokenizes them once more: seconds.
     indexed = dict(enumerate(problems))
     prompt_ids = prompt_ids_checked(load_tokenizer(args.model), indexed, source)
-    new_token_budgets(args.model, indexed, settings.max_new_tokens, prompt_ids)
+    try:
+        new_token_budgets(args.model, indexed, settings.max_new_tokens, prompt_ids)
+    except ValueError as error:
+        if not (source.startswith("gsm8k") and args.num_shots):
+            raise
+        raise ValueError(f"{error}; fewer exemplars shorten GSM8K's prompt: --num-shots N (now {args.num_shots}; "
+                         "0: zero-shot)") from None
     log = SampleLog(log_path(out), options, problems)
     if log.done:
         print(f"{what}: resuming: {len(log.done)} of {len(problems)} prompts already sampled in {log.path}",
@@ -652,7 +670,7 @@ def prompt_problems(args: argparse.Namespace) -> list[Problem]:
     """The problems of a command's `--prompts`, read with its --task, --data-dir, --limit and
     --rendered-prompts (generate, eval --prompts, and iterate's check of both)."""
     return load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit,
-                         rendered_prompts=args.rendered_prompts)
+                         rendered_prompts=args.rendered_prompts, shots=args.num_shots)
 
 
 def prompt_source(prompts: str) -> str:
