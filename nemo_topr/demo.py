@@ -141,14 +141,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.outputs import OutputError, fresh_output_dir
+    from nemo_topr.outputs import MARK, OutputError, fresh_output_dir
     from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
 
     started = time.time()
+    earlier = Path(args.out).is_dir() and any(path.name != MARK for path in Path(args.out).iterdir())
     try:
         out = fresh_output_dir(args.out, "nemo_topr.demo")
     except OutputError as error:
         raise SystemExit(f"python -m nemo_topr.demo: {error}") from None
+    if earlier:  # what the tour left elsewhere (runs/tour) stays
+        print(f"python -m nemo_topr.demo: emptied {out}, an earlier demo's, to run again (--out DIR: another "
+              "directory)", flush=True)
     (out / "data").mkdir()
     nemo_topr = [sys.executable, "-m", "nemo_topr.cli"]
 
@@ -194,14 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"""
-TOPR demo summary ({summary['iterations']} iterations, {summary['wall_time_s']} s)
+TOPR demo summary ({summary['iterations']} iterations)
   TOPR loss                     {summary['topr_loss_first']:+.4f} -> {summary['topr_loss_last']:+.4f}
   positives, log-prob / token   {before['positive']:+.4f} -> {after['positive']:+.4f}  ({after['positive'] - before['positive']:+.4f})
   negatives, log-prob / token   {before['negative']:+.4f} -> {after['negative']:+.4f}  ({after['negative'] - before['negative']:+.4f})
   negatives with weight < 1     {summary['truncated_negative_share_last']:.2f} (last iteration)
+  wall time                     {summary['wall_time_s']} s
   checkpoints                   {summary['checkpoint_dir']}
   Hugging Face export           {hf_out}  (loads with transformers.AutoModelForCausalLM)
-  summary                       {out / 'summary.json'}""")
+  summary                       {out / 'summary.json'}
+next: the tour of README.md ("Five-minute tour of the data flow") runs each verb on this model and data;
+  the curves: tensorboard --logdir {run_dir / 'tensorboard'}""")
     return 0
 
 

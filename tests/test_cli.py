@@ -3,9 +3,11 @@
 import importlib.util
 import os
 import re
+import subprocess
+import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, checkout_env, placeholder_hf_model
 from nemo_topr.cli import main
 
 
@@ -75,3 +77,37 @@ def test_no_verbs_help_says_a_line_twice(capsys):
             main([verb, "--help"])
         lines = [line.strip() for line in capsys.readouterr().out.splitlines() if len(line.strip()) > 40]
         assert lines and len(lines) == len(set(lines)), (verb, [line for line in lines if lines.count(line) > 1])
+
+
+SCORED = REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl"
+HEAVY_IMPORT = re.compile(r"^import time:.*\|\s+(torch|transformers|megatron)\b")
+
+
+@pytest.mark.slow  # four subprocesses importing torch, transformers or Bridge
+@pytest.mark.parametrize("verb, args", [
+    ("data validate", [str(SCORED), "--tokenizer", "MODEL"]),
+    ("data stats", [str(SCORED)]),
+    ("plan", ["llama31_8b_bf16"]),
+    ("submit", ["--config", "llama31_8b_bf16", "--dry-run"]),
+])
+def test_a_verb_that_loads_for_seconds_says_so_before_the_imports(verb, args, tmp_path):
+    """They printed nothing for 5 to 13 s while torch, transformers or Megatron loaded: a line of
+    their own comes before the first of those imports (Python's -X importtime reports each import
+    as it ends, on the same unbuffered stream)."""
+    model = str(placeholder_hf_model(tmp_path / "model"))
+    command = [sys.executable, "-u", "-X", "importtime", "-m", "nemo_topr.cli", *verb.split(),
+               *[model if arg == "MODEL" else arg for arg in args]]
+    lines = subprocess.run(command, cwd=tmp_path, env=checkout_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=300).stdout.splitlines()
+    heavy = next(index for index, line in enumerate(lines) if HEAVY_IMPORT.match(line))
+    said = [line for line in lines[:heavy] if line.startswith(f"nemo-topr {verb}: ")]
+    assert said, lines[:heavy][-5:]
+
+
+def test_score_logprobs_says_what_seq_length_is_and_its_default(capsys):
+    """`--seq-length SEQ_LENGTH` had no help, and its default was written nowhere."""
+    with pytest.raises(SystemExit):
+        main(["score-logprobs", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    entry = help_text.rsplit("--seq-length SEQ_LENGTH", 1)[1].split(" --", 1)[0]  # the options list, not usage
+    assert "2048" in entry and len(entry.split()) > 3, entry

@@ -436,3 +436,22 @@ def test_a_quota_or_a_failing_disk_gets_its_own_advice(tmp_path, monkeypatch, co
     with pytest.raises(OutputWriteError) as raised:
         write_whole(tmp_path / "r.jsonl", "a record\n")
     assert str(raised.value) == f"writing {tmp_path / 'r.jsonl'}: {said}"
+
+
+def test_a_demo_run_again_says_it_empties_the_earlier_one(tmp_path, monkeypatch, capsys):
+    """`make demo` run again emptied runs/demo and trained anew without a word."""
+    from nemo_topr import demo
+
+    def stop(*args, **kwargs):
+        raise SystemExit("stopped after the output directory")
+
+    monkeypatch.setattr("nemo_topr.model.build_tiny_hf_llama", stop)
+    earlier = fresh_output_dir(tmp_path / "demo", "nemo_topr.demo")
+    (earlier / "run").mkdir()
+    new = tmp_path / "new"
+    for out in (new, earlier):
+        with pytest.raises(SystemExit, match="stopped"):
+            demo.main(["--out", str(out)])
+        said = capsys.readouterr().out.split("[1/")[0]
+        assert (str(out.resolve()) in said) is (out == earlier), said
+    assert _tree(earlier) == {MARK: b"nemo_topr.demo\n"}

@@ -104,7 +104,7 @@ def test_plan_prints_no_start_up_noise_unless_verbose(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     quiet = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert quiet.returncode == 0 and quiet.stdout.startswith("nemo-topr plan: my_8b")
-    assert quiet.stderr == ""
+    assert quiet.stderr == f"nemo-topr plan: checking {tmp_path / 'my_8b.yaml'} as train would\n"
     verbose = subprocess.run([*command[:3], "--verbose", *command[3:]], cwd=REPO, env=env, capture_output=True,
                              text=True, timeout=300)
     assert verbose.returncode == 0 and "Apex is not installed" in verbose.stderr

@@ -35,7 +35,16 @@ def demo(tmp_path_factory) -> Path:
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "TOPR demo summary" in proc.stdout
+    (out.parent / f"{out.name}.console").write_text(proc.stdout)  # beside the demo's own directory
     return out
+
+
+def test_the_demo_ends_pointing_to_the_tour_and_its_tensorboard_logs(demo):
+    """Its last lines named its outputs, and not what to do next."""
+    last = (demo.parent / f"{demo.name}.console").read_text().splitlines()[-3:]
+    assert any("README.md" in line and "tour" in line for line in last), last
+    board = next(line for line in last if "tensorboard --logdir" in line).split("tensorboard --logdir ", 1)[1]
+    assert Path(board) == demo / "run" / "tensorboard" and any(Path(board).iterdir())
 
 
 def test_the_checkpoint_size_estimate_is_just_short_of_a_saved_iteration(demo):

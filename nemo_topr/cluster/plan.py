@@ -138,12 +138,14 @@ def plan(cfg: dict[str, Any], title: str, args: argparse.Namespace) -> tuple[int
 
 
 def main(argv: list[str] | None = None) -> int:
-    from nemo_topr.training.config import ConfigError
-
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if problem := machine_problem(args):
         print(f"nemo-topr plan: {problem}", file=sys.stderr)
         return 2
+    # Bridge's config classes take seconds to import: say what is under way first
+    print(f"nemo-topr plan: checking {args.config} as train would", file=sys.stderr, flush=True)
+    from nemo_topr.training.config import ConfigError
+
     try:
         cfg, title = compose_config(args.config, args.overrides, args.config_path)
         status, report = plan(cfg, title, args)

@@ -456,6 +456,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dry-run", action="store_true", help="check and print the sbatch script; queue nothing")
     parser.add_argument("overrides", nargs="*", help="key=value overrides passed to nemo-topr train")
     args = parser.parse_intermixed_args(argv)  # options before, between or after the overrides
+    # torch, then Bridge's config classes, take seconds to import: say what is under way first
+    print(f"nemo-topr submit: checking the job of {args.config} as train would", file=sys.stderr, flush=True)
     from nemo_topr.training.config import CONF_DIR, ConfigError, config_location
 
     try:

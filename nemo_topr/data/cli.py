@@ -73,6 +73,8 @@ def _validate(args: argparse.Namespace) -> int:
             return 2
     records = _load(args)
     if args.tokenizer is not None:
+        _say_loading("validate", f"{len(records.records)} records read; loading {args.tokenizer}'s tokenizer to "
+                                 "count their tokens")
         from nemo_topr.model_source import context_of
 
         # a record beyond the model's context is refused by score-logprobs and train: found here first
@@ -116,15 +118,21 @@ def _warn_of_the_baseline(records, baseline: float) -> None:
         print(f"warning: {NO_ADVANTAGE}; `train` refuses these records", file=sys.stderr)
 
 
-def _stats(args: argparse.Namespace) -> int:
-    from nemo_topr.data.stats import plot_summary, summarize, write_summary
+def _say_loading(verb: str, what: str) -> None:
+    """One line on stderr before the seconds torch and transformers take to import."""
+    print(f"nemo-topr data {verb}: {what}", file=sys.stderr, flush=True)
 
+
+def _stats(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file; `data stats` writes stats.json and stats.png into a directory")
     records = _load(args)
     if args.out is not None:
         for name in ("stats.json", "stats.png"):
             writable_output_file(args.out / name, "--out", inputs=records.report.files, overwrite=args.overwrite)
+    _say_loading("stats", f"{len(records.records)} records read; computing their statistics")
+    from nemo_topr.data.stats import plot_summary, summarize, write_summary
+
     sequences = _tokenize(args, records)[1].sequences if args.tokenizer is not None else None
     summary = summarize(records.records, baseline=args.baseline, sequences=sequences)
     _warn_of_the_baseline(records.records, args.baseline)

@@ -285,7 +285,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, help="output JSONL with behavior_logprob set (its report: "
                         "OUT.report.json)")
     add_overwrite_argument(parser)
-    parser.add_argument("--seq-length", type=at_least_one, default=2048)
+    parser.add_argument("--seq-length", type=at_least_one, default=2048,
+                        help="tokens per packed row, so the longest record it scores (prompt + completion + EOS) "
+                             "(default: %(default)s)")
     parser.add_argument("--tp", type=int, help="tensor parallel size (default 1)")
     parser.add_argument("--pp", type=int, help="pipeline parallel size (default 1)")
     parser.add_argument("--rows-per-batch", type=at_least_one, default=4)
