@@ -120,9 +120,9 @@ def test_validate_with_a_models_tokenizer_finds_records_beyond_its_context(capsy
                                 max_position_embeddings=200)  # the fixture's records: 125 to 293 tokens
     capsys.readouterr()  # the model's build
     assert main(["data", "validate", str(SCORED), "--tokenizer", str(model)]) == 1
-    assert _problems(capsys.readouterr().err).startswith(f"nemo-topr data validate: {SCORED}:9: completion: 221 tokens (130 "
-                                              "prompt + 90 completion + EOS) > the model's context 200 "
-                                              "(max_position_embeddings")
+    assert _problems(capsys.readouterr().err).startswith(
+        f"nemo-topr data validate: {SCORED}:9: completion: 221 tokens (130 prompt + 90 completion + EOS) > the "
+        "model's context 200 (max_position_embeddings")
     assert main(["data", "validate", str(SCORED), "--tokenizer", str(model), "--too-long", "drop"]) == 0
     assert re.search(r"^  beyond_model_context: 12 ", capsys.readouterr().out, re.MULTILINE)  # 12 over 200
     assert main(["data", "validate", str(SCORED), "--tokenizer", str(tokenizer_dir)]) == 0
@@ -287,9 +287,9 @@ def test_train_refuses_a_baseline_that_gives_every_record_one_sign(rewards, refu
 
 def test_data_stats_warns_of_a_baseline_train_would_refuse(capsys):
     assert main(["data", "stats", str(SCORED), "--baseline", "1"]) == 0  # +-1 rewards
-    assert _problems(capsys.readouterr().err) == ("warning: the baseline 1 is not below the largest reward 1: every record gets "
-                                       "an advantage R - c <= 0, so the best completions get no signal or are pushed "
-                                       "down; `train` refuses this baseline\n")
+    assert _problems(capsys.readouterr().err) == (
+        "warning: the baseline 1 is not below the largest reward 1: every record gets an advantage R - c <= 0, so "
+        "the best completions get no signal or are pushed down; `train` refuses this baseline\n")
 
 
 def test_data_validate_warns_when_every_advantage_is_zero(tmp_path, capsys):

@@ -187,7 +187,8 @@ def test_gsm8k_on_a_short_context_model_is_refused_naming_num_shots_and_runs_wit
     assert "--num-shots" in capsys.readouterr().err
     assert not (tmp_path / "eight.json").exists()
     assert evaluate.main([*sampling, "--num-shots", "0", "--out", str(tmp_path / "zero.json")]) == 0
-    assert json.loads((tmp_path / "zero.json").read_text())["num_problems"] == 1
+    zero = json.loads((tmp_path / "zero.json").read_text())
+    assert (zero["num_problems"], zero["num_shots"]) == (1, 0)
     # the prompt holds that many worked exemplars before its own question
     for shots in (0, 2):
         prompt = load_problems("gsm8k-test", limit=1, shots=shots)[0].prompt

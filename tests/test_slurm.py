@@ -166,6 +166,11 @@ def test_submit_of_a_users_yaml_passes_it_by_absolute_path_and_mounts_its_direct
                                          f"dataset.train_path={data}"), out.splitlines()[-1]
 
 
+def _problems(err: str) -> list[str]:
+    """The problems of submit's "not queued" list."""
+    return [line.removeprefix("  - ") for line in err.splitlines() if line.startswith("  - ")]
+
+
 def _signal_line(script: str) -> str:
     return next(line for line in script.splitlines() if line.startswith("#SBATCH --signal="))
 
@@ -267,7 +272,7 @@ def test_submit_names_every_unmounted_path_and_missing_input(tmp_path, capsys):
         "--container-image", "nvcr.io/nvidia/pytorch:25.09-py3", "--container-mounts", mounts,
         "base_model=/models/Llama-3.1-70B", "dataset.train_path=/data/scored.jsonl")
     assert status == 1 and out == ""
-    problems = [line.removeprefix("  - ") for line in err.splitlines()[1:]]
+    problems = _problems(err)
     assert problems == [
         f"--container-mounts source {tmp_path}/absent does not exist",
         f"dataset.train_path=/data/scored.jsonl is not under any container mount ({REPO}, {run_dir.parent}, "
@@ -303,11 +308,11 @@ def test_submit_takes_data_as_train_reads_it_and_names_a_typo(tmp_path, capsys):
                                  ".parquet or .arrow file or a directory of them")]:
         status, out, err = _submit(capsys, *submit, f"dataset.train_path={data}")
         assert status == 1 and out == ""
-        assert [line.removeprefix("  - ") for line in err.splitlines()[1:]] == [f"dataset.train_path={data}: {problem}"]
+        assert _problems(err) == [f"dataset.train_path={data}: {problem}"]
     # a hub name without its prefix is a path under the checkout there; the hint is train's
     status, out, err = _submit(capsys, *submit, "dataset.train_path=someone/graded")
     assert status == 1 and out == ""
-    assert [line.removeprefix("  - ") for line in err.splitlines()[1:]] == [
+    assert _problems(err) == [
         f"dataset.train_path={REPO / 'someone' / 'graded'}: does not exist (a Hugging Face hub dataset is read only "
         "when named so: hub:someone/graded)"]
 
@@ -341,7 +346,7 @@ def test_submit_without_image_needs_an_existing_venv_and_the_inputs(tmp_path, ca
         capsys, "--config", "llama31_8b_bf16", "--run-dir", str(tmp_path / "run"), "--dry-run",
         "--venv", str(tmp_path / "no-venv"), f"base_model={tmp_path / 'nowhere'}")
     assert status == 1
-    problems = [line.removeprefix("  - ") for line in err.splitlines()[1:]]
+    problems = _problems(err)
     assert problems[:2] == [
         "dataset.train_path is not set",
         f"no container image and no venv: {tmp_path}/no-venv/bin/python does not exist "
@@ -360,7 +365,7 @@ def test_submit_refuses_a_model_as_run_dir_before_writing_its_script_there(tmp_p
     status, _, err = _submit(capsys, "--config", "llama31_8b_bf16", "--run-dir", str(model), "--venv", sys.prefix,
                              "--dry-run", f"base_model={model}", f"dataset.train_path={data}")
     assert status == 1
-    problems = [line.removeprefix("  - ") for line in err.splitlines() if line.startswith("  - ")]
+    problems = _problems(err)
     assert problems == [f"run_dir={model} is a model, Hugging Face directory {model}; a run writes its checkpoints, "
                         "configs and logs into run_dir, so it must be a new directory or a run's (the model goes in "
                         "base_model=)"]
@@ -384,7 +389,7 @@ def test_submit_into_a_run_says_it_resumes_and_refuses_what_train_would_refuse_a
     def submit(*args: str) -> tuple[int, list[str], str]:  # an override before options: they are intermixed
         status, _, err = _submit(capsys, "--config", "llama31_8b_bf16", "--run-dir", str(run_dir), "--dry-run",
                                  f"dataset.train_path={data}", *args)
-        return status, [line.removeprefix("  - ") for line in err.splitlines() if line.startswith("  - ")], err
+        return status, _problems(err), err
 
     status, problems, err = submit("--venv", sys.prefix, f"base_model={model}")
     assert status == 0 and not problems, err
@@ -432,8 +437,8 @@ def test_submit_rejects_a_warning_at_or_after_the_time_limit(tmp_path, capsys):
         "--container-image", "img", "--time", "10:00", "--preemption-warning", "600",
         f"base_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}")
     assert status == 1
-    assert err.splitlines()[1:] == ["  - --preemption-warning 600 s is not shorter than --time 10:00 (600 s): "
-                                    "the ranks would be told to stop as soon as they start"]
+    assert _problems(err) == ["--preemption-warning 600 s is not shorter than --time 10:00 (600 s): the ranks would be "
+                              "told to stop as soon as they start"]
 
 
 @pytest.mark.parametrize("option, value", [("--nodes", "0"), ("--gpus-per-node", "-1"), ("--preemption-warning", "0")])
@@ -456,8 +461,8 @@ def test_submit_refuses_a_double_quote_an_sbatch_line_cannot_hold(tmp_path, caps
         "--container-image", "img", "--job-name", 'my "best" run', f"base_model={model}",
         f"dataset.train_path={tmp_path / 'scored.jsonl'}")
     assert status == 1 and out == ""
-    assert err.splitlines()[1:] == ["  - --job-name 'my \"best\" run': an #SBATCH line cannot hold a double quote or a "
-                                    "line break; choose one without"]
+    assert _problems(err) == ["--job-name 'my \"best\" run': an #SBATCH line cannot hold a double quote or a line "
+                              "break; choose one without"]
 
 
 def _fake_sbatch(tmp_path: Path, monkeypatch) -> Path:

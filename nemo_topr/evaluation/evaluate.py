@@ -276,9 +276,10 @@ def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
         write_jsonl(graded_records(problems, graded), args.samples_out)
         if note := no_record_note(problems, graded):
             print(f"nemo-topr eval: --samples-out: {note}", file=sys.stderr)
+    shots = {"num_shots": args.num_shots} if source.startswith("gsm8k") else {}  # GSM8K's prompt form
     return benchmark_results(outcomes_of_completions(graded), problems[0].task, args.k, grader_errors,
                              label=args.label or args.model.name, source=source,
-                             model=str(args.model), sampling=asdict(settings))
+                             model=str(args.model), sampling=asdict(settings), **shots)
 
 
 def _evaluate_records(args: argparse.Namespace, records: list[Record]) -> dict[str, Any]:
@@ -318,8 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# what --records and --plot ignore
 SAMPLING_ONLY = ("data_dir", "num_shots", "num_samples", "temperature", "top_p", "top_k", "max_new_tokens", "seed",
-                 "stop", "sampler_logprobs", "backend", "device", "tensor_parallel_size")  # what --records and --plot ignore
+                 "stop", "sampler_logprobs", "backend", "device", "tensor_parallel_size")
 
 
 def sampling_option_given(args: argparse.Namespace) -> str | None:
