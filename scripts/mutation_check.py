@@ -1,1432 +1,76 @@
-"""A standing mutation check: plausible bugs planted one at a time, each against the tests that
-should catch it. Not part of `make test`; run it before calling a test change done and record
-the score and every survivor, with its reason, in docs/reliability.md.
+"""The mutation check: plausible bugs planted one at a time, each against the tests that must catch it.
 
-    .venv/bin/python scripts/mutation_check.py                 # every mutant
-    .venv/bin/python scripts/mutation_check.py --only rewards_permuted --list
+What it does. The checkout (tracked and untracked-but-not-ignored files, `git ls-files -co
+--exclude-standard`) is copied once to a scratch directory. Every mutant of `scripts/mutants.py`
+is located there by its definition's qualified name and an AST pattern inside it
+(`scripts/mutation_locator.py`); one that is not found exactly once is *missing*. Its tests are
+the ones carrying its marker (`guards_<concern>`, never a test id): one collection finds the test
+files that hold each marker. The marked tests must pass unmutated; then each mutant rewrites its
+span in the copy, runs `pytest -x -m "<marker> and not slurm"` there, serially, with PYTHONPATH =
+the copy (so subprocesses and torchrun workers import the mutant too: tests/conftest.py), records
+*caught* (a test failed) or *survived*, and restores the file. Tests marked `slurm` never run:
+real Slurm is not started from here.
 
-The checkout (tracked and untracked-but-not-ignored files: `git ls-files -co --exclude-standard`)
-is copied once to a scratch directory. The named tests must pass there unmutated; then each
-mutant replaces one exact snippet of one file in the copy, runs its tests there (PYTHONPATH =
-the copy, so the tests' subprocesses and torchrun workers import the mutant too; see
-tests/conftest.py), records *caught* (a test failed) or *survived*, and restores the file.
+How to run (not part of `make test`):
+
+    .venv/bin/python scripts/mutation_check.py                       # all; writes the report below
+    .venv/bin/python scripts/mutation_check.py --only labels_not_shifted failures_requeued
+    .venv/bin/python scripts/mutation_check.py --list                # each mutant and where it applies
+
+It exits non-zero when a mutant survived or is missing (or the unmutated tests fail), and a full
+run writes bench/results/mutation_check.json (each mutant's definition, pattern, marker, outcome
+and seconds; the date and the commit); `--only` writes a report only where `--out` says.
+
+How to add a mutant. Append to MUTANTS in scripts/mutants.py, e.g.
+
+    py("zero_reward_is_negative", "_advantages", "_1 < 0", "_1 <= 0", OBJECTIVE,
+       "R = 0 treated as a negative (tapered) sample"),
+
+(scope: a function, method, class or module-level name, as its tail `Class.method` or
+`module.function` when the bare name is ambiguous; pattern: an expression or statement, `_1`.. are
+wildcards; shell mutants: `sh(name, function or None, words, replacement, marker, bug)` over
+slurm/*.sh). Put the concern's marker on the tests that should catch it, as one line
+(`@pytest.mark.guards_objective`; a new concern is registered in pyproject.toml), then run it with
+`--only NAME`: it must be caught.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutants import MUTANTS, Mutant  # noqa: E402
+from mutation_locator import Locator, MissingSite, Site  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
+REPORT = REPO / "bench" / "results" / "mutation_check.json"
 
+# A pytest plugin for the one collection: which test files hold tests of each guards_ marker.
+MARKER_PLUGIN = textwrap.dedent("""
+    import json, os
 
-@dataclass(frozen=True)
-class Mutant:
-    name: str
-    path: str  # relative to the repository root
-    old: str  # exact snippet, present once
-    new: str
-    tests: tuple[str, ...]  # pytest node ids or files
-    bug: str  # the real bug it stands for
-
-
-HF_ORACLE = ("tests/test_hf_oracle.py",)
-SAMPLING_CONTEXT_TEST = ("tests/test_generate_eval.py::"
-                         "test_sampling_leaves_room_in_the_models_context_and_refuses_a_full_prompt")
-BEYOND_CONTEXT_TEST = (
-    "tests/test_config.py::test_a_record_beyond_the_base_models_context_is_refused_by_train_and_score_logprobs")
-BASELINE_TESTS = ("tests/test_topr_step.py::test_whole_group_baselines_survive_rows_microbatches_and_dp_ranks",
-                  "tests/test_topr_step.py::test_record_baselines_take_precedence_over_group_means")
-CHECKPOINT_TESTS = ("tests/test_checkpoints.py::test_consistent_directory_is_left_alone",
-                    "tests/test_checkpoints.py::test_killed_between_tracker_and_run_config_falls_back_to_previous",
-                    "tests/test_checkpoints.py::test_incomplete_first_checkpoint_restarts_from_the_pretrained_model",
-                    "tests/test_checkpoints.py::test_run_config_cut_short_counts_as_incomplete",
-                    "tests/test_checkpoint_repair.py")
-SOURCE_TESTS = ("tests/test_run_iterations.py", "tests/test_model_source.py")
-SLURM_TESTS = ("tests/test_job_signal.py", "tests/test_slurm.py::test_scripts_pass_bash_n_and_shellcheck")
-EARLY_WARNING_TEST = "tests/test_slurm.py::test_a_warning_before_the_ranks_hold_it_requeues_even_if_a_rank_held_it"
-KILLED_RANK_TEST = "tests/test_slurm.py::test_a_killed_rank_fails_the_real_job_without_a_requeue"
-
-MUTANTS = (
-    # objective.py
-    Mutant("zero_reward_is_negative", "nemo_topr/objective.py",
-           '(advantages if config.negative_rule == "advantage" else rewards) < 0',
-           '(advantages if config.negative_rule == "advantage" else rewards) <= 0',
-           ("tests/test_objective.py",), "R = 0 treated as a negative (tapered) sample"),
-    Mutant("topr_negatives_untruncated", "nemo_topr/objective.py",
-           '"topr": (1.0, 1.0, 0.0, 1.0),', '"topr": (1.0, 1.0, 0.0, math.inf),',
-           ("tests/test_objective.py",), "TOPR's negative weight min(rho, 1) without the upper bound"),
-    Mutant("weights_carry_gradient", "nemo_topr/objective.py",
-           "weights = _tapered_weights(log_ratio.detach(), negative, config)",
-           "weights = _tapered_weights(log_ratio, negative, config)",
-           ("tests/test_objective.py",), "the importance weight not detached (gradient through rho)"),
-    Mutant("sequence_mean_by_mean_length", "nemo_topr/objective.py",
-           "loss = -(objective / lengths).mean()", "loss = -objective.mean() / lengths.mean()",
-           ("tests/test_objective.py",), "sequence_mean normalised by the batch's mean length"),
-    # training/step.py
-    Mutant("completion_mask_shifted", "nemo_topr/training/step.py",
-           'completion = batch["loss_mask"].to(torch.float64)',
-           'completion = batch["loss_mask"].roll(1, -1).to(torch.float64)',
-           HF_ORACLE, "log pi summed over the completion tokens shifted by one position"),
-    Mutant("rewards_permuted", "nemo_topr/training/step.py",
-           'batch["behavior_logprobs"], batch["rewards"],', 'batch["behavior_logprobs"], batch["rewards"].flip(0),',
-           BASELINE_TESTS, "rewards paired with the wrong sequences in the loss"),
-    Mutant("record_baselines_ignored", "nemo_topr/training/step.py",
-           '    if record_baselines:\n        return "records"', '    if False:\n        return "records"',
-           BASELINE_TESTS, "the records' own baselines replaced by the group mean / scalar"),
-    Mutant("shared_prefix_rope_at_row_positions", "nemo_topr/training/step.py",
-           "return angles[position_ids.t()].flatten(2, 3)", "return angles",
-           HF_ORACLE, "shared-prefix segments rotated at their row positions, not their position ids"),
-    Mutant("missing_mu_not_checked", "nemo_topr/training/step.py",
-           'missing = torch.isnan(batch["behavior_logprobs"])', 'missing = torch.zeros_like(batch["rewards"]) > 0',
-           ("tests/test_topr_step.py::test_host_check_names_the_samples_of_a_bad_batch",),
-           "a batch without behaviour log-probs trained on (NaN rho) instead of refused"),
-    # data/
-    Mutant("labels_not_shifted", "nemo_topr/data/packing.py",
-           'batch["labels"][r, start : end - 1] = ids[1:]', 'batch["labels"][r, start : end - 1] = ids[:-1]',
-           ("tests/test_data_packing.py",), "each position trained to predict itself"),
-    Mutant("eos_not_trained", "nemo_topr/data/tokenization.py",
-           "loss_mask=[0] * len(prompt_ids) + [1] * (len(completion_ids) + 1),",
-           "loss_mask=[0] * len(prompt_ids) + [1] * len(completion_ids) + [0],",
-           ("tests/test_data_tokenization.py", "tests/test_data_packing.py"), "the EOS token left out of log pi"),
-    Mutant("rendered_prompt_wrapped_again", "nemo_topr/data/tokenization.py",
-           "        if pattern and (problem := _special_token_problem(record, pattern)):",
-           "        if False and (problem := _special_token_problem(record, pattern)):",
-           ("tests/test_data_tokenization.py",),
-           "a prompt rendered already gets the chat template and BOS twice, a completion ending in EOS text two EOS"),
-    Mutant("group_mean_leaves_one_out", "nemo_topr/data/packing.py",
-           "means = {prompt_id: math.fsum(rewards) / len(rewards)",
-           "means = {prompt_id: math.fsum(rewards[1:]) / max(len(rewards) - 1, 1)",
-           BASELINE_TESTS, "AsymRE's whole-group mean computed without one sample"),
-    Mutant("unseeded_shuffle", "nemo_topr/training/data.py",
-           "random.Random(self.shuffle_seed + epoch).shuffle(shuffled)", "random.shuffle(shuffled)",
-           ("tests/test_data_order.py",), "a data order that differs per process"),
-    Mutant("hash_seeded_shuffle", "nemo_topr/training/data.py",
-           "random.Random(self.shuffle_seed + epoch).shuffle(shuffled)",
-           "random.Random(hash(str(self.shuffle_seed)) + epoch).shuffle(shuffled)",
-           ("tests/test_data_order.py",), "an order seeded from Python's per-process string hash"),
-    # model_source.py, export
-    Mutant("run_at_iteration_ignored", "nemo_topr/model_source.py",
-           "return _run_source(Path(directory).resolve(), int(iteration[1:]), given=text, named=named)",
-           "return _run_source(Path(directory).resolve(), None, given=text, named=named)",
-           SOURCE_TESTS, "RUN@ITERATION loads the latest checkpoint"),
-    Mutant("another_architecture_accepted", "nemo_topr/model_source.py",
-           "    if ARCHITECTURE not in architectures:", "    if not architectures:",
-           ("tests/test_model_source.py",),
-           "a GPT-2 or Qwen2 base_model reaches AutoBridge's traceback after the imports, or trains on untested paths"),
-    Mutant("unfinished_iteration_accepted", "nemo_topr/model_source.py",
-           "    missing = _missing_files(checkpoint)\n", "    missing = []\n",
-           SOURCE_TESTS, "a checkpoint cut short by a kill loaded as a model"),
-    Mutant("export_all_from_latest", "nemo_topr/training/export.py",
-           "bridge.export_ckpt(str(checkpoint.checkpoint), str(partial), show_progress=False)",
-           "bridge.export_ckpt(str(source.checkpoint), str(partial), show_progress=False)",
-           ("tests/test_run_iterations.py",), "--all-iterations writes the latest weights under every iteration"),
-    # training/checkpoints.py
-    Mutant("repair_to_oldest", "nemo_topr/training/checkpoints.py",
-           "iteration, path = complete[-1]", "iteration, path = complete[0]",
-           CHECKPOINT_TESTS, "repair resumes from the oldest complete checkpoint"),
-    Mutant("train_state_not_required", "nemo_topr/training/checkpoints.py",
-           ' and (iteration_dir / "train_state.pt").is_file()', "",
-           CHECKPOINT_TESTS, "an iteration without train_state.pt counted complete"),
-    Mutant("broken_checkpoint_kept_in_place", "nemo_topr/training/checkpoints.py",
-           "_set_aside(latest_dir).name if latest_dir.exists() else None", "latest_dir.name",
-           CHECKPOINT_TESTS, "the incomplete checkpoint left where Bridge would load it again"),
-    # slurm/
-    Mutant("exit_signal_mismatch", "slurm/topr_job.sh",
-           "train.exit_signal=SIGUSR1 train.exit_signal_handler", "train.exit_signal=SIGTERM train.exit_signal_handler",
-           SLURM_TESTS, "the ranks checkpoint on another signal than the one Slurm sends"),
-    Mutant("warning_to_batch_shell", "slurm/llama31_8b.sbatch",
-           "#SBATCH --signal=USR1@600", "#SBATCH --signal=B:USR1@600",
-           SLURM_TESTS, "the warning goes to the batch shell, not the training ranks"),
-    Mutant("failures_requeued", "slurm/topr_job.sh",
-           'if [[ -f $run_dir/STOPPED ]]; then', "if true; then",
-           (*SLURM_TESTS, KILLED_RANK_TEST),
-           "every unfinished run requeued, failures included"),
-    Mutant("early_warning_fails", "slurm/topr_job.sh",
-           "if ((status == 128 + $(kill -l USR1))); then", "if false; then",
-           (*SLURM_TESTS, EARLY_WARNING_TEST), "ranks killed by a warning they could not hold yet fail the job"),
-    Mutant("held_warning_dies_of_sigterm", "nemo_topr/cluster/warning.py",
-           "    dying_of = signal.SIGUSR1 if signal.SIGUSR1 in signal.sigpending() else signal.SIGTERM",
-           "    dying_of = signal.SIGTERM",
-           (EARLY_WARNING_TEST,),
-           "a rank holding the warning dies of --kill-on-bad-exit's SIGTERM: srun 143, the job fails"),
-    Mutant("signal_deaths_requeued", "slurm/topr_job.sh",
-           "if ((status == 128 + $(kill -l USR1))); then", "if ((status > 128)); then",
-           (*SLURM_TESTS, EARLY_WARNING_TEST, KILLED_RANK_TEST),
-           "a rank killed by any signal requeued, not only by the warning"),
-    # what commands write, and refusals of settings that would change a run's meaning
-    Mutant("unmarked_output_dir_emptied", "nemo_topr/outputs.py",
-           "        if made_by != command:", "        if False:",
-           ("tests/test_outputs.py::test_a_directory_the_command_did_not_make_is_refused_and_kept",),
-           "make demo --out (or doctor --work-dir) deletes a directory it did not make"),
-    Mutant("output_over_input_allowed", "nemo_topr/outputs.py",
-           "    if any(Path(name).resolve() == target for name in inputs):", "    if False:",
-           ("tests/test_outputs.py::test_each_command_refuses_to_write_its_records_over_its_input",),
-           "curate or score-logprobs --out naming the input replaces it, losing what it drops"),
-    Mutant("existing_output_file_replaced", "nemo_topr/outputs.py",
-           "    if path.exists() and not overwrite:", "    if False:",
-           ("tests/test_outputs.py::test_each_command_refuses_an_output_file_that_exists_unless_overwrite",),
-           "an --out that exists (an earlier result, a user's file) is replaced without --overwrite"),
-    Mutant("iterate_writes_into_any_directory", "nemo_topr/iterate.py",
-           '        claimed_output_dir(self.out, "nemo-topr iterate", make=not self.dry_run)', "        pass",
-           ("tests/test_iterate.py::test_an_out_the_driver_did_not_make_is_refused_before_any_stage",),
-           "iterate out= naming a user's directory is written into, its files replaced by reruns"),
-    Mutant("export_over_its_checkpoint", "nemo_topr/training/export.py",
-           "            if target == read or target in read.parents or inside:", "            if False:",
-           ("tests/test_export_outputs.py::"
-            "test_the_checkpoint_being_exported_is_refused_as_its_output_even_with_overwrite",),
-           "export --ckpt X --hf-out X --overwrite deletes the checkpoint it exports"),
-    Mutant("records_written_under_any_name", "nemo_topr/outputs.py",
-           '    if Path(path).suffix != ".jsonl":', "    if False:",
-           ("tests/test_outputs.py::test_records_are_written_only_under_a_name_that_is_read_back_as_jsonl",),
-           "score-logprobs --out scored.json runs, and train finds the file unreadable only afterwards"),
-    Mutant("unread_files_unsaid", "nemo_topr/data/sources.py",
-           "    return [_file_source(file) for file in data], note if others else None",
-           "    return [_file_source(file) for file in data], None",
-           ("tests/test_data_records.py::"
-            "test_files_of_a_directory_or_pattern_that_are_not_read_are_named_in_the_report",),
-           "a shard left compressed in a data directory is dropped from the dataset unsaid"),
-    Mutant("missing_path_tried_on_the_hub", "nemo_topr/data/sources.py",
-           '    raise DataError(spec, 0, "path", "does not exist" + _missing_hint(path, path))',
-           '    if HUB_NAME.match(spec):\n        return [_hub_source(spec, split)], None\n'
-           '    raise DataError(spec, 0, "path", "does not exist" + _missing_hint(path, path))',
-           ("tests/test_data_sources.py::test_a_missing_local_path_is_never_taken_for_a_hub_name",),
-           "a typo such as graded.jsnl is looked up on the hub: a download by default, 30 s of retries"),
-    Mutant("submit_takes_only_a_data_file", "nemo_topr/cluster/submit.py",
-           '    if data is not None and (missing := why_missing(str(data), typed=str(typed["dataset.train_path"]))):',
-           '    if data is not None and (missing := None if data.is_file() else "does not exist"):',
-           ("tests/test_slurm.py::test_submit_takes_data_as_train_reads_it_and_names_a_typo",),
-           "submit refuses a directory of shards or a glob that train reads, as 'does not exist'"),
-    Mutant("temperature_zero_sampled", "nemo_topr/evaluation/generate.py",
-           "    if settings.temperature == 0:\n", "    if False:\n",
-           ("tests/test_generate_eval.py::"
-            "test_temperature_zero_is_greedy_decoding_whatever_the_models_generation_config",),
-           "eval --temperature 0 fails after loading the weights on transformers, while vLLM decodes greedily"),
-    Mutant("broken_iteration_offered", "nemo_topr/model_source.py",
-           "if other != iteration and not _missing_files(root / iteration_dir_name(other))]",
-           "if True]",
-           ("tests/test_run_iterations.py::test_run_at_iteration_errors_name_the_saved_iterations",),
-           "an unfinished or Megatron-LM checkpoint's error offers the iteration it refused as the one to use"),
-    Mutant("zero_one_grades_at_zero_unsaid", "nemo_topr/data/positives.py",
-           "    if baseline == min(rewards):\n", "    if False:\n",
-           ("tests/test_data_cli.py",),
-           "0/1 grades at the default baseline 0 train as SFT on the correct answers without a word"),
-    Mutant("replaced_logprobs_unsaid", "nemo_topr/training/scoring.py",
-           "    if changes:\n", "    if False:\n",
-           ("tests/test_hf_oracle.py::test_score_logprobs_matches_transformers",),
-           "score-logprobs replaces a sampler's behaviour log-probs without saying how far they moved"),
-    Mutant("submit_hub_hint_on_the_resolved_path", "nemo_topr/cluster/submit.py",
-           'why_missing(str(data), typed=str(typed["dataset.train_path"]))', "why_missing(str(data))",
-           ("tests/test_slurm.py::test_submit_takes_data_as_train_reads_it_and_names_a_typo",),
-           "submit with dataset.train_path=owner/name says its directory under the checkout is missing, not hub:"),
-    Mutant("every_baseline_reported_as_group_means", "nemo_topr/training/recipe.py",
-           '    if source == "group_means":\n        return f"the whole-group',
-           '    if True:\n        return f"the whole-group',
-           ("tests/test_config.py::test_the_data_report_says_which_baseline_the_objective_uses",),
-           "the data report says every variant's baseline is the whole-group mean reward (only asymre's is)"),
-    Mutant("zero_gpu_memory_planned", "nemo_topr/cluster/plan.py",
-           "    if not (math.isfinite(args.gpu_memory_gb) and args.gpu_memory_gb > 0):\n", "    if False:\n",
-           ("tests/test_plan.py::test_a_machine_that_cannot_exist_is_a_usage_error_not_a_verdict",),
-           "plan --gpu-memory-gb 0 (a typo) prints a whole report ending DOES NOT FIT instead of a usage error"),
-    Mutant("plain_train_noise_shown", "nemo_topr/quiet.py",
-           '    r"Could not determine (rank|world size|local rank) from ",\n', "",
-           ("tests/test_training_e2e.py::test_a_new_run_warns_when_mu_is_not_the_starting_models",),
-           "nemo-topr train as a plain process prints Megatron's three rank-fallback UserWarnings"),
-    Mutant("export_overwrites_what_it_did_not_make", "nemo_topr/training/export.py",
-           "        if not (out / EXPORT_RECORD).is_file():\n", "        if False:\n",
-           ("tests/test_export_outputs.py::test_overwrite_never_replaces_what_export_did_not_make",),
-           "export --overwrite deletes any --hf-out, the base model named by a typo too"),
-    Mutant("checkpoint_reading_noise_shown", "nemo_topr/quiet.py",
-           '    r"The argument order of load has been changed",\n', "",
-           ("tests/test_training_e2e.py::test_export_of_several_iterations_in_one_process",),
-           "every export prints torch's note on the argument order of Megatron's checkpoint load"),
-    Mutant("library_deprecations_shown", "nemo_topr/quiet.py",
-           '    "megatron.core.models.gpt.gpt_model": r"GPTModel IS DEPRECATED",\n', "",
-           ("tests/test_quiet.py",), "every model-building verb prints Megatron-Core's GPTModel deprecation"),
-    Mutant("output_directory_made_at_check", "nemo_topr/outputs.py",
-           "    unmakeable = _why_unmakeable(path.absolute().parent)\n",
-           "    unmakeable = _why_unmakeable(path.absolute().parent)\n    path.parent.mkdir(parents=True, exist_ok=True)\n",
-           ("tests/test_model_source.py::test_each_verb_names_a_missing_model_by_its_own_option_and_makes_nothing",),
-           "eval --out new/r.json --model typo leaves an empty directory behind"),
-    Mutant("users_yaml_misses_the_presets", "nemo_topr/training/config.py",
-           'presets = [] if config_dir == CONF_DIR.resolve() else',
-           'presets = [] if True else',
-           ("tests/test_config.py::test_a_users_own_yaml_extends_a_preset_and_a_file_beside_it",),
-           "a user's YAML whose defaults name llama31_8b_bf16 fails as \"no config\""),
-    Mutant("batch_division_unchecked", "nemo_topr/training/config.py",
-           "    if global_batch % step:", "    if False:",
-           ("tests/test_config.py::test_a_batch_or_world_that_does_not_divide_stops_train_before_anything_is_written",),
-           "train.global_batch_size=3 reaches Bridge's AssertionError traceback after the run directory is set up"),
-    Mutant("train_config_word_unexplained", "nemo_topr/training/recipe.py",
-           "    if named:\n", "    if False:\n",
-           ("tests/test_config.py::test_train_given_a_config_as_a_word_names_the_option",),
-           "nemo-topr train tiny_cpu says only 'overrides must be key=value'"),
-    Mutant("plan_config_option_abbreviated", "nemo_topr/cluster/plan.py",
-           '        if option not in ("--config", "--config-name"):', "        if True:",
-           ("tests/test_plan.py::test_the_config_is_taken_as_submit_and_train_spell_it_too",),
-           "plan --config X reads X as --config-path and asks for a config"),
-    Mutant("nan_baseline_option_accepted", "nemo_topr/arguments.py",
-           "    if not math.isfinite(value):\n", "    if False:\n",
-           ("tests/test_arguments.py::test_a_baseline_length_or_iteration_out_of_range_is_a_usage_error",),
-           "data validate --baseline nan is read without a word (stats refused it)"),
-    Mutant("nan_config_value_accepted", "nemo_topr/training/config.py",
-           "    if isinstance(value, float) and not math.isfinite(value) and", "    if False and",
-           ("tests/test_config.py::test_bad_keys_are_clear_errors",),
-           "optimizer.lr=.nan passes plan and submit and queues; the job fails at the optimizer's set-up"),
-    Mutant("adam_beta_unbounded", "nemo_topr/training/config.py",
-           "    if dotted in UPPER_BOUNDS and", "    if False and",
-           ("tests/test_plan.py::test_plan_runs_the_key_type_and_range_checks_of_train",),
-           "optimizer.adam_beta2=1.5 queues; TE's FusedAdam (GPUs) checks no beta: the second moment grows "
-           "without bound"),
-    Mutant("token_ratio_accepted", "nemo_topr/training/config.py",
-           '    if objective.ratio_level == "token":', '    if False:',
-           ("tests/test_config.py::test_bad_keys_are_clear_errors",),
-           "objective.ratio_level=token fails at the first step on every rank"),
-    Mutant("baseline_range_unchecked", "nemo_topr/data/positives.py",
-           "    if high > 0 and baseline >= high:", "    if high > 0 and baseline > high:",
-           ("tests/test_data_cli.py::test_train_refuses_a_baseline_that_gives_every_record_one_sign",),
-           "objective.baseline equal to the largest reward (c = 1 with +-1 rewards) trains the best completions on "
-           "no signal"),
-    Mutant("negative_loss_unprinted", "nemo_topr/training/loss_line.py",
-           "        if average >= 0.0:", "        if average >= -1e9:",
-           ("tests/test_training_e2e.py::test_the_console_shows_every_iterations_loss_as_tensorboard_has_it",),
-           "a negative topr_loss missing from the console, as Bridge's line leaves it out"),
-    Mutant("far_start_unwarned", "nemo_topr/training/recipe.py",
-           "print_negative_loss(), warn_if_far_from_start(run.objective.weights_use_ratio)])",
-           "print_negative_loss()])",
-           ("tests/test_training_e2e.py::test_a_new_run_warns_when_mu_is_not_the_starting_models",),
-           "records whose behavior_logprob came from a sampler or another model start TOPR with damped negatives "
-           "without a word"),
-    Mutant("resume_objective_unrecorded", "nemo_topr/training/run_state.py",
-           '    settings |= {f"objective.{key}": value for key, value in dataclasses.asdict(objective).items()}\n', "",
-           ("tests/test_config.py::test_a_resume_with_another_objective_or_base_model_is_refused",),
-           "a resume with objective.baseline or objective.variant changed trains the rest of the run towards another "
-           "objective"),
-    Mutant("queued_resume_unchecked", "nemo_topr/cluster/submit.py",
-           '        if "run_dir" in on_host:\n            seen_as', '        if False:\n            seen_as',
-           ("tests/test_slurm.py::"
-            "test_submit_into_a_run_says_it_resumes_and_refuses_what_train_would_refuse_at_its_start",),
-           "a job resubmitted into a finished run, or with another objective, waits in the queue to fail at its start"),
-    Mutant("finished_run_trained_again", "nemo_topr/training/recipe.py",
-           "            if step >= total:", "            if False:",
-           ("tests/test_training_e2e.py::"
-            "test_a_finished_run_run_again_trains_nothing_and_leaves_its_files_as_they_were",),
-           "the command run again after its run finished ends in Bridge's 'no samples left' traceback on every rank"),
-    Mutant("room_for_a_checkpoint_unchecked", "nemo_topr/training/recipe.py",
-           "        check_room(Path(run.container.checkpoint.save), one_checkpoint(run))\n", "",
-           ("tests/test_config.py::"
-            "test_a_run_dir_that_cannot_hold_one_checkpoint_is_refused_before_anything_is_written",),
-           "a run directory that cannot hold one checkpoint trains until its first save fails"),
-    Mutant("refused_start_leaves_its_folders", "nemo_topr/training/run_state.py",
-           "            remove_if_empty(self.made)\n", "",
-           ("tests/test_run_state.py::"
-            "test_a_released_lock_removes_the_folders_it_made_while_nothing_was_written_in_them",
-            "tests/test_config.py::"
-            "test_a_run_dir_that_cannot_hold_one_checkpoint_is_refused_before_anything_is_written"),
-           "a start refused before it wrote anything leaves the empty run directory its lock made"),
-    Mutant("records_write_on_a_full_disk_unsaid", "nemo_topr/outputs.py",
-           "        if not (remedy := filesystem_remedy(error)):\n", "        if True:\n",
-           ("tests/test_outputs.py::test_a_full_filesystem_ends_the_command_in_one_line_and_leaves_nothing",),
-           "a command's records or results on a full disk end in an OSError traceback, naming no output"),
-    Mutant("sample_log_full_disk_unsaid", "nemo_topr/evaluation/sample_log.py",
-           "            if not (remedy := filesystem_remedy(error)):\n", "            if True:\n",
-           ("tests/test_generate_eval.py::"
-            "test_a_sample_log_the_disk_cannot_take_ends_in_one_line_and_the_rerun_resumes",),
-           "generate on a full disk says '[Errno 28] No space left on device', naming no file and no resume"),
-    Mutant("every_refused_write_told_to_free_space", "nemo_topr/outputs.py",
-           "    return FILESYSTEM_REMEDIES.get(error.errno)", "    return FILESYSTEM_REMEDIES.get(error.errno) and "
-           "FILESYSTEM_REMEDIES[errno.ENOSPC]",
-           ("tests/test_outputs.py::test_a_file_over_the_shells_size_limit_is_named_with_that_limit",
-            "tests/test_outputs.py::test_a_quota_or_a_failing_disk_gets_its_own_advice"),
-           "over a quota, over `ulimit -f` or on a failing disk the user is told to free space"),
-    Mutant("failed_write_leaves_its_folders", "nemo_topr/outputs.py",
-           "        if not path.exists():\n            remove_if_empty(made)\n", "",
-           ("tests/test_outputs.py::test_a_full_filesystem_ends_the_command_in_one_line_and_leaves_nothing",),
-           "an output that could not be written leaves the empty folders made for it"),
-    Mutant("full_filesystem_unsaid", "nemo_topr/training/recipe.py",
-           '                raise SystemExit(f"nemo-topr train: {hint}") from error', "                raise",
-           ("tests/test_config.py::test_a_failed_save_on_a_full_filesystem_ends_with_a_line_that_says_so",),
-           "a save that failed for space ends with torch's 'Worker failure', no word of space"),
-    Mutant("failed_export_left_behind", "nemo_topr/training/export.py",
-           "        shutil.rmtree(partial, ignore_errors=True)\n        if isinstance(",
-           "        if isinstance(",
-           ("tests/test_export_outputs.py::test_an_export_that_cannot_be_written_is_removed_and_named_in_one_line",),
-           "an export that failed for space leaves its partial directory taking the room"),
-    Mutant("failed_import_left_behind", "nemo_topr/training/import_checkpoint.py",
-           "        _remove_written(out, made)\n", "",
-           ("tests/test_checkpoint_route.py::"
-            "test_an_import_the_disk_cannot_hold_ends_in_one_line_and_leaves_no_checkpoint",),
-           "an import that failed for space leaves a half-written OUT that the next import refuses as non-empty"),
-    Mutant("iterate_training_config_unchecked", "nemo_topr/iterate.py",
-           "        problems += curation_problems(config.curate, training_config(config.train, Ranks.of(config).total)[1])\n",
-           "        pass\n",
-           ("tests/test_iterate.py::test_config_mistakes_are_errors",),
-           "iterate's config check leaves train.overrides (and the curation's baseline) unchecked"),
-    Mutant("scoring_world_unchecked", "nemo_topr/training/scoring.py",
-           "    if world_size % (tp * pp):", "    if False:",
-           ("tests/test_tensor_parallel.py::"
-            "test_a_layout_the_launched_processes_cannot_hold_is_named_before_megatron_starts",),
-           "score-logprobs --tp 2 in one process ends in Megatron's traceback on every rank"),
-    Mutant("fp8_scored_in_bf16_without_te", "nemo_topr/training/scoring.py",
-           "    if train_config:\n        try:\n            check_fp8(", "    if False:\n        try:\n            check_fp8(",
-           ("tests/test_gpu_path.py::test_scoring_refuses_a_training_configs_fp8_on_a_gpu_without_te",),
-           "--train-config with FP8 on a GPU without TE scores BF16 under the FP8 name"),
-    Mutant("model_accepted_as_run_dir", "nemo_topr/training/config.py",
-           '    if found.kind != "run":', "    if False:",
-           ("tests/test_config.py::test_a_model_given_as_run_dir_is_refused_and_left_as_it_was",),
-           "a run writes its checkpoints into the model directory given as run_dir"),
-    Mutant("p_tilde_at_the_scalar_baseline", "nemo_topr/training/recipe.py",
-           "objective, None if column is None else columns[column])", "objective, None)",
-           ("tests/test_config.py::test_the_data_report_says_which_baseline_the_objective_uses",),
-           "the data report's p~ takes objective.baseline for asymre and record baselines too"),
-    Mutant("negative_rule_advantage_ignored", "nemo_topr/objective.py",
-           '    return advantages, (advantages if config.negative_rule == "advantage" else rewards) < 0',
-           '    return advantages, rewards < 0',
-           ("tests/test_objective.py",), "negative_rule=advantage still splits the sides on the reward"),
-    Mutant("curated_at_another_baseline", "nemo_topr/iterate.py",
-           "    if curate.baseline is not None and curate.baseline != objective.baseline:", "    if False:",
-           ("tests/test_iterate.py::test_target_p_tilde_curates_at_the_baseline_training_uses",),
-           "iterate curates to p~ at curate.baseline while training runs at another objective.baseline"),
-    Mutant("curated_at_c_zero", "nemo_topr/iterate.py",
-           '"--baseline", str(baseline)]', '"--baseline", str(options.baseline or 0.0)]',
-           ("tests/test_iterate.py::test_a_round_without_positives_trains_on_its_negatives",),
-           "target_p_tilde curates at c = 0 whatever the training's objective.baseline"),
-    Mutant("unscored_data_refused_late", "nemo_topr/training/recipe.py",
-           "        require_scored(records)  # before", "        pass  # before",
-           ("tests/test_config.py::test_train_reports_config_and_data_errors_in_one_line_before_importing_megatron",),
-           "unscored data refused only after Megatron's import, with the run directory begun"),
-    Mutant("artifacts_written_before_the_data_checks", "nemo_topr/training/recipe.py",
-           "        check_room(Path(run.container.checkpoint.save), one_checkpoint(run))\n",
-           "        check_room(Path(run.container.checkpoint.save), one_checkpoint(run))\n"
-           "        write_hf_artifacts(run.base_model, Path(run.container.checkpoint.save))\n",
-           ("tests/test_config.py::test_a_new_run_refused_for_its_data_after_megatrons_import_leaves_no_run_directory",),
-           "a new run refused for its data leaves RUN_DIR/checkpoints/hf_artifacts behind"),
-    Mutant("train_beyond_the_model_context", "nemo_topr/training/data.py",
-           "too_long=self.too_long, model_context=self.model_context)",
-           "too_long=self.too_long, model_context=None)",
-           (BEYOND_CONTEXT_TEST,),
-           "train packs a record longer than the model's max_position_embeddings (unseen RoPE positions)"),
-    Mutant("scored_beyond_the_model_context", "nemo_topr/training/scoring.py",
-           "model_context=model_source.context_length(source_model.hf_dir))",
-           "model_context=None)",
-           (BEYOND_CONTEXT_TEST,),
-           "score-logprobs scores a record longer than the model's max_position_embeddings"),
-    Mutant("model_context_off_by_one", "nemo_topr/data/tokenization.py",
-           "        if limit is not None and length > limit:\n",
-           "        if limit is not None and length >= limit:\n",
-           ("tests/test_data_tokenization.py::"
-            "test_a_record_longer_than_the_models_context_is_refused_or_dropped_though_it_fits_a_row",),
-           "a record of exactly the model's context (or max_seq_length) is refused"),
-    Mutant("hub_id_hint_on_any_typo", "nemo_topr/model_source.py",
-           "or Path(text).parent.exists():", "or False:",
-           ("tests/test_model_source.py::test_a_hub_id_is_named_as_one_with_how_to_fetch_it",),
-           "a mistyped local path under an existing directory is called a possible hub ID"),
-    Mutant("stats_p_tilde_at_the_scalar_baseline", "nemo_topr/data/stats.py",
-           "        p_tilde = dataset_positive_share(rewards, objective, per_record)\n",
-           "        p_tilde = dataset_positive_share(rewards, ObjectiveConfig(baseline=baseline))\n",
-           ("tests/test_data_cli.py::"
-            "test_p_tilde_is_the_share_the_loss_sees_for_any_rewards_and_the_records_own_baselines",),
-           "data stats gives p~ at --baseline for records trained at their own baseline field"),
-    Mutant("curated_through_a_closed_form_that_does_not_hold", "nemo_topr/data/curation.py",
-           "            _check_closed_form_holds(kept)\n", "            pass\n",
-           ("tests/test_data_curation.py::test_target_p_tilde_is_refused_where_its_closed_form_does_not_hold",),
-           "curate --target-p-tilde steers non-+-1 rewards (or own baselines) to a share the loss does not see"),
-    Mutant("sampled_past_the_model_context", "nemo_topr/evaluation/generate.py",
-           "max_new_tokens=budgets[index], num_return_sequences", "max_new_tokens=settings.max_new_tokens, "
-           "num_return_sequences", (SAMPLING_CONTEXT_TEST,),
-           "generate (transformers) samples past the model's max_position_embeddings"),
-    Mutant("full_prompt_refused_after_the_log", "nemo_topr/evaluation/generate.py",
-           "    new_token_budgets(args.model, indexed, settings.max_new_tokens, prompt_ids)\n", "",
-           (SAMPLING_CONTEXT_TEST,), "a prompt with no room in the context refused only after OUT.samples is begun"),
-    Mutant("validate_blind_to_the_model_context", "nemo_topr/data/cli.py",
-           "model_context=context_of(args.tokenizer))", "model_context=None)",
-           ("tests/test_data_cli.py::test_validate_with_a_models_tokenizer_finds_records_beyond_its_context",),
-           "data validate --tokenizer MODEL passes records that score-logprobs and train refuse"),
-    Mutant("rendered_prompt_templated_again", "nemo_topr/data/tokenization.py",
-           "    if prompts and isinstance(prompts[0], RenderedPrompt):\n"
-           "        return _encode(tokenizer, list(prompts), add_special_tokens=False)\n", "",
-           ("tests/test_data_tokenization.py::"
-            "test_rendered_prompts_are_read_as_written_and_equal_the_template_of_the_plain_prompt",),
-           "a rendered prompt gets the chat template and BOS a second time"),
-    Mutant("train_drops_the_rendered_prompts_option", "nemo_topr/training/recipe.py",
-           'strict=dataset.get("strict", True), **options)', 'strict=dataset.get("strict", True))',
-           ("tests/test_config.py::test_rendered_prompts_train_and_score_as_their_plain_text",),
-           "nemo-topr train reads its data without the dataset section's source options (rendered_prompts: as plain)"),
-    Mutant("plain_prompts_read_as_rendered", "nemo_topr/data/tokenization.py",
-           "        if pattern.search(prompt):\n            return None\n", "        return None\n",
-           ("tests/test_data_tokenization.py::"
-            "test_rendered_prompts_are_read_as_written_and_equal_the_template_of_the_plain_prompt",),
-           "rendered_prompts set on plain prompts: trained without chat template or BOS"),
-    Mutant("generate_templates_rendered_prompts_again", "nemo_topr/evaluation/generate.py",
-           "        if wrong:\n", "        if False:\n",
-           ("tests/test_generate_eval.py::"
-            "test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when_said",),
-           "generate samples a rendered prompt file from the template applied twice"),
-    Mutant("reference_answer_zero_refused", "nemo_topr/evaluation/generate.py",
-           '("reference_answer", not str(answer).strip())', '("reference_answer", not answer)',
-           ("tests/test_generate_eval.py::"
-            "test_a_prompt_files_numeric_answers_zero_included_and_its_ids_are_read_as_given",),
-           "a prompt file's reference answer 0 refused as empty"),
-    Mutant("prompt_ids_shared_silently", "nemo_topr/evaluation/generate.py",
-           "        if problem.prompt_id in lines_of_ids:", "        if False:",
-           ("tests/test_generate_eval.py::"
-            "test_a_prompt_files_numeric_answers_zero_included_and_its_ids_are_read_as_given",),
-           "two prompts under one prompt_id: one prompt to records, curation and group means"),
-    Mutant("records_eval_without_the_empty_samples", "nemo_topr/evaluation/evaluate.py",
-           "        if empty_ids[key]:\n", "        if False:\n",
-           ("tests/test_generate_eval.py::"
-            "test_eval_of_the_samples_records_equals_eval_of_the_samples_empty_completions_included",),
-           "eval --records of generate's records leaves empty completions out: pass@k too high"),
-    Mutant("iterate_scores_rendered_records_as_plain", "nemo_topr/iterate.py",
-           '*(["--rendered-prompts"] if rendered else [])), (scored,), ranks=ranks),', "), (scored,), ranks=ranks),",
-           ("tests/test_iterate.py::test_rendered_prompts_reach_every_stage_that_reads_the_records",),
-           "iterate's score-logprobs refuses (or templates again) the rendered records generate wrote"),
-    Mutant("iterate_trains_rendered_records_as_plain", "nemo_topr/iterate.py",
-           '*(["dataset.rendered_prompts=true"] if rendered else []),', "",
-           ("tests/test_iterate.py::test_rendered_prompts_reach_every_stage_that_reads_the_records",),
-           "iterate's train refuses the rendered records generate wrote"),
-    Mutant("generate_drops_the_rendered_prompts_option", "nemo_topr/evaluation/generate.py",
-           "jsonl_problems(source, task, rendered_prompts)", "jsonl_problems(source, task)",
-           ("tests/test_generate_eval.py::"
-            "test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when_said",),
-           "generate --rendered-prompts reads the prompts as plain text"),
-    Mutant("prompt_file_messages_unchecked", "nemo_topr/evaluation/generate.py",
-           "            check_messages(path, number, prompt)\n", "            pass\n",
-           ("tests/test_generate_eval.py::test_a_prompt_files_bad_row_is_named_by_line_and_field",),
-           "a prompt file's message without role or content reaches the chat template"),
-    Mutant("iterate_summary_counts_records_not_samples", "nemo_topr/iterate.py",
-           "    if log_path(graded).is_file():\n", "    if False:\n",
-           ("tests/test_iterate.py::test_the_summary_counts_every_sample_drawn_empty_and_grader_failed_ones_included",
-            "tests/test_iterate.py::test_a_round_that_generated_no_records_is_skipped_and_counted"),
-           "iterate's summary leaves empty completions and grader errors out of the samples"),
-    Mutant("verifier_judges_the_whole_rendering", "nemo_topr/evaluation/verifier.py",
-           "        text = turns[-1] if turns else prompt.removeprefix(\"<|begin_of_text|>\")\n",
-           "        text = prompt\n",
-           ("tests/test_verifier.py::test_a_prompt_rendered_by_the_chat_template_is_judged_as_its_plain_problem",),
-           "a rendered prompt's special tokens and template text land in the judge prompt"),
-    Mutant("verifier_lets_special_tokens_through", "nemo_topr/evaluation/verifier.py",
-           "        if match := LLAMA3_SPECIAL_TOKEN.search(text):\n", "        if match := None:\n",
-           ("tests/test_verifier.py::"
-            "test_build_and_score_refuse_special_tokens_the_judge_prompt_would_hold_naming_row_and_field",),
-           "verifier score reads special tokens inside the judge's turn; train refuses the judge data"),
-    Mutant("prompts_without_records_unsaid", "nemo_topr/evaluation/generate.py",
-           "    if not missing:\n", "    if True:\n",
-           ("tests/test_generate_eval.py::test_a_prompt_left_without_records_is_named_where_the_records_are_written",),
-           "a prompt whose samples are all empty leaves the records, and eval --records' metrics, without a word"),
-    Mutant("scoring_ends_the_callers_world", "nemo_topr/training/scoring.py",
-           "    if made_the_world:\n", "    if True:\n",
-           ("tests/test_distributed.py::test_score_logprobs_leaves_no_process_group_behind_and_a_callers_own_in_place",),
-           "score-logprobs called in a process with a world destroys it (a pytest worker's session world)"),
-    Mutant("batch_size_zero_accepted", "nemo_topr/arguments.py",
-           "    if value < 1:\n", "    if value < 0:\n",
-           ("tests/test_arguments.py",),
-           "verifier score --batch-size 0 or score-logprobs --rows-per-batch 0 ends in a traceback"),
-    Mutant("too_long_any_word_drops", "nemo_topr/training/data.py",
-           "    too_long: TooLong | None = None", "    too_long: str | None = None",
-           ("tests/test_config.py::test_bad_keys_are_clear_errors",),
-           "dataset.too_long=foo (or Error) passes the config check and drops over-long records"),
-    Mutant("tokenize_too_long_unchecked", "nemo_topr/data/tokenization.py",
-           "    if too_long not in get_args(TooLong):", "    if False:",
-           ("tests/test_data_tokenization.py::test_too_long_sequences_raise_or_are_counted",),
-           "tokenize_records(too_long='Error') drops over-long records"),
-    Mutant("batch_division_reads_unchecked_sizes", "nemo_topr/training/config.py",
-           '    _check_value(f"{name}.{key}", value, int)\n', "",
-           ("tests/test_config.py::test_a_batch_or_world_that_does_not_divide_stops_train_before_anything_is_written",),
-           "train.global_batch_size=abc ends nemo-topr train in a TypeError traceback"),
-    Mutant("export_iteration_named_twice", "nemo_topr/training/export.py",
-           "    if at or source.path == source.checkpoint:", "    if at:",
-           ("tests/test_export_outputs.py::test_an_iteration_named_twice_is_refused_not_one_of_the_two_dropped",),
-           "export --ckpt CKPT/iter_N --all-iterations exports every iteration, not N, without a word"),
-    Mutant("iterate_sampling_options_unchecked", "nemo_topr/iterate.py",
-           "    problems += sampling_problems(config, eval_benchmark_known=config.eval.benchmark in EVAL_BENCHMARKS)\n",
-           "",
-           ("tests/test_iterate.py::test_config_mistakes_are_errors",),
-           "iterate passes generate.num_samples=0 or a misspelt generate.args flag to a stage that fails rounds later"),
-    Mutant("iterate_prompts_read_late", "nemo_topr/iterate.py",
-           '    commands = [("generate", generate.build_parser(), prompts, read_prompts)]',
-           '    commands = [("generate", generate.build_parser(), prompts, lambda args: None)]',
-           ("tests/test_iterate.py::test_config_mistakes_are_errors",),
-           "iterate finds a missing prompt file only at round 0's generate, after the start's eval"),
-    Mutant("sbatch_values_unquoted", "nemo_topr/cluster/submit.py",
-           """    return f'"{text}"' if any(c.isspace() for c in text) else text""", "    return text",
-           ("tests/test_slurm_cluster.py::test_a_job_name_and_run_directory_with_spaces_reach_sbatch_whole",),
-           "submit --job-name 'a b' writes an #SBATCH line sbatch refuses"),
-    Mutant("submit_zero_nodes_rendered", "nemo_topr/cluster/submit.py",
-           '    parser.add_argument("--nodes", type=at_least_one, default=1)',
-           '    parser.add_argument("--nodes", type=int, default=1)',
-           ("tests/test_slurm.py::test_submit_refuses_a_count_below_one_before_rendering",),
-           "submit --nodes 0 renders #SBATCH --nodes=0 and passes the layout checks"),
-    Mutant("verifier_unsigned_grades_read_correct", "nemo_topr/evaluation/verifier.py",
-           "    loaded = load_records(args.graded)\n    require_signed_grades(loaded, ALL_JUDGED_CORRECT)\n",
-           "    loaded = load_records(args.graded)\n",
-           ("tests/test_verifier.py::test_grades_without_a_negative_are_refused_not_all_judged_correct",),
-           "verifier build on 0/1 grades judges every wrong answer correct (Yes +1)"),
-    Mutant("curate_anna_karenina_on_unsigned_grades", "nemo_topr/data/cli.py",
-           "    if args.anna_karenina:\n", "    if False:\n",
-           ("tests/test_data_cli.py::test_curate_refuses_anna_karenina_on_zero_one_grades_and_warns_of_them",),
-           "data curate --anna-karenina on 0/1 grades keeps each prompt's first record, right or wrong"),
-    Mutant("plot_mixes_tasks", "nemo_topr/evaluation/evaluate.py",
-           '    if len({result["task"] for result in results}) > 1:', "    if False:",
-           ("tests/test_generate_eval.py::test_plot_refuses_what_it_cannot_draw_naming_the_file",),
-           "eval --plot draws GSM8K and MATH results as one line, titled by the first"),
-    Mutant("plot_name_without_format", "nemo_topr/evaluation/evaluate.py",
-           "    if args.plot and args.out.suffix[1:].lower() not in PLOT_FORMATS:", "    if False:",
-           ("tests/test_generate_eval.py::test_plot_refuses_what_it_cannot_draw_naming_the_file",),
-           "eval --plot --out rounds says it wrote rounds; matplotlib wrote rounds.png"),
-    Mutant("doctor_timeout_unchecked", "nemo_topr/doctor.py",
-           'parser.add_argument("--timeout", type=positive_seconds,', 'parser.add_argument("--timeout", type=float,',
-           ("tests/test_arguments.py::test_a_doctor_time_limit_not_above_zero_is_a_usage_error_before_any_check",),
-           "doctor --timeout 0 builds its model, then fails every check"),
-    Mutant("grader_error_rate_unchecked", "nemo_topr/evaluation/generate.py",
-           'parser.add_argument("--max-grader-error-rate", type=share,',
-           'parser.add_argument("--max-grader-error-rate", type=float,',
-           ("tests/test_arguments.py::test_a_grader_error_rate_outside_zero_to_one_is_a_usage_error_before_sampling",),
-           "--max-grader-error-rate -1 samples everything, then fails on an IndexError"),
-    Mutant("plain_process_port_chosen_ahead", "nemo_topr/distributed.py",
-           '    environ.setdefault("MASTER_PORT", "0")', '    environ.setdefault("MASTER_PORT", str(free_port()))',
-           ("tests/test_distributed.py::test_a_plain_process_world_of_one_needs_no_port_chosen_ahead",),
-           "a plain train picks a free port that another process can take before torch's store binds it"),
-    Mutant("submit_run_dir_override_apart", "nemo_topr/cluster/submit.py",
-           "    if from_override and from_override != {run_dir}:", "    if False:",
-           ("tests/test_slurm.py::test_submit_and_the_job_script_keep_one_run_dir",),
-           "submit --run-dir A run_dir=B: the job watches A for the requeue marker, train writes B"),
-    Mutant("job_script_takes_run_dir_override", "slurm/topr_job.sh",
-           "    if [[ $override =~ ^\\+{0,2}run_dir= ]]; then", "    if false; then",
-           ("tests/test_slurm.py::test_submit_and_the_job_script_keep_one_run_dir",),
-           "sbatch slurm/llama31_8b.sbatch run_dir=B: train writes B, the job script watches runs/JOB"),
-    Mutant("records_regraded_for_another_task", "nemo_topr/evaluation/evaluate.py",
-           '        if task and meta.get("task") not in (None, task):', "        if False:",
-           ("tests/test_generate_eval.py::test_records_eval_grades_each_record_for_its_own_task",),
-           "eval --records --task math re-grades GSM8K samples with MATH's grader"),
-    Mutant("empty_stop_string_sampled", "nemo_topr/evaluation/generate.py",
-           '    if args.stop and "" in args.stop:', "    if False:",
-           ("tests/test_generate_eval.py::test_sampling_options_are_checked_before_the_model_loads",),
-           "generate --stop '' samples every completion empty"),
-    Mutant("config_file_read_as_preset", "nemo_topr/training/config.py",
-           '    if path.suffix == ".yaml" and not (directory / path.name).is_file():', "    if False:",
-           ("tests/test_config.py::test_a_users_own_yaml_extends_a_preset_and_a_file_beside_it",),
-           "train --config-name exp3.yaml (no such file here) looked up as the preset 'exp3'"),
-    Mutant("submit_ignores_own_run_dir", "nemo_topr/cluster/submit.py",
-           "    if run_dir is None and config_dir != CONF_DIR.resolve():", "    if False:",
-           ("tests/test_slurm.py::test_submit_takes_the_run_dir_a_users_yaml_sets",),
-           "submit --config my.yaml replaces the run_dir the file sets with runs/JOB_NAME"),
-    Mutant("config_interpolation_unnamed", "nemo_topr/training/config.py",
-           "        OmegaConf.to_container(cfg, resolve=True)  # a failing interpolation named by its key, as "
-           "resolve() does not", "",
-           ("tests/test_config.py::test_a_yaml_that_does_not_parse_or_a_failing_interpolation_is_one_line_naming_"
-            "file_and_key",), "a failing interpolation's error names no key"),
-    Mutant("benchmark_rows_unchecked", "nemo_topr/data/prompts.py",
-           "        if not isinstance(row.get(column), str) or not row[column].strip():", "        if False:",
-           ("tests/test_data_prompts.py::test_a_users_benchmark_file_is_read_row_by_row_naming_file_line_and_field",),
-           "a user's benchmark row without a question read until a KeyError"),
-    Mutant("json_key_twice_read_as_last", "nemo_topr/data/sources.py",
-           ', object_pairs_hook=_object_of_distinct_keys)', ")",
-           ("tests/test_data_records.py::test_a_key_given_twice_with_different_values_is_refused_not_read_as_"
-            "the_last",),
-           "a record giving reward twice read as the last value"),
-    Mutant("hf_config_sizes_unchecked", "nemo_topr/cluster/architecture.py",
-           "    if problems:\n        raise ValueError(f\"{config_json}:", "    if False:\n        raise ValueError(f\"{config_json}:",
-           ("tests/test_plan.py::test_a_config_json_without_a_size_or_with_a_text_one_is_named_not_a_traceback",),
-           "plan on a config.json without num_attention_heads: a KeyError traceback"),
-    Mutant("submit_venv_unchecked", "nemo_topr/cluster/submit.py",
-           "        venv_problems, warnings = check_venv(job.venv, cfg)", "        venv_problems = []",
-           ("tests/test_slurm.py::test_submit_checks_the_venv_the_ranks_run_before_queueing",),
-           "submit --venv of a vLLM venv, or FP8 without TE there, queued"),
-    Mutant("stdout_noise_kept", "nemo_topr/quiet.py",
-           '                if verbose or not HARMLESS_STDOUT_LINES.match(line.decode("utf-8", "replace")):',
-           "                if True:",
-           ("tests/test_quiet.py::test_a_verbs_stdout_holds_its_result_and_the_rest_goes_to_stderr_less_known_noise",),
-           "Gloo's lines on a verb's stderr"),
-    Mutant("scoring_stdout_mixed", "nemo_topr/training/scoring.py",
-           "        with stdout_to_stderr():  # stdout: the JSON summary alone",
-           "        with torch.no_grad():  # stdout: the JSON summary alone",
-           ("tests/test_cpu_runtime.py::test_cpu_scoring_on_a_node_with_te_and_apex_installed_never_imports_them",),
-           "score-logprobs' JSON summary after Gloo's lines on stdout"),
-    Mutant("import_stdout_mixed", "nemo_topr/training/import_checkpoint.py",
-           "        with stdout_to_stderr():  # progress and", "        if True:  # progress and",
-           ("tests/test_checkpoint_route.py::"
-            "test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weights",),
-           "import's result line after 24 Gloo lines and Megatron's prints on stdout"),
-    Mutant("no_stop_gives_the_tasks", "nemo_topr/evaluation/generate.py",
-           'stops.add_argument("--no-stop", dest="stop", action="store_const", const=[],',
-           'stops.add_argument("--no-stop", dest="stop", action="store_const", const=None,',
-           ("tests/test_generate_devices.py::test_stop_strings_are_the_tasks_the_given_ones_or_none",),
-           "generate --no-stop still stops GSM8K samples at '\\n\\nQuestion:'"),
-    Mutant("zero_advantage_trained", "nemo_topr/training/recipe.py",
-           "    if p_tilde is None:  # every c", "    if False:  # every c",
-           ("tests/test_config.py::test_data_whose_every_advantage_is_zero_is_refused_before_the_run_directory",),
-           "records whose rewards equal their own baselines train every iteration at loss 0 and exit 0"),
-    Mutant("zero_advantage_warning_missing", "nemo_topr/data/cli.py",
-           "    if every_advantage_zero(rewards,", "    if False and every_advantage_zero(rewards,",
-           ("tests/test_data_cli.py::test_data_validate_warns_when_every_advantage_is_zero",),
-           "data validate on 0/1 grades with none correct says nothing"),
-    Mutant("cpu_train_config_unread", "nemo_topr/training/scoring.py",
-           '    if train_config and device != "cuda":  # read all the same', '    if False:  # read all the same',
-           ("tests/test_gpu_path.py::test_scoring_flags_that_contradict_the_training_config_are_refused",),
-           "score-logprobs --device cpu --train-config llama31_8b_bf61 scores; the GPU run fails on the typo"),
-    Mutant("file_named_twice_read_twice", "nemo_topr/data/sources.py",
-           "        if key in read_as:", "        if False:",
-           ("tests/test_data_sources.py::test_a_file_named_twice_is_refused_naming_both_spellings",),
-           "data validate a.jsonl d/ says 'duplicate sample_id ... first at a.jsonl:1', the same line"),
-    Mutant("per_prompt_without_target_ignored", "nemo_topr/data/curation.py",
-           "        if self.per_prompt and self.target_p is None", "        if False and self.target_p is None",
-           ("tests/test_data_curation.py::test_per_prompt_without_a_target_is_refused_not_ignored",),
-           "data curate --per-prompt without a target writes every record, as without it"),
-    Mutant("version_unknown_verb", "nemo_topr/cli.py",
-           '    if argv[0] == "--version":', '    if argv[0] == "--versions":',
-           ("tests/test_cli.py",),
-           "nemo-topr --version says unknown verb '--version'"),
-    Mutant("all_zero_grades_read_correct", "nemo_topr/data/positives.py",
-           "    if values == {0.0}:", "    if False:",
-           ("tests/test_verifier.py::test_grades_without_a_negative_are_refused_not_all_judged_correct",),
-           "verifier build on 0/1 grades with none correct writes judge data saying Yes to every wrong answer"),
-    Mutant("sampling_seed_unchecked", "nemo_topr/evaluation/generate.py",
-           "    if not 0 <= args.seed < 2**63:", "    if False:",
-           ("tests/test_generate_eval.py::test_sampling_options_are_checked_before_the_model_loads",),
-           "generate --seed -1 sampled with a fixed seed -1"),
-    Mutant("unreadable_reference_read_late", "nemo_topr/grading.py",
-           "        grader_of(task).reference(reference_answer)", "        grader_of(task)",
-           ("tests/test_generate_eval.py::test_a_prompt_files_bad_row_is_named_by_line_and_field",
-            "tests/test_generate_eval.py::test_records_eval_grades_each_record_for_its_own_task"),
-           "generate samples every prompt, then fails on a GSM8K reference without a number"),
-    Mutant("iterate_train_in_one_process", "nemo_topr/iterate.py",
-           '(run_dir,), overwrite=False, ranks=ranks)', '(run_dir,), overwrite=False)',
-           ("tests/test_iterate.py::test_overrides_may_follow_dry_run",),
-           "iterate nproc_per_node=8 trains in one process: a TP=2 preset cannot start"),
-    Mutant("iterate_launcher_ignores_ranks", "nemo_topr/iterate.py",
-           '*(torchrun if self.per_node > 1 else [])', '*(torchrun if False else [])',
-           ("tests/test_iterate.py::test_score_and_train_stages_run_in_two_ranks_under_torchrun",),
-           "iterate says torchrun but runs score and train in one process"),
-    Mutant("iterate_ranks_beyond_gpus", "nemo_topr/iterate.py",
-           "            check_launch(self.config)\n", "            pass\n",
-           ("tests/test_iterate.py::test_more_ranks_than_the_nodes_gpus_are_refused_before_any_stage",),
-           "iterate nproc_per_node=8 on a 4-GPU node fails round 0's score after the start's eval and generation"),
-    Mutant("iterate_verified_vote_over_fewer_problems", "nemo_topr/iterate.py",
-           '    return vote["metrics"][f"weighted_maj@{k}"] * vote["num_problems"] / results["num_problems"]',
-           '    return vote["metrics"][f"weighted_maj@{k}"]',
-           ("tests/test_iterate.py::test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_vote",),
-           "iterate's weighted vote leaves out the problems whose samples were all empty: a higher share than eval's"),
-    Mutant("iterate_verifier_on_no_samples", "nemo_topr/iterate.py",
-           "        if stage.is_done() and samples.is_file() and wrote_no_records(samples):", "        if False:",
-           ("tests/test_iterate.py::test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_vote",),
-           "iterate with a verifier fails at verify when every completion of an evaluation was empty"),
-    Mutant("iterate_plots_verified_over_fewer_problems", "nemo_topr/iterate.py",
-           "        return verified if num_problems(verified) == num_problems(results) else results",
-           "        return verified",
-           ("tests/test_iterate.py::test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_vote",),
-           "iterate's plot draws pass@1 of the verified results, over fewer problems than eval's"),
-    Mutant("iterate_nodes_without_allocation", "nemo_topr/iterate.py",
-           "    if config.nodes == 1:\n        return\n", "    return\n",
-           ("tests/test_iterate.py::test_several_nodes_need_an_allocation_of_them",),
-           "iterate nodes=2 outside a Slurm allocation fails round 0's score (srun) after the start's eval"),
-    Mutant("iterate_driver_under_srun_tasks", "nemo_topr/iterate.py",
-           "    if tasks > 1:\n", "    if False:\n",
-           ("tests/test_iterate.py::test_a_driver_started_as_several_srun_tasks_is_refused",),
-           "`srun -n 8 nemo-topr iterate ...` runs eight drivers into one out"),
-    Mutant("iterate_nodes_under_an_srun_step", "nemo_topr/iterate.py",
-           '    if "SLURM_STEP_ID" in environ:', "    if False:",
-           ("tests/test_iterate.py::test_several_nodes_need_an_allocation_of_them",),
-           "iterate nodes=2 under srun waits forever at round 0's score for its own step's resources"),
-    Mutant("iterate_nodes_meet_without_rendezvous", "nemo_topr/iterate.py",
-           "        if self.nodes > 1:\n            hosts", "        if False:\n            hosts",
-           ("tests/test_iterate.py::test_a_stage_on_several_nodes_meets_at_the_allocations_first_node",),
-           "iterate nodes=2: srun starts the ranks with no MASTER_ADDR, and score fails to meet"),
-    Mutant("iterate_gpu_ranks_without_job_environment", "nemo_topr/iterate.py",
-           "cuda=config.device == \"cuda\")", "cuda=False)",
-           ("tests/test_iterate.py::test_gpu_ranks_get_the_training_jobs_environment",),
-           "iterate's score and train ranks on GPUs run without the NCCL/CUDA/allocator settings of a Slurm job"),
-    Mutant("job_script_without_environment", "slurm/topr_job.sh",
-           'source "$repo/slurm/environment.sh"', ":",
-           ("tests/test_slurm.py::test_the_job_gives_its_ranks_the_training_environment",),
-           "the Slurm job's ranks run without the NCCL/CUDA/allocator settings of Bridge's recipes"),
-    Mutant("iterate_nodes_batch_checked_for_one", "nemo_topr/iterate.py",
-           "        return cls(config.nproc_per_node, config.nodes, cuda=", "        return cls(config.nproc_per_node, 1, cuda=",
-           ("tests/test_iterate.py::test_config_mistakes_are_errors",
-            "tests/test_iterate.py::test_on_several_nodes_score_and_train_run_under_srun_and_the_rest_on_the_drivers_node"),
-           "iterate nodes=2 runs score and train on one node, its batch checked for one node's ranks"),
-    Mutant("empty_sample_log_blocks_rerun", "nemo_topr/evaluation/sample_log.py",
-           "        if logged != options and len(lines) <= 1:", "        if False:",
-           ("tests/test_generate_eval.py::test_a_sample_log_without_a_finished_prompt_starts_over_with_other_options",),
-           "a generate that failed at start-up leaves a log that refuses the corrected rerun"),
-    Mutant("sampling_tp_checked_after_log", "nemo_topr/evaluation/generate.py",
-           '    if args.tensor_parallel_size != 1 and backend == "transformers":', "    if False:",
-           ("tests/test_generate_devices.py::test_tensor_parallel_needs_vllm",),
-           "generate --tensor-parallel-size 4 on the transformers backend logs the size before refusing it"),
-    Mutant("iterate_evaluates_rendered_prompts_as_plain", "nemo_topr/iterate.py",
-           '                    *(["--rendered-prompts"] if self.rendered_prompts else [])]',
-           "                    ]",
-           ("tests/test_iterate.py::test_rendered_prompts_reach_every_stage_that_reads_the_records",),
-           "iterate's eval templates an eval.prompts file of rendered prompts a second time"),
-    Mutant("iterate_eval_rendered_without_prompts", "nemo_topr/iterate.py",
-           "    if config.eval.rendered_prompts and not config.eval.prompts:", "    if False:",
-           ("tests/test_iterate.py::test_config_mistakes_are_errors",),
-           "iterate eval.rendered_prompts=true without eval.prompts: ignored without a word"),
-    Mutant("eval_records_ignores_samples_out", "nemo_topr/evaluation/evaluate.py",
-           '    for option, given in (("--model", args.model), ("--samples-out", args.samples_out)):',
-           "    for option, given in ():",
-           ("tests/test_generate_eval.py::test_eval_refuses_options_its_mode_would_ignore",),
-           "eval --records r.jsonl --samples-out s.jsonl: runs, and writes no samples"),
-    Mutant("iterate_eval_prompt_form_unsaid", "nemo_topr/iterate.py",
-           "(eval_prompt_note(self.config), test_split_warning", "(None, test_split_warning",
-           ("tests/test_iterate.py::test_rounds_trained_in_one_prompt_form_and_measured_in_another_are_named",),
-           "iterate trains on zero-shot prompts and measures 8-shot without a word"),
-    Mutant("plot_draws_every_metric", "nemo_topr/evaluation/evaluate.py",
-           '        names = [name for name in ("pass@1", f"maj@{k}", f"weighted_maj@{k}", "invalid_rate") if name in common]',
-           "        names = common",
-           ("tests/test_generate_eval.py::test_the_plot_draws_the_headline_metrics_unless_told_otherwise",),
-           "eval --plot of 16-sample rounds draws 11 lines"),
-    Mutant("iterate_verifier_never_runs", "nemo_topr/iterate.py",
-           "        if self.verifier_model is None:\n            return None\n",
-           "        if True:\n            return None\n",
-           ("tests/test_iterate.py::test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_vote",),
-           "iterate verifier.model=DIR: no sample is scored, and no weighted vote reported, without a word"),
-    Mutant("iterate_reports_the_unverified_results", "nemo_topr/iterate.py",
-           "[summary_row(result, verified=self.verifier_model is not None) for",
-           "[summary_row(result, verified=False) for",
-           ("tests/test_iterate.py::test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_vote",),
-           "iterate scores the samples with the verifier, but the summary leaves its vote out"),
-    Mutant("cuda_rank_past_the_gpus_unchecked", "nemo_topr/distributed.py",
-           "    if local_rank >= gpus:", "    if local_rank > gpus:",
-           ("tests/test_distributed.py::test_a_rank_past_the_nodes_gpus_is_refused_naming_them",),
-           "eight ranks on a node of four GPUs: rank 4 ends in CUDA's invalid device ordinal inside Megatron"),
-    Mutant("local_launcher_without_job_environment", "launchers/local.sh",
-           "if ((gpus > 0)); then", "if ((gpus < 0)); then",
-           ("tests/test_local_launcher.py",),
-           "launchers/local.sh on GPUs: one OMP thread per rank and none of a Slurm job's NCCL/CUDA settings"),
-    Mutant("interleaved_pipeline_batched_p2p", "nemo_topr/training/config.py",
-           "        model.batch_p2p_comm = False\n", "        pass\n",
-           ("tests/test_topr_step.py::test_the_interleaved_pipeline_gives_the_reference_loss_metrics_and_gradients",),
-           "PP=2 x VP=2 trains on activations and gradients that Megatron's batched p2p crossed"),
-    Mutant("plan_passes_batched_p2p_at_pp2", "nemo_topr/cluster/checks.py",
-           "    if lay.pp != 2 or (lay.vp or 1) < 2:\n        return None\n    return Finding(\"unbatched p2p",
-           "    if True:\n        return None\n    return Finding(\"unbatched p2p",
-           ("tests/test_plan.py::test_broken_layouts_are_rejected_by_rule",),
-           "plan passes model.batch_p2p_comm=true at PP=2 with VP, which train refuses after the queue"),
-    Mutant("train_takes_one_virtual_stage", "nemo_topr/training/config.py",
-           "    check_virtual_pipeline(container.model)\n", "",
-           ("tests/test_config.py::test_virtual_stages_need_two_chunks_and_a_pipeline",),
-           "VP=1 (or VP without PP) passes start-up and stops every rank at the first step or in Megatron's set-up"),
-    Mutant("plan_passes_one_virtual_stage", "nemo_topr/cluster/checks.py",
-           "    passed = lay.vp >= 2 and lay.pp > 1\n", "    passed = True\n",
-           ("tests/test_plan.py::test_one_virtual_stage_or_virtual_stages_without_a_pipeline_fail_the_plan",),
-           "plan and submit pass VP=1 or VP at PP=1, which fail once the job runs"),
-    Mutant("cpu_attention_counts_one_rank", "nemo_topr/training/host_memory.py",
-           "    if ranks * per_rank <= available:\n", "    if per_rank <= available:\n",
-           ("tests/test_host_memory.py",),
-           "ranks on one host each hold their attention; counting one passes starts that run out of memory"),
-    Mutant("train_starts_whatever_the_cpu_memory", "nemo_topr/training/config.py",
-           "        check_cpu_attention(container.model, container.train.micro_batch_size, available_bytes())\n",
-           "        pass\n",
-           ("tests/test_config.py::test_a_cpu_run_whose_attention_cannot_fit_in_memory_is_refused",),
-           "a CPU run whose attention cannot fit prepares its data and writes its run directory, then dies"),
-    Mutant("scoring_starts_whatever_the_cpu_memory", "nemo_topr/training/scoring.py",
-           "    if device == \"cpu\":\n        check_cpu_attention(", "    if False:\n        check_cpu_attention(",
-           ("tests/test_config.py::test_cpu_scoring_whose_attention_cannot_fit_in_memory_is_refused",),
-           "CPU scoring at a --seq-length whose attention cannot fit builds the model, then dies in the allocator"),
-    Mutant("sample_log_resumes_edited_prompts", "nemo_topr/evaluation/sample_log.py",
-           "                self._check_same_problem(number, index, row, problem)\n", "",
-           ("tests/test_generate_eval.py::test_a_sample_log_of_prompts_edited_since_is_not_resumed",),
-           "generate resumes old samples and grades for prompts whose text or reference answer changed"),
-    Mutant("stats_and_curate_keep_their_drops_quiet", "nemo_topr/data/cli.py",
-           "    if records.report.dropped:\n        print(records.report.format())",
-           "    if records.report.dropped:\n        pass",
-           ("tests/test_data_cli.py::test_stats_and_curate_non_strict_print_the_drops_as_validate_does",),
-           "data stats / curate --no-strict drop records without a word on the console"),
-    Mutant("a_fifo_does_not_exist", "nemo_topr/data/sources.py",
-           "    if path.exists():  # a FIFO", "    if False:  # a FIFO",
-           ("tests/test_data_sources.py::test_a_path_that_is_neither_file_nor_directory_says_so",),
-           "a FIFO or device given as data is reported as missing, with itself as the suggestion"),
-    Mutant("prompt_file_ignores_unknown_fields", "nemo_topr/evaluation/generate.py",
-           "    if unknown := sorted(set(row) - set(PROMPT_FIELDS)):", "    if unknown := []:",
-           ("tests/test_generate_eval.py::test_a_prompt_files_bad_row_is_named_by_line_and_field",),
-           "a misspelt prompt_id in a prompt file silently becomes the line number"),
-    Mutant("tokenizer_past_the_embedding_rows", "nemo_topr/data/tokenization.py",
-           "    if isinstance(vocab_size, int) and tokens > vocab_size:", "    if False:",
-           ("tests/test_data_tokenization.py::test_a_tokenizer_with_more_tokens_than_the_models_embedding_rows_is_refused",),
-           "another model's tokenizer in a model directory ends every verb in torch's index error"),
-    Mutant("lr_below_min_lr_passes", "nemo_topr/training/config.py",
-           "    _check_lr_range(values.get(\"optimizer\") or {})\n", "",
-           ("tests/test_plan.py::test_plan_runs_the_key_type_and_range_checks_of_train",),
-           "a learning rate under min_lr passes plan and submit, and train dies in Megatron's scheduler assertion"),
-    Mutant("exemplars_drawn_from_too_few_rows", "nemo_topr/data/prompts.py",
-           "    if len(train_rows) < shots:", "    if False:",
-           ("tests/test_data_prompts.py::test_a_train_file_too_short_for_the_eight_shot_prompt_is_refused_naming_it",),
-           "a GSM8K train file under 8 rows ends eval in random.sample's message, naming no file"),
-    Mutant("gsm8k_benchmark_reference_unchecked", "nemo_topr/data/prompts.py",
-           '        if problem := reference_problem("gsm8k", gsm8k_final_answer(row["answer"])):',
-           "        if problem := None:",
-           ("tests/test_data_prompts.py::test_a_gsm8k_answer_whose_final_line_has_no_number_is_refused_when_read",),
-           "a GSM8K row ending in '#### ' with no number is read; eval samples, then fails naming no file or row"),
-    Mutant("export_out_unresolved", "nemo_topr/training/export.py",
-           "    hf_out = Path(hf_out).resolve()\n", "    hf_out = Path(hf_out)\n",
-           ("tests/test_export_outputs.py::test_the_current_directory_or_a_symlink_to_an_empty_one_is_filled",),
-           "export --hf-out . fails in a traceback; a symlinked --hf-out is exported, then left hidden in .partial"),
-    Mutant("run_dir_of_others_overwritten", "nemo_topr/training/run_state.py",
-           "            + sorted(path.name for path in run_dir.glob(LEDGER_GLOB)))",
-           "            + sorted(path.name for path in run_dir.glob(LEDGER_GLOB)))[:0]",
-           ("tests/test_config.py::test_a_run_dir_holding_names_the_run_writes_but_no_start_of_it_is_refused",),
-           "train replaces a user's own config.yaml in run_dir and deletes their STOPPED file"),
-    Mutant("job_name_escapes_the_run_dir", "nemo_topr/cluster/submit.py",
-           "\"holds a '/'\" if \"/\" in job_name", "\"holds a '/'\" if job_name.startswith(\"/\")",
-           ("tests/test_slurm.py::test_submit_refuses_a_job_name_that_is_no_file_name_before_writing_anything",),
-           "--job-name ../../mine writes the job script outside the run dir, over the user's own file"),
-    Mutant("iterate_args_override_the_driver", "nemo_topr/iterate.py",
-           "        if dest not in DRIVER_SET:\n", "        if True:\n",
-           ("tests/test_iterate.py::test_config_mistakes_are_errors",),
-           "generate.args=[--model,M] samples every round from M, not from the round's model"),
-    Mutant("iterate_resumes_on_other_base_weights", "nemo_topr/iterate.py",
-           "    if then != now:\n", "    if False:\n",
-           ("tests/test_iterate.py::test_a_rerun_on_other_weights_at_the_same_base_model_path_is_refused",),
-           "an iterate rerun counts every stage done though base_model's files changed"),
-    Mutant("resume_from_base_on_other_data", "nemo_topr/training/recipe.py",
-           "            check_resume_from_base(run.base_model, fingerprint, train.train_iters)\n", "            pass\n",
-           ("tests/test_config.py::test_resume_from_base_needs_the_bases_data_and_iterations_left",),
-           "resume_from_base continues a base's count on other data (rows skipped) or from its end (requeued forever)"),
-    Mutant("resume_from_base_past_the_end", "nemo_topr/training/run_state.py",
-           "    if base_model.iteration >= train_iters:\n", "    if False:\n",
-           ("tests/test_config.py::test_resume_from_base_needs_the_bases_data_and_iterations_left",),
-           "resume_from_base from a finished base trains nothing and exits 75 for a requeue, forever"),
-    Mutant("local_launcher_runs_in_the_checkout", "launchers/local.sh",
-           "# from the caller's directory: relative paths are the caller's, as for `nemo-topr train` itself\n",
-           "cd \"$repo\"\n",
-           ("tests/test_local_launcher.py::test_on_gpus_the_ranks_get_a_slurm_jobs_environment_one_per_gpu",),
-           "launchers/local.sh resolves a user's relative paths against the checkout, writing runs into it"),
-    Mutant("cut_short_checkpoint_read_anyway", "nemo_topr/model_source.py",
-           "    if short := truncated_files(source.checkpoint):", "    if short := []:",
-           ("tests/test_model_source.py::test_a_checkpoint_cut_short_since_its_save_is_named_by_every_verb_that_reads_it",),
-           "a checkpoint cut short since its save ends scoring, export and training from it in a bare EOFError"),
-    Mutant("job_name_of_any_length", "nemo_topr/cluster/submit.py",
-           "if (size := len(job_name.encode())) > MAX_JOB_NAME_BYTES", "if (size := len(job_name)) > 255",
-           ("tests/test_slurm.py::test_submit_refuses_a_job_name_that_is_no_file_name_before_writing_anything",),
-           "submit --job-name of 121 two-byte letters ends in OSError: File name too long"),
-    Mutant("every_verb_expects_every_kind", "nemo_topr/model_source.py",
-           "source = resolve(spec, named=named, megatron=False, expected=HF_KIND)",
-           "source = resolve(spec, named=named, megatron=False)",
-           ("tests/test_model_source.py::test_each_verb_names_a_missing_model_by_its_own_option_and_makes_nothing",),
-           "generate --model typo lists Megatron checkpoints and run directories, which generate refuses"),
-    Mutant("huge_int_reward_overflows", "nemo_topr/data/records.py",
-           "return isinstance(value, int) or math.isfinite(value)", "return math.isfinite(value)",
-           ("tests/test_data_records.py::test_integers_beyond_float_range_are_out_of_range_not_a_traceback",),
-           "an integer reward beyond float range (10**400) ends data validate in OverflowError"),
-    Mutant("conflicting_reference_graded", "nemo_topr/evaluation/evaluate.py",
-           "if reference != first_reference:", "if False:",
-           ("tests/test_generate_eval.py::"
-            "test_records_of_one_prompt_with_two_reference_answers_are_refused_naming_both",),
-           "eval --records grades one prompt against two reference answers without a word"),
-    Mutant("uneven_title_says_fewest", "nemo_topr/evaluation/evaluate.py",
-           "if samples == problems * fewest else", "if True else",
-           ("tests/test_generate_eval.py::test_the_markdown_title_of_uneven_sample_counts_says_so",),
-           "uneven sample counts titled as the fewest each"),
-    Mutant("doctor_json_in_work_dir", "nemo_topr/doctor.py",
-           "json_outside_work_dir(args.json, args.work_dir)", "None",
-           ("tests/test_doctor.py::"
-            "test_a_json_table_that_is_in_or_holds_the_work_dir_is_a_usage_error_before_any_check",),
-           "doctor --json naming its --work-dir crashes with IsADirectoryError after the first check"),
-    Mutant("architecture_override_applied", "nemo_topr/training/config.py",
-           "    check_architecture_overrides(values, base_model)\n", "",
-           ("tests/test_config.py::test_an_architecture_key_other_than_the_base_models_is_refused_before_anything_is_"
-            "written",),
-           "model.num_layers=1 over a 2-layer base trains a 1-layer model that export refuses"),
-    Mutant("tokenizer_without_eos_loaded", "nemo_topr/data/tokenization.py",
-           "    if tokenizer.eos_token_id is None:  # here, for every verb: tokenize_records' own check was a "
-           "traceback\n",
-           "    if False:\n",
-           ("tests/test_data_tokenization.py::test_a_tokenizer_without_eos_is_refused_naming_its_directory",),
-           "a tokenizer without EOS ends score-logprobs and train in a traceback"),
-    Mutant("export_parents_unchecked", "nemo_topr/training/export.py", "        check_parents(out)\n", "",
-           ("tests/test_export_outputs.py::test_an_export_inside_an_earlier_export_is_refused",
-            "tests/test_export_outputs.py::test_bad_inputs_are_refused_before_megatron_is_imported"),
-           "an --hf-out below a file fails after Megatron's start-up; an export nests inside an earlier one"),
-    Mutant("import_out_left_after_failed_load", "nemo_topr/training/import_checkpoint.py",
-           "        _remove_written(out, made)\n", "        needed is None or _remove_written(out, made)\n",
-           ("tests/test_checkpoint_route.py::test_an_import_stopped_while_loading_leaves_no_directory_it_made",),
-           "import interrupted while loading leaves the OUT it made"),
-    Mutant("hf_weights_unchecked", "nemo_topr/model_source.py",
-           "            check_llama_weights(source.path, read_config(source))", "            pass",
-           ("tests/test_model_source.py::test_hf_weights_that_are_not_config_jsons_model_are_refused",
-            "tests/test_model_source.py::test_train_score_logprobs_and_import_refuse_weights_config_json_does_not_"
-            "describe"),
-           "a config.json with a layer more than the weights scores NaN; one fewer drops a layer, exit 0"),
-    Mutant("hf_weights_file_size_unchecked", "nemo_topr/hf_weights.py",
-           "    if 8 + length + end > size:", "    if False:",
-           ("tests/test_model_source.py::test_hf_weights_bridge_cannot_read_or_cut_short_are_named",),
-           "a safetensors shard cut short reaches Bridge's load"),
-    Mutant("checkpoint_numerics_unchecked", "nemo_topr/model_source.py",
-           "    view += [(hf_key, megatron_key, hf_config[hf_key]) for hf_key, megatron_key in NUMERIC_KEYS.items()",
-           "    view += [(hf_key, megatron_key, hf_config[hf_key]) for hf_key, megatron_key in {}.items()",
-           ("tests/test_model_source.py::test_a_checkpoints_hf_config_with_other_numerics_than_its_save_is_refused",),
-           "hf_artifacts/config.json with another norm epsilon than the checkpoint scores differently, exit 0"),
-    Mutant("export_folder_read_as_checkpoint", "nemo_topr/model_source.py",
-           "if not (path / TRACKER).is_file() and (exports := _hf_iterations(path)):",
-           "if False and (exports := _hf_iterations(path)):",
-           ("tests/test_model_source.py::test_a_folder_of_exported_iterations_is_named_as_one",),
-           "a folder of exported iterations is called an unfinished Megatron save"),
-    Mutant("model_and_alias_override_keep_the_last", "nemo_topr/training/config.py",
-           "    if len(models) == 2 and models[\"base_model\"] != models[\"hf_model\"]:", "    if False:",
-           ("tests/test_config.py::test_an_empty_override_or_the_model_named_twice_is_refused",),
-           "base_model=A hf_model=B trains B without a word"),
-    Mutant("empty_override_read_as_null", "nemo_topr/training/config.py",
-           "        if value == \"\":\n", "        if False:\n",
-           ("tests/test_config.py::test_an_empty_override_or_the_model_named_twice_is_refused",),
-           "train.global_batch_size= (an unset shell variable) plans a default batch, crashes train"),
-    Mutant("section_replaced_by_a_value", "nemo_topr/training/config.py",
-           "section not in OUR_VALUES and section_values is not None", "section in ()",
-           ("tests/test_config.py::test_bad_keys_are_clear_errors",),
-           "train=5 ends in a TypeError traceback; logger=abc in Bridge's after the data"),
-    Mutant("plan_passes_train_refusals", "nemo_topr/training/config.py",
-           "    check_sections(values)\n    check_no_recipe_keys(values)\n    check_own_values(values)\n    classes",
-           "    check_sections(values)\n    check_no_recipe_keys(values)\n    classes",
-           ("tests/test_plan.py::test_plan_runs_the_key_type_and_range_checks_of_train",),
-           "plan says FITS to device=gpu, resume_from_base=maybe and a dataset.seq_length train refuses"),
-    Mutant("seed_zero_passes", "nemo_topr/training/config.py", '    "rng.seed": 1,', "",
-           ("tests/test_config.py::test_bad_keys_are_clear_errors",),
-           "rng.seed=0 fails Bridge's assertion after the run directory is written"),
-    Mutant("megatron_model_rules_unchecked", "nemo_topr/training/config.py",
-           "    _check_model_choices(values.get(\"model\") or {})\n", "",
-           ("tests/test_config.py::test_fp16_and_bf16_together_are_refused",
-            "tests/test_config.py::test_bad_keys_are_clear_errors"),
-           "fp16 with bf16, or full recompute without a method, raise on every rank after the run dir is written"),
-    Mutant("iterate_train_overrides_set_round_keys", "nemo_topr/iterate.py",
-           "if item.split(\"=\", 1)[0] in ROUND_KEYS]", "if False]",
-           ("tests/test_iterate.py::test_config_mistakes_are_errors",),
-           "iterate train.overrides=[run_dir=...] fails in round 1, after sampling"),
-    Mutant("fusion_warning_shown", "nemo_topr/quiet.py",
-           '    "megatron.bridge.utils.fusions": r"gradient_accumulation_fusion requires either TransformerEngine",\n',
-           "",
-           ("tests/test_quiet.py::test_plan_checking_an_architecture_key_prints_no_fusion_warning_unless_verbose",),
-           "plan with an architecture key prints Bridge's fusion WARNING on stdout on a login node"),
-    Mutant("bridge_names_unchecked", "nemo_topr/training/config.py",
-           "    if value not in table:", "    if False:",
-           ("tests/test_config.py::test_bad_keys_are_clear_errors",),
-           "model.params_dtype=bf17 fails in arithmetic, an unknown activation on every rank after the run dir"),
-    Mutant("scoring_config_reshapes_model", "nemo_topr/training/scoring.py",
-           '    if changed := shape_changes(section, provider, "the scored model"):\n', "    if False:\n",
-           ("tests/test_gpu_path.py::test_scoring_refuses_a_training_config_that_reshapes_the_model",),
-           "score-logprobs --train-config with model.num_layers=5 scores another model than the one on disk"),
-    Mutant("plan_second_config_is_a_path", "nemo_topr/cluster/plan.py",
-           "        if again := [word for word", "        if False and [word for word",
-           ("tests/test_plan.py::test_the_config_is_taken_as_submit_and_train_spell_it_too",),
-           "plan --config A --config B looks for A in a directory named B"),
-    Mutant("null_batch_accepted", "nemo_topr/training/config.py",
-           '        if isinstance(values.get(section), dict) and values[section].get(key) is None:\n',
-           "        if False:\n",
-           ("tests/test_config.py::test_a_value_the_run_needs_set_to_null_is_refused_before_anything_is_written",
-            "tests/test_plan.py::test_plan_runs_the_key_type_and_range_checks_of_train"),
-           "train.global_batch_size=null: plan plans its default batch, train ends in a TypeError traceback"),
-    Mutant("stop_held_by_blocking_one_thread", "nemo_topr/training/recipe.py",
-           "    previous_handler = signal.signal(exit_signal, lambda signum, frame: held.append(signum))\n",
-           "    previous_handler = signal.getsignal(exit_signal)\n"
-           "    signal.pthread_sigmask(signal.SIG_BLOCK, {exit_signal})\n",
-           ("tests/test_job_signal.py::test_a_stop_during_preparation_then_a_refused_start_says_why_and_leaves_no_"
-            "lock",),
-           "a SIGTERM while train prepares kills it at once: a refused start exits 143 unexplained, LOCK left"),
-    Mutant("writer_queue_outlives_training", "nemo_topr/training/writer_queue.py",
-           "        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)\n", "        pass\n",
-           ("tests/test_job_signal.py::test_the_checkpoint_writer_process_ends_with_a_killed_training",),
-           "a killed training leaves the writer queue's manager running, holding the job's stdout"),
-    Mutant("all_dropped_tokenized_anyway", "nemo_topr/data/tokenization.py",
-           "    if not texts:  # every record dropped", "    if False:  # every record dropped",
-           ("tests/test_data_tokenization.py::test_special_tokens_written_in_a_records_text_are_refused_naming_line_"
-            "field_and_token",),
-           "--no-strict with every record dropped at the special-token check: IndexError traceback"),
-    Mutant("weight_decay_left_to_the_scheduler_defaults", "nemo_topr/training/config.py",
-           "    container.scheduler.start_weight_decay, container.scheduler.end_weight_decay = "
-           "weight_decay_schedule(values)\n", "",
-           ("tests/test_config.py::test_the_weight_decay_given_is_the_one_megatrons_scheduler_applies",),
-           "optimizer.weight_decay=0.1 trains with none"),
-    Mutant("resume_ignores_optimizer_settings", "nemo_topr/training/run_state.py",
-           "RESUME_KEYS = (*ORDER_AND_SCHEDULE_KEYS, *OPTIMIZER_STATE_KEYS)\n", "RESUME_KEYS = ORDER_AND_SCHEDULE_KEYS\n",
-           ("tests/test_run_state.py::test_a_resume_with_other_optimizer_settings_is_refused_since_the_saved_state_"
-            "keeps_its_own",),
-           "a resume with optimizer.adam_beta2 changed trains with the old value, config.yaml says the new"),
-    Mutant("unrecorded_saves_kept", "nemo_topr/training/checkpoints.py",
-           "                 if iteration != latest and not is_complete(path)]",
-           "                 if False]",
-           ("tests/test_checkpoint_repair.py::test_saves_cut_short_before_they_were_recorded_are_set_aside",),
-           "a save cut short at an iteration never saved again blocks export --all-iterations for good"),
-    Mutant("finished_rerun_writes_its_config", "nemo_topr/training/recipe.py",
-           "        if resume_iteration is None or resume_iteration < train.train_iters:\n",
-           "        if True:\n",
-           ("tests/test_training_e2e.py::test_a_finished_run_run_again_trains_nothing_and_leaves_its_files_as_they_"
-            "were",),
-           "a rerun of a finished run writes configs/start_NNN.yaml and replaces config.yaml, training nothing"),
-    Mutant("vanished_link_fails_the_stop", "scripts/slurm_cluster.sh",
-           '    error=$(ip link del "$1" 2>&1) || ! ip link show "$1" >/dev/null 2>&1 || die "ip link del $1: $error"',
-           '    ip link del "$1"',
-           ("tests/test_slurm_two_nodes.py::test_stop_removes_a_nodes_network_while_its_namespace_is_torn_down",),
-           "a veth that vanishes with its namespace between stop's look and delete fails the test suite's teardown"),
-    Mutant("export_cut_short_refused_when_run_again", "nemo_topr/training/export.py",
-           "            current.add(source)\n    return current\n", "            current.add(source)\n    return set()\n",
-           ("tests/test_export_outputs.py::test_an_export_cut_short_goes_on_where_it_stopped_when_run_again",),
-           "an --all-iterations export stopped part way is refused when run again; --overwrite redoes every iteration"),
-    Mutant("export_of_a_changed_checkpoint_kept", "nemo_topr/training/export.py",
-           ' and record.get("stamp") == checkpoint_stamp(source)', "",
-           ("tests/test_export_outputs.py::test_an_export_changed_since_or_of_a_checkpoint_changed_since_is_not_kept",),
-           "a run trained again under the same name keeps the export of its earlier weights as current"),
-    Mutant("export_replaced_in_place", "nemo_topr/training/export.py",
-           "            out.rename(replaced)\n", "            shutil.rmtree(out)\n",
-           ("tests/test_export_outputs.py::test_an_overwrite_stopped_while_replacing_leaves_a_whole_model_or_none",),
-           "an --overwrite stopped while deleting the earlier export leaves its record beside half its weights"),
-    Mutant("export_record_moved_any_time", "nemo_topr/training/export.py",
-           "sorted(partial.iterdir(), key=lambda entry: entry.name == EXPORT_RECORD)", "partial.iterdir()",
-           ("tests/test_export_outputs.py::test_a_directory_filled_in_place_gets_its_record_last",),
-           "a directory filled in place, stopped part way, can hold the record without the weights"),
-    Mutant("second_ctrl_c_traceback_shown", "nemo_topr/training/recipe.py",
-           "    return not (_clean_stop(stop) or isinstance(stop, KeyboardInterrupt))\n",
-           "    return not _clean_stop(stop)\n",
-           ("tests/test_recipe.py::test_bridge_logs_failures_but_not_stops",),
-           "a second Ctrl-C prints Bridge's 38-line Pretrain failed traceback above `nemo-topr train: interrupted`"),
-    Mutant("resume_reads_unset_as_a_change", "nemo_topr/training/run_state.py",
-           "        return UNSET_MEANS.get(key) if value is None else value\n", "        return value\n",
-           ("tests/test_run_state.py::test_a_resume_with_other_optimizer_settings_is_refused_since_the_saved_state_"
-            "keeps_its_own",),
-           "a resume that writes out an unset key's own value (optimizer.adam_beta2=0.999) is refused as a change"),
-    Mutant("eval_samples_out_over_its_prompts", "nemo_topr/evaluation/evaluate.py",
-           'writable_records_file(args.samples_out, "--samples-out", inputs=inputs, overwrite=args.overwrite)',
-           'writable_records_file(args.samples_out, "--samples-out", overwrite=args.overwrite)',
-           ("tests/test_outputs.py::test_each_command_refuses_to_write_its_records_over_its_input",),
-           "eval --samples-out naming its --prompts file replaces the prompts with graded samples"),
-    Mutant("sample_log_keeps_another_tasks_grades", "nemo_topr/evaluation/sample_log.py",
-           '                if row.get("task") != problem.task:', "                if False:",
-           ("tests/test_generate_eval.py::test_a_sample_log_graded_for_another_task_is_graded_again_on_resume",
-            "tests/test_generate_eval.py::test_a_sample_log_line_without_its_task_is_graded_again"),
-           "a rerun with another --task keeps the other grader's verdicts under the new task's name"),
-    Mutant("records_limit_unchecked", "nemo_topr/evaluation/evaluate.py",
-           "    check_limit(args.limit)  # `problems[:-1]`", "    (args.limit)  # `problems[:-1]`",
-           ("tests/test_generate_eval.py::test_records_eval_grades_each_record_for_its_own_task",),
-           "eval --records --limit -1 drops the last problem without a word"),
-    Mutant("verifier_score_unchecked", "nemo_topr/evaluation/evaluate.py",
-           "        if score is not None and not (is_number(score)",
-           "        if False and not (is_number(score)",
-           ("tests/test_generate_eval.py::test_records_eval_grades_each_record_for_its_own_task",),
-           "a NaN verifier score makes the weighted vote pick the first answer without a word"),
-    Mutant("judge_without_a_user_turn", "nemo_topr/evaluation/verifier.py",
-           'and not any(message["role"] == "user" for message in record.prompt):',
-           'and not any(message["role"] == "user" for message in record.prompt) and False:',
-           ("tests/test_verifier.py::test_build_and_score_refuse_messages_without_a_user_turn_naming_row_and_field",),
-           "verifier build/score on a messages prompt with no user turn ends in an IndexError traceback"),
-    Mutant("vllm_backend_unchecked", "nemo_topr/evaluation/generate.py",
-           '    if backend == "vllm" and not importlib.util.find_spec("vllm"):',
-           '    if False:',
-           ("tests/test_generate_devices.py::test_the_vllm_backend_is_refused_where_it_cannot_sample",),
-           "--backend vllm without vLLM fails in an import traceback after the sample log is written"),
-    Mutant("gsm8k_train_prompt_holds_itself", "nemo_topr/evaluation/generate.py",
-           "                if rows is train and any(row is exemplar for exemplar in exemplars) else exemplars)",
-           "                if False else exemplars)",
-           ("tests/test_data_prompts.py::test_no_gsm8k_train_prompt_holds_its_own_worked_solution",),
-           "8 gsm8k-train prompts hold their own question and gold solution among their exemplars"),
-    Mutant("curate_negative_seed_accepted", "nemo_topr/data/cli.py",
-           'curate.add_argument("--seed", type=non_negative,', 'curate.add_argument("--seed", type=int,',
-           ("tests/test_data_cli.py::test_curate_anna_karenina_and_bad_settings",),
-           "data curate --seed -1 draws what --seed 1 draws, without a word"),
-    Mutant("benchmark_task_ignored", "nemo_topr/evaluation/generate.py",
-           "        if task is not None and task != problems[0].task:", "        if False:",
-           ("tests/test_generate_eval.py::test_a_task_that_contradicts_the_benchmark_is_refused",),
-           "generate --prompts gsm8k-test --task math grades with GSM8K's grader without a word"),
-    Mutant("help_says_its_summary_twice", "nemo_topr/arguments.py",
-           '"epilog": rest or None,', '"epilog": doc,',
-           ("tests/test_cli.py::test_no_verbs_help_says_a_line_twice",),
-           "eval, verifier and iterate --help print the docstring's first paragraph twice"),
-    Mutant("plot_metric_values_unchecked", "nemo_topr/evaluation/evaluate.py",
-           "            if not (is_number(value) and 0 <= value <= 1):",
-           "            if False:",
-           ("tests/test_generate_eval.py::test_plot_refuses_what_it_cannot_draw_naming_the_file",),
-           "eval --plot of a result with a null metric ends in a TypeError, a string one is drawn"),
-    Mutant("sample_log_names_whole_sections", "nemo_topr/evaluation/sample_log.py",
-           "        if isinstance(then, dict) and isinstance(current, dict):", "        if False:",
-           ("tests/test_generate_eval.py::test_generate_writes_as_it_goes_and_resumes_where_it_stopped",),
-           "a refused resume prints both whole settings sections instead of the setting that changed"),
-    Mutant("too_long_without_a_tokenizer_ignored", "nemo_topr/data/cli.py",
-           '(("--max-seq-length", args.max_seq_length), ("--too-long", args.too_long))',
-           '(("--max-seq-length", args.max_seq_length),)',
-           ("tests/test_data_cli.py::test_validate_length_options_without_a_tokenizer_are_a_usage_error",),
-           "data validate --too-long drop without --tokenizer is ignored without a word"),
-    Mutant("import_writer_queue_outlives_it", "nemo_topr/training/import_checkpoint.py",
-           "            start_checkpoint_writer_queue()\n", "",
-           ("tests/test_checkpoint_route.py::test_a_killed_import_leaves_no_process_and_says_what_it_left[sigkill]",),
-           "a killed import leaves Megatron's writer-queue process holding its stdout and stderr for good"),
-    Mutant("import_sigterm_leaves_half_a_checkpoint", "nemo_topr/training/import_checkpoint.py",
-           "    previous = signal.signal(signal.SIGTERM, _terminated)\n",
-           "    previous = signal.getsignal(signal.SIGTERM)\n",
-           ("tests/test_checkpoint_route.py::test_a_killed_import_leaves_no_process_and_says_what_it_left[sigterm]",),
-           "an import stopped by SIGTERM leaves OUT half written, where Ctrl-C removes it"),
-    Mutant("import_cut_short_unexplained", "nemo_topr/training/import_checkpoint.py",
-           '"remove it and import again") if cut_short else ""',
-           '"remove it and import again") if False else ""',
-           ("tests/test_checkpoint_route.py::test_a_killed_import_leaves_no_process_and_says_what_it_left[sigkill]",),
-           "a rerun into an import cut short is refused without saying that OUT is that import's"),
-    Mutant("empty_tracker_read_as_a_number", "nemo_topr/training/checkpoints.py",
-           "    if not text.isdigit():\n", "    if False:\n",
-           ("tests/test_checkpoints.py::test_a_tracker_naming_no_iteration_is_named_not_read_as_iteration_zero",),
-           "an emptied latest_checkpointed_iteration.txt ends every verb in int()'s ValueError traceback"),
-    Mutant("export_moves_by_rename_only", "nemo_topr/training/export.py",
-           "moved.append(Path(shutil.move(entry, out / entry.name)))", "moved.append(entry.rename(out / entry.name))",
-           ("tests/test_export_outputs.py::test_an_empty_hf_out_that_refuses_renames_is_filled_by_copying_or_refused_"
-            "in_one_line",),
-           "export into an empty mount point fails with Invalid cross-device link after the whole export"),
-    Mutant("export_move_failure_unhandled", "nemo_topr/training/export.py",
-           "    except OSError as error:\n        for path in moved:",
-           "    except ValueError as error:\n        for path in moved:",
-           ("tests/test_export_outputs.py::test_an_empty_hf_out_that_refuses_renames_is_filled_by_copying_or_refused_"
-            "in_one_line",),
-           "export into a read-only empty directory ends in a traceback, the model hidden in .DIR.partial"),
-    Mutant("export_mixes_checkpoints_in_a_folder", "nemo_topr/training/export.py",
-           "        check_one_checkpoint_per_folder(source, hf_out)\n", "",
-           ("tests/test_export_outputs.py::test_iterations_of_another_checkpoint_in_the_folder_are_refused",),
-           "export --all-iterations of round 2 into round 1's folder mixes the two runs' iterations"),
-    Mutant("damaged_export_kept", "nemo_topr/training/export.py",
-           '\n                and record.get("model_stamp") == files_stamp(out)):', "):",
-           ("tests/test_export_outputs.py::test_an_export_changed_since_or_of_a_checkpoint_changed_since_is_not_kept",),
-           "an export whose shard was truncated or deleted since is kept as current: a rerun never repairs it"),
-    Mutant("second_export_into_a_target_unlocked", "nemo_topr/training/export.py",
-           "        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)\n", "        pass\n",
-           ("tests/test_export_outputs.py::test_a_second_export_into_a_target_being_written_is_refused",),
-           "two exports into one --hf-out share .NAME.partial: one ends with the other's weights under its record"),
-    Mutant("export_progress_never_shown", "nemo_topr/training/export.py",
-           "        progress.advance()\n", "",
-           ("tests/test_export_outputs.py::test_an_export_cut_short_goes_on_where_it_stopped_when_run_again",),
-           "an --all-iterations export of a 70B run is silent for hours: nothing says how far it is"),
-    Mutant("kept_export_writes_its_folder", "nemo_topr/training/export.py",
-           "        if checkpoint in kept and not (partial.exists() or replaced.exists()):\n",
-           "        if False:\n",
-           ("tests/test_export_outputs.py::test_a_read_only_folder_keeps_its_current_exports_and_refuses_new_ones_in_one_line",),
-           "a rerun over a read-only folder of current exports fails writing a lock directory it does not need"),
-    Mutant("read_only_folder_traceback", "nemo_topr/training/export.py",
-           "        except OSError as error:  # a read-only folder\n", "        except FileNotFoundError as error:\n",
-           ("tests/test_export_outputs.py::test_a_read_only_folder_keeps_its_current_exports_and_refuses_new_ones_in_one_line",),
-           "an export into a read-only folder ends in a traceback after Megatron's start-up"),
-    Mutant("records_take_sampling_options", "nemo_topr/evaluation/evaluate.py",
-           "    if not sampled and (option := sampling_option_given(args)):\n",
-           "    if False and (option := sampling_option_given(args)):\n",
-           ("tests/test_generate_eval.py::test_eval_refuses_options_its_mode_would_ignore",),
-           "eval --records r.jsonl --num-samples 8 --temperature 0 runs and reports the records' own samples"),
-    Mutant("temperature_underflow_sampled", "nemo_topr/evaluation/generate.py",
-           "    if 0 < args.temperature < MIN_TEMPERATURE:", "    if False:",
-           ("tests/test_generate_eval.py::test_sampling_options_are_checked_before_the_model_loads",),
-           "--temperature 1e-300 loads the model, then ends in torch's NaN-probability traceback"),
-    Mutant("run_dir_keys_overridable", "nemo_topr/training/config.py",
-           '    "checkpoint": {"save": SET_BY_RUN_DIR, "load": SET_BY_RUN_DIR,\n', '    "checkpoint": {\n',
-           ("tests/test_config.py::test_keys_the_recipe_sets_or_cannot_honour_are_refused_naming_what_to_use",
-            "tests/test_plan.py::test_plan_runs_the_key_type_and_range_checks_of_train"),
-           "checkpoint.save=OTHER_RUN/checkpoints writes over another run's checkpoints past every resume check"),
-    Mutant("skip_train_accepted", "nemo_topr/training/config.py",
-           '"num_epochs": ITERATIONS_FOLLOW_THE_DATA, "skip_train": NO_VALIDATION, ',
-           '"num_epochs": ITERATIONS_FOLLOW_THE_DATA, ',
-           ("tests/test_config.py::test_keys_the_recipe_sets_or_cannot_honour_are_refused_naming_what_to_use",
-            "tests/test_plan.py::test_plan_runs_the_key_type_and_range_checks_of_train"),
-           "train.skip_train=true reports a stop with a checkpoint it never saved: a Slurm job requeues for ever"),
-    Mutant("validation_section_accepted", "nemo_topr/training/config.py",
-           '    "validation": None,  # every key: NO_VALIDATION\n', "",
-           ("tests/test_config.py::test_keys_the_recipe_sets_or_cannot_honour_are_refused_naming_what_to_use",),
-           "validation.eval_interval=2 is echoed in the config and evaluates nothing"),
-    Mutant("cpu_half_precision_trained", "nemo_topr/training/config.py",
-           "        check_cpu_precision(container)\n", "",
-           ("tests/test_config.py::test_half_precision_on_the_cpu_is_refused_naming_the_keys_to_set",),
-           "device=cpu model.bf16=true writes the run directory, then fails at the first step in a traceback"),
-    Mutant("rejected_layout_verdict_says_fits", "nemo_topr/cluster/report.py",
-           "    if failed:  # \"FITS\" first", "    if False:  # \"FITS\" first",
-           ("tests/test_plan.py::test_a_rejected_layout_leads_the_verdict_and_its_estimated_dp_is_named",),
-           "plan of 70B on one node: the verdict begins FITS for a layout that cannot run"),
-    Mutant("config_without_defaults_unexplained", "nemo_topr/training/config.py",
-           '    if whole_run and "resume_from_base" not in cfg:', "    if False:",
-           ("tests/test_config.py::test_a_users_own_yaml_extends_a_preset_and_a_file_beside_it",),
-           "a YAML without a defaults list fails on its first missing key: 'device must be one of cuda, cpu; got None'"),
-    Mutant("idle_schedule_unsaid", "nemo_topr/training/config.py",
-           ' or scheduler.lr_decay_style == "constant" or min_lr > 0:', ' or min_lr >= 0:',
-           ("tests/test_config.py::test_a_decay_ending_at_lr_zero_before_the_run_ends_is_warned_of",),
-           "a cosine decay to lr 0 over 5 of 18 iterations trains 13 iterations at lr 0 without a word"),
-    Mutant("hydra_prefix_read_as_a_section", "nemo_topr/training/config.py",
-           '        if key.startswith(("+", "~")):', "        if False:",
-           ("tests/test_plan.py::test_plan_runs_the_key_type_and_range_checks_of_train",),
-           "+optimizer.weight_decay=0.1 is refused as an unknown config section '+optimizer'"),
-    Mutant("verbose_after_the_verb_refused", "nemo_topr/cli.py",
-           '    if "--verbose" in argv:', '    if argv[:1] == ["--verbose"]:',
-           ("tests/test_cli.py::test_verbose_is_read_before_or_after_the_verb",),
-           "nemo-topr export ... --verbose ends in 'unrecognized arguments: --verbose'"),
-    Mutant("submit_relative_path_unexplained", "nemo_topr/cluster/submit.py",
-           "    if path.is_absolute() or Path.cwd().resolve() == REPO or not (Path.cwd() / path).exists():",
-           "    if True:",
-           ("tests/test_slurm.py::test_a_relative_input_found_only_in_the_working_directory_is_explained",),
-           "submit of rollouts.jsonl beside the user says only 'does not exist': it reads the checkout's"),
-    Mutant("mistyped_option_unnamed", "nemo_topr/arguments.py",
-           "        unknown = self.unknown_options()", "        unknown = {}",
-           ("tests/test_arguments.py::test_a_usage_error_names_the_option_meant_by_a_mistyped_one",
-            "tests/test_arguments.py::test_every_verb_suggests_the_option_meant"),
-           "`export --hf_out x` says only that --hf-out is missing; `--devcie` gets no suggestion"),
-    Mutant("every_sub_commands_options_suggested", "nemo_topr/arguments.py",
-           "[action.choices[word] for word in self.typed if word in action.choices][:1]",
-           "list(action.choices.values())",
-           ("tests/test_arguments.py::test_a_usage_error_names_the_option_meant_by_a_mistyped_one",),
-           "`data stats --target_p 0.5` suggests curate's --target-p, which stats refuses"),
-    Mutant("setting_as_option_unexplained", "nemo_topr/arguments.py",
-           'elif takes_overrides and (keys := self.settings_meant(name[2:].replace("-", "_"))):', "elif False:",
-           ("tests/test_arguments.py::test_a_usage_error_names_the_option_meant_by_a_mistyped_one",),
-           "`train --device cpu` ends in 'unrecognized arguments: --device' without naming device=cpu"),
-    Mutant("sampling_out_of_memory_traceback", "nemo_topr/evaluation/generate.py",
-           "            if not out_of_memory(error):\n                raise\n", "            raise\n",
-           ("tests/test_generate_eval.py::test_more_samples_than_memory_holds_end_in_one_line_naming_what_to_lower",),
-           "generate --num-samples 1000000000 ends in the CPU allocator's traceback"),
-    Mutant("every_runtime_error_read_as_out_of_memory", "nemo_topr/device.py",
-           """        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))""",
-           "        isinstance(error, RuntimeError))",
-           ("tests/test_generate_eval.py::test_only_a_failed_allocation_while_sampling_is_read_as_out_of_memory",),
-           "a shape mismatch while sampling is called 'out of memory'"),
-    Mutant("iterate_builds_on_changed_outputs", "nemo_topr/iterate.py",
-           "        if recorded == list(self.args) and not (changed := self.outputs_changed(marker.get(\"stamps\"))):",
-           "        if recorded == list(self.args) and not (changed := None):",
-           ("tests/test_iterate.py::test_a_finished_stage_whose_output_changed_since_is_named_not_built_on",
-            "tests/test_iterate.py::test_a_plot_deleted_since_is_drawn_again"),
-           "an emptied graded.jsonl of a finished round is read as 'no records', the round skipped"),
-    Mutant("iterate_old_marker_outputs_unchecked", "nemo_topr/iterate.py",
-           "            if not path.exists():\n                return f\"{path} is gone\"",
-           "            if False:\n                return f\"{path} is gone\"",
-           ("tests/test_iterate.py::test_a_marker_from_before_the_stamps_checks_only_that_the_outputs_are_there",),
-           "a marker from before the stamps builds on an output deleted since (a FileNotFoundError traceback)"),
-    Mutant("iterate_out_inside_base_model", "nemo_topr/iterate.py",
-           "        if Path(config.out).resolve().is_relative_to(root):", "        if False:",
-           ("tests/test_iterate.py::test_an_out_inside_the_base_model_is_refused",),
-           "out inside base_model starts, and no rerun can resume it"),
-    Mutant("iterate_curate_target_unbounded", "nemo_topr/iterate.py",
-           "    if config.curate.target is not None and not 0 <= config.curate.target <= 1:  # NaN too",
-           "    if False:",
-           ("tests/test_iterate.py::test_config_mistakes_are_errors",),
-           "curate.target=1.5 passes the start checks and fails a round later"),
-    Mutant("iterate_resume_from_base_accepted", "nemo_topr/iterate.py",
-           "        if values.get(\"resume_from_base\"):", "        if False:",
-           ("tests/test_iterate.py::test_config_mistakes_are_errors",),
-           "train.overrides=[resume_from_base=true] fails round 0's train after the sampling"),
-    Mutant("iterate_scoring_always_strict", "nemo_topr/iterate.py",
-           "        self.score_flags = [\"--no-strict\"] if too_long == \"drop\" else []",
-           "        self.score_flags = []",
-           ("tests/test_iterate.py::test_scoring_drops_over_long_records_where_training_would",),
-           "with dataset.too_long=drop the round stops at score-logprobs's first over-long record"),
-    Mutant("too_long_policy_ignores_strict", "nemo_topr/data/tokenization.py",
-           '    return too_long or ("error" if strict else "drop")', '    return too_long or "error"',
-           ("tests/test_iterate.py::test_scoring_drops_over_long_records_where_training_would",
-            "tests/test_data_tokenization.py::test_too_long_sequences_raise_or_are_counted"),
-           "dataset.strict=false without too_long: over-long records stop the run instead of being dropped"),
-    Mutant("iterate_stop_not_forwarded", "nemo_topr/iterate.py",
-           "            os.killpg(process.pid, signum)", "            pass",
-           ("tests/test_iterate.py::test_a_stop_of_the_driver_stops_its_stage_and_waits_for_it",),
-           "SIGTERM to the driver leaves its stage running; Ctrl-C SIGKILLs train before it saves"),
-    Mutant("output_directory_makeability_unchecked", "nemo_topr/outputs.py",
-           "    if unmakeable := _why_unmakeable(path):  # checked in a dry run too, where nothing is made",
-           "    if unmakeable := None:",
-           ("tests/test_outputs.py::test_an_output_directory_that_cannot_be_made_is_one_line_in_a_dry_run_too",),
-           "iterate out=FILE/sub passes --dry-run, then a NotADirectoryError traceback"),
-    Mutant("output_directory_mkdir_unguarded", "nemo_topr/outputs.py",
-           "    except OSError as error:  # what access() cannot tell: root under /sys, a read-only mount",
-           "    except ZeroDivisionError as error:",
-           ("tests/test_outputs.py::test_an_output_directory_that_cannot_be_made_is_one_line_in_a_dry_run_too",),
-           "out=/sys/x as root ends in a PermissionError traceback"),
-    Mutant("iterate_trains_on_the_test_split_unsaid", "nemo_topr/iterate.py",
-           "        for note in (eval_prompt_note(self.config), test_split_warning(self.config)):",
-           "        for note in (eval_prompt_note(self.config),):",
-           ("tests/test_iterate.py::test_rounds_that_train_on_the_problems_eval_measures_are_warned_of",),
-           "generate.prompts=gsm8k-test with eval on gsm8k trains on the test problems without a word"),
-    Mutant("iterate_overrides_unchecked", "nemo_topr/iterate.py",
-           "    check_driver_overrides(overrides)\n", "",
-           ("tests/test_iterate.py::test_an_empty_value_or_a_list_without_brackets_says_what_to_write",),
-           "iterate out= says 'Incompatible value None'; generate.args=--top-k 50 'AnyNode is not a ListConfig'"),
-    Mutant("lone_surrogate_low_half_only", "nemo_topr/data/records.py", '"[\\ud800-\\udfff]"', '"[\\udc00-\\udfff]"',
-           ("tests/test_data_records.py::test_a_lone_surrogate_in_any_text_is_named_as_the_field_not_a_tokenizer_traceback",),
-           "the first half of a cut emoji (\\ud83d) passes validation and fails in the tokenizer"),
-    Mutant("surrogate_checked_in_prompt_only", "nemo_topr/data/records.py",
-           'for name in ("prompt", "completion", "prompt_id", "sample_id", "meta"):', 'for name in ("prompt",):',
-           ("tests/test_data_records.py::test_a_lone_surrogate_in_any_text_is_named_as_the_field_not_a_tokenizer_traceback",),
-           "a lone surrogate in the completion, an id or meta reaches the tokenizer or data curate's writer"),
-    Mutant("surrogate_in_message_content_passes", "nemo_topr/data/records.py",
-           'if problem := lone_surrogate_problem(message["content"]):',
-           'if problem := lone_surrogate_problem(message["role"]):',
-           ("tests/test_data_records.py::test_a_lone_surrogate_in_any_text_is_named_as_the_field_not_a_tokenizer_traceback",
-            "tests/test_data_records.py::test_check_messages_which_prompt_files_share_names_a_lone_surrogate"),
-           "a chat message's content with a lone surrogate passes into the chat template"),
-    Mutant("surrogate_in_prompt_file_passes", "nemo_topr/evaluation/generate.py",
-           "    elif problem := lone_surrogate_problem(prompt):", "    elif problem := None:",
-           ("tests/test_generate_eval.py::test_a_prompt_files_bad_row_is_named_by_line_and_field",),
-           "a generate prompt file's prompt with a lone surrogate ends in the tokenizer's TypeError"),
-    Mutant("any_chat_role_accepted", "nemo_topr/data/records.py", "if role not in CHAT_ROLES:", "if not role:",
-           ("tests/test_data_records.py::test_chat_prompts_need_known_roles_a_question_and_no_final_assistant_turn",),
-           "a role typo is rendered as a header the model never saw"),
-    Mutant("final_assistant_turn_kept", "nemo_topr/data/records.py", 'if messages[-1]["role"] == "assistant":',
-           'if messages[0]["role"] == "assistant":',
-           ("tests/test_data_records.py::test_chat_prompts_need_known_roles_a_question_and_no_final_assistant_turn",),
-           "a prompt ending in an assistant message trains its completion as a new turn"),
-    Mutant("empty_last_user_message_kept", "nemo_topr/data/records.py",
-           'if last_user is not None and not messages[last_user]["content"]:',
-           'if last_user is not None and not messages[0]["content"]:',
-           ("tests/test_data_records.py::test_chat_prompts_need_known_roles_a_question_and_no_final_assistant_turn",),
-           "an empty last user message is accepted where an empty prompt is refused"),
-    Mutant("shared_prefix_unpacked_passes_the_config_check", "nemo_topr/training/config.py",
-           'if dataset.get("shared_prefix") is True and dataset.get("packed") is False:', "if False:",
-           ("tests/test_config.py::test_shared_prefix_with_unpacked_rows_is_refused_before_megatron_and_by_plan",),
-           "train stops in a traceback after Megatron's import; plan passes the config"),
-    Mutant("null_offered_for_every_key", "nemo_topr/training/config.py",
-           'none = f", or {key}=null for none" if _takes_null(key) else ""',
-           'none = f", or {key}=null for none" if key not in NEEDS_A_VALUE else ""',
-           ("tests/test_config.py::test_an_empty_override_offers_null_only_for_a_key_that_takes_it",),
-           "an empty override suggests KEY=null, which the checks then refuse"),
-    Mutant("every_annotation_admits_none", "nemo_topr/training/config.py",
-           "return hint is type(None) or hint is Any", "return True",
-           ("tests/test_config.py::test_an_empty_override_offers_null_only_for_a_key_that_takes_it",),
-           "a bool or float key is taken to accept null"),
-    Mutant("iterate_touched_output_refused", "nemo_topr/iterate.py",
-           "(now[0] != size or _sha256(path) != digest)", "True",
-           ("tests/test_iterate.py::test_a_finished_stage_whose_output_changed_since_is_named_not_built_on",),
-           "a `touch` of graded.jsonl (the same content) blocks every rerun"),
-    Mutant("iterate_same_size_edit_unseen", "nemo_topr/iterate.py",
-           "(now[0] != size or _sha256(path) != digest)", "(now[0] != size)",
-           ("tests/test_iterate.py::test_a_finished_stage_whose_output_changed_since_is_named_not_built_on",),
-           "a reward's sign flipped in graded.jsonl after its stage finished is built on"),
-    Mutant("iterate_reports_checked_as_inputs", "nemo_topr/iterate.py",
-           "        return self.outputs if self.read_later is None else self.read_later",
-           "        return self.outputs",
-           ("tests/test_iterate.py::test_a_finished_stage_whose_output_changed_since_is_named_not_built_on",),
-           "eval.md edited in an editor blocks every rerun"),
-    Mutant("iterate_ignored_stop_forwarded", "nemo_topr/iterate.py",
-           "                if signal.getsignal(signum) is not signal.SIG_IGN}",
-           "                }",
-           ("tests/test_iterate.py::test_a_stop_the_driver_was_started_ignoring_stays_ignored",),
-           "kill -INT to a background driver stops it alone; the stage finishes and is thrown away"),
-    Mutant("iterate_finished_stage_thrown_away_on_stop", "nemo_topr/iterate.py",
-           "    if received and code != 0:", "    if received:",
-           ("tests/test_iterate.py::test_a_stop_of_the_driver_stops_its_stage_and_waits_for_it",),
-           "a stage that finished its work as the stop came is left unmarked, to be done again"),
-    Mutant("setting_named_as_typed", "nemo_topr/arguments.py",
-           "        return named or [last[close] for close in difflib.get_close_matches(word, last, n=1)]",
-           "        return [word]",
-           ("tests/test_arguments.py::test_a_usage_error_names_the_option_meant_by_a_mistyped_one",),
-           "train --seq-length 512 suggests the override seq_length=512, which is no key"),
-    Mutant("ambiguous_option_called_unknown", "nemo_topr/arguments.py",
-           "any(option.startswith(name) for option in known)", "sum(option.startswith(name) for option in known) == 1",
-           ("tests/test_arguments.py::test_a_usage_error_names_the_option_meant_by_a_mistyped_one",),
-           "generate --s 1 says '--s could match --seed, ...; unknown: --s'"),
-    Mutant("run_dir_below_a_file_unchecked", "nemo_topr/training/config.py",
-           "        if not (existing := nearest_existing(run_dir.absolute())).is_dir():", "        if False:",
-           ("tests/test_config.py::test_a_model_given_as_run_dir_is_refused_and_left_as_it_was",),
-           "train run_dir=FILE/sub ends in a NotADirectoryError traceback from the run's lock"),
-    Mutant("every_chunk_remembers_the_samples", "nemo_topr/training/step.py",
-           "    return get_model_chunk_vp_stage(model) in (None, 0)", "    return True",
-           ("tests/test_topr_step.py::test_sample_ledger_under_a_real_interleaved_pipeline",),
-           "with virtual pipelining every micro-batch is logged and named once per model chunk"),
-    Mutant("scoring_keeps_the_presets_virtual_stages", "nemo_topr/training/scoring.py",
-           "    provider.virtual_pipeline_model_parallel_size = None\n", "",
-           ("tests/test_gpu_path.py::test_scoring_takes_the_training_presets_model_section",),
-           "score-logprobs --train-config llama31_70b_bf16 builds 5 chunks per rank for a non-interleaved schedule"),
-    # the harness itself
-    Mutant("workers_import_another_checkout", "tests/conftest.py",
-           'env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")',
-           'env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}',
-           ("tests/test_harness.py",), "torchrun workers import the venv's editable install, not the checkout"),
-)
+    def pytest_collection_modifyitems(session, config, items):
+        files = {}
+        for item in items:
+            names = {mark.name for mark in item.iter_markers()}
+            if "slurm" in names:
+                continue
+            for name in names:
+                if name.startswith("guards_"):
+                    files.setdefault(name, set()).add(item.nodeid.split("::")[0])
+        with open(os.environ["MUTATION_MARKER_FILES"], "w") as out:
+            json.dump({name: sorted(paths) for name, paths in files.items()}, out)
+""")
 
 
 def copy_checkout(destination: Path) -> None:
@@ -1441,69 +85,136 @@ def copy_checkout(destination: Path) -> None:
     (destination / ".venv").symlink_to((REPO / ".venv").resolve())
 
 
-def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[bool, float, str]:
-    """(passed, seconds, output tail) of pytest on `tests` in `copy`; a time-out is not a pass, and its
-    output says so (a mutant caught only by a hang is reported as such, not as a failed assertion)."""
-    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+def locate(locator: Locator, mutant: Mutant) -> Site:
+    if mutant.shell:
+        return locator.shell_site(mutant.scope, mutant.pattern, mutant.replacement)
+    return locator.python_site(mutant.scope, mutant.pattern, mutant.replacement)
+
+
+def pytest(copy: Path, args: list[str], timeout: float, **env: str) -> tuple[int | None, float, str]:
+    """(exit status or None on a time-out, seconds, output tail) of pytest in `copy`."""
+    environment = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1", **env}
     start = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                              cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
-        passed, output = proc.returncode == 0, proc.stdout + proc.stderr
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=copy,
+                              env=environment, capture_output=True, text=True, timeout=timeout)
+        status, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired:
-        passed, output = False, f"timed out after {timeout} s"
-    return passed, time.monotonic() - start, output[-2000:]
+        status, output = None, f"timed out after {timeout:.0f} s"
+    return status, time.monotonic() - start, output[-3000:]
+
+
+def marker_files(copy: Path, scratch: Path, markers: list[str]) -> dict[str, list[str]]:
+    """The test files holding tests of each marker (tests marked `slurm` do not count)."""
+    plugin_dir = scratch / "plugin"
+    plugin_dir.mkdir()
+    (plugin_dir / "mutation_markers.py").write_text(MARKER_PLUGIN)
+    found = scratch / "marker_files.json"
+    status, _, output = pytest(copy, ["--collect-only", "-p", "mutation_markers", "-m", " or ".join(markers)], 900,
+                               PYTHONPATH=f"{copy}{os.pathsep}{plugin_dir}", MUTATION_MARKER_FILES=str(found))
+    if status != 0:
+        raise SystemExit(f"collecting the marked tests failed (status {status}):\n{output}")
+    return json.loads(found.read_text())
+
+
+def selection(marker: str) -> list[str]:
+    return ["-m", f"({marker}) and not slurm"]
+
+
+def run_mutant(copy: Path, site: Site, files: list[str], marker: str, timeout: float) -> tuple[str, float, str]:
+    """(outcome, seconds, output tail): caught, caught-by-timeout or survived."""
+    original = site.path.read_text()
+    site.path.write_text(site.apply(original))
+    try:
+        status, seconds, output = pytest(copy, ["-x", *selection(marker), *files], timeout)
+    finally:
+        site.path.write_text(original)
+    if status in (3, 4, 5):  # internal error, usage error, nothing collected: not a verdict on the mutant
+        raise SystemExit(f"pytest could not run the tests of {marker} (status {status}):\n{output}")
+    outcome = "survived" if status == 0 else "caught" if status is not None else "caught-by-timeout"
+    return outcome, seconds, output
+
+
+def commit() -> dict[str, object]:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    return {"commit": head, "uncommitted_changes": bool(dirty)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run these mutants only")
-    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
-    parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per mutant's pytest run")
-    # the unmutated run is every mutant's tests at once: 66 mutants' tests ran past 900 s on 2026-11-28
-    parser.add_argument("--unmutated-timeout", type=float, default=3600, help="seconds for the unmutated run")
+    parser.add_argument("--list", action="store_true", help="list the mutants and where they apply, then exit")
+    parser.add_argument("--out", type=Path, help=f"the JSON report (default for a full run: {REPORT.relative_to(REPO)})")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per mutant's pytest run")
     args = parser.parse_args(argv)
+    names = {m.name for m in MUTANTS}
+    if len(names) != len(MUTANTS):
+        raise SystemExit("two mutants share a name")
+    if unknown := sorted(set(args.only or ()) - names):
+        parser.error(f"unknown mutants: {unknown}")
     mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
-    if args.only and len(mutants) != len(args.only):
-        parser.error(f"unknown mutants: {sorted(set(args.only) - {m.name for m in MUTANTS})}")
-    if args.list:
-        for m in mutants:
-            print(f"{m.name:38} {m.path:36} {m.bug}")
-        return 0
+    out = args.out or (None if args.only else REPORT)
+    started = time.monotonic()
 
-    with tempfile.TemporaryDirectory(prefix="nemo_topr_mutants_") as scratch:
-        copy = Path(scratch) / "repo"
+    with tempfile.TemporaryDirectory(prefix="nemo_topr_mutants_") as scratch_name:
+        scratch = Path(scratch_name)
+        copy = scratch / "repo"
         copy_checkout(copy)
-        for m in MUTANTS:  # every snippet, not only those run, still matches exactly once
-            count = (copy / m.path).read_text().count(m.old)
-            if count != 1:
-                raise SystemExit(f"mutant {m.name}: {m.path} holds its snippet {count} times (expected once)")
-        tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
-        passed, seconds, output = run_tests(copy, tests, args.unmutated_timeout)
-        print(f"unmutated: {'pass' if passed else 'FAIL'} ({seconds:.0f} s)", flush=True)
-        if not passed:
-            raise SystemExit(f"the named tests fail without any mutant:\n{output}")
+        locator, sites, missing = Locator(copy), {}, {}
+        for m in mutants:
+            try:
+                sites[m.name] = locate(locator, m)
+            except MissingSite as error:
+                missing[m.name] = str(error)
+        if args.list:
+            for m in mutants:
+                where = sites[m.name].scope if m.name in sites else f"MISSING: {missing[m.name]}"
+                print(f"{m.name:44} {m.marker:22} {where}")
+            return 1 if missing else 0
+
+        markers = sorted({m.marker for m in mutants if m.name in sites})
+        files = marker_files(copy, scratch, markers) if markers else {}
+        for m in mutants:
+            if m.name in sites and not files.get(m.marker):
+                missing[m.name] = f"no test outside `slurm` carries the marker {m.marker}"
+        runnable = [m for m in mutants if m.name not in missing]
+        if runnable:
+            every = sorted({f for m in runnable for f in files[m.marker]})
+            status, seconds, output = pytest(copy, selection(" or ".join(markers)) + every, 3600)
+            print(f"unmutated: {'pass' if status == 0 else 'FAIL'} ({seconds:.0f} s)", flush=True)
+            if status != 0:
+                raise SystemExit(f"the marked tests fail without any mutant:\n{output}")
+
         results = []
         for m in mutants:
-            target = copy / m.path
-            original = target.read_text()
-            target.write_text(original.replace(m.old, m.new))
-            try:
-                survived, seconds, output = run_tests(copy, m.tests, args.timeout)
-            finally:
-                target.write_text(original)
-            timed_out = output.startswith("timed out")
-            results.append({"name": m.name, "path": m.path, "bug": m.bug, "tests": list(m.tests),
-                            "caught": not survived, "timed_out": timed_out, "seconds": round(seconds, 1)})
-            verdict = "SURVIVED" if survived else "TIMEOUT " if timed_out else "caught  "
-            print(f"{verdict} {m.name:38} {seconds:5.0f} s  {m.bug}", flush=True)
-    caught = sum(r["caught"] for r in results)
-    timeouts = sum(r["timed_out"] for r in results)
-    print(f"score: {caught} of {len(results)} caught" + (f" ({timeouts} only by a time-out)" if timeouts else ""))
-    if args.out:
-        args.out.write_text(json.dumps({"caught": caught, "mutants": results}, indent=2) + "\n")
-    return 0
+            if m.name in missing:
+                outcome, seconds, where = "missing", 0.0, None
+                print(f"MISSING  {m.name:44} {missing[m.name]}", flush=True)
+            else:
+                outcome, seconds, output = run_mutant(copy, sites[m.name], files[m.marker], m.marker, args.timeout)
+                where = sites[m.name].scope
+                print(f"{outcome.upper() if outcome == 'survived' else outcome:8} {m.name:44} {seconds:5.0f} s  "
+                      f"{m.bug}", flush=True)
+                if outcome == "survived":
+                    print(textwrap.indent(output[-1000:], "    "), flush=True)
+            results.append({"mutant": m.name, "function": where or m.scope, "pattern": m.pattern,
+                            "replacement": m.replacement, "marker": m.marker, "outcome": outcome,
+                            "seconds": round(seconds, 1), "bug": m.bug,
+                            **({"why_missing": missing[m.name]} if m.name in missing else {})})
+
+    counts = {outcome: sum(r["outcome"].startswith(outcome) for r in results)
+              for outcome in ("caught", "survived", "missing")}
+    wall = time.monotonic() - started
+    print(f"{counts['caught']} caught, {counts['survived']} survived, {counts['missing']} missing "
+          f"of {len(results)} mutants ({wall:.0f} s)")
+    if out:
+        report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), **commit(),
+                  "wall_seconds": round(wall), **counts, "mutants": results}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+    return 1 if counts["survived"] or counts["missing"] else 0
 
 
 if __name__ == "__main__":

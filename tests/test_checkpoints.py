@@ -43,6 +43,7 @@ def test_consistent_directory_is_left_alone(tmp_path):
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "5"
 
 
+@pytest.mark.guards_resume
 def test_killed_between_tracker_and_run_config_falls_back_to_previous(tmp_path):
     _checkpoint(tmp_path, 5)
     _checkpoint(tmp_path, 10, config="")  # the kill landed before run_config.yaml was written
@@ -82,6 +83,7 @@ def test_a_tracker_naming_no_iteration_is_named_not_read_as_iteration_zero(tmp_p
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
+@pytest.mark.guards_resume
 def test_incomplete_first_checkpoint_restarts_from_the_pretrained_model(tmp_path):
     path = _checkpoint(tmp_path, 3)
     (path / ".metadata").unlink()  # the tensor data itself was never finalised

@@ -23,6 +23,7 @@ def _order(tokenizer_dir, seed: int) -> list[list[int]]:
     return [[prepared.dataset.sequences[k].sample_id for k in row] for row in prepared.rows]
 
 
+@pytest.mark.guards_data_order
 @pytest.mark.slow  # one fresh interpreter importing Bridge (~20 s)
 def test_same_seed_same_order_in_any_process_and_a_resume_continues_it(tmp_path, megatron_world):
     from nemo_topr.tiny_tokenizer import build_tiny_tokenizer

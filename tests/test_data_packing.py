@@ -42,6 +42,7 @@ def _same(a: TokenizedSequence, b: TokenizedSequence) -> bool:
     ) and (both_nan or a.behavior_logprob == b.behavior_logprob)
 
 
+@pytest.mark.guards_packing
 def test_collated_layout_of_two_packed_sequences():
     seqs = [_seq(2, 2, 0), _seq(1, 2, 1, logprob=math.nan)]
     batch = collate_packed(seqs, [[0, 1]], seq_length=9, pad_id=PAD)
@@ -86,6 +87,7 @@ def test_empty_rows_are_all_padding():
 sequence_shapes = st.lists(st.tuples(st.integers(1, 20), st.integers(1, 20)), min_size=1, max_size=40)
 
 
+@pytest.mark.guards_packing
 @settings(max_examples=60, deadline=None)
 @given(shapes=sequence_shapes, seq_length=st.integers(40, 64), rows_per_batch=st.integers(1, 4))
 def test_unpacking_returns_exactly_the_original_sequences(shapes, seq_length, rows_per_batch):

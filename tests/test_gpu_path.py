@@ -229,6 +229,7 @@ def _segment_of(cu_seqlens: torch.Tensor, rows: int, length: int) -> torch.Tenso
         rows, length)
 
 
+@pytest.mark.guards_packing
 def test_thd_boundaries_are_computed_on_the_host_and_give_the_packed_mask():
     """THD attention with cu_seqlens (causal within a segment) sees exactly what the local path's
     packed_attention_mask lets it see; the boundaries come from the CPU batch, and a device

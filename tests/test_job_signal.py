@@ -57,6 +57,7 @@ SCRIPTS = {path.name: path.read_text() for path in sorted((REPO / "slurm").glob(
 SCRIPTS["nemo-topr submit"] = ClusterJob("llama31_8b_bf16").sbatch_script()
 
 
+@pytest.mark.guards_job_script
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_the_warning_signal_is_the_one_the_ranks_checkpoint_on(name, exit_signals):
     script = SCRIPTS[name]
@@ -141,3 +142,40 @@ def _running(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+ENDING_SRUN = """#!/usr/bin/env bash
+# the ranks end with $SRUN_STATUS; rank 0 left $SRUN_MARKER (none when empty) in the run directory
+for arg in "$@"; do [[ $arg == run_dir=* && -n $SRUN_MARKER ]] && echo marked > "${arg#run_dir=}/$SRUN_MARKER"; done
+exit "$SRUN_STATUS"
+"""
+RECORDING_SCONTROL = '#!/usr/bin/env bash\ncase $1 in show) echo localhost ;; requeue) echo "$2" >> "$REQUEUED" ;; esac\n'
+
+
+@pytest.mark.guards_job_script
+@pytest.mark.parametrize("srun_status, marker, job_status, requeued", [
+    (0, "COMPLETED", 0, False),  # trained to the end
+    (75, "STOPPED", 0, True),  # stopped at the warning with a checkpoint saved
+    (128 + 10, "", 0, True),  # a rank died of the warning (SIGUSR1) before it could hold it
+    (1, "", 1, False),  # a rank failed
+    (128 + 15, "", 128 + 15, False),  # a rank died of another signal (--kill-on-bad-exit's SIGTERM)
+    (128 + 9, "", 128 + 9, False),  # ... or was killed (the OOM killer)
+], ids=["completed", "stopped", "warning-before-held", "failed", "sigterm", "sigkill"])
+def test_the_job_requeues_a_stop_or_the_warning_and_fails_with_any_failed_rank(tmp_path, srun_status, marker,
+                                                                               job_status, requeued):
+    """slurm/topr_job.sh after srun: only a stop with a checkpoint (STOPPED) or the warning itself
+    (srun 128 + SIGUSR1) requeues; every other failure ends the job with srun's status."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("srun", ENDING_SRUN), ("scontrol", RECORDING_SCONTROL)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REQUEUED": str(tmp_path / "requeued"),
+           "SRUN_STATUS": str(srun_status), "SRUN_MARKER": marker, "NEMO_TOPR_ROOT": str(REPO),
+           "NEMO_TOPR_RUN_DIR": str(tmp_path / "run"), "SLURM_JOB_ID": "7"}
+    proc = subprocess.run(["bash", str(REPO / "slurm" / "topr_job.sh"), "tiny_cpu"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == job_status, proc.stdout + proc.stderr
+    assert (tmp_path / "requeued").exists() == requeued, proc.stdout + proc.stderr
+    if requeued:
+        assert (tmp_path / "requeued").read_text() == "7\n"

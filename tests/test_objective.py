@@ -20,6 +20,8 @@ from nemo_topr.objective import (
     policy_loss,
 )
 
+pytestmark = pytest.mark.guards_objective  # every test here guards the loss
+
 INF = math.inf
 # The paper's table: ((a+, b+), (a-, b-)) with weight [rho]_a^b on each side.
 PAPER_BOUNDS = {

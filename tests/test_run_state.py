@@ -76,6 +76,7 @@ def _sequences(rewards):
                               prompt_id=0, sample_id=i) for i, r in enumerate(rewards)]
 
 
+@pytest.mark.guards_resume
 def test_fingerprint_changes_with_any_record_or_the_row_order():
     base = data_fingerprint(_sequences([1.0, -1.0]), [[0], [1]])
     assert base == data_fingerprint(_sequences([1.0, -1.0]), [[0], [1]])
@@ -84,6 +85,7 @@ def test_fingerprint_changes_with_any_record_or_the_row_order():
     assert base != data_fingerprint(_sequences([1.0]), [[0], []])  # a record fewer
 
 
+@pytest.mark.guards_resume
 def test_a_resume_onto_other_data_or_schedule_is_refused_naming_what_changed(tmp_path):
     recorded = {"data": "aaa", "config": {"optimizer.lr": 1e-4, "dataset.epochs": 1}}
     check_resume(tmp_path, resuming=False, fingerprint=recorded)
@@ -159,6 +161,7 @@ def test_each_accepted_start_keeps_its_config(tmp_path):
     assert OmegaConf.load(tmp_path / "config.yaml").optimizer.lr == 2
 
 
+@pytest.mark.guards_sample_ledger
 def test_ledger_keeps_only_the_iterations_before_the_checkpoint(tmp_path):
     lines = [json.dumps({"iteration": it, "sample_ids": [it]}) + "\n" for it in (0, 0, 1, 2, 3, 3, 4)]
     (tmp_path / "samples_dp0.jsonl").write_text("".join(lines) + '{"iteration": 5, "sam')  # killed mid-line

@@ -676,6 +676,7 @@ def test_preemption_warning_checkpoints_at_that_iteration_requeues_and_resumes(f
     assert sorted(trained) == list(range(48))  # every sample exactly once across the two starts
 
 
+@pytest.mark.guards_preemption
 @pytest.mark.slow
 def test_warning_during_start_up_is_held_until_training_and_then_saves(tmp_path, demo_inputs):
     """SIGUSR1's default action terminates a process, and Bridge installs its handler only once
@@ -737,6 +738,7 @@ def _wait_for_ready_ranks(run_dir: Path, alive) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.guards_preemption
 @pytest.mark.parametrize("holding_rank", [None, 1], ids=["no-rank-holds-it", "rank-1-holds-it"])
 def test_a_warning_before_the_ranks_hold_it_requeues_even_if_a_rank_held_it(fake_slurm, holding_rank):
     """Ranks killed by the warning itself (srun status 128 + 10) are requeued: it was a warning,

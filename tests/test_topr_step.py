@@ -328,6 +328,7 @@ def _completion_ce_mean(seq) -> float:
     return math.fsum(completion) / len(completion)
 
 
+@pytest.mark.guards_baselines
 def test_whole_group_baselines_survive_rows_microbatches_and_dp_ranks(tmp_path, megatron_world):
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.step import check_batch, topr_loss
@@ -357,6 +358,7 @@ def test_whole_group_baselines_survive_rows_microbatches_and_dp_ranks(tmp_path, 
         assert math.isclose(loss_sum.item(), expected, rel_tol=1e-12, abs_tol=1e-12)
 
 
+@pytest.mark.guards_baselines
 @pytest.mark.parametrize("variant, delta_v", [("topr", 0.0), ("asymre", -0.1)])
 def test_record_baselines_take_precedence_over_group_means(tmp_path, megatron_world, variant, delta_v):
     from nemo_topr.objective import ObjectiveConfig
@@ -462,6 +464,7 @@ def test_topr_loss_makes_at_most_one_sync_more_than_bridges_sft_loss(megatron_wo
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.guards_sample_ledger
 def test_sample_ledger_has_one_line_per_microbatch_with_virtual_pipeline(tmp_path, megatron_world):
     """Megatron's interleaved schedule runs every micro-batch through every model chunk of a
     pipeline rank, in the order of `get_schedule_table` (core/pipeline_parallel/schedules.py:962),
