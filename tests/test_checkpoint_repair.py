@@ -1,12 +1,14 @@
 """Checkpoint repair with several earlier checkpoints: the trackers go back to the newest complete
 one, never an older one, and an iteration without train_state.pt is not complete."""
 
+import pytest
 import torch
 
 from nemo_topr.training.checkpoints import ensure_latest_complete, is_complete
 from test_checkpoints import _checkpoint, _point_latest
 
 
+@pytest.mark.guards_resume
 def test_repair_resumes_from_the_newest_complete_of_several(tmp_path):
     for iteration in (2, 4, 6):
         _checkpoint(tmp_path, iteration)
@@ -19,6 +21,7 @@ def test_repair_resumes_from_the_newest_complete_of_several(tmp_path):
     assert all(is_complete(tmp_path / f"iter_{it:07d}") for it in (2, 4, 6))  # the earlier ones untouched
 
 
+@pytest.mark.guards_resume
 def test_an_iteration_without_train_state_is_not_complete(tmp_path):
     for iteration in (2, 4, 6):
         _checkpoint(tmp_path, iteration)
