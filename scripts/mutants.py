@@ -10,8 +10,9 @@ registered in pyproject.toml and put on those tests as one-line decorators. The 
     guards_sample_ledger  the ledger of trained samples, cut back to the checkpoint a resume loads
     guards_data_order     the seeded row order that a resume continues with exactly the unseen rows
     guards_resume         the resume fingerprint and the choice of the checkpoint to resume from
-    guards_job_script     slurm/topr_job.sh after srun: requeue a stop or the warning, fail a failed rank
-    guards_preemption     the warning (SIGUSR1) held from start-up, then a checkpoint, then a requeue
+    guards_job_script     slurm/topr_job.sh after srun: requeue a stop or the warning, fail a failed rank;
+                          a rank holding the warning dies of it, so that srun's status says warning
+    guards_preemption     the warning (SIGUSR1) held through start-up, then a checkpoint and STOPPED
 """
 
 from __future__ import annotations
@@ -108,8 +109,6 @@ MUTANTS = (
        "True", LEDGER, "with virtual pipelining every micro-batch is logged once per model chunk"),
     py("unseeded_shuffle", "ToprDatasetConfig.prepare", "random.Random(self.shuffle_seed + epoch).shuffle(shuffled)",
        "random.shuffle(shuffled)", ORDER, "a row order that differs per process: a resume trains other rows"),
-    py("epochs_in_one_order", "ToprDatasetConfig.prepare", "self.shuffle_seed + epoch", "self.shuffle_seed", ORDER,
-       "every epoch in the same order"),
     # the resume fingerprint and the checkpoint resumed from
     py("fingerprint_blind_to_rewards", "data_fingerprint", "seq.reward", "0.0", RESUME,
        "a resume onto data with other rewards is accepted"),
@@ -139,12 +138,10 @@ MUTANTS = (
        "the ranks checkpoint on another signal than the one Slurm sends"),
     # the pre-emption path: signal -> checkpoint -> requeue
     py("held_warning_dies_of_sigterm", "_die_of_the_held_warning",
-       "signal.SIGUSR1 if signal.SIGUSR1 in signal.sigpending() else signal.SIGTERM", "signal.SIGTERM", PREEMPTION,
+       "signal.SIGUSR1 if signal.SIGUSR1 in signal.sigpending() else signal.SIGTERM", "signal.SIGTERM", JOB,
        "a rank holding the warning dies of --kill-on-bad-exit's SIGTERM: srun 143, the job fails"),
-    py("warning_not_held", "hold_the_warning", "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})", "None",
-       PREEMPTION, "a warning during start-up kills the rank instead of waiting for Bridge's handler"),
-    py("held_stop_dropped", "ReleaseExitSignal.on_train_start", "held", "False", PREEMPTION,
-       "a stop that came during start-up is forgotten: the run trains on past its warning"),
+    py("warning_never_released", "ReleaseExitSignal.on_train_start", "release_the_warning()", "None", PREEMPTION,
+       "the warning stays held once training runs: no checkpoint before the time limit kills the job"),
     py("stopped_marker_not_left", "recipe.train", "(run.run_dir / STOPPED_MARKER).write_text(message + '\\n')",
        "None", PREEMPTION, "a stopped run leaves no STOPPED marker: the job script does not requeue it"),
 )

@@ -738,7 +738,7 @@ def _wait_for_ready_ranks(run_dir: Path, alive) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.guards_preemption
+@pytest.mark.guards_job_script
 @pytest.mark.parametrize("holding_rank", [None, 1], ids=["no-rank-holds-it", "rank-1-holds-it"])
 def test_a_warning_before_the_ranks_hold_it_requeues_even_if_a_rank_held_it(fake_slurm, holding_rank):
     """Ranks killed by the warning itself (srun status 128 + 10) are requeued: it was a warning,
