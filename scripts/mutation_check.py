@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run these mutants only")
     parser.add_argument("--list", action="store_true", help="list the mutants and where they apply, then exit")
-    parser.add_argument("--out", type=Path, help=f"the JSON report (default for a full run: {REPORT.relative_to(REPO)})")
+    parser.add_argument("--out", type=Path,
+                        help=f"the JSON report (default for a full run: {REPORT.relative_to(REPO)})")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per mutant's pytest run")
     args = parser.parse_args(argv)
     names = {m.name for m in MUTANTS}

@@ -119,7 +119,8 @@ class Locator:
                   for name, node in definitions.items() if name == scope or name.endswith("." + scope)]
         if len(scopes) != 1:
             where = ", ".join(name for _, name, _ in scopes)
-            raise MissingSite(f"{scope}: defined {len(scopes)} times under {self.package}/" + (f" ({where})" if where else ""))
+            raise MissingSite(f"{scope}: defined {len(scopes)} times under {self.package}/"
+                              + (f" ({where})" if where else ""))
         path, name, node = scopes[0]
         text = self.modules()[path][0]
         wanted = _parse_pattern(pattern)

@@ -149,7 +149,8 @@ ENDING_SRUN = """#!/usr/bin/env bash
 for arg in "$@"; do [[ $arg == run_dir=* && -n $SRUN_MARKER ]] && echo marked > "${arg#run_dir=}/$SRUN_MARKER"; done
 exit "$SRUN_STATUS"
 """
-RECORDING_SCONTROL = '#!/usr/bin/env bash\ncase $1 in show) echo localhost ;; requeue) echo "$2" >> "$REQUEUED" ;; esac\n'
+RECORDING_SCONTROL = ('#!/usr/bin/env bash\n'
+                      'case $1 in show) echo localhost ;; requeue) echo "$2" >> "$REQUEUED" ;; esac\n')
 
 
 @pytest.mark.guards_job_script

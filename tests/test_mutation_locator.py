@@ -79,7 +79,7 @@ def test_a_pattern_or_definition_not_found_once_is_missing_naming_what_was_found
         find("BOUNDS", "(_1, 1.0, 0.0, 1.0)", "(_1, 1.0, 0.0, 9.0)")
     with pytest.raises(locator.MissingSite, match=r"policy_loss: defined 0 times under pkg/$"):
         find("policy_loss", "r >= 0", "r > 0")
-    with pytest.raises(locator.MissingSite, match=r"sides: defined 2 times .*pkg.objective.sides, pkg.training.step.sides"):
+    with pytest.raises(locator.MissingSite, match=r"sides: defined 2 times .*objective.sides, pkg.training.step.sides"):
         find("sides", "r >= 0", "r > 0")
 
 
