@@ -335,6 +335,10 @@ def driver_set_in_args(section: str, parser: argparse.ArgumentParser, sampling: 
         actions = parser._actions
         dests = ({action.dest for action in actions if name in action.option_strings}
                  or {action.dest for action in actions if any(o.startswith(name) for o in action.option_strings)})
+        if len(dests) > 1 and dests & set(DRIVER_SET):
+            options = sorted(o for a in actions if a.dest in dests for o in a.option_strings if o.startswith(name))
+            problems.append(f"{section}.args holds {name}, which abbreviates {' and '.join(options)}: write one in full")
+            continue
         dest = dests.pop() if len(dests) == 1 else None
         if dest not in DRIVER_SET:
             continue

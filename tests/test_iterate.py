@@ -92,10 +92,11 @@ def test_the_driver_config_is_its_own_format_naming_the_training_config(fake_mod
     ("eval.args=[--tensor-parallel-size,4]", r"^eval: the transformers backend runs on one device; "),  # device=cpu
     ("eval.args=[--k,8]", r"^eval: --k 8 exceeds --num-samples 4: pass@k and maj@k need at least k samples "),
     # after the driver's own options, argparse kept these: every round sampled Morig, 3 samples, not 4
-    ("generate.args=[--model,Morig,--num,3]", r"^generate.args holds --model, which the driver sets for every round: "
+    ("generate.args=[--model,Morig,--num-sa,3]", r"^generate.args holds --model, which the driver sets for every round: "
                                              r"the rounds sample base_model, then each round's export; generate.args "
-                                             r"holds --num, which the driver sets for every round: set "
+                                             r"holds --num-sa, which the driver sets for every round: set "
                                              r"generate.num_samples instead$"),
+    ("generate.args=[--num,3]", r"^generate.args holds --num, which abbreviates --num-samples and --num-shots: "),
     ("eval.args=[--samples-out=x,--prompts,p.jsonl]", r"^eval.args holds --samples-out, which the driver sets for "
                                                        r"every round: it names the round's own files; eval.args holds "
                                                        r"--prompts, which .*: set eval.prompts instead$"),
