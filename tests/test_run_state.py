@@ -11,11 +11,14 @@ import pytest
 from omegaconf import OmegaConf
 
 from nemo_topr.data.packing import TokenizedSequence
+from nemo_topr.data.sequence_table import SequenceTable, rows_digest
 from nemo_topr.training.run_state import (
     RunLock,
     RunStateError,
     check_resume,
+    data_as_recorded,
     data_fingerprint,
+    first_data_fingerprint,
     resume_settings,
     save_start_config,
     truncate_ledgers,
@@ -71,18 +74,37 @@ def test_a_released_lock_removes_the_folders_it_made_while_nothing_was_written_i
     assert (tmp_path / "made_by_the_user").is_dir() and not any((tmp_path / "made_by_the_user").iterdir())
 
 
-def _sequences(rewards):
-    return [TokenizedSequence(input_ids=[5, 6, 7], loss_mask=[0, 1, 1], reward=r, behavior_logprob=-2.0,
+def _sequences(rewards, tokens=(5, 6, 7), mask=(0, 1, 1)):
+    return [TokenizedSequence(input_ids=list(tokens), loss_mask=list(mask), reward=r, behavior_logprob=-2.0,
                               prompt_id=0, sample_id=i) for i, r in enumerate(rewards)]
+
+
+def _fingerprint(rows, rewards, **sequence):
+    return data_fingerprint(SequenceTable.from_sequences(_sequences(rewards, **sequence)).digest(), rows_digest(rows))
 
 
 @pytest.mark.guards_resume
 def test_fingerprint_changes_with_any_record_or_the_row_order():
-    base = data_fingerprint(_sequences([1.0, -1.0]), [[0], [1]])
-    assert base == data_fingerprint(_sequences([1.0, -1.0]), [[0], [1]])
-    assert base != data_fingerprint(_sequences([1.0, 1.0]), [[0], [1]])  # a reward
-    assert base != data_fingerprint(_sequences([1.0, -1.0]), [[1], [0]])  # the order
-    assert base != data_fingerprint(_sequences([1.0]), [[0], []])  # a record fewer
+    base = _fingerprint([[0], [1]], [1.0, -1.0])
+    assert base == _fingerprint([[0], [1]], [1.0, -1.0])
+    assert base != _fingerprint([[0], [1]], [1.0, 1.0])  # a reward
+    assert base != _fingerprint([[1], [0]], [1.0, -1.0])  # the order
+    assert base != _fingerprint([[0, 1]], [1.0, -1.0])  # the packing
+    assert base != _fingerprint([[0], []], [1.0])  # a record fewer
+    assert base != _fingerprint([[0], [1]], [1.0, -1.0], tokens=(5, 6, 8))  # a token
+    assert base != _fingerprint([[0], [1]], [1.0, -1.0], mask=(0, 0, 1))  # the prompt's length
+
+
+def test_a_run_recorded_with_the_first_data_hash_resumes_and_other_data_is_still_refused(tmp_path):
+    sequences, rows = _sequences([1.0, -1.0]), [[0], [1]]
+    first = first_data_fingerprint(sequences, rows)
+    now = _fingerprint(rows, [1.0, -1.0])
+    (tmp_path / "fingerprint.json").write_text(json.dumps({"data": first, "config": {}}))
+    assert data_as_recorded(tmp_path, now, lambda: first_data_fingerprint(sequences, rows)) == first
+    other = _sequences([1.0, 1.0])
+    assert data_as_recorded(tmp_path, now, lambda: first_data_fingerprint(other, rows)) == now
+    with pytest.raises(RunStateError, match="the training data"):
+        check_resume(tmp_path, resuming=True, fingerprint={"data": now, "config": {}})
 
 
 @pytest.mark.guards_resume

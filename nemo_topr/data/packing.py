@@ -52,12 +52,18 @@ def set_group_mean_rewards(seqs: Sequence[TokenizedSequence]) -> None:
     `seqs` must be the whole training set (what is trained on: records dropped by validation or
     for length are not in it and do not count). Exact sums (math.fsum), stored as float64.
     """
+    means = group_mean_rewards([seq.prompt_id for seq in seqs], [seq.reward for seq in seqs])
+    for seq, mean in zip(seqs, means):
+        seq.group_mean_reward = mean
+
+
+def group_mean_rewards(prompt_ids: Sequence[int], rewards: Sequence[float]) -> list[float]:
+    """Each sequence's group mean reward (`set_group_mean_rewards`), from its columns."""
     groups: dict[int, list[float]] = {}
-    for seq in seqs:
-        groups.setdefault(seq.prompt_id, []).append(seq.reward)
-    means = {prompt_id: math.fsum(rewards) / len(rewards) for prompt_id, rewards in groups.items()}
-    for seq in seqs:
-        seq.group_mean_reward = means[seq.prompt_id]
+    for prompt_id, reward in zip(prompt_ids, rewards):
+        groups.setdefault(prompt_id, []).append(reward)
+    means = {prompt_id: math.fsum(values) / len(values) for prompt_id, values in groups.items()}
+    return [means[prompt_id] for prompt_id in prompt_ids]
 
 
 def _check_lengths(seqs: Sequence[TokenizedSequence], seq_length: int) -> None:
@@ -77,10 +83,14 @@ def pack_sequences(seqs: Sequence[TokenizedSequence], seq_length: int, pad_id: i
     plays no part (lengths decide); it keeps the signature of the collate functions.
     """
     _check_lengths(seqs, seq_length)
-    lengths = [len(seq.input_ids) for seq in seqs]
+    return best_fit_rows([len(seq.input_ids) for seq in seqs], seq_length)
+
+
+def best_fit_rows(lengths: Sequence[int], seq_length: int) -> list[list[int]]:
+    """`pack_sequences` on the sequences' lengths alone."""
     rows: list[list[int]] = []
     room_and_row: list[tuple[int, int]] = []  # rows with free space, sorted by free space
-    for i in sorted(range(len(seqs)), key=lambda i: -lengths[i]):
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         slot = bisect.bisect_left(room_and_row, (lengths[i], -1))
         if slot < len(room_and_row):
             room, row = room_and_row.pop(slot)

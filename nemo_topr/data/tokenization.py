@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from nemo_topr.data.packing import TokenizedSequence
-from nemo_topr.data.records import DataError, Messages, RecordSet, RenderedPrompt, ValidationReport, load_records
+from nemo_topr.data.records import DataError, Messages, Record, RecordSet, RenderedPrompt, ValidationReport, load_records
 
 TooLong = Literal["error", "drop"]
 
@@ -37,6 +37,10 @@ class TokenizedDataset:
     sequences: list[TokenizedSequence]
     prompt_keys: list[str]  # dense prompt_id -> Record.prompt_key (order of first appearance)
     report: ValidationReport
+
+    @property
+    def prompt_count(self) -> int:
+        return len(self.prompt_keys)
 
     @property
     def record_baselines(self) -> bool:
@@ -184,20 +188,56 @@ def tokenize_records(
     `records.report`. The dense sample_id of a sequence is its record's `index`; the dense
     prompt_id numbers `Record.prompt_key` in order of first appearance.
     """
+    prompt_keys: dict[str, int] = {}
+    sequences = [seq for chunk in tokenized_chunks(records, tokenizer, prompt_keys, max_seq_length=max_seq_length,
+                                                   strict=strict, too_long=too_long, model_context=model_context)
+                 for seq in chunk]
+    return TokenizedDataset(sequences, list(prompt_keys), records.report)
+
+
+def tokenized_chunks(
+    records: RecordSet,
+    tokenizer,
+    prompt_keys: dict[str, int],
+    *,
+    max_seq_length: int | None = None,
+    strict: bool = True,
+    too_long: TooLong | None = None,
+    model_context: int | None = None,
+    chunk_size: int | None = None,
+) -> Iterator[list[TokenizedSequence]]:
+    """`tokenize_records`' sequences, `chunk_size` records at a time (all at once when None), so
+    that a large set need never be held as token lists whole (`nemo_topr.data.prepared`).
+    `prompt_keys` (Record.prompt_key -> dense prompt_id) fills as prompts first appear; the
+    report's records_used is set after the last chunk, which raises when no record was kept."""
     too_long = too_long_policy(too_long, strict)
     if too_long not in get_args(TooLong):  # anything but "error" would drop
         raise ValueError(f"too_long must be one of {get_args(TooLong)}; got {too_long!r}")
-    eos_id = tokenizer.eos_token_id
-    if eos_id is None:
+    if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no EOS token to end completions with")
     if not tokenizer.chat_template:
         chat = next((r for r in records.records if not isinstance(r.prompt, str)), None)
         if chat is not None:
             raise chat.error("prompt", "chat-message prompts need a tokenizer with a chat template")
     report = records.report
-    kept = []
     pattern = special_token_text(tokenizer)
-    for record in records.records:
+    size = chunk_size or max(len(records.records), 1)
+    used = 0
+    for start in range(0, len(records.records), size):
+        chunk = _tokenize_chunk(records.records[start:start + size], tokenizer, prompt_keys, pattern, report,
+                                strict=strict, too_long=too_long, limits=(max_seq_length, model_context))
+        used += len(chunk)
+        yield chunk
+    report.records_used = used
+    if not used:
+        problem = f"no completion tokens: all {report.records_in} records dropped {dict(report.dropped)}"
+        raise DataError(",".join(report.files), 0, "dataset", problem)
+
+
+def _tokenize_chunk(records: Sequence[Record], tokenizer, dense_prompt_id: dict[str, int], pattern, report, *,
+                    strict: bool, too_long: str, limits: tuple[int | None, int | None]) -> list[TokenizedSequence]:
+    kept = []
+    for record in records:
         if pattern and (problem := _special_token_problem(record, pattern)):
             reason, name, text = problem
             report.reject(reason, record.error(name, text), strict)
@@ -208,7 +248,7 @@ def tokenize_records(
         prompts.setdefault(record.prompt_key, record.prompt)
     prompt_ids_by_key = dict(zip(prompts, prompt_token_ids(tokenizer, list(prompts.values()))))
     completions = _encode(tokenizer, [r.completion for r in kept], add_special_tokens=False)
-    dense_prompt_id: dict[str, int] = {}
+    eos_id = tokenizer.eos_token_id
     sequences = []
     for record, completion_ids in zip(kept, completions):
         key = record.prompt_key
@@ -217,7 +257,7 @@ def tokenize_records(
             name = "prompt" if not prompt_ids else "completion"
             report.reject(f"empty_{name}", record.error(name, "tokenizes to no tokens"), strict)
             continue
-        problem = _over_a_limit(len(prompt_ids), len(completion_ids), max_seq_length, model_context)
+        problem = _over_a_limit(len(prompt_ids), len(completion_ids), *limits)
         if problem:
             reason, name, text = problem
             report.reject(reason, record.error(name, text), strict=too_long == "error")
@@ -233,11 +273,7 @@ def tokenize_records(
                 sample_id=record.index,
             )
         )
-    report.records_used = len(sequences)
-    if not sequences:
-        problem = f"no completion tokens: all {report.records_in} records dropped {dict(report.dropped)}"
-        raise DataError(",".join(report.files), 0, "dataset", problem)
-    return TokenizedDataset(sequences, list(dense_prompt_id), report)
+    return sequences
 
 
 def _over_a_limit(prompt: int, completion: int, max_seq_length: int | None,

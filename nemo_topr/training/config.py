@@ -841,6 +841,7 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
 def build_training_run(raw: DictConfig) -> TrainingRun:
     """Map a composed config onto Bridge's ConfigContainer (model from `base_model`)."""
     from nemo_topr.model import source_provider
+    from nemo_topr.data.prepared import default_prepared_dir
     from nemo_topr.training.data import ToprDatasetConfig
 
     values, base_model, objective = check_config(raw)
@@ -855,7 +856,7 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
     # pinned host memory only speeds copies to an accelerator; without one torch warns at every loader
     dataset = ToprDatasetConfig(tokenizer_dir=str(base_model.hf_dir), report_path=str(run_dir / "data_report.json"),
                                 model_context=model_source.context_length(base_model.hf_dir),
-                                pin_memory=values["device"] != "cpu")
+                                prepared_dir=default_prepared_dir(run_dir), pin_memory=values["device"] != "cpu")
     container = default_container(provider, dataset)
     container.checkpoint.save = container.checkpoint.load = str(run_dir / "checkpoints")
     # Bridge loads this only while run_dir has no checkpoint of its own, as a finetune: weights

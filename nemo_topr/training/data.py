@@ -15,23 +15,23 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
 
-from nemo_topr.data.packing import (
-    TokenizedSequence,
-    collate_packed,
-    pack_sequences,
-    padding_share,
-    set_group_mean_rewards,
-)
+from nemo_topr.data.packing import TokenizedSequence, collate_packed, pack_sequences, set_group_mean_rewards
+from nemo_topr.data.prepared import PrepareSpec, PreparedSet, find_or_prepare
 from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records, require_scored
+from nemo_topr.data.sequence_table import RowOrder, SequenceTable, padding_share_of, rows_digest, rows_to_arrays
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared, shared_padding_share
-from nemo_topr.data.sources import ExtraColumns
+from nemo_topr.data.sources import HUB_PREFIX, ExtraColumns
 from nemo_topr.data.tokenization import TokenizedDataset, TooLong, load_tokenizer, pad_id_of, tokenize_records
+from nemo_topr.distributed import launcher_rank
+from nemo_topr.training.run_state import data_fingerprint
 
 
 class PackedRows(torch.utils.data.Dataset):
@@ -40,7 +40,7 @@ class PackedRows(torch.utils.data.Dataset):
     A row is a list of sequence indices, or with `shared_prefix` a list of blocks
     (`nemo_topr.data.shared_prefix`)."""
 
-    def __init__(self, sequences: list[TokenizedSequence], rows: list, seq_length: int, pad_id: int,
+    def __init__(self, sequences: Sequence[TokenizedSequence], rows: Sequence, seq_length: int, pad_id: int,
                  shared_prefix: bool = False):
         self.sequences, self.rows, self.seq_length, self.pad_id = sequences, rows, seq_length, pad_id
         self.collate = collate_shared if shared_prefix else collate_packed
@@ -57,29 +57,37 @@ class PackedRows(torch.utils.data.Dataset):
 
 @dataclass
 class PreparedData:
-    dataset: TokenizedDataset
-    rows: list  # all epochs, padded to a whole number of global batches (rows of blocks when shared)
+    dataset: TokenizedDataset | PreparedSet  # the sequences (built when indexed from a prepared set), keys, report
+    table: SequenceTable  # the sequences as arrays, memory-mapped from a prepared set
+    rows: Sequence  # all epochs, padded to a whole number of global batches (rows of blocks when shared)
     pad_id: int
     padding_share: float
     filler_rows: int
     shared_prefix: bool = False
+    written: bool | None = None  # whether this start wrote its prepared set; None: no prepared set
 
     @property
     def num_rows(self) -> int:
         return len(self.rows)
 
+    def data_fingerprint(self) -> str:
+        """The data part of the run fingerprint (`run_state.data_fingerprint`)."""
+        digest = self.dataset.table_digest if isinstance(self.dataset, PreparedSet) else self.table.digest()
+        return data_fingerprint(digest, rows_digest(self.rows))
+
     def summary(self) -> dict[str, Any]:
-        sequences = self.dataset.sequences
         return {
             **self.dataset.report.to_dict(),
-            "sequences": len(sequences),
-            "positives": sum(seq.reward >= 0 for seq in sequences),
-            "prompts": len(self.dataset.prompt_keys),
+            "sequences": len(self.table),
+            "positives": int((self.table.rewards >= 0).sum()),
+            "prompts": self.dataset.prompt_count,
             "record_baselines": self.dataset.record_baselines,
             "rows": self.num_rows,
             "filler_rows": self.filler_rows,
             "padding_share": round(self.padding_share, 4),
             "shared_prefix": self.shared_prefix,
+            **({} if self.written is None else {"prepared_set": str(self.dataset.path),
+                                                "prepared_set_written": self.written}),
         }
 
 
@@ -106,6 +114,9 @@ class ToprDatasetConfig(DatasetProvider):
     shuffle_seed: int = 1234
     epochs: int = 1
     report_path: str | None = None  # where the data report JSON is written (training.recipe.prepare)
+    # where prepared sets are kept (nemo_topr.data.prepared); `nemo-topr train` fills it in
+    # (build_training_run: $NEMO_TOPR_PREPARED_DIR, else RUN_DIR/../prepared_data); None: in memory
+    prepared_dir: str | None = None
     dataloader_type: str | None = "single"
     num_workers: int = 0
 
@@ -123,33 +134,59 @@ class ToprDatasetConfig(DatasetProvider):
             raise ValueError("dataset.train_path is not set")
         if self.epochs < 1:
             raise ValueError(f"dataset.epochs must be >= 1; got {self.epochs}")
+        if self.shared_prefix and not self.packed:
+            raise ValueError("dataset.shared_prefix=true packs rows; it cannot be combined with dataset.packed=false")
+        written = None
+        if self.prepared_dir and not self.train_path.startswith(HUB_PREFIX):  # a hub dataset has no local files
+            dataset, written = self._prepared_set()
+            table, epoch_packing, pad_id = dataset.table, (dataset.row_offsets, dataset.row_members), dataset.pad_id
+        else:
+            dataset, pad_id = self._tokenized()
+            set_group_mean_rewards(dataset.sequences)
+            table = SequenceTable.from_sequences(dataset.sequences)
+            epoch_packing = None
+        if self.shared_prefix:
+            sequences = list(dataset.sequences)
+            shared = pack_shared(sequences, self.seq_length)
+            padding = shared_padding_share(sequences, shared, self.seq_length)
+            rows: Sequence = []
+            for epoch in range(self.epochs):
+                shuffled = list(shared)
+                random.Random(self.shuffle_seed + epoch).shuffle(shuffled)
+                rows += shuffled
+            filler = math.ceil(len(rows) / global_batch_size) * global_batch_size - len(rows)
+            rows += [[] for _ in range(filler)]
+        else:
+            if not self.packed:
+                epoch_packing = (np.arange(len(table) + 1, dtype=np.int64), np.arange(len(table), dtype=np.int64))
+            elif epoch_packing is None:
+                epoch_packing = rows_to_arrays(pack_sequences(dataset.sequences, self.seq_length, pad_id))
+            order = dict(epochs=self.epochs, seed=self.shuffle_seed)
+            total = (len(epoch_packing[0]) - 1) * self.epochs
+            filler = math.ceil(total / global_batch_size) * global_batch_size - total
+            rows = RowOrder(*epoch_packing, **order, filler=filler)
+            padding = padding_share_of(table.lengths, rows, self.seq_length)
+        self._prepared = PreparedData(dataset, table, rows, pad_id, padding, filler, self.shared_prefix, written)
+        return self._prepared
+
+    def _tokenized(self) -> tuple[TokenizedDataset, int]:
+        """(the tokenized data, the pad id), in memory."""
         records = getattr(self, "_records", None) or load_records(
             self.train_path, strict=self.strict, **{name: getattr(self, name) for name in SOURCE_OPTIONS})
         require_scored(records)
         tokenizer = load_tokenizer(self.tokenizer_dir)
-        dataset = tokenize_records(records, tokenizer, max_seq_length=self.seq_length, strict=self.strict,
-                                   too_long=self.too_long, model_context=self.model_context)
-        pad_id = pad_id_of(tokenizer)
-        sequences = dataset.sequences
-        set_group_mean_rewards(sequences)
-        if self.shared_prefix and not self.packed:
-            raise ValueError("dataset.shared_prefix=true packs rows; it cannot be combined with dataset.packed=false")
-        if self.shared_prefix:
-            epoch_rows = pack_shared(sequences, self.seq_length)
-            padding = shared_padding_share(sequences, epoch_rows, self.seq_length)
-        else:
-            epoch_rows = (pack_sequences(sequences, self.seq_length, pad_id) if self.packed
-                          else [[i] for i in range(len(sequences))])
-            padding = padding_share(sequences, epoch_rows, self.seq_length)
-        rows: list[list[int]] = []
-        for epoch in range(self.epochs):
-            shuffled = list(epoch_rows)
-            random.Random(self.shuffle_seed + epoch).shuffle(shuffled)
-            rows += shuffled
-        filler = math.ceil(len(rows) / global_batch_size) * global_batch_size - len(rows)
-        rows += [[] for _ in range(filler)]
-        self._prepared = PreparedData(dataset, rows, pad_id, padding, filler, self.shared_prefix)
-        return self._prepared
+        return tokenize_records(records, tokenizer, max_seq_length=self.seq_length, strict=self.strict,
+                                too_long=self.too_long, model_context=self.model_context), pad_id_of(tokenizer)
+
+    def _prepared_set(self) -> tuple[PreparedSet, bool]:
+        """The prepared set of this data (`nemo_topr.data.prepared`): found, else written by
+        launcher rank 0 (which `nemo-topr train` reads before Megatron) and waited for by the
+        other ranks."""
+        spec = PrepareSpec(train_path=self.train_path, tokenizer_dir=self.tokenizer_dir, seq_length=self.seq_length,
+                           strict=self.strict, too_long=self.too_long, model_context=self.model_context,
+                           **{name: getattr(self, name) for name in SOURCE_OPTIONS})
+        return find_or_prepare(spec, self.prepared_dir, write=launcher_rank() == 0,
+                               records=getattr(self, "_records", None))
 
     def build_datasets(self, context: DatasetBuildContext):
         if getattr(self, "_prepared", None) is None:

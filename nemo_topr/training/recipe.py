@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from omegaconf import OmegaConf
 
 from nemo_topr.arguments import Parser, run_settings
@@ -50,7 +51,8 @@ from nemo_topr.training.run_state import (
     RunStateError,
     check_resume,
     check_resume_from_base,
-    data_fingerprint,
+    data_as_recorded,
+    first_data_fingerprint,
     resume_settings,
     save_start_config,
     truncate_ledgers,
@@ -86,9 +88,9 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
         run.container.dataset.report_path = None  # every rank tokenizes; rank 0 reports
     train = run.container.train
     prepared = run.container.dataset.prepare(train.global_batch_size)
-    check_baseline(run.objective, {seq.reward for seq in prepared.dataset.sequences},
+    check_baseline(run.objective, set(np.unique(prepared.table.rewards).tolist()),
                    record_baselines=prepared.dataset.record_baselines)
-    p_tilde = positive_share_in_use(run.objective, prepared.dataset)
+    p_tilde = positive_share_in_use(run.objective, prepared)
     if p_tilde is None:  # every c as the step takes it, asymre's group means and the records' own included
         raise ConfigError(f"dataset: {NO_ADVANTAGE}")
     train.train_iters = prepared.num_rows // train.global_batch_size
@@ -97,8 +99,9 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
         if idle:
             print(f"[nemo-topr] WARNING: {idle}", flush=True)
         resume_iteration = latest_iteration(Path(run.container.checkpoint.save))
-        fingerprint = {"data": data_fingerprint(prepared.dataset.sequences, prepared.rows),
-                       "config": resume_settings(run.raw, run.objective, run.base_model)}
+        data = data_as_recorded(run.run_dir, prepared.data_fingerprint(),
+                                lambda: first_data_fingerprint(prepared.dataset.sequences, prepared.rows))
+        fingerprint = {"data": data, "config": resume_settings(run.raw, run.objective, run.base_model)}
         if resume_iteration is None and run.raw.get("resume_from_base"):  # loads the base run's state
             check_resume_from_base(run.base_model, fingerprint, train.train_iters)
         check_resume(run.run_dir, resume_iteration is not None, fingerprint)
@@ -131,15 +134,14 @@ def baseline_in_use(objective, record_baselines: bool) -> str:
     return f"objective.baseline ({objective.baseline}) for every record"
 
 
-def positive_share_in_use(objective, dataset) -> float | None:
+def positive_share_in_use(objective, prepared) -> float | None:
     """p~ of the data trained, with each sequence's c as the step takes it: the step's per-batch
     `effective_positive_share` over the whole dataset, on the batch columns the step reads
     (4 decimals; None when every R - c is 0)."""
-    from nemo_topr.data.packing import sequence_columns
     from nemo_topr.objective import dataset_positive_share
 
-    columns = sequence_columns(dataset.sequences)
-    column = baseline_column(objective.variant, dataset.record_baselines)
+    columns = prepared.table.columns()
+    column = baseline_column(objective.variant, prepared.dataset.record_baselines)
     share = dataset_positive_share(columns["rewards"], objective, None if column is None else columns[column])
     return None if share is None else round(share, 4)
 

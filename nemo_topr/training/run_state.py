@@ -143,16 +143,33 @@ def _pid_alive(pid: Any) -> bool:
     return True
 
 
-def data_fingerprint(sequences: list, rows: list) -> str:
+def data_fingerprint(table_digest: str, rows_digest: str) -> str:
+    """The data part of the fingerprint: sha256 over the digest of every trained sequence (tokens,
+    prompt length, reward, behaviour log-prob, baseline, prompt and sample id:
+    `SequenceTable.digest`, computed once when a set is prepared) and of the row order of all
+    epochs (`sequence_table.rows_digest`)."""
+    return hashlib.sha256(f"nemo-topr data 2:{table_digest}:{rows_digest}".encode()).hexdigest()
+
+
+def data_as_recorded(run_dir: Path, data: str, first_form) -> str:  # noqa: ANN001
+    """`data`, or the run's recorded data hash where that is this data's in the first form
+    (`first_data_fingerprint`, computed by `first_form()` only then), which fingerprint.json of
+    a run begun by nemo-topr releases before the prepared data format holds."""
+    path = Path(run_dir) / FINGERPRINT_FILE
+    recorded = json.loads(path.read_text()).get("data") if path.is_file() else None
+    return recorded if recorded not in (None, data) and recorded == first_form() else data
+
+
+def first_data_fingerprint(sequences, rows) -> str:  # noqa: ANN001
     """sha256 over every trained sequence (tokens, mask, reward, behaviour log-prob, baseline,
-    prompt and sample id) and the row order of all epochs."""
+    prompt and sample id) and the row order of all epochs, one sequence at a time."""
     digest = hashlib.sha256()
     for seq in sequences:
         digest.update(struct.pack("<qqddd", seq.sample_id, seq.prompt_id, seq.reward, seq.behavior_logprob,
                                   seq.baseline))
         digest.update(struct.pack(f"<{len(seq.input_ids)}q", *seq.input_ids))
         digest.update(bytes(seq.loss_mask))
-    digest.update(json.dumps(rows).encode())
+    digest.update(json.dumps([list(row) for row in rows]).encode())
     return digest.hexdigest()
 
 
