@@ -289,9 +289,11 @@ def _grouped_records(with_baseline: bool) -> list[dict]:
     return records
 
 
-def _provider_batches(tmp_path, records, dp_size=2):
+def _provider_batches(tmp_path, records, dp_size=2, **dataset):
     """Batches exactly as Bridge hands them to each DP rank: ToprDatasetConfig.prepare (whole
-    dataset), Bridge's MegatronPretrainingSampler (micro-batch of 1 row per DP rank), collate."""
+    dataset), Bridge's MegatronPretrainingSampler (micro-batch of 1 row per DP rank), collate.
+    `dataset`: more of ToprDatasetConfig's settings. Returns the batches, the prompt keys, the
+    sequences by sample id and the PreparedData."""
     import json
 
     from megatron.bridge.data.samplers import MegatronPretrainingSampler
@@ -304,7 +306,7 @@ def _provider_batches(tmp_path, records, dp_size=2):
     data = tmp_path / "records.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     provider = ToprDatasetConfig(train_path=str(data), tokenizer_dir=str(tokenizer_dir), seq_length=128,
-                                 strict=False, shuffle_seed=3)
+                                 strict=False, shuffle_seed=3, **dataset)
     prepared = provider.prepare(global_batch_size=dp_size)
     assert prepared.dataset.report.dropped == {"wrong_type": 1}
     dataset = provider.build_datasets(None)[0]
@@ -314,7 +316,48 @@ def _provider_batches(tmp_path, records, dp_size=2):
         sampler = MegatronPretrainingSampler(len(dataset), 0, 1, rank, dp_size)
         for step, rows in enumerate(sampler):
             batches[rank, step] = dataset.collate_fn([dataset[i] for i in rows])
-    return batches, keys, {seq.sample_id: seq for seq in prepared.dataset.sequences}
+    return batches, keys, {seq.sample_id: seq for seq in prepared.dataset.sequences}, prepared
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_prepared_data_trains_on_the_in_memory_rows_batches_ledger_and_losses(tmp_path, megatron_world, packed):
+    """A prepared set, written then found again, gives what the in-memory path gives: the rows
+    (against `pack_sequences` and the per-epoch shuffle, recomputed here), every micro-batch of
+    every DP rank bit for bit (so the ledger's sample ids), the run fingerprint and the tiny
+    model's loss on each micro-batch."""
+    import random
+
+    from nemo_topr.data.packing import pack_sequences
+
+    records = _grouped_records(with_baseline=False)
+    memory, keys, seqs, in_memory = _provider_batches(tmp_path, records, epochs=2, packed=packed)
+    for attempt in ("written", "found"):
+        batches, prepared_keys, _, prepared = _provider_batches(tmp_path, records, epochs=2, packed=packed,
+                                                                prepared_dir=str(tmp_path / "sets"))
+        assert prepared.written is (attempt == "written")
+    epoch = pack_sequences(in_memory.dataset.sequences, 128, 0) if packed else [[i] for i in range(13)]
+    rows = []
+    for seed in (3, 4):  # shuffle_seed + epoch
+        shuffled = list(epoch)
+        random.Random(seed).shuffle(shuffled)
+        rows += shuffled
+    rows += [[]] * (-len(rows) % 2)
+    assert list(in_memory.rows) == list(prepared.rows) == rows
+    assert prepared_keys == keys and prepared.summary() | {"prepared_set": None, "prepared_set_written": None} == \
+        in_memory.summary() | {"prepared_set": None, "prepared_set_written": None}
+    assert prepared.data_fingerprint() == in_memory.data_fingerprint()
+    assert batches.keys() == memory.keys() and len(memory) == len(rows)  # one row a micro-batch
+    model = _tiny_model()
+    for where, batch in memory.items():
+        assert batch.keys() == batches[where].keys()
+        for name, tensor in batch.items():
+            assert tensor.dtype == batches[where][name].dtype and torch.equal(
+                tensor.nan_to_num(-7.0), batches[where][name].nan_to_num(-7.0)), (where, name)
+        if len(batch["rewards"]):
+            loss, _ = _loss_and_grads(model, batch)
+            assert loss == _loss_and_grads(model, batches[where])[0], where
+    ledger = sorted(i for batch in batches.values() for i in batch["sample_ids"].tolist())
+    assert ledger == sorted(2 * [seq for seq in seqs])  # every used record once an epoch
 
 
 def _token_ce(batch) -> torch.Tensor:
@@ -333,7 +376,7 @@ def test_whole_group_baselines_survive_rows_microbatches_and_dp_ranks(tmp_path, 
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.step import check_batch, topr_loss
 
-    batches, keys, seqs = _provider_batches(tmp_path, _grouped_records(with_baseline=False))
+    batches, keys, seqs, _ = _provider_batches(tmp_path, _grouped_records(with_baseline=False))
     # the split this test is about: p0's samples sit in several rows, micro-batches and both DP ranks
     where = {}
     for (rank, step), batch in batches.items():
@@ -364,7 +407,7 @@ def test_record_baselines_take_precedence_over_group_means(tmp_path, megatron_wo
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.step import check_batch, topr_loss
 
-    batches, keys, seqs = _provider_batches(tmp_path, _grouped_records(with_baseline=True))
+    batches, keys, seqs, _ = _provider_batches(tmp_path, _grouped_records(with_baseline=True))
     objective = ObjectiveConfig(variant=variant)
     seen = 0
     for batch in batches.values():

@@ -1,4 +1,4 @@
-"""`nemo-topr data {validate,stats,curate}`: check, describe and curate pre-scored datasets.
+"""`nemo-topr data {validate,stats,curate,prepare}`: check, describe, curate and prepare pre-scored datasets.
 
 Exit status: 0 on success; 1 when the data, the tokenizer or the settings have a problem (data
 problems print `path:line: field: problem` to stderr); 2 on a usage error.
@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from nemo_topr.arguments import Parser, at_least_one, finite, non_negative, share
+from nemo_topr.data.prepare_verb import add_prepare_parser
 from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records
 from nemo_topr.outputs import add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file
 
@@ -187,7 +188,7 @@ def _add_baseline_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="nemo-topr data", description="Validate, inspect and curate pre-scored datasets.")
+    parser = Parser(prog="nemo-topr data", description="Validate, inspect, curate and prepare pre-scored datasets.")
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     validate = verbs.add_parser("validate", help="check a dataset and print the report")
@@ -218,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     curate.add_argument("--stats", type=Path, help="stats JSON (default: OUT with suffix .stats.json)")
     add_overwrite_argument(curate)
     curate.set_defaults(run=_curate)
+    add_prepare_parser(verbs)
     return parser
 
 

@@ -79,7 +79,7 @@ class PrepareSpec:
         """The key's parts; hashing the data and tokenizer files reads them whole."""
         from nemo_topr.data.tokenization import too_long_policy
 
-        columns = self.columns
+        columns = self.columns or None  # {} (ToprDatasetConfig's default) and None: no mapping
         if columns is not None and not isinstance(columns, str):
             columns = dict(sorted(dict(columns).items())) if hasattr(columns, "items") else list(columns)
         return {"format_version": FORMAT_VERSION, "data": data_files_digest(self.train_path),
@@ -250,13 +250,13 @@ def find_or_prepare(spec: PrepareSpec, prepared_dir: str | Path, *, write: bool 
             shutil.rmtree(stale, ignore_errors=True)
         except FileNotFoundError:
             pass  # another writer moved it first
-    publish(spec, parts, final, records)
-    return open_set(final), True
+    written = publish(spec, parts, final, records)
+    return open_set(final), written
 
 
-def publish(spec: PrepareSpec, parts: dict[str, Any], final: Path, records: RecordSet | None = None) -> None:
+def publish(spec: PrepareSpec, parts: dict[str, Any], final: Path, records: RecordSet | None = None) -> bool:
     """Write the set into a temporary sibling of `final` and rename it into place; when another
-    writer published first, keep theirs."""
+    writer published first, keep theirs (and return False)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     temporary = final.with_name(f".{final.name}.partial-{uuid.uuid4().hex[:8]}")
     temporary.mkdir()
@@ -267,8 +267,9 @@ def publish(spec: PrepareSpec, parts: dict[str, Any], final: Path, records: Reco
         except OSError:
             if set_problem(final) is not None:
                 raise
-            return  # another process published the same set first: theirs is as good
+            return False  # another process published the same set first: theirs is as good
         _fsync(final.parent)
+        return True
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
 
