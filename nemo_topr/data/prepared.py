@@ -62,7 +62,7 @@ class PrepareSpec:
 
     train_path: str
     tokenizer_dir: str
-    seq_length: int
+    seq_length: int = 2048
     strict: bool = True
     too_long: str | None = None
     model_context: int | None = None
@@ -222,6 +222,12 @@ def open_set(path: Path) -> PreparedSet:
 
 # ---------------------------------------------------------------------------------------------
 # Finding, waiting for, or writing a set
+
+
+def find_prepared(spec: PrepareSpec, prepared_dir: str | Path) -> PreparedSet | None:
+    """The whole set for `spec` under `prepared_dir`, or None."""
+    final = Path(prepared_dir) / key_of(spec.key_parts())
+    return open_set(final) if set_problem(final) is None else None
 
 
 def find_or_prepare(spec: PrepareSpec, prepared_dir: str | Path, *, write: bool = True, records: RecordSet | None = None,

@@ -125,6 +125,10 @@ class ToprDatasetConfig(DatasetProvider):
         (`nemo-topr train` does that before importing Megatron, so a data error comes first)."""
         self._records = records  # outside the dataclass fields, as `_prepared`
 
+    def use_prepared_set(self, prepared: PreparedSet) -> None:
+        """Train on `prepared`, this config's prepared set, found already (`nemo-topr train`)."""
+        self._found_set = prepared
+
     def prepare(self, global_batch_size: int) -> PreparedData:
         """Validate, tokenize and pack once (cached); rows padded to whole global batches."""
         # cached outside the dataclass fields: Bridge serialises the config into checkpoints
@@ -182,6 +186,8 @@ class ToprDatasetConfig(DatasetProvider):
         """The prepared set of this data (`nemo_topr.data.prepared`): found, else written by
         launcher rank 0 (which `nemo-topr train` reads before Megatron) and waited for by the
         other ranks."""
+        if (found := getattr(self, "_found_set", None)) is not None:
+            return found, False
         spec = PrepareSpec(train_path=self.train_path, tokenizer_dir=self.tokenizer_dir, seq_length=self.seq_length,
                            strict=self.strict, too_long=self.too_long, model_context=self.model_context,
                            **{name: getattr(self, name) for name in SOURCE_OPTIONS})

@@ -85,7 +85,7 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
         print(f"[nemo-topr] base model: {run.base_model.describe()}", flush=True)
         check_room(Path(run.container.checkpoint.save), one_checkpoint(run))
     else:
-        run.container.dataset.report_path = None  # every rank tokenizes; rank 0 reports
+        run.container.dataset.report_path = None  # rank 0 reports
     train = run.container.train
     prepared = run.container.dataset.prepare(train.global_batch_size)
     check_baseline(run.objective, set(np.unique(prepared.table.rewards).tolist()),
@@ -363,20 +363,41 @@ def main(argv: list[str]) -> int:
         device = select_device(raw.get("device"), where="device", choices=DEVICES)
         values, _, objective = check_config(raw)
         check_batch_division(values, launcher_world_size())
-        records = _records_of(raw)
-        require_scored(records)  # before Megatron's import and before the run directory is made
-        check_baseline(objective, {record.reward for record in records.records}, warn=False,
-                       record_baselines=any(record.baseline is not None for record in records.records))
+        found = _prepared_set_of(raw)  # a requeued start reads no record: the set holds what is checked here
+        if found is None:
+            records = _records_of(raw)
+            require_scored(records)  # before Megatron's import and before the run directory is made
+            rewards = {record.reward for record in records.records}
+            record_baselines = any(record.baseline is not None for record in records.records)
+        else:
+            rewards, record_baselines = set(np.unique(found.table.rewards).tolist()), found.record_baselines
+        check_baseline(objective, rewards, warn=False, record_baselines=record_baselines)
         check_rendezvous()
         if device == "cuda":
             check_local_gpu()
         use_device(raw.get("device"), where="device", choices=DEVICES)  # imports Megatron
         run = build_training_run(raw)
-        run.container.dataset.use_records(records)
+        if found is None:
+            run.container.dataset.use_records(records)
+        else:
+            run.container.dataset.use_prepared_set(found)
         return train(run)
     except (ConfigError, DeviceError, DataError, RunStateError, DamagedCheckpointError, NonFiniteTrainingError,
             RendezvousError) as error:
         raise SystemExit(f"nemo-topr train: {error}") from None
+
+
+def _prepared_set_of(raw):  # noqa: ANN001
+    """The prepared set of `dataset:` when one is written already, else None."""
+    from nemo_topr.data.prepare_verb import spec_of_config
+    from nemo_topr.data.prepared import find_prepared
+
+    if str((raw.get("dataset") or {}).get("train_path") or "").startswith("hub:"):
+        return None  # read as it streams, never prepared
+    try:
+        return find_prepared(*spec_of_config(raw))
+    except DataError:  # no local files: reading the records says what is wrong with the path
+        return None
 
 
 def _records_of(raw) -> RecordSet:  # noqa: ANN001
