@@ -131,6 +131,7 @@ def _per_token_growth(low: dict, high: dict, key: str) -> float:
 def measure(sizes: list[int], in_memory: list[int], work: Path) -> dict:
     from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
 
+    measured_at = environment()  # the commit and tree measured, before anything else runs
     build_tiny_tokenizer(work / "tokenizer")
     runs = {}
     for size in sizes:
@@ -154,7 +155,7 @@ def measure(sizes: list[int], in_memory: list[int], work: Path) -> dict:
         runs[size] = run
         shutil.rmtree(prepared_dir)
         data.unlink()
-    result = {"environment": environment(), "seq_length": SEQ_LENGTH, "global_batch_size": GLOBAL_BATCH,
+    result = {"environment": measured_at, "seq_length": SEQ_LENGTH, "global_batch_size": GLOBAL_BATCH,
               "cpu_cores_given": len(os.sched_getaffinity(0)), "runs": {str(size): run for size, run in runs.items()}}
     low, high = min(sizes), max(sizes)
     if high > low:
