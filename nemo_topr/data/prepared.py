@@ -210,8 +210,7 @@ def set_problem(path: Path) -> str | None:
 
 def open_set(path: Path) -> PreparedSet:
     manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    tokens = np.memmap(path / "tokens.bin", dtype=TOKEN_DTYPE, mode="r") if manifest["tokens"] else \
-        np.zeros(0, TOKEN_DTYPE)
+    tokens = np.memmap(path / "tokens.bin", dtype=TOKEN_DTYPE, mode="r")  # a set holds a sequence at least
 
     def array(name: str) -> np.ndarray:
         return np.load(path / f"{name}.npy", mmap_mode="r")
@@ -230,8 +229,9 @@ def find_prepared(spec: PrepareSpec, prepared_dir: str | Path) -> PreparedSet | 
     return open_set(final) if set_problem(final) is None else None
 
 
-def find_or_prepare(spec: PrepareSpec, prepared_dir: str | Path, *, write: bool = True, records: RecordSet | None = None,
-                    wait_timeout: float = 3600.0, poll: float = 1.0) -> tuple[PreparedSet, bool]:
+def find_or_prepare(spec: PrepareSpec, prepared_dir: str | Path, *, write: bool = True,
+                    records: RecordSet | None = None, wait_timeout: float = 3600.0,
+                    poll: float = 1.0) -> tuple[PreparedSet, bool]:
     """(the set for `spec` under `prepared_dir`, whether this call wrote it). With `write`, a
     missing or damaged set is written here (from `records` when given, read from the spec's
     data otherwise); without, this waits up to `wait_timeout` seconds for another process (rank
@@ -322,12 +322,12 @@ def write_set(spec: PrepareSpec, parts: dict[str, Any], directory: Path, records
     for name, array in arrays.items():
         _write_synced(directory / f"{name}.npy", lambda file, array=array: np.save(file, array))
     _write_synced(directory / "prompt_keys.json", lambda file: file.write(json.dumps(list(prompt_keys)).encode()))
-    table = SequenceTable(np.memmap(directory / "tokens.bin", dtype=TOKEN_DTYPE, mode="r") if offsets[-1]
-                          else np.zeros(0, TOKEN_DTYPE), arrays["offsets"], **{n: arrays[n] for n in COLUMNS})
+    table = SequenceTable(np.memmap(directory / "tokens.bin", dtype=TOKEN_DTYPE, mode="r"), arrays["offsets"],
+                          **{name: arrays[name] for name in COLUMNS})
     files = {file.name: {"bytes": file.stat().st_size, "sha256": _file_sha256(file)}
              for file in sorted(directory.iterdir())}
-    manifest = {"key": parts, "tokens": int(offsets[-1]), "sequences": len(offsets) - 1,
-                "prompts": len(prompt_keys), "pad_id": pad_id_of(tokenizer), "epoch_rows": len(arrays["row_offsets"]) - 1,
+    manifest = {"key": parts, "tokens": int(offsets[-1]), "sequences": len(offsets) - 1, "prompts": len(prompt_keys),
+                "pad_id": pad_id_of(tokenizer), "epoch_rows": len(arrays["row_offsets"]) - 1,
                 "report": records.report.to_dict(), "table_digest": table.digest(), "files": files,
                 "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     _write_synced(directory / MANIFEST, lambda file: file.write((json.dumps(manifest, indent=1) + "\n").encode()))

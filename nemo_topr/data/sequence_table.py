@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from nemo_topr.data.packing import TokenizedSequence
+from nemo_topr.data.packing import TokenizedSequence, best_fit_rows
 
 TOKEN_DTYPE = np.uint32  # 4 bytes an id: any vocabulary up to 4 G entries (Llama 3: 128 k)
 # the per-sequence columns: name -> dtype (float64 keeps every reward and log mu exactly as read)
@@ -117,8 +117,6 @@ class TableSequences(Sequence):
 def pack_rows(lengths: np.ndarray, seq_length: int) -> tuple[np.ndarray, np.ndarray]:
     """(row_offsets, members) of `packing.pack_sequences`' rows for sequences of these lengths:
     row r holds the sequences members[row_offsets[r]:row_offsets[r + 1]]."""
-    from nemo_topr.data.packing import best_fit_rows
-
     return rows_to_arrays(best_fit_rows(lengths.tolist(), seq_length))
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from nemo_topr.data.packing import TokenizedSequence
-from nemo_topr.data.records import DataError, Messages, Record, RecordSet, RenderedPrompt, ValidationReport, load_records
+from nemo_topr.data.records import (DataError, Messages, Record, RecordSet, RenderedPrompt, ValidationReport,
+                                    load_records)
 
 TooLong = Literal["error", "drop"]
 
