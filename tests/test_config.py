@@ -1129,7 +1129,8 @@ def test_data_whose_every_advantage_is_zero_is_refused_before_the_run_directory(
                            for r in build_graded_records(4)))
     with pytest.raises(ConfigError, match=r"^dataset: every record's advantage R - c is 0 "):
         train(_run(tiny_hf, tmp_path / "run", f"dataset.train_path={own}"))
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["own.jsonl", "zeros.jsonl"]
+    # no run directory; the data's prepared set stays beside it for the next start (docs/data.md)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["own.jsonl", "prepared_data", "zeros.jsonl"]
     # one record whose reward is off its baseline trains: refused is every A = 0, not most
     rows = [json.loads(line) for line in own.read_text().splitlines()]
     own.write_text("".join(json.dumps({**r, "baseline": 0.5 if i == 0 else r["baseline"]}) + "\n"
