@@ -107,8 +107,8 @@ MUTANTS = (
        "ledger lines numbered one iteration late: a resume cuts back the wrong lines"),
     py("every_chunk_logs_the_samples", "is_first_model_chunk", "get_model_chunk_vp_stage(model) in (None, 0)",
        "True", LEDGER, "with virtual pipelining every micro-batch is logged once per model chunk"),
-    py("unseeded_shuffle", "ToprDatasetConfig.prepare", "random.Random(self.shuffle_seed + epoch).shuffle(shuffled)",
-       "random.shuffle(shuffled)", ORDER, "a row order that differs per process: a resume trains other rows"),
+    py("unseeded_shuffle", "RowOrder.__init__", "random.Random(seed + epoch).shuffle(order)",
+       "random.shuffle(order)", ORDER, "a row order that differs per process: a resume trains other rows"),
     # the resume fingerprint and the checkpoint resumed from
     py("fingerprint_blind_to_rewards", "SequenceTable.digest", "fields(self)",
        "[f for f in fields(self) if f.name != 'rewards']", RESUME,
