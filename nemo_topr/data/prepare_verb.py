@@ -12,9 +12,22 @@ and how to remove them: `--help`, and docs/data.md ("Prepared data sets").
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from nemo_topr.data.prepared import DEFAULT_SUBDIR, PREPARED_DIR_ENV, PrepareSpec, default_prepared_dir
+if TYPE_CHECKING:
+    from nemo_topr.data.prepared import PrepareSpec
+
+PREPARED_DIR_ENV = "NEMO_TOPR_PREPARED_DIR"
+DEFAULT_SUBDIR = "prepared_data"  # beside the run directory: RUN_DIR/../prepared_data
+
+
+def default_prepared_dir(run_dir: Path) -> str:
+    """Where a run keeps prepared sets unless `dataset.prepared_dir` says: $NEMO_TOPR_PREPARED_DIR,
+    else prepared_data/ beside the run directory, where the runs beside it find them too."""
+    return os.environ.get(PREPARED_DIR_ENV) or str(Path(run_dir).parent / DEFAULT_SUBDIR)
+
 
 WHERE = f"""where sets live: dataset.prepared_dir when the config sets it, else ${PREPARED_DIR_ENV}, else
 {DEFAULT_SUBDIR}/ beside the run directory (RUN_DIR/../{DEFAULT_SUBDIR}), one directory a set, named by
@@ -30,13 +43,11 @@ remove: `rm -r PREPARED_DIR/KEY` when no job reads it (the next start prepares i
 
 
 def add_prepare_parser(verbs) -> None:  # noqa: ANN001
-    from nemo_topr.training.config import CONF_DIR
-
     prepare = verbs.add_parser("prepare", help="tokenize and pack a training config's data once, for every start",
                                description=__doc__.split("\n\n")[0] + "\n\n" + WHERE,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     prepare.add_argument("--config-name", default="topr", help="the training config, as `nemo-topr train` takes it")
-    prepare.add_argument("--config-path", default=str(CONF_DIR), help="config directory (default: %(default)s)")
+    prepare.add_argument("--config-path", default=None, help="config directory (default: the repository's conf/)")
     prepare.add_argument("overrides", nargs="*", help="key=value overrides, as `nemo-topr train` takes them")
     prepare.set_defaults(run=run_prepare)
 
@@ -45,6 +56,7 @@ def spec_of_config(raw) -> tuple[PrepareSpec, Path]:  # noqa: ANN001
     """(what `train` with config `raw` prepares, the directory it keeps sets in), as
     `build_training_run` sets up `ToprDatasetConfig`, without importing Megatron."""
     from nemo_topr import model_source
+    from nemo_topr.data.prepared import PrepareSpec  # noqa: F811 (torch loads with it)
     from nemo_topr.data.records import SOURCE_OPTIONS
     from nemo_topr.training.config import ConfigError, check_config
 

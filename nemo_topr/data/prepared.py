@@ -44,8 +44,6 @@ from nemo_topr.data.sequence_table import COLUMNS, TOKEN_DTYPE, SequenceTable, T
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-PREPARED_DIR_ENV = "NEMO_TOPR_PREPARED_DIR"
-DEFAULT_SUBDIR = "prepared_data"  # beside the run directory: RUN_DIR/../prepared_data
 CHUNK_RECORDS = 20_000  # records tokenized at a time: a set is never held as token lists whole
 # files of a tokenizer (transformers' AutoTokenizer reads these): a change to any is another key
 TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "added_tokens", "chat_template", "vocab", "merges")
@@ -87,12 +85,6 @@ class PrepareSpec:
                 "model_context": self.model_context, "too_long": too_long_policy(self.too_long, self.strict),
                 "strict": self.strict, "columns": columns, "split": self.split,
                 "extra_columns": self.extra_columns, "rendered_prompts": self.rendered_prompts}
-
-
-def default_prepared_dir(run_dir: Path) -> str:
-    """Where a run keeps prepared sets unless `dataset.prepared_dir` says: $NEMO_TOPR_PREPARED_DIR,
-    else prepared_data/ beside the run directory, where the runs beside it find them too."""
-    return os.environ.get(PREPARED_DIR_ENV) or str(Path(run_dir).parent / DEFAULT_SUBDIR)
 
 
 def key_of(parts: dict[str, Any]) -> str:

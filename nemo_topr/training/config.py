@@ -841,7 +841,7 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
 def build_training_run(raw: DictConfig) -> TrainingRun:
     """Map a composed config onto Bridge's ConfigContainer (model from `base_model`)."""
     from nemo_topr.model import source_provider
-    from nemo_topr.data.prepared import default_prepared_dir
+    from nemo_topr.data.prepare_verb import default_prepared_dir
     from nemo_topr.training.data import ToprDatasetConfig
 
     values, base_model, objective = check_config(raw)
