@@ -107,7 +107,7 @@ MUTANTS = (
        "ledger lines numbered one iteration late: a resume cuts back the wrong lines"),
     py("every_chunk_logs_the_samples", "is_first_model_chunk", "get_model_chunk_vp_stage(model) in (None, 0)",
        "True", LEDGER, "with virtual pipelining every micro-batch is logged once per model chunk"),
-    py("unseeded_shuffle", "RowOrder.__init__", "random.Random(seed + epoch).shuffle(order)",
+    py("unseeded_shuffle", "epoch_orders", "random.Random(seed + epoch).shuffle(order)",
        "random.shuffle(order)", ORDER, "a row order that differs per process: a resume trains other rows"),
     # the resume fingerprint and the checkpoint resumed from
     py("fingerprint_blind_to_rewards", "SequenceTable.digest", "fields(self)",

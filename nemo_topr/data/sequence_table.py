@@ -127,6 +127,18 @@ def rows_to_arrays(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarra
     return row_offsets, members
 
 
+def epoch_orders(epoch_rows: int, epochs: int, seed: int) -> np.ndarray:
+    """One epoch's row positions in training order, every epoch end to end: epoch e in the order
+    `random.Random(seed + e).shuffle` gives a list of `epoch_rows` rows (shuffle permutes positions
+    alone: the rows' values play no part)."""
+    orders = []
+    for epoch in range(epochs):
+        order = list(range(epoch_rows))
+        random.Random(seed + epoch).shuffle(order)
+        orders.append(np.asarray(order, np.int64))
+    return np.concatenate(orders) if orders else np.zeros(0, np.int64)
+
+
 class RowOrder(Sequence):
     """The rows of all epochs, in training order, then `filler` empty rows: epoch e is the rows of
     one epoch (`row_offsets`, `members`) in the order `random.Random(seed + e).shuffle` gives a
@@ -134,13 +146,7 @@ class RowOrder(Sequence):
 
     def __init__(self, row_offsets: np.ndarray, members: np.ndarray, *, epochs: int, seed: int, filler: int = 0):
         self.row_offsets, self.members, self.filler = row_offsets, members, filler
-        epoch_rows = len(row_offsets) - 1
-        orders = []
-        for epoch in range(epochs):  # shuffle permutes positions alone: the rows' values play no part
-            order = list(range(epoch_rows))
-            random.Random(seed + epoch).shuffle(order)
-            orders.append(np.asarray(order, np.int64))
-        self.order = np.concatenate(orders) if orders else np.zeros(0, np.int64)
+        self.order = epoch_orders(len(row_offsets) - 1, epochs, seed)
 
     @classmethod
     def padded(cls, sequences: int, **order) -> RowOrder:

@@ -14,7 +14,6 @@ with every sequence into the batch (`group_mean_rewards`, `baselines`; see
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,14 @@ from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
 from nemo_topr.data.packing import TokenizedSequence, collate_packed, pack_sequences, set_group_mean_rewards
 from nemo_topr.data.prepared import PrepareSpec, PreparedSet, find_or_prepare
 from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records, require_scored
-from nemo_topr.data.sequence_table import RowOrder, SequenceTable, padding_share_of, rows_digest, rows_to_arrays
+from nemo_topr.data.sequence_table import (
+    RowOrder,
+    SequenceTable,
+    epoch_orders,
+    padding_share_of,
+    rows_digest,
+    rows_to_arrays,
+)
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared, shared_padding_share
 from nemo_topr.data.sources import HUB_PREFIX, ExtraColumns
 from nemo_topr.data.tokenization import TokenizedDataset, TooLong, load_tokenizer, pad_id_of, tokenize_records
@@ -153,11 +159,7 @@ class ToprDatasetConfig(DatasetProvider):
             sequences = list(dataset.sequences)
             shared = pack_shared(sequences, self.seq_length)
             padding = shared_padding_share(sequences, shared, self.seq_length)
-            rows: Sequence = []
-            for epoch in range(self.epochs):
-                shuffled = list(shared)
-                random.Random(self.shuffle_seed + epoch).shuffle(shuffled)
-                rows += shuffled
+            rows: Sequence = [shared[i] for i in epoch_orders(len(shared), self.epochs, self.shuffle_seed)]
             filler = math.ceil(len(rows) / global_batch_size) * global_batch_size - len(rows)
             rows += [[] for _ in range(filler)]
         else:

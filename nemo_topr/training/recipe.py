@@ -391,8 +391,9 @@ def _prepared_set_of(raw):  # noqa: ANN001
     """The prepared set of `dataset:` when one is written already, else None."""
     from nemo_topr.data.prepare_verb import spec_of_config
     from nemo_topr.data.prepared import find_prepared
+    from nemo_topr.data.sources import HUB_PREFIX
 
-    if str((raw.get("dataset") or {}).get("train_path") or "").startswith("hub:"):
+    if str((raw.get("dataset") or {}).get("train_path") or "").startswith(HUB_PREFIX):
         return None  # read as it streams, never prepared
     try:
         return find_prepared(*spec_of_config(raw))
