@@ -91,8 +91,8 @@ HEAVY_IMPORT = re.compile(r"^import time:.*\|\s+(torch|transformers|megatron)\b"
     ("submit", ["--config", "llama31_8b_bf16", "--dry-run"]),
 ])
 def test_a_verb_that_loads_for_seconds_says_so_before_the_imports(verb, args, tmp_path):
-    """They printed nothing for 5 to 13 s while torch, transformers or Megatron loaded: a line of
-    their own comes before the first of those imports (Python's -X importtime reports each import
+    """Loading torch, transformers or Megatron takes these verbs 5 to 13 s: a line of their own
+    comes before the first of those imports (Python's -X importtime reports each import
     as it ends, on the same unbuffered stream)."""
     model = str(placeholder_hf_model(tmp_path / "model"))
     command = [sys.executable, "-u", "-X", "importtime", "-m", "nemo_topr.cli", *verb.split(),
@@ -105,7 +105,7 @@ def test_a_verb_that_loads_for_seconds_says_so_before_the_imports(verb, args, tm
 
 
 def test_score_logprobs_says_what_seq_length_is_and_its_default(capsys):
-    """`--seq-length SEQ_LENGTH` had no help, and its default was written nowhere."""
+    """`--seq-length SEQ_LENGTH` has help that says its default."""
     with pytest.raises(SystemExit):
         main(["score-logprobs", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())

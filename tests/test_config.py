@@ -210,7 +210,7 @@ def test_cpu_scoring_whose_attention_cannot_fit_in_memory_is_refused(tiny_hf, tm
     ("train=5", r"^train=5: train is a section; set its keys, as train.KEY=VALUE$"),
     ("objective=5", r"^objective=5: objective is a section; set its keys, as objective.KEY=VALUE$"),
     ("logger=abc", r"^logger='abc': logger is a section; set its keys, as logger.KEY=VALUE$"),
-    # a key of a section, or a typo of ours, given at the top: it was answered "epochs is a section"
+    # a key of a section, or a typo of ours, given at the top: unknown, with the key it may mean
     ("epochs=2", r"^unknown config key epochs\b.*did you mean dataset\.epochs\b"),
     ("lr=0.1", r"^unknown config key lr\b.*did you mean optimizer\.lr\b"),
     ("run-dir=x", r"^unknown config key run-dir\b.*did you mean run_dir\b"),

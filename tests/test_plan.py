@@ -198,7 +198,7 @@ MISTYPED_OVERRIDES = [
     ("train.global_batch_size=null", r"train.global_batch_size is unset \(null\): a run needs a value; set "
                                      r"train.global_batch_size=VALUE$"),
     ("train=5", r"train=5: train is a section; set its keys, as train.KEY=VALUE$"),
-    # a key of a section given at the top: it was answered "epochs is a section"
+    # a key of a section given at the top is unknown there, with the key it may mean
     ("epochs=2", r"unknown config key epochs\b.*did you mean dataset\.epochs\b"),
     ("lr=0.1", r"unknown config key lr\b.*did you mean optimizer\.lr\b"),
     ("run-dir=x", r"unknown config key run-dir\b.*did you mean run_dir\b"),
