@@ -13,7 +13,7 @@ import sys
 
 from nemo_topr import __version__, installed_version
 from nemo_topr.cluster.warning import hold_the_warning
-from nemo_topr.outputs import OutputWriteError
+from nemo_topr.errors import UserError
 from nemo_topr.quiet import VERBOSE_ENV, quiet_known_noise
 
 # verb -> (module, one-line help). Keep in pipeline order.
@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         hold_the_warning()
     try:
         return int(importlib.import_module(VERBS[verb][0]).main(rest) or 0)
-    except OutputWriteError as error:  # a full filesystem, in one line whichever verb met it
-        raise SystemExit(f"nemo-topr {verb}: {error}") from None
+    except UserError as error:  # every refusal, in one line, whichever layer of the verb met it
+        print(f"nemo-topr {verb}: {error}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:  # Ctrl-C is the user's own stop, not a failure to show a traceback of
         print(f"nemo-topr {verb}: interrupted", file=sys.stderr)
         return 130  # the shell's status for a command stopped by SIGINT

@@ -26,10 +26,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
+from nemo_topr.errors import UserError
+
 MARK = ".nemo-topr-output"
 
 
-class OutputError(ValueError):
+class OutputError(UserError, ValueError):
     """An output path that the command refuses before it starts its work."""
 
 
@@ -107,7 +109,7 @@ def distinct_outputs(outputs: dict[str, str | Path | None]) -> None:
 
 class OutputWriteError(OutputError):
     """A write the filesystem refused half-way (full, over quota, failing): nothing was written
-    under the output's name. Every verb ends with it in one line (`nemo_topr.cli`)."""
+    under the output's name."""
 
 
 # what a full or failing filesystem raises while a file is written, as against a program's fault,

@@ -1,0 +1,45 @@
+"""The one root of the errors a user can act on, and the one "did you mean" helper.
+
+A refusal says what is wrong, where (a file:row:field, a config key or an option) and, where it is
+not obvious, what to do. Every refusal raises `UserError` or a subclass; `nemo_topr.cli.main`
+renders it as one line, ``nemo-topr VERB: MESSAGE``, with the error's `exit_code` (1 unless a
+subclass says otherwise). Verbs never catch user errors to print them: an error met deep in a
+verb reaches the user unchanged.
+
+`key` names the problem for tests and tools (``"dataset.train_path.missing"``); the message is for
+people and may be reworded without touching a test that asserts the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class UserError(Exception):
+    """A problem the user can fix: bad input, a setting that cannot work, a full disk."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, key: str | None = None, where: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.where = where
+
+
+def nearest(word: str, choices: Iterable[str], *, n: int = 1, cutoff: float = 0.6) -> list[str]:
+    """The choices closest to a mistyped `word`, best first (difflib's ratio, at least `cutoff`)."""
+    return difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, n: int = 1, cutoff: float = 0.6, quote: bool = False,
+                 prefix: str = "") -> str:
+    """``"; did you mean X?"`` for the nearest choices (``X or Y`` when n > 1), or ``""`` when none is near.
+
+    `prefix` is put before each suggestion (a section's ``"optimizer."``); `quote` writes them as reprs.
+    """
+    close = nearest(word, choices, n=n, cutoff=cutoff)
+    if not close:
+        return ""
+    shown = [repr(prefix + name) if quote else prefix + name for name in close]
+    return f"; did you mean {' or '.join(shown)}?"
