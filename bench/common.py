@@ -164,7 +164,7 @@ def write_json(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
 # --------------------------------------------------------------------------------------------
 
 def tiny_tokenizer():
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 

@@ -81,7 +81,7 @@ def step_prepare(data: Path, tokenizer: Path, prepared_dir: Path) -> dict:
 
 def step_start(data: Path, tokenizer: Path, prepared_dir: Path | None) -> dict:
     """A start's data, as `training.recipe.prepare` readies it, then one pass over every global batch."""
-    from nemo_topr import cpu_runtime
+    from nemo_topr.model import cpu_runtime
 
     cpu_runtime.import_bridge()
     from nemo_topr.objective import ObjectiveConfig
@@ -129,7 +129,7 @@ def _per_token_growth(low: dict, high: dict, key: str) -> float:
 
 
 def measure(sizes: list[int], in_memory: list[int], work: Path) -> dict:
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     measured_at = environment()  # the commit and tree measured, before anything else runs
     build_tiny_tokenizer(work / "tokenizer")

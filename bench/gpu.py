@@ -44,14 +44,14 @@ def skip_reason() -> str | None:
 
 
 def has_te() -> bool:
-    from nemo_topr.model_settings import transformer_engine_available
+    from nemo_topr.model.settings import transformer_engine_available
 
     return transformer_engine_available()
 
 
 def build_model(layers: int, seq_length: int, precision: str, attention_backend: str = "auto"):
-    from nemo_topr.model import tiny_llama_provider
-    from nemo_topr.model_settings import device_model_settings
+    from nemo_topr.model.providers import tiny_llama_provider
+    from nemo_topr.model.settings import device_model_settings
 
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer.enums import AttnBackend
@@ -201,8 +201,8 @@ def measure(layers: int = 16, seq_length: int = 4096, rows: int = 1, microbatche
     reason = skip_reason()
     if reason:
         return {"skipped": True, "reason": reason}
-    from nemo_topr import cpu_runtime
-    from nemo_topr.distributed import initialize_model_parallel
+    from nemo_topr.model import cpu_runtime
+    from nemo_topr.utils.distributed import initialize_model_parallel
 
     # With CUDA the CPU-runtime patches are no-ops; only Bridge's import (TE stubbed for its
     # importers when TE is absent) is needed, and only the modules this section uses.

@@ -46,10 +46,10 @@ import torch
 
 from bench.common import git_output
 from bench.gpu import ATTENTION_BACKENDS
-from nemo_topr.device import DeviceError, add_device_argument, resolve_device
+from nemo_topr.model.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.doctor import (PER_TOKEN_SCORE_BOUND, CheckFailed, Doctor, Files, diagnose, per_token_difference,
                               report, scores_by_record, write_json)
-from nemo_topr.outputs import fresh_output_dir, write_whole
+from nemo_topr.utils.outputs import fresh_output_dir, write_whole
 
 BENCH_NOTE = ("bench/gpu.py as `python -m bench.run --sections gpu`, the 'bench gpu' check of `python -m "
               "bench.gpu_verbs`: the bench's environment.json and gpu.json as they came")
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"bench.gpu_verbs: {error}") from None
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
-    from nemo_topr.model_settings import transformer_engine_available
+    from nemo_topr.model.settings import transformer_engine_available
 
     header = {"commit": args.commit, "date_utc": datetime.datetime.now(datetime.UTC).isoformat(
         timespec="seconds"), "transformer_engine": transformer_engine_available(), "python": sys.version.split()[0],

@@ -137,7 +137,7 @@ def _llama3(path: str):
     """A Llama 3 tokenizer from a tokenizer.json, with the tiny tokenizer's Llama 3 chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    from nemo_topr.tiny_tokenizer import BOS, EOS, LLAMA3_CHAT_TEMPLATE
+    from nemo_topr.data.tiny_tokenizer import BOS, EOS, LLAMA3_CHAT_TEMPLATE
 
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=path, bos_token=BOS, eos_token=EOS)
     tokenizer.chat_template = LLAMA3_CHAT_TEMPLATE

@@ -45,7 +45,7 @@ QUICK = {
 
 def _python_module(module: str, args: list[str], nproc: int, threads: int) -> None:
     """Run ``python -m module args`` (under torch.distributed.run when nproc > 1), fail loudly."""
-    from nemo_topr.distributed import standalone_torchrun
+    from nemo_topr.utils.distributed import standalone_torchrun
 
     torchrun = standalone_torchrun(nproc, "--local-addr=127.0.0.1") if nproc > 1 else []
     cmd = [sys.executable, *torchrun, "-m", module, *args, "--threads", str(threads)]

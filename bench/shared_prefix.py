@@ -221,8 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from nemo_topr.device import use_device
-    from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
+    from nemo_topr.model.device import use_device
+    from nemo_topr.utils.distributed import destroy_model_parallel, initialize_model_parallel
 
     use_device("cpu", where="bench.shared_prefix")
     initialize_model_parallel(1, 1)

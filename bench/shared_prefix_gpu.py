@@ -37,7 +37,7 @@ LLAMA31_8B_LAYER = dict(hidden_size=4096, ffn_hidden_size=14336, num_attention_h
 def build(shape: dict, seq_length: int, *, shared: bool, precision: str, on_gpu: bool):
     from megatron.bridge.models.gpt_provider import transformer_engine_layer_spec
 
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
     from nemo_topr.training.flex_attention import prepare_shared_prefix_attention
 
     torch.manual_seed(1234)
@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from bench.common import environment
     from bench.shared_prefix import TINY_MODEL, UNSHARED_LENGTH, sequences, timing_length, workload
-    from nemo_topr.device import use_device
-    from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
+    from nemo_topr.model.device import use_device
+    from nemo_topr.utils.distributed import destroy_model_parallel, initialize_model_parallel
 
     if args.tiny:
         use_device("cpu", where="bench.shared_prefix_gpu --tiny")

@@ -72,7 +72,7 @@ def seconds_to_first_step(base_model: Path, data: Path, run_dir: Path, threads: 
 def measure_model(name: str, tmp: Path, reps: int, threads: int) -> dict:
     from safetensors.torch import load_file
 
-    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.model.providers import build_tiny_hf_llama
 
     hf = build_tiny_hf_llama(tmp / name / "hf", tiny_tokenizer(), **MODELS[name])
     started = time.perf_counter()

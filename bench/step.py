@@ -40,7 +40,7 @@ MODELS = {
 def build_model(shape: dict, seq_length: int, tp: int = 1, flex: bool = False):
     """A Llama-shaped Megatron GPT (local spec, fp32) at tensor-parallel size `tp`; `flex`: its
     core attention is FlexCoreAttention (same weights: the same seed)."""
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
     from nemo_topr.training.flex_attention import use_flex_attention
 
     torch.manual_seed(1234)
@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from nemo_topr.device import use_device
-    from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
+    from nemo_topr.model.device import use_device
+    from nemo_topr.utils.distributed import destroy_model_parallel, initialize_model_parallel
 
     use_device("cpu", where="bench.step")  # a CPU benchmark, by choice
     initialize_model_parallel(args.tp, 1)

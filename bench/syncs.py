@@ -165,8 +165,8 @@ def microbatches(objective, seq_length: int, rows: int, count: int) -> list:  # 
 
 
 def measure(seq_length: int = 512, rows: int = 2, count: int = 4) -> dict:
-    from nemo_topr import cpu_runtime
-    from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
+    from nemo_topr.model import cpu_runtime
+    from nemo_topr.utils.distributed import destroy_model_parallel, initialize_model_parallel
     from nemo_topr.objective import ObjectiveConfig
 
     cpu_runtime.import_bridge()

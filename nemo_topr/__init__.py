@@ -2,7 +2,7 @@
 
 Importing the package is cheap and side-effect free: it imports neither Megatron nor
 Bridge and patches nothing. The Megatron-facing modules import them when used, and the
-CPU runtime (`nemo_topr.cpu_runtime.enable_cpu_runtime`) is always applied explicitly.
+CPU runtime (`nemo_topr.model.cpu_runtime.enable_cpu_runtime`) is always applied explicitly.
 """
 
 import importlib.metadata

@@ -14,7 +14,7 @@ import sys
 from nemo_topr import __version__, installed_version
 from nemo_topr.cluster.warning import hold_the_warning
 from nemo_topr.errors import UserError
-from nemo_topr.quiet import VERBOSE_ENV, quiet_known_noise
+from nemo_topr.model.quiet import VERBOSE_ENV, quiet_known_noise
 
 # verb -> (module, one-line help). Keep in pipeline order.
 VERBS: dict[str, tuple[str, str]] = {
@@ -38,7 +38,7 @@ def _usage() -> str:
     lines = ["usage: nemo-topr [--verbose] VERB [args...]", "       nemo-topr --version", "", "verbs:"]
     lines += [f"  {verb:<{width}}  {help_}" for verb, (_, help_) in VERBS.items()]
     lines += ["", "Run `nemo-topr VERB --help` for a verb's options. --verbose (or NEMO_TOPR_VERBOSE=1) shows the "
-              "start-up warnings known to be harmless (nemo_topr/quiet.py)."]
+              "start-up warnings known to be harmless (nemo_topr/model/quiet.py)."]
     return "\n".join(lines)
 
 

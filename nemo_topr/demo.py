@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from nemo_topr.arguments import Parser
+from nemo_topr.utils.arguments import Parser
 
 STAGES = 6
 MAX_CHARS = 600  # question + answer, so that prompt + completion fit 512 tiny-tokenizer tokens
@@ -140,9 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a randomly initialised tiny model needs a far larger step than the paper's 5e-7")
     args = parser.parse_args(argv)
 
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.outputs import MARK, OutputError, fresh_output_dir
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.utils.outputs import MARK, OutputError, fresh_output_dir
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     started = time.time()
     earlier = Path(args.out).is_dir() and any(path.name != MARK for path in Path(args.out).iterdir())

@@ -51,10 +51,10 @@ from typing import Callable
 import torch
 
 from nemo_topr import installed_version
-from nemo_topr.arguments import Parser, positive_seconds
-from nemo_topr.device import DeviceError, add_device_argument, resolve_device
-from nemo_topr.model_settings import CUDNN_922_ATTRIBUTE, CUDNN_922_FIX, loaded_cudnn, own_cudnn_fix
-from nemo_topr.outputs import OutputError, add_overwrite_argument, fresh_output_dir, writable_output_file, write_whole
+from nemo_topr.utils.arguments import Parser, positive_seconds
+from nemo_topr.model.device import DeviceError, add_device_argument, resolve_device
+from nemo_topr.model.settings import CUDNN_922_ATTRIBUTE, CUDNN_922_FIX, loaded_cudnn, own_cudnn_fix
+from nemo_topr.utils.outputs import OutputError, add_overwrite_argument, fresh_output_dir, writable_output_file, write_whole
 
 TRAIN_RECORDS_PER_PROMPT = 3  # build_graded_records: a gold and two wrong completions
 PROMPTS = 4  # 12 records packed into 512-token rows, global batch 4 rows: 2 iterations
@@ -270,7 +270,7 @@ def _tensorboard(run_dir: Path, tag: str) -> list[float]:
 def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None = None,
              after_check: Callable[[Doctor], None] | None = None) -> Doctor:
     """Every check, in order; returns the doctor with its table."""
-    from nemo_topr.model_settings import transformer_engine_available
+    from nemo_topr.model.settings import transformer_engine_available
     from nemo_topr.training.recipe import EXIT_REQUEUE
 
     doctor = Doctor(device, work, timeout, deadline, after_check)
@@ -296,8 +296,8 @@ def diagnose(device: str, work: Path, timeout: float, *, deadline: float | None 
 
     def build() -> str:
         from nemo_topr.demo import build_graded_records
-        from nemo_topr.model import build_tiny_hf_llama
-        from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+        from nemo_topr.model.providers import build_tiny_hf_llama
+        from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
         # FP8 GEMMs need every dimension a multiple of 16 (the demo's 172-wide MLP is not); eval's
         # 8-shot GSM8K prompt is ~3,000 tiny-tokenizer tokens, which `generate` keeps within the context

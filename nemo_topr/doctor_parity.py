@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nemo_topr.arguments import Parser
+from nemo_topr.utils.arguments import Parser
 
 SEQ_LENGTH = 128
 LENGTHS = ([40, 30, 50], [70, 45])  # two rows, each with several sequences and a padding tail
@@ -54,8 +54,8 @@ def _packed_batch():
 def _build(transformer_impl: str, attention_backend: str):
     from megatron.core.transformer.enums import AttnBackend
 
-    from nemo_topr.model import tiny_llama_provider
-    from nemo_topr.model_settings import device_model_settings
+    from nemo_topr.model.providers import tiny_llama_provider
+    from nemo_topr.model.settings import device_model_settings
 
     provider = tiny_llama_provider(seq_length=SEQ_LENGTH)
     provider.transformer_impl = transformer_impl
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from megatron.core.utils import unwrap_model
 
-    from nemo_topr.device import use_device
-    from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
+    from nemo_topr.model.device import use_device
+    from nemo_topr.utils.distributed import destroy_model_parallel, initialize_model_parallel
     from nemo_topr.doctor import report_result
 
     parser = Parser(prog="python -m nemo_topr.doctor_parity", description=__doc__,

@@ -57,13 +57,13 @@ from typing import Any, get_type_hints
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from nemo_topr import model_source
-from nemo_topr.arguments import Parser, documented, dotted_keys
+from nemo_topr.model import source as model_source
+from nemo_topr.utils.arguments import Parser, documented, dotted_keys
 from nemo_topr.data.records import Record, is_positive
 from nemo_topr.data.tokenization import too_long_policy
-from nemo_topr.device import DEVICES
-from nemo_topr.distributed import standalone_torchrun
-from nemo_topr.outputs import OutputError, claimed_output_dir, write_whole
+from nemo_topr.model.device import DEVICES
+from nemo_topr.utils.distributed import standalone_torchrun
+from nemo_topr.utils.outputs import OutputError, claimed_output_dir, write_whole
 
 CURATION_MODES = ("anna_karenina", "target_p", "target_p_tilde", "none")
 SUBSAMPLING_MODES = ("target_p", "target_p_tilde")  # they need positives and negatives
@@ -145,7 +145,7 @@ class IterateConfig:
     base_model: str = MISSING  # what round 0 starts from: HF directory, Megatron checkpoint, run, RUN@ITERATION
     out: str = MISSING
     rounds: int = 1
-    device: str = "cuda"  # cuda | cpu, passed to every stage (`nemo_topr.device`): no silent fallback
+    device: str = "cuda"  # cuda | cpu, passed to every stage (`nemo_topr.model.device`): no silent fallback
     # ranks of the score and train stages: above 1 they run under torchrun --standalone on this node
     # (one rank per GPU; gloo ranks on cpu); generate and eval stay one process (vLLM splits a model itself)
     nproc_per_node: int = 1

@@ -103,8 +103,8 @@ def slurm_two_nodes():
 @pytest.fixture(scope="session")
 def megatron_world():
     """CPU runtime on, gloo world of one, TP=PP=1, for in-process Megatron tests."""
-    from nemo_topr import cpu_runtime
-    from nemo_topr.distributed import initialize_model_parallel
+    from nemo_topr.model import cpu_runtime
+    from nemo_topr.utils.distributed import initialize_model_parallel
 
     cpu_runtime.enable_cpu_runtime()
     initialize_model_parallel(1, 1)
@@ -131,7 +131,7 @@ def _tiny_tokenizer_files() -> dict[str, bytes]:
     """The files of a tiny chat tokenizer (Llama 3's special tokens and template), built once."""
     import tempfile
 
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     with tempfile.TemporaryDirectory() as directory:
         build_tiny_tokenizer(directory, vocab_size=300, corpus=["a small corpus: 12 + 7 = 19."])
@@ -150,13 +150,13 @@ def torch_dist_save(iteration_dir: Path, size: int = 4) -> Path:
 
 
 def placeholder_hf_model(directory: Path, config: dict | str | None = None, *, tokenizer: bool = True) -> Path:
-    """`directory`, made shaped like a Hugging Face model as nemo_topr.model_source inspects it:
+    """`directory`, made shaped like a Hugging Face model as nemo_topr.model.source inspects it:
     config.json (`config`, by default a Llama's architecture; a str is written as it is, so it may
     be malformed), a weights file and, unless `tokenizer` is false, a tiny tokenizer that loads
     (`generate` and `eval` check the prompts with it before sampling). No weights load: the file
     is a safetensors header listing the tensors of a sized Llama config, each of no bytes (the
     shapes an 8B or 70B model has, without its gigabytes), and empty for any other config."""
-    from nemo_topr.hf_weights import llama_weight_shapes
+    from nemo_topr.model.hf_weights import llama_weight_shapes
 
     directory.mkdir(parents=True)
     if config is None:
@@ -205,7 +205,7 @@ def run_distributed(worker: str, nproc: int, *args: str, timeout: float = 600) -
     The workers run in their own process group, which is killed whole on timeout so no
     stray ranks outlive the test. Raises with the workers' output when they fail.
     """
-    from nemo_topr.distributed import standalone_torchrun
+    from nemo_topr.utils.distributed import standalone_torchrun
 
     cmd = [sys.executable, *standalone_torchrun(nproc, "--local-addr=127.0.0.1"), str(WORKERS / worker), *args]
     env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
@@ -246,8 +246,8 @@ def demo_inputs(tmp_path_factory):
     """A tiny HF Llama and a scored dataset (the demo's first three stages): 48 samples; built
     once for the Slurm tests of every module."""
     from nemo_topr.demo import build_graded_records
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("slurm_inputs")
     model_dir = build_tiny_hf_llama(root / "tiny", build_tiny_tokenizer())

@@ -43,8 +43,8 @@ def nemo_topr(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
 def tiny(tmp_path_factory) -> Path:
     """A tiny HF Llama and 24 graded records (12 packed rows: 3 iterations of tiny_cpu's 4)."""
     from nemo_topr.demo import build_graded_records
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("tiny")
     build_tiny_hf_llama(root / "hf", build_tiny_tokenizer())
@@ -116,7 +116,7 @@ def dist_checkpoint(iteration_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weights(tiny, imported, tmp_path):
-    from nemo_topr.model_source import resolve
+    from nemo_topr.model.source import resolve
 
     out, proc = imported
     assert [line.split("]")[1].strip()[:5] for line in proc.stderr.splitlines() if line.startswith("[nemo-topr import]")
@@ -148,7 +148,7 @@ def test_import_writes_a_complete_checkpoint_that_exports_back_to_the_same_weigh
 FULL_DISK = {
     "no room": "import_checkpoint.free_bytes = lambda path: 1000",
     "save fails": """
-from nemo_topr import cpu_runtime
+from nemo_topr.model import cpu_runtime
 cpu_runtime.enable_cpu_runtime()  # as the import does first: Bridge imported without it looks for TE
 from megatron.bridge import AutoBridge
 from torch.distributed.checkpoint.api import CheckpointException
@@ -188,7 +188,7 @@ def test_an_import_the_disk_cannot_hold_ends_in_one_line_and_leaves_no_checkpoin
 
 # `nemo-topr import` in a fresh process, stopped while it loads the HF weights
 LOADING_STOPS = """
-from nemo_topr import cpu_runtime
+from nemo_topr.model import cpu_runtime
 cpu_runtime.enable_cpu_runtime()
 from megatron.bridge import AutoBridge
 
@@ -220,7 +220,7 @@ def test_an_import_stopped_while_loading_leaves_no_directory_it_made(tiny, tmp_p
 SAVED_THEN_WAITS = """
 import os, sys, time
 from pathlib import Path
-from nemo_topr import cpu_runtime
+from nemo_topr.model import cpu_runtime
 cpu_runtime.enable_cpu_runtime()
 from megatron.bridge import AutoBridge
 from nemo_topr.training import import_checkpoint
@@ -416,7 +416,7 @@ def _edit_config(path: Path, **changes) -> None:
 ], ids=["no_tracker", "no_metadata_json", "no_dcp_metadata", "no_hf_artifacts", "no_tokenizer", "other_architecture",
         "empty_tracker", "release_tracker"])
 def test_a_broken_megatron_checkpoint_is_a_clear_error(imported, tmp_path, breaks, message):
-    from nemo_topr.model_source import ModelSourceError, resolve
+    from nemo_topr.model.source import ModelSourceError, resolve
 
     copy = _broken_copy(imported[0], tmp_path, breaks)
     with pytest.raises(ModelSourceError, match=message):
@@ -424,7 +424,7 @@ def test_a_broken_megatron_checkpoint_is_a_clear_error(imported, tmp_path, break
 
 
 def test_a_missing_iteration_and_a_bad_base_model_fail_the_verbs(runs, imported, tmp_path, tiny):
-    from nemo_topr.model_source import ModelSourceError, resolve
+    from nemo_topr.model.source import ModelSourceError, resolve
 
     with pytest.raises(ModelSourceError, match=r"no checkpoint .*iter_0000007; saved iterations: \[1, 2, 3\]"):
         resolve(f"{runs['hf']}@7")
@@ -446,7 +446,7 @@ def test_a_missing_iteration_and_a_bad_base_model_fail_the_verbs(runs, imported,
 
 def test_plan_shows_the_load_route_and_rejects_an_unfinished_checkpoint(imported, tiny, tmp_path, capsys):
     from nemo_topr.cluster.plan import main
-    from nemo_topr.model_source import ModelSourceError, load_route
+    from nemo_topr.model.source import ModelSourceError, load_route
 
     main(["llama31_8b_bf16", f"base_model={imported[0]}"])
     lines = capsys.readouterr().out.splitlines()

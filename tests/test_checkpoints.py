@@ -106,8 +106,8 @@ def test_ranks_preparing_one_run_directory_repair_once_and_write_once(tmp_path):
     before torch.distributed exists, so nothing but the launcher's rank can keep the others out:
     rank 0 alone sets iter 10 aside, points the trackers at iter 5 and writes config.yaml and the
     data report; ranks 1 and 2 change nothing (an audit hook lists every write, rename, removal)."""
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     model = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer())
     run_dir, ready, start = tmp_path / "run", tmp_path / "ready", tmp_path / "start"

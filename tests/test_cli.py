@@ -53,7 +53,7 @@ def test_ctrl_c_stops_a_verb_in_one_line_with_the_shells_status(monkeypatch, cap
 def test_verbose_is_read_before_or_after_the_verb(argv, monkeypatch):
     """`nemo-topr export ... --verbose`, as the README's "`--verbose` shows them" invites, ended in
     "unrecognized arguments: --verbose" (found by following the docs)."""
-    from nemo_topr.quiet import VERBOSE_ENV
+    from nemo_topr.model.quiet import VERBOSE_ENV
 
     received = []
     monkeypatch.setattr("nemo_topr.data.cli.main", received.append)

@@ -14,8 +14,8 @@ from nemo_topr.training.config import ConfigError, build_training_run, check_con
 
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory, megatron_world):
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     return build_tiny_hf_llama(tmp_path_factory.mktemp("hf") / "tiny", build_tiny_tokenizer())
 
@@ -23,8 +23,8 @@ def tiny_hf(tmp_path_factory, megatron_world):
 @pytest.fixture(scope="module")
 def tiny_hf_8_layers(tmp_path_factory, megatron_world):
     """A base model deep enough for 2 pipeline stages x 2 virtual stages."""
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     return build_tiny_hf_llama(tmp_path_factory.mktemp("hf8") / "tiny", build_tiny_tokenizer(), num_layers=8)
 
@@ -268,7 +268,7 @@ def test_bad_values_and_names_are_clear_errors(tiny_hf, tmp_path):
         compose("nope")
     with pytest.raises(ConfigError, match="key=value"):
         compose("tiny_cpu", ["optimizer.lr"])
-    with pytest.raises(ConfigError, match="not a model directory; expected one of"):  # nemo_topr.model_source
+    with pytest.raises(ConfigError, match="not a model directory; expected one of"):  # nemo_topr.model.source
         _run(tmp_path, tmp_path)
     # each missing key with its own example (run_dir's named base_model's)
     with pytest.raises(ConfigError, match=r"^config keys \['base_model', 'run_dir'\] must be set \(e.g. "
@@ -874,8 +874,8 @@ def test_a_record_beyond_the_base_models_context_is_refused_by_train_and_score_l
     """model.seq_length may exceed the model's max_position_embeddings (packed rows restart positions
     per sequence); a record longer than it would be trained and scored at positions the model never saw."""
     from nemo_topr.data.records import DataError
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
     from nemo_topr.training.scoring import score_logprobs
 
     short_context = build_tiny_hf_llama(tmp_path / "hf", build_tiny_tokenizer(), max_position_embeddings=128)
@@ -1017,7 +1017,7 @@ def test_te_attention_is_refused_at_set_up_where_its_backward_needs_a_newer_cudn
     from megatron.core.optimizer import distrib_optimizer
     from megatron.core.transformer.enums import AttnBackend
 
-    from nemo_topr import model_settings
+    from nemo_topr.model import settings as model_settings
     from nemo_topr.training import config
 
     needs_922, older = tmp_path / "needs_922.so", tmp_path / "older.so"
@@ -1082,7 +1082,7 @@ def test_fp8_is_refused_where_no_transformer_engine_layer_would_run_it(tiny_hf, 
     its scores 0.00e+00 apart from BF16's. Refused at set-up, naming the key."""
     import torch
 
-    from nemo_topr import model_settings
+    from nemo_topr.model import settings as model_settings
 
     with pytest.raises(ConfigError, match=r"^model.fp8=hybrid with device=cpu: FP8 runs only in Transformer Engine's "
                                           r"layers on a GPU.*model.fp8=null"):

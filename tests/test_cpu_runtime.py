@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO, WORKERS, checkout_env, with_cuda_only_packages
-from nemo_topr import cpu_runtime
+from nemo_topr.model import cpu_runtime
 
 
 def test_importing_the_package_imports_no_megatron_and_patches_nothing():
@@ -96,11 +96,11 @@ def test_without_cuda_installed_te_and_apex_are_hidden_so_megatron_builds_torch_
     env = with_cuda_only_packages(tmp_path)
     hidden = _python("""
         import importlib.util
-        from nemo_topr.device import use_device
+        from nemo_topr.model.device import use_device
         assert use_device("cpu", where="--device") == "cpu"
         from megatron.core.transformer import transformer_block
         from megatron.core.transformer.torch_norm import WrappedTorchNorm
-        from nemo_topr.model_settings import transformer_engine_available
+        from nemo_topr.model.settings import transformer_engine_available
         for name in ("transformer_engine", "apex"):
             assert importlib.util.find_spec(name) is None, name
             try:
@@ -118,7 +118,7 @@ def test_without_cuda_installed_te_and_apex_are_hidden_so_megatron_builds_torch_
     seen = _python("""
         import torch
         torch.cuda.is_available = lambda: True
-        from nemo_topr import cpu_runtime
+        from nemo_topr.model import cpu_runtime
         cpu_runtime.import_bridge()
     """, env)
     assert seen.returncode != 0 and "RuntimeError: transformer_engine.pytorch was imported" in seen.stderr, seen.stderr[-3000:]
@@ -128,7 +128,7 @@ def test_a_cuda_only_package_imported_before_it_could_be_hidden_is_an_error(monk
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setitem(sys.modules, "transformer_engine", types.ModuleType("transformer_engine"))
     with pytest.raises(RuntimeError, match=r"\['transformer_engine'\] imported in a process without CUDA before "
-                                           r"nemo_topr.cpu_runtime.import_bridge\(\) could hide it"):
+                                           r"nemo_topr.model.cpu_runtime.import_bridge\(\) could hide it"):
         cpu_runtime.import_bridge(modules=())
 
 
@@ -136,8 +136,8 @@ def test_cpu_scoring_on_a_node_with_te_and_apex_installed_never_imports_them(tmp
     """The H200 doctor's `score vs cpu` route: `score-logprobs --device cpu` with both installed
     must not let Megatron import either (it imported Megatron before hiding them, and failed)."""
     from nemo_topr.demo import build_graded_records
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     env = with_cuda_only_packages(tmp_path / "site")
     model_dir = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer())

@@ -10,7 +10,7 @@ from nemo_topr.cli import main
 from nemo_topr.data.records import Record, load_records
 from nemo_topr.data.stats import summarize
 from nemo_topr.objective import effective_positive_share
-from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 SCORED = FIXTURES / "gsm8k_scored.jsonl"
@@ -114,7 +114,7 @@ def test_stats_and_curate_non_strict_print_the_drops_as_validate_does(verb, tmp_
 def test_validate_with_a_models_tokenizer_finds_records_beyond_its_context(capsys, tmp_path, tokenizer_dir):
     """What score-logprobs and train refuse (`beyond_model_context`) is found by validate when
     --tokenizer names a model; a bare tokenizer directory has no context to check."""
-    from nemo_topr.model import build_tiny_hf_llama
+    from nemo_topr.model.providers import build_tiny_hf_llama
 
     model = build_tiny_hf_llama(tmp_path / "short", build_tiny_tokenizer(chat_template=False),
                                 max_position_embeddings=200)  # the fixture's records: 125 to 293 tokens

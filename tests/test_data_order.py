@@ -26,7 +26,7 @@ def _order(tokenizer_dir, seed: int) -> list[list[int]]:
 @pytest.mark.guards_data_order
 @pytest.mark.slow  # one fresh interpreter importing Bridge (~20 s)
 def test_same_seed_same_order_in_any_process_and_a_resume_continues_it(tmp_path, megatron_world):
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     build_tiny_tokenizer(tmp_path / "tokenizer")
     order = _order(tmp_path / "tokenizer", seed=5)

@@ -19,7 +19,7 @@ from nemo_topr.data.packing import (
 from nemo_topr.data.prompts import gsm8k_gold_completion, load_gsm8k
 from nemo_topr.data.records import Record, RecordSet, ValidationReport
 from nemo_topr.data.tokenization import tokenize_records
-from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
 PAD = 0
 

@@ -22,7 +22,7 @@ SEQ_LENGTH = 512
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     directory = tmp_path_factory.mktemp("tokenizer")
     build_tiny_tokenizer(directory)

@@ -318,7 +318,7 @@ def test_data_cli_takes_a_mapping(tmp_path, capsys):
 
 
 def test_training_dataset_config_takes_a_mapping(tmp_path, megatron_world):
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
     from nemo_topr.training.data import ToprDatasetConfig
 
     tokenizer_dir = tmp_path / "tokenizer"
@@ -350,8 +350,8 @@ def test_training_from_a_saved_dataset_and_from_a_mapped_trl_jsonl(tmp_path):
     import datasets
 
     from nemo_topr.demo import _tensorboard_series, build_graded_records
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     model_dir = build_tiny_hf_llama(tmp_path / "tiny_llama_hf", build_tiny_tokenizer())
     records = [{**r, "behavior_logprob": -50.0 - i} for i, r in enumerate(build_graded_records(4))]

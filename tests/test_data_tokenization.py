@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from nemo_topr.data.records import DataError, Record, RecordSet, ValidationReport, load_records
 from nemo_topr.data.tokenization import load_tokenized, load_tokenizer, prompt_token_ids, tokenize_records
-from nemo_topr.tiny_tokenizer import BOS, CHAT_TOKENS, EOS, PAD, build_tiny_tokenizer
+from nemo_topr.data.tiny_tokenizer import BOS, CHAT_TOKENS, EOS, PAD, build_tiny_tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 

@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from conftest import REPO
-from nemo_topr.device import CHOICES, DEVICES, DeviceError, resolve_device
+from nemo_topr.model.device import CHOICES, DEVICES, DeviceError, resolve_device
 
 
 @pytest.mark.parametrize("requested, cuda_available, expected", [
@@ -73,7 +73,7 @@ def test_every_model_verb_defaults_to_cuda_and_fails_clearly_without_it(verb, tm
 
 
 def test_device_cpu_hides_the_gpus_from_the_process():
-    code = ("import os; from nemo_topr.device import select_device; "
+    code = ("import os; from nemo_topr.model.device import select_device; "
             "print(select_device('cpu', where='--device'), repr(os.environ['CUDA_VISIBLE_DEVICES']))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["cpu", "''"], proc.stderr
@@ -99,7 +99,7 @@ def test_scoring_moves_each_batch_to_the_model_device_and_scores_like_a_plain_fo
     from workers.topr_step_parallel import PAD_ID, SEQ_LENGTH, VOCAB, build_sequences, sequence_logprobs
 
     from nemo_topr.data.packing import collate_packed, collate_padded, pack_sequences
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
     from nemo_topr.training.scoring import scoring_forward_step
 
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""nemo_topr/distributed.py: a launcher's rendezvous that cannot work is refused at once, naming the
+"""nemo_topr/utils/distributed.py: a launcher's rendezvous that cannot work is refused at once, naming the
 variable, instead of every rank retrying an unresolvable MASTER_ADDR until torch's store times out."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from nemo_topr.distributed import RendezvousError, check_local_gpu, check_rendezvous
+from nemo_topr.utils.distributed import RendezvousError, check_local_gpu, check_rendezvous
 
 # RFC 6761: names under .invalid never resolve
 UNRESOLVABLE = "node-0042.invalid"
@@ -49,7 +49,7 @@ def test_a_plain_process_world_of_one_needs_no_port_chosen_ahead(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         script = ("import datetime, torch.distributed as dist\n"
-                  "from nemo_topr import distributed\n"
+                  "from nemo_topr.utils import distributed\n"
                   f"distributed.free_port = lambda: {taken.getsockname()[1]}  # chosen, then taken by another\n"
                   "distributed.local_rendezvous()\n"
                   "dist.init_process_group('gloo', world_size=1, rank=0, timeout=datetime.timedelta(seconds=20))\n"
@@ -63,8 +63,8 @@ def test_a_plain_process_world_of_one_needs_no_port_chosen_ahead(tmp_path):
 
 
 def test_train_refuses_an_unresolvable_master_addr_before_importing_megatron(tmp_path):
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     tiny_hf = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer(corpus=["The answer is 7."] * 20, vocab_size=300))
     environ = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": UNRESOLVABLE,
@@ -91,7 +91,7 @@ def test_score_logprobs_leaves_no_process_group_behind_and_a_callers_own_in_plac
     data = tmp_path / "two.jsonl"
     data.write_text("".join(scored.read_text().splitlines(keepends=True)[:2]))
     script = ("import sys, torch; from nemo_topr.training import scoring; "
-              "from nemo_topr.distributed import initialize_model_parallel; out, args = sys.argv[1], sys.argv[2:]; "
+              "from nemo_topr.utils.distributed import initialize_model_parallel; out, args = sys.argv[1], sys.argv[2:]; "
               "scoring.main(args + ['--out', out + '/first.jsonl']); "
               "print('made and ended:', not torch.distributed.is_initialized()); "
               "initialize_model_parallel(1, 1); scoring.main(args + ['--out', out + '/second.jsonl']); "
@@ -135,7 +135,7 @@ def test_a_rank_past_the_gpus_stops_before_its_process_group(monkeypatch):
     """What `score-logprobs` starts its world with, on CUDA (mocked: 2 GPUs)."""
     import torch
 
-    from nemo_topr.distributed import initialize_model_parallel
+    from nemo_topr.utils.distributed import initialize_model_parallel
 
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -137,8 +137,8 @@ def test_the_json_table_passes_only_when_finished_and_is_replaced_whole(tmp_path
 
 def test_per_token_difference_divides_by_completion_tokens_with_eos(tmp_path):
     from nemo_topr.data.tokenization import load_tokenizer
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     files = Files(tmp_path)
     build_tiny_hf_llama(files.model_dir, build_tiny_tokenizer())

@@ -60,8 +60,8 @@ def test_compare_by_hand():
 
 
 def _tiny_model(bf16: bool):
-    from nemo_topr.cpu_runtime import cpu_model_overrides
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.cpu_runtime import cpu_model_overrides
+    from nemo_topr.model.providers import tiny_llama_provider
 
     provider = cpu_model_overrides(tiny_llama_provider(seq_length=doctor_parity.SEQ_LENGTH))
     if bf16:

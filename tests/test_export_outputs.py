@@ -1,6 +1,6 @@
 """`nemo-topr export` never replaces what it did not make: a non-empty --hf-out is refused unless
 --overwrite names an earlier export, and a model appears under its name only once written completely. The checkpoint
-is a file-level fake (what `nemo_topr.model_source` inspects); Bridge's writer is replaced by
+is a file-level fake (what `nemo_topr.model.source` inspects); Bridge's writer is replaced by
 one that writes a marker file, so no Megatron import is needed (the real export is covered by
 tests/test_checkpoint_route.py and tests/test_training_e2e.py)."""
 
@@ -41,7 +41,7 @@ class _FakeBridge:
 
 @pytest.fixture
 def checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge())
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: _FakeBridge())
     return _fake_checkpoint(tmp_path / "ckpt")
 
 
@@ -79,7 +79,7 @@ def test_the_checkpoint_being_exported_is_refused_as_its_output_even_with_overwr
 
 
 def test_an_export_into_the_runs_own_directory_beside_its_checkpoints_is_accepted(tmp_path, monkeypatch):
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge())
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: _FakeBridge())
     run = tmp_path / "run"
     _fake_checkpoint(run / "checkpoints")
     (run / "config.yaml").write_text("model: {}\n")
@@ -157,11 +157,11 @@ def test_an_export_inside_an_earlier_export_is_refused(checkpoint, tmp_path, fla
 
 
 def test_an_interrupted_export_leaves_nothing_under_the_target_name(checkpoint, tmp_path, monkeypatch):
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge(fail=True))
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: _FakeBridge(fail=True))
     with pytest.raises(RuntimeError, match="killed half-way"):
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "model"), "--device", "cpu"])
     assert not (tmp_path / "model").exists()
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge())
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: _FakeBridge())
     assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "model"), "--device", "cpu"]) == 0
     assert not (tmp_path / ".model.partial").exists()
 
@@ -172,7 +172,7 @@ def test_an_interrupted_export_leaves_nothing_under_the_target_name(checkpoint, 
     OSError(28, "No space left on device"),
 ], ids=["safetensors", "oserror"])
 def test_an_export_that_cannot_be_written_is_removed_and_named_in_one_line(checkpoint, tmp_path, monkeypatch, error):
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge(error=error))
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: _FakeBridge(error=error))
     with pytest.raises(SystemExit, match=rf"^nemo-topr export: writing {tmp_path / 'model'}: .*No space left on "
                                          r"device.* \(the partial export is removed\)$"):
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "model"), "--device", "cpu"])
@@ -215,7 +215,7 @@ def test_bad_inputs_are_refused_before_megatron_is_imported(tmp_path):
 def test_an_iteration_named_twice_is_refused_not_one_of_the_two_dropped(tmp_path, monkeypatch, named, flags):
     """`--ckpt RUN@2 --iteration 1` exported iteration 1 without a word, and an iter_* directory
     with --all-iterations exported every iteration."""
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge())
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: _FakeBridge())
     run = tmp_path / "run"
     checkpoints = _fake_checkpoint(run / "checkpoints")
     (checkpoints / "iter_0000002").mkdir()
@@ -266,14 +266,14 @@ def test_an_export_cut_short_goes_on_where_it_stopped_when_run_again(checkpoint,
     hf = tmp_path / "hf"
     args = ["--ckpt", str(checkpoint), "--hf-out", str(hf), "--all-iterations", "--device", "cpu"]
     stopped = _CountingBridge(stop_at="iter_0000002")
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: stopped)
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: stopped)
     with pytest.raises(KeyboardInterrupt):
         export.main(args)
     assert stopped.exported == ["iter_0000001"] and sorted(p.name for p in hf.iterdir()) == ["iter_0000001"]
     first = (hf / "iter_0000001" / "model.safetensors").stat().st_mtime_ns
     capsys.readouterr()
     again = _CountingBridge()
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: again)
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: again)
     assert export.main(args) == 0
     assert again.exported == ["iter_0000002", "iter_0000003"]
     out, err = capsys.readouterr()
@@ -287,10 +287,10 @@ def test_an_export_cut_short_goes_on_where_it_stopped_when_run_again(checkpoint,
     for iteration in iterations:
         assert (hf / iteration.name / "model.safetensors").read_text() == f"exported from {iteration}"
     # all current: nothing exported, nor Megatron imported (the bridge is never built)
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: pytest.fail("bridge built"))
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: pytest.fail("bridge built"))
     assert export.main(args) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["kept"] * 3
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: again)
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: again)
     assert export.main([*args, "--overwrite"]) == 0  # --overwrite redoes them all
     assert again.exported == ["iter_0000002", "iter_0000003", "iter_0000001", "iter_0000002", "iter_0000003"]
 
@@ -345,14 +345,14 @@ def test_a_second_export_into_a_target_being_written_is_refused(checkpoint, tmp_
                 export.main(second)
             refusals.append(str(refused.value))
 
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: SecondExportMeanwhile())
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: SecondExportMeanwhile())
     assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(hf), "--device", "cpu"]) == 0
     assert refusals == [f"nemo-topr export: {hf}: another export is writing it now ({partial} is locked): wait for "
                         "it to end, or choose another --hf-out"]
     assert _tree(hf) == {"model.safetensors": f"exported from {checkpoint / 'iter_0000001'}".encode(),
                          export.EXPORT_RECORD: (hf / export.EXPORT_RECORD).read_bytes()}
     assert json.loads((hf / export.EXPORT_RECORD).read_text())["checkpoint"] == str(checkpoint / "iter_0000001")
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: _FakeBridge())
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: _FakeBridge())
     assert export.main([*second, "--overwrite"]) == 0  # once the first has ended
     assert (hf / "model.safetensors").read_text() == f"exported from {other / 'iter_0000001'}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "hf", "round2"]

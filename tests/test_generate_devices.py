@@ -14,8 +14,8 @@ from nemo_topr.evaluation import generate
 
 @pytest.fixture(scope="module")
 def prompt_run(tmp_path_factory):
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("generate_devices")
     model = build_tiny_hf_llama(root / "tiny", build_tiny_tokenizer())

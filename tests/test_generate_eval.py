@@ -30,8 +30,8 @@ TINY_SAMPLING = ["--num-samples", "2", "--max-new-tokens", "16", "--device", "cp
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     # The 8-shot GSM8K prompt is about 3,000 tiny-tokenizer tokens.
     out = tmp_path_factory.mktemp("tiny_llama")
@@ -177,8 +177,8 @@ def test_eval_refuses_options_its_mode_would_ignore(options, message, tmp_path, 
 def test_gsm8k_on_a_short_context_model_is_refused_naming_num_shots_and_runs_with_fewer(tmp_path, capsys):
     """The demo model's context (1,024) holds no 8-shot GSM8K prompt (about 3,000 tiny-tokenizer
     tokens): `eval --benchmark gsm8k` was refused with no way to evaluate it."""
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     short = build_tiny_hf_llama(tmp_path / "short", build_tiny_tokenizer(), max_position_embeddings=1024)
     sampling = ["--benchmark", "gsm8k", "--model", str(short), "--limit", "1", "--max-new-tokens", "4",
@@ -971,8 +971,8 @@ def test_sampling_leaves_room_in_the_models_context_and_refuses_a_full_prompt(tm
     from transformers import GenerationMixin
 
     from nemo_topr.data.tokenization import prompt_token_ids
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     prompts = _math_prompts(tmp_path, 3)
     problems = load_problems(str(prompts), task="math")
@@ -1020,8 +1020,8 @@ def test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when
     from transformers import GenerationMixin
 
     from nemo_topr.data.tokenization import prompt_token_ids
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_hf_llama(tmp_path / "model", tokenizer)

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from conftest import REPO
-from nemo_topr import model_settings
-from nemo_topr.attention_check import FLEX, MASK, THD, AttentionError, check_attention, core_attention_of_spec
+from nemo_topr.model import settings as model_settings
+from nemo_topr.model.attention_check import FLEX, MASK, THD, AttentionError, check_attention, core_attention_of_spec
 
 
 def test_bridge_setup_uses_the_prebuilt_dataset_helpers_on_cuda():
@@ -33,7 +33,7 @@ def test_bridge_setup_uses_the_prebuilt_dataset_helpers_on_cuda():
     script = textwrap.dedent("""
         import subprocess, torch
         torch.cuda.is_available = lambda: True
-        from nemo_topr.device import use_device
+        from nemo_topr.model.device import use_device
         assert use_device("cuda", where="--device") == "cuda"
         def no_make(*args, **kwargs):
             raise SystemExit(f"compile_helpers ran {args}")
@@ -75,7 +75,7 @@ def gpu(monkeypatch):
 def _gpu_provider(transformer_impl: str):
     """A provider as a verb gets it on the GPU (settings applied at creation), then the YAML's
     model.transformer_impl, then the settings again (`build_training_run` order)."""
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
 
     provider = tiny_llama_provider()
     provider.transformer_impl = transformer_impl
@@ -136,7 +136,7 @@ def test_the_two_silent_cross_sequence_cases_of_the_old_path_are_refused(megatro
     local layers kept the fused causal softmax. Both ignore the packed mask: both are refused."""
     gpu(te=True, apex=True)
     from megatron.bridge.models.gpt_provider import default_layer_spec
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
 
     provider = tiny_llama_provider()
     provider.transformer_impl = "local"  # the string alone
@@ -174,7 +174,7 @@ def test_the_step_refuses_a_built_model_whose_attention_ignores_its_input(megatr
     from workers.topr_step_parallel import PAD_ID, SEQ_LENGTH, VOCAB, build_sequences
 
     from nemo_topr.data.packing import collate_packed
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
     from nemo_topr.training.step import forward_packed
 
     provider = tiny_llama_provider(vocab_size=VOCAB, seq_length=SEQ_LENGTH)
@@ -201,7 +201,7 @@ def test_config_only_sources_get_a_seeded_cuda_rng_tracker(megatron_world, monke
     for training). With CUDA mocked the tracker is seeded through the CPU runtime's RNG patches."""
     from megatron.core import tensor_parallel
 
-    from nemo_topr.distributed import initialize_model_parallel
+    from nemo_topr.utils.distributed import initialize_model_parallel
 
     tracker = tensor_parallel.get_cuda_rng_tracker()
     tracker.reset()
@@ -317,8 +317,8 @@ def test_scoring_follows_the_training_micro_batch_rule(impl, pipeline, requested
 def test_scoring_takes_the_training_presets_model_section(megatron_world, tmp_path):
     """`score-logprobs --train-config llama31_8b_fp8`: mu is scored with the FP8 recipe and the
     TP/SP layout training uses (so log rho = 0 at step 0 up to FP8's own run-to-run noise)."""
-    from nemo_topr.model import build_tiny_hf_llama, hf_llama_provider
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama, hf_llama_provider
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
     from nemo_topr.training.config import ConfigError
     from nemo_topr.training.scoring import apply_training_model_section
 
@@ -341,8 +341,8 @@ def test_scoring_flags_that_contradict_the_training_config_are_refused(megatron_
     """On cuda `--train-config` sets precision and TP/PP; a `--tp`, `--pp` or `--precision` given
     with it would be silently overridden, so it is refused. On CPU the config is not applied
     (said on stdout) and the flags hold, but it is read: a config that is not there is named."""
-    from nemo_topr.model import build_tiny_hf_llama, hf_llama_provider
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama, hf_llama_provider
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
     from nemo_topr.training.config import ConfigError
     from nemo_topr.training.scoring import apply_scoring_layout
 
@@ -379,8 +379,8 @@ def test_scoring_refuses_a_training_config_that_reshapes_the_model(megatron_worl
     """A training config whose model section sets a key of the weights' shapes other than the scored
     model's (num_layers 5 over a model of 2) scored a model other than the one on disk; it is
     refused where it would be applied (cuda) and on the CPU dry run that reads it."""
-    from nemo_topr.model import build_tiny_hf_llama, hf_llama_provider
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama, hf_llama_provider
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
     from nemo_topr.training.config import ConfigError
     from nemo_topr.training.scoring import apply_scoring_layout
 
@@ -407,8 +407,8 @@ def test_scoring_refuses_a_training_configs_fp8_on_a_gpu_without_te(megatron_wor
     """Without Transformer Engine the GPU route has local layers, which ignore model.fp8: scoring
     `--train-config llama31_8b_fp8` would write BF16 scores as if they were the FP8 ones. Training
     refuses that config there (`check_fp8`); scoring must refuse it too, and say how to go on."""
-    from nemo_topr.model import build_tiny_hf_llama, hf_llama_provider
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama, hf_llama_provider
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
     from nemo_topr.training.config import ConfigError
     from nemo_topr.training.scoring import apply_training_model_section, scoring_model_settings
 

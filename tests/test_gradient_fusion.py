@@ -4,7 +4,7 @@ Bridge's GPTModelProvider defaults the fusion to on whenever transformer_engine.
 (megatron/bridge/utils/fusions.py:34-53), but Megatron-Core's ColumnParallelLinear -- the output
 layer, also under Transformer Engine -- raises without Apex's fused_weight_gradient_mlp_cuda
 (megatron/core/tensor_parallel/layers.py:1070). Every verb's model settings
-(`nemo_topr.model_settings.device_model_settings`) therefore turn it on only when that extension
+(`nemo_topr.model.settings.device_model_settings`) therefore turn it on only when that extension
 can be imported and the model is wrapped in DDP. CUDA is mocked available (nothing runs on a GPU)."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_topr.model_settings import device_model_settings, gradient_accumulation_fusion_available
+from nemo_topr.model.settings import device_model_settings, gradient_accumulation_fusion_available
 
 
 @pytest.fixture
 def provider(tmp_path, megatron_world, monkeypatch):
-    from nemo_topr.model import build_tiny_hf_llama, hf_llama_provider
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama, hf_llama_provider
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     _, provider = hf_llama_provider(build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer()),
                                     load_weights=False)

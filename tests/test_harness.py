@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import nemo_topr
-from nemo_topr import distributed
+from nemo_topr.utils import distributed
 from conftest import REPO, WORKERS, checkout_env, port_below_ephemeral_range, run_distributed
 
 

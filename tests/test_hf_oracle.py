@@ -64,8 +64,8 @@ def oracle(tmp_path_factory, megatron_world):
 
     from nemo_topr.data.records import load_records
     from nemo_topr.data.tokenization import load_tokenizer, tokenize_records
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("hf_oracle")
     hf_dir = build_tiny_hf_llama(root / "hf", build_tiny_tokenizer(), seed=7)
@@ -81,8 +81,8 @@ def oracle(tmp_path_factory, megatron_world):
 
 def _megatron_model(hf_dir):
     """The Megatron model as training and scoring build it: Bridge loads the HF weights."""
-    from nemo_topr import model_source
-    from nemo_topr.model import load_model, source_provider
+    from nemo_topr.model import source as model_source
+    from nemo_topr.model.providers import load_model, source_provider
 
     source = model_source.resolve(hf_dir)
     _, provider = source_provider(source, seq_length=SEQ_LENGTH)

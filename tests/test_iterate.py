@@ -839,8 +839,8 @@ def test_score_and_train_stages_run_in_two_ranks_under_torchrun(tmp_path):
     sequence's log pi at step 0. (The whole driver, rounds and rerun, runs across two real Slurm
     nodes in tests/test_slurm_two_nodes.py.)"""
     from nemo_topr.demo import build_graded_records
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     model = build_tiny_hf_llama(tmp_path / "tiny_llama", build_tiny_tokenizer())
     graded, scored, run_dir = tmp_path / "graded.jsonl", tmp_path / "scored.jsonl", tmp_path / "run"

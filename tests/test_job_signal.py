@@ -70,7 +70,7 @@ import os, signal, sys, types
 from pathlib import Path
 from nemo_topr.cluster.warning import hold_the_warning
 hold_the_warning()  # as cli.py does for train, before any import
-from nemo_topr.device import use_device
+from nemo_topr.model.device import use_device
 use_device("cpu", where="device")
 from nemo_topr.training import recipe
 from nemo_topr.training.run_state import RunStateError
@@ -107,7 +107,7 @@ def test_a_stop_during_preparation_then_a_refused_start_says_why_and_leaves_no_l
 
 WRITER_QUEUE_THEN_KILLED = """
 import os, signal
-from nemo_topr.device import use_device
+from nemo_topr.model.device import use_device
 use_device("cpu", where="device")
 from nemo_topr.training.writer_queue import start_checkpoint_writer_queue
 start_checkpoint_writer_queue(signal.SIGTERM)

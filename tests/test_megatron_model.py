@@ -5,7 +5,7 @@ import torch
 
 
 def test_tiny_llama_forward_backward_and_labels_path(megatron_world):
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
 
     torch.manual_seed(0)
     provider = tiny_llama_provider(vocab_size=300, seq_length=32)

@@ -10,15 +10,15 @@ import sys
 import pytest
 from conftest import REPO, placeholder_hf_model
 
-from nemo_topr.model_source import ModelSourceError, resolve
+from nemo_topr.model.source import ModelSourceError, resolve
 from nemo_topr.training import export
 from nemo_topr.training.config import ConfigError, build_training_run, compose
 
 
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory):
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     corpus = ["Question: 12 apples and 30 more?\nAnswer: 42", "The answer is 7."] * 20
     return build_tiny_hf_llama(tmp_path_factory.mktemp("hf") / "tiny", build_tiny_tokenizer(corpus=corpus, vocab_size=300))
@@ -178,7 +178,7 @@ ONLY_LLAMA = ("; nemo-topr converts, trains and exports LlamaForCausalLM models 
 def test_a_model_of_another_architecture_is_refused_for_megatron_and_kept_for_sampling(tmp_path, config, found):
     """Unchecked, GPT-2 would reach AutoBridge's multi-line ValueError after Megatron's imports;
     Qwen2, which Bridge converts, would run packing and export paths no test has run."""
-    from nemo_topr.model_source import require_hugging_face
+    from nemo_topr.model.source import require_hugging_face
 
     model = placeholder_hf_model(tmp_path / "model", config)
     with pytest.raises(ModelSourceError) as refused:
@@ -192,7 +192,7 @@ def test_a_megatron_checkpoint_given_to_a_sampling_verb_names_the_export_with_it
     default --device cuda (found by following the docs)."""
     from test_export_outputs import _fake_checkpoint
 
-    from nemo_topr.model_source import require_hugging_face
+    from nemo_topr.model.source import require_hugging_face
 
     checkpoint = _fake_checkpoint(tmp_path / "ckpt")
     with pytest.raises(ModelSourceError, match=rf"export it once with `nemo-topr export --ckpt {checkpoint} --hf-out "
@@ -248,7 +248,7 @@ def test_a_checkpoint_cut_short_since_its_save_is_named_by_every_verb_that_reads
     resume of the run itself said so (tests/test_checkpoint_repair.py)."""
     from conftest import torch_dist_save
 
-    from nemo_topr.model_source import check_intact
+    from nemo_topr.model.source import check_intact
     from nemo_topr.training import export
 
     root = tmp_path / "ckpt"
@@ -288,7 +288,7 @@ def _edited_copy(tiny_hf, directory, **config_changes):
     return copy
 
 
-TINY_LAYOUT = "hidden_size=64, intermediate_size=172"  # tiny_hf's (nemo_topr.model.build_tiny_hf_llama)
+TINY_LAYOUT = "hidden_size=64, intermediate_size=172"  # tiny_hf's (nemo_topr.model.providers.build_tiny_hf_llama)
 
 
 @pytest.mark.parametrize("change, problem", [
@@ -310,7 +310,7 @@ def test_hf_weights_that_are_not_config_jsons_model_are_refused(tiny_hf, tmp_pat
     wrote uninitialised memory as that layer, both with exit 0; a layer fewer, or tied embeddings,
     dropped weights without a word (transformers calls them MISSING and UNEXPECTED); a narrower
     MLP ended in Bridge's traceback after the start-up."""
-    from nemo_topr.model_source import check_intact
+    from nemo_topr.model.source import check_intact
 
     copy = _edited_copy(tiny_hf, tmp_path / "edited", **change)
     with pytest.raises(ModelSourceError) as refused:
@@ -343,7 +343,7 @@ def test_hf_weights_bridge_cannot_read_or_cut_short_are_named(tiny_hf, tmp_path)
     import torch
     from safetensors.torch import load_file
 
-    from nemo_topr.model_source import check_intact
+    from nemo_topr.model.source import check_intact
 
     def refusal(directory):
         with pytest.raises(ModelSourceError) as refused:
@@ -376,7 +376,7 @@ def test_the_expected_llama_tensors_are_those_transformers_saves(tmp_path, tied)
     from safetensors import safe_open
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from nemo_topr.hf_weights import llama_weight_shapes
+    from nemo_topr.model.hf_weights import llama_weight_shapes
 
     config = LlamaConfig(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=tied)

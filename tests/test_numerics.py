@@ -12,7 +12,7 @@ from workers.topr_step_parallel import PAD_ID, VOCAB, build_sequences, sequence_
 
 @pytest.fixture(scope="module")
 def model(megatron_world):
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
 
     torch.manual_seed(0)
     provider = tiny_llama_provider(vocab_size=VOCAB, seq_length=1024)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, checkout_env
-from nemo_topr.outputs import (MARK, OutputError, OutputWriteError, claimed_output_dir, distinct_outputs,
+from nemo_topr.utils.outputs import (MARK, OutputError, OutputWriteError, claimed_output_dir, distinct_outputs,
                                fresh_output_dir, refuse_to_overwrite_an_input, writable_output_file, write_whole,
                                written_whole)
 
@@ -113,8 +113,8 @@ def test_an_output_that_is_an_input_file_is_refused_by_any_spelling(tmp_path, mo
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     return build_tiny_hf_llama(tmp_path_factory.mktemp("tiny") / "hf", build_tiny_tokenizer())
 
@@ -445,7 +445,7 @@ def test_a_demo_run_again_says_it_empties_the_earlier_one(tmp_path, monkeypatch,
     def stop(*args, **kwargs):
         raise SystemExit("stopped after the output directory")
 
-    monkeypatch.setattr("nemo_topr.model.build_tiny_hf_llama", stop)
+    monkeypatch.setattr("nemo_topr.model.providers.build_tiny_hf_llama", stop)
     earlier = fresh_output_dir(tmp_path / "demo", "nemo_topr.demo")
     (earlier / "run").mkdir()
     new = tmp_path / "new"

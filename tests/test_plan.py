@@ -10,7 +10,7 @@ import re
 import pytest
 from conftest import placeholder_hf_model
 
-from nemo_topr.cluster.architecture import REFERENCE_ARCHITECTURES, Architecture
+from nemo_topr.model.architecture import REFERENCE_ARCHITECTURES, Architecture
 from nemo_topr.cluster.checks import check_layout
 from nemo_topr.cluster.layout import Layout
 from nemo_topr.cluster.memory import activation_bytes_per_layer, chunk_forwards_in_flight, estimate_memory
@@ -397,7 +397,7 @@ def test_a_config_json_without_a_size_or_with_a_text_one_is_named_not_a_tracebac
 
 @pytest.fixture(scope="module")
 def cpu_bridge():
-    from nemo_topr import cpu_runtime
+    from nemo_topr.model import cpu_runtime
 
     cpu_runtime.enable_cpu_runtime()
 

@@ -1,5 +1,5 @@
 """Start-up noise: the known-harmless warnings and log lines are filtered in one place
-(nemo_topr/quiet.py), everything else still shows, and NEMO_TOPR_VERBOSE=1 shows it all."""
+(nemo_topr/model/quiet.py), everything else still shows, and NEMO_TOPR_VERBOSE=1 shows it all."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 from conftest import REPO
-from nemo_topr.quiet import quiet_known_noise
+from nemo_topr.model.quiet import quiet_known_noise
 
 
 def _shown(environ: dict[str, str]) -> tuple[list[str], list[str]]:
@@ -138,7 +138,7 @@ def test_plan_checking_an_architecture_key_prints_no_fusion_warning_unless_verbo
 
 STDOUT_WRITERS = r'''
 import ctypes, os, sys
-from nemo_topr.quiet import stdout_to_stderr
+from nemo_topr.model.quiet import stdout_to_stderr
 print("before", flush=True)
 with stdout_to_stderr():
     os.write(1, b"[Gloo] Rank 0 is connected to 0 peer ranks. Expected number of connected peer ranks is : 0\n")

@@ -1,5 +1,5 @@
 """RUN@ITERATION and `export --all-iterations` on a run directory made of just the files
-`nemo_topr.model_source` reads (no training, no Megatron): fast tests of guarantees the slow
+`nemo_topr.model.source` reads (no training, no Megatron): fast tests of guarantees the slow
 end-to-end tests (test_training_e2e.py, test_checkpoint_route.py) also hold."""
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import torch_dist_save
 
-from nemo_topr import model_source
-from nemo_topr.model_source import ModelSourceError, resolve
+from nemo_topr.model import source as model_source
+from nemo_topr.model.source import ModelSourceError, resolve
 from nemo_topr.training import export
 
 SAVED = (2, 4, 6)  # iterations of the fake run; 6 is the latest
@@ -85,7 +85,7 @@ def test_export_all_iterations_maps_each_output_to_its_own_iteration(run_dir, tm
             Path(out).mkdir(parents=True, exist_ok=True)  # as Bridge does: export makes it first
 
     monkeypatch.setattr(export, "use_device", lambda device, where: device)
-    monkeypatch.setattr("nemo_topr.model.config_only_bridge", lambda hf_dir: RecordingBridge())
+    monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: RecordingBridge())
     out = tmp_path / "exports"
     assert export.main(["--ckpt", str(run_dir), "--hf-out", str(out), "--all-iterations", "--device", "cpu"]) == 0
     names = [f"iter_{i:07d}" for i in SAVED]
@@ -105,8 +105,8 @@ def test_a_runs_tokenizer_is_found_beside_its_checkpoints(run_dir, tmp_path):
     import shutil
 
     from nemo_topr.data.tokenization import load_tokenizer
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     hf_dir = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer())
     artifacts = run_dir / "checkpoints" / model_source.HF_ARTIFACTS

@@ -180,7 +180,7 @@ def test_without_rope_at_position_ids_the_shared_layout_would_be_wrong(megatron_
     segment of a block (its distance to the prompt changes), so the position-id RoPE is needed."""
     import contextlib
 
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
     from nemo_topr.training import step
 
     torch.manual_seed(1234)
@@ -273,8 +273,8 @@ def _group_records(path):
 
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory, megatron_world):
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     return build_tiny_hf_llama(tmp_path_factory.mktemp("hf") / "tiny", build_tiny_tokenizer())
 

@@ -92,7 +92,7 @@ def _submit(capsys, *args: str) -> tuple[int, str, str]:
     """`nemo-topr submit ARGS` in this process, with the CLI's filter of known start-up noise: in
     a worker where this is the first Megatron import, its warnings would otherwise be in `err`."""
     from nemo_topr.cluster.submit import main
-    from nemo_topr.quiet import quiet_known_noise
+    from nemo_topr.model.quiet import quiet_known_noise
 
     quiet_known_noise()
     status = main(list(args))

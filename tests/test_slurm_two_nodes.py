@@ -54,8 +54,8 @@ def test_iterate_scores_and_trains_across_two_nodes_and_a_rerun_redoes_nothing(s
     from test_iterate import check_two_rounds
 
     from nemo_topr import iterate
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     monkeypatch.setenv("SLURM_CONF", slurm_two_nodes)
     model = build_tiny_hf_llama(tmp_path / "tiny_llama", build_tiny_tokenizer())

@@ -30,8 +30,8 @@ def test_tp2_logprobs_match_tp1(tmp_path):
 def test_a_layout_the_launched_processes_cannot_hold_is_named_before_megatron_starts(tmp_path):
     """`score-logprobs --tp 2` in one process ended in Megatron's RuntimeError traceback
     (initialize_model_parallel: world_size (1) is not divisible by 2)."""
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     def layout(tp, pp):
         return SimpleNamespace(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)

@@ -172,7 +172,7 @@ def _check_layout_against_reference(root, layout: str, split: tuple, layers: int
 
 
 def _tiny_model():
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
 
     torch.manual_seed(1234)
     provider = tiny_llama_provider(vocab_size=VOCAB, seq_length=SEQ_LENGTH)
@@ -298,7 +298,7 @@ def _provider_batches(tmp_path, records, dp_size=2, **dataset):
 
     from megatron.bridge.data.samplers import MegatronPretrainingSampler
 
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
     from nemo_topr.training.data import ToprDatasetConfig
 
     tokenizer_dir = tmp_path / "tokenizer"

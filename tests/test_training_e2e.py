@@ -255,7 +255,7 @@ def _final_checkpoint(run_dir: Path) -> tuple[int, dict[str, torch.Tensor]]:
     """(iteration, every tensor) of a run's latest checkpoint, read by Megatron's own loader."""
     from megatron.core import dist_checkpointing
 
-    from nemo_topr.model_source import resolve
+    from nemo_topr.model.source import resolve
 
     state = dist_checkpointing.load_plain_tensors(str(resolve(run_dir).checkpoint))
     return state["iteration"], {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
@@ -289,7 +289,7 @@ def test_export_of_several_iterations_in_one_process(reference_dir, tmp_path):
         proc = subprocess.run(cli + extra, cwd=REPO, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         # export's own progress lines alone: none of torch's and Megatron's notes on reading a
-        # checkpoint in one process (nemo_topr/quiet.py)
+        # checkpoint in one process (nemo_topr/model/quiet.py)
         assert all(line.startswith("[export] ") for line in proc.stderr.splitlines()), proc.stderr
         assert proc.stderr.splitlines()[-1].startswith(f"[export] {exported}/{exported} checkpoints (100.0%)")
     assert sorted(p.name for p in every.iterdir()) == [f"iter_{i:07d}" for i in iterations]
@@ -345,7 +345,7 @@ def test_a_new_run_warns_when_mu_is_not_the_starting_models(demo, tmp_path):
         "[nemo-topr] WARNING: iteration 1: mean |log rho| = 2.000, negatives' mean weight 0.135 "), warnings
     assert "is far from the starting model" not in (demo / "train.log").read_text()
     # a plain process (no launcher) on CPU: none of Megatron's rank fallbacks, Bridge's notes on
-    # finetune() and its tokenizer call, or torch's pin_memory note (nemo_topr/quiet.py)
+    # finetune() and its tokenizer call, or torch's pin_memory note (nemo_topr/model/quiet.py)
     assert proc.stderr == "", proc.stderr
 
 

@@ -16,8 +16,8 @@ from nemo_topr.evaluation.verifier import NO, YES, judge_accuracy, judge_prompt,
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     return build_tiny_hf_llama(tmp_path_factory.mktemp("tiny_llama"), build_tiny_tokenizer())
 
@@ -96,7 +96,7 @@ def test_grades_without_a_negative_are_refused_not_all_judged_correct(model_dir,
 
 
 def test_a_prompt_rendered_by_the_chat_template_is_judged_as_its_plain_problem():
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}]
     rendered = build_tiny_tokenizer().apply_chat_template(chat, tokenize=False, add_generation_prompt=True)

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from nemo_topr.cluster.architecture import Architecture
+from nemo_topr.model.architecture import Architecture
 from nemo_topr.cluster.layout import Layout
 
 FP8_ALIGNMENT = 16

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nemo_topr.cluster.architecture import Architecture
+from nemo_topr.model.architecture import Architecture
 from nemo_topr.cluster.layout import Layout
 
 GIB = 2**30

@@ -29,14 +29,14 @@ import re
 import sys
 from typing import Any
 
-from nemo_topr.arguments import Parser, run_settings
-from nemo_topr.cluster.architecture import (REFERENCE_ARCHITECTURES, Architecture, architecture_from_hf_config,
+from nemo_topr.utils.arguments import Parser, run_settings
+from nemo_topr.model.architecture import (REFERENCE_ARCHITECTURES, Architecture, architecture_from_hf_config,
                                             with_model_overrides)
 from nemo_topr.cluster.checks import check_layout
 from nemo_topr.cluster.layout import layout_from_config
 from nemo_topr.cluster.memory import estimate_memory
 from nemo_topr.cluster.report import format_report
-from nemo_topr.model_source import load_route
+from nemo_topr.model.source import load_route
 
 
 def resolve_architecture(cfg: dict[str, Any], config_name: str, arch_key: str | None) -> tuple[Architecture, str]:

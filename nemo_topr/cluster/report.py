@@ -3,7 +3,7 @@ the verdict."""
 
 from __future__ import annotations
 
-from nemo_topr.cluster.architecture import Architecture
+from nemo_topr.model.architecture import Architecture
 from nemo_topr.cluster.checks import Finding
 from nemo_topr.cluster.layout import Layout
 from nemo_topr.cluster.memory import GIB, MemoryEstimate, optimizer_bytes_per_param

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_topr import model_source
-from nemo_topr.arguments import Parser, at_least_one, run_settings
+from nemo_topr.model import source as model_source
+from nemo_topr.utils.arguments import Parser, at_least_one, run_settings
 from nemo_topr.cluster.warning import DEFAULT_WARNING_S, preset_warning_s
 from nemo_topr.data.sources import HUB_PREFIX, why_missing
 
@@ -209,11 +209,11 @@ def read_from_the_checkout(typed: Any) -> str:
 
 
 def check_inputs(on_host: dict[str, Path], cfg: dict[str, Any]) -> list[str]:
-    """The starting model is complete (`nemo_topr.model_source`: an HF directory with config and
+    """The starting model is complete (`nemo_topr.model.source`: an HF directory with config and
     tokenizer, or a finished Megatron checkpoint carrying its HF config), the data exists and the
     run directory can be created and is no model. `on_host`: the paths as the submit host sees
     them; `cfg`'s values as the user wrote them name them in the errors."""
-    from nemo_topr.outputs import nearest_existing
+    from nemo_topr.utils.outputs import nearest_existing
     from nemo_topr.training.config import ConfigError, check_run_dir
 
     problems = []

@@ -11,10 +11,10 @@ import json
 import sys
 from pathlib import Path
 
-from nemo_topr.arguments import Parser, at_least_one, finite, non_negative, share
+from nemo_topr.utils.arguments import Parser, at_least_one, finite, non_negative, share
 from nemo_topr.data.prepare_verb import add_prepare_parser
 from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records
-from nemo_topr.outputs import add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file
+from nemo_topr.utils.outputs import add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +76,7 @@ def _validate(args: argparse.Namespace) -> int:
     if args.tokenizer is not None:
         _say_loading("validate", f"{len(records.records)} records read; loading {args.tokenizer}'s tokenizer to "
                                  "count their tokens")
-        from nemo_topr.model_source import context_of
+        from nemo_topr.model.source import context_of
 
         # a record beyond the model's context is refused by score-logprobs and train: found here first
         tokenizer, tokenized = _tokenize(args, records, max_seq_length=args.max_seq_length, too_long=args.too_long,

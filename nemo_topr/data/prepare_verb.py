@@ -55,7 +55,7 @@ def add_prepare_parser(verbs) -> None:  # noqa: ANN001
 def spec_of_config(raw) -> tuple[PrepareSpec, Path]:  # noqa: ANN001
     """(what `train` with config `raw` prepares, the directory it keeps sets in), as
     `build_training_run` sets up `ToprDatasetConfig`, without importing Megatron."""
-    from nemo_topr import model_source
+    from nemo_topr.model import source as model_source
     from nemo_topr.data.prepared import PrepareSpec  # noqa: F811 (torch loads with it)
     from nemo_topr.data.records import SOURCE_OPTIONS
     from nemo_topr.training.config import ConfigError, check_config

@@ -119,7 +119,7 @@ def data_files_digest(train_path: str) -> str:
 
 def tokenizer_digest(tokenizer_dir: str) -> str:
     """sha256 over the tokenizer's own files in the directory `load_tokenizer` reads."""
-    from nemo_topr import model_source
+    from nemo_topr.model import source as model_source
 
     directory = Path(tokenizer_dir)
     if not any((directory / name).is_file() for name in model_source.TOKENIZER_FILES):

@@ -35,7 +35,7 @@ from typing import Any
 
 from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
 from nemo_topr.data.sources import ColumnMapping, open_sources, spec_name
-from nemo_topr.outputs import written_whole
+from nemo_topr.utils.outputs import written_whole
 
 Messages = list[dict[str, str]]
 

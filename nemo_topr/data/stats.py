@@ -17,7 +17,7 @@ import torch
 from nemo_topr.data.packing import TokenizedSequence
 from nemo_topr.data.records import Record, is_positive
 from nemo_topr.objective import ObjectiveConfig, dataset_positive_share
-from nemo_topr.outputs import write_whole
+from nemo_topr.utils.outputs import write_whole
 
 HISTOGRAM_BINS = 20
 RECORD_BASELINES = "the records' own baseline field"  # composition's "baseline" where the data has one

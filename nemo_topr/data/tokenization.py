@@ -56,7 +56,7 @@ def load_tokenizer(path: str | Path):
     model's embedding and have an EOS token, which ends every completion."""
     from transformers import AutoTokenizer
 
-    from nemo_topr import model_source
+    from nemo_topr.model import source as model_source
 
     directory = Path(path)
     if not any((directory / name).is_file() for name in model_source.TOKENIZER_FILES):

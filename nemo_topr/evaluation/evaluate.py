@@ -37,7 +37,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from nemo_topr.arguments import Parser, documented
+from nemo_topr.utils.arguments import Parser, documented
 from nemo_topr.data.records import DataError, Record, is_number, load_records, write_jsonl
 from nemo_topr.evaluation.generate import (
     BENCHMARKS,
@@ -55,7 +55,7 @@ from nemo_topr.evaluation.generate import (
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics, scored_voters
 from nemo_topr.evaluation.sample_log import log_path
 from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, reference_problem, same_answer
-from nemo_topr.outputs import (add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file,
+from nemo_topr.utils.outputs import (add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file,
                                write_whole)
 
 EVAL_BENCHMARKS = {"gsm8k": "gsm8k-test", "math500": "math500"}

@@ -3,7 +3,7 @@
 Prompts come from a benchmark (GSM8K train/test with the paper's 8-shot prompt, MATH-500
 zero-shot; see `nemo_topr.data.prompts`) or from a JSONL file of {prompt, reference_answer,
 prompt_id}. Each prompt gets N samples with the paper's sampling settings (temperature 1,
-top-p 1, top-k 500, 512 new tokens), on `--device` (default cuda; `nemo_topr.device`): from
+top-p 1, top-k 500, 512 new tokens), on `--device` (default cuda; `nemo_topr.model.device`): from
 vLLM when it is installed and the device is cuda, from `transformers` otherwise (on cuda it
 ran once, through `eval`, on an H200: bench/results/gpu_verbs_h200_2026-11-26_f0673b4_te.json;
 vLLM has never run). Prompts are tokenized exactly as
@@ -43,20 +43,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nemo_topr.arguments import Parser, non_negative, share
+from nemo_topr.utils.arguments import Parser, non_negative, share
 from nemo_topr.data.records import (
     DataError, Messages, Record, RenderedPrompt, check_messages, is_id, is_number, lone_surrogate_problem, write_jsonl,
 )
 from nemo_topr.data.prompts import GSM8K_SHOTS
 from nemo_topr.data.schema import RejectedRow
 from nemo_topr.data.sources import jsonl_rows
-from nemo_topr.device import add_device_argument, out_of_memory, select_device
+from nemo_topr.model.device import add_device_argument, out_of_memory, select_device
 from nemo_topr.grading import (
     GRADES, MAX_GRADER_ERROR_RATE, TASKS, Grade, GradeResult, GraderErrorRateExceeded, check_grader_errors,
     graded_answer, reference_problem, reward_of,
 )
-from nemo_topr.outputs import add_overwrite_argument, writable_records_file
-from nemo_topr.progress import Progress
+from nemo_topr.utils.outputs import add_overwrite_argument, writable_records_file
+from nemo_topr.utils.progress import Progress
 
 BENCHMARKS = ("gsm8k-train", "gsm8k-test", "math500")
 STOP_STRINGS = {"gsm8k": ("\n\nQuestion:",), "math": ()}
@@ -378,7 +378,7 @@ def iter_completions(model_dir: str | Path, problems: dict[int, Problem], settin
                      backend: str = "auto", device: str = "cpu") -> Iterator[tuple[int, list[Completion]]]:
     """(index, its `settings.num_samples` completions) for each of {index: problem} as each
     finishes, on `device` ("cpu" or "cuda", resolved by the caller:
-    `nemo_topr.device.select_device`). The index seeds the prompt's samples (`prompt_seed`)."""
+    `nemo_topr.model.device.select_device`). The index seeds the prompt's samples (`prompt_seed`)."""
     from nemo_topr.data.tokenization import load_tokenizer
 
     if not problems:
@@ -415,7 +415,7 @@ def new_token_budgets(model_dir: str | Path, problems: dict[int, Problem], max_n
     it. A prompt that leaves no room at all is refused. `prompt_ids`: the prompts' tokens, when
     the caller has them (else they are tokenized here)."""
     from nemo_topr.data.tokenization import load_tokenizer
-    from nemo_topr.model_source import context_length
+    from nemo_topr.model.source import context_length
 
     context = context_length(model_dir)
     if context is None:
@@ -486,7 +486,7 @@ def sample_and_grade(model_dir: str | Path, problems: Sequence[Problem], setting
     """Each problem's graded samples, in problem order. With `log` (a `sample_log.SampleLog`) the
     problems it holds are taken from it and each new one is appended as it finishes. Progress
     (samples/s, ETA) goes to stderr."""
-    from nemo_topr.model_source import require_hugging_face
+    from nemo_topr.model.source import require_hugging_face
 
     graded = dict(log.done) if log is not None else {}
     todo = {index: problem for index, problem in enumerate(problems) if index not in graded}
@@ -609,7 +609,7 @@ def weights_fingerprint(model: str | Path) -> list[list]:
     (checked first: not a model, or a Megatron checkpoint, is the model-source error): the same
     path holding other weights (`export --overwrite` of a later checkpoint) is another model,
     whose samples must not be resumed from the log. Hashing would cost minutes for a 70B model."""
-    from nemo_topr.model_source import require_hugging_face
+    from nemo_topr.model.source import require_hugging_face
 
     directory = require_hugging_face(model)
     files = (path for path in sorted(directory.iterdir()) if path.suffix in WEIGHT_SUFFIXES and path.is_file())

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem, grade_completions
-from nemo_topr.outputs import OutputWriteError, filesystem_remedy, write_whole
+from nemo_topr.utils.outputs import OutputWriteError, filesystem_remedy, write_whole
 
 
 class SampleLogError(ValueError):

@@ -25,12 +25,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nemo_topr.arguments import Parser, at_least_one, documented
+from nemo_topr.utils.arguments import Parser, at_least_one, documented
 from nemo_topr.data.positives import require_signed_grades
 from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
-from nemo_topr.device import add_device_argument, select_device
-from nemo_topr.model_source import require_hugging_face
-from nemo_topr.outputs import add_overwrite_argument, writable_output_file, writable_records_file, write_whole
+from nemo_topr.model.device import add_device_argument, select_device
+from nemo_topr.model.source import require_hugging_face
+from nemo_topr.utils.outputs import add_overwrite_argument, writable_output_file, writable_records_file, write_whole
 
 YES, NO = " Yes", " No"
 JUDGE_QUESTION = "Is the answer correct? Answer Yes or No."
@@ -132,7 +132,7 @@ def yes_probabilities(model_dir: str | Path, records: Sequence[Record], batch_si
                       device: str = "cpu") -> list[float]:
     """P(Yes) = p(YES) / (p(YES) + p(NO)) after each record's judge prompt, where each option's
     probability is the product over its tokens (" Yes" may be several tokens), with the model on
-    `device` ("cpu" or "cuda", resolved by `nemo_topr.device.select_device`; cuda has never run
+    `device` ("cpu" or "cuda", resolved by `nemo_topr.model.device.select_device`; cuda has never run
     on a GPU)."""
     import torch
     from transformers import AutoModelForCausalLM

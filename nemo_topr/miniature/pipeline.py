@@ -32,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from nemo_topr.arguments import Parser
-from nemo_topr.outputs import OutputError, fresh_output_dir
+from nemo_topr.utils.arguments import Parser
+from nemo_topr.utils.outputs import OutputError, fresh_output_dir
 
 VARIANTS = ("sft_positive", "reinforce", "tis", "topr", "asymre", "ppo_clip")
 TELEMETRY = ("topr_loss", "positive_nll", "negative_nll", "negative_weight_mean", "positive_weight_mean",
@@ -185,8 +185,8 @@ def build_task_and_model(out: Path, sizes: dict[str, int], task_seed: int, vocab
     """Splits of the given sizes (disjoint, drawn in order), the tiny BPE tokenizer trained on the
     pretraining split, and a randomly initialised tiny Llama in HF format at out/init_hf."""
     from nemo_topr.miniature.task import corpus, make_splits
-    from nemo_topr.model import build_tiny_hf_llama
-    from nemo_topr.tiny_tokenizer import build_tiny_tokenizer
+    from nemo_topr.model.providers import build_tiny_hf_llama
+    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     splits = make_splits(sizes, seed=task_seed)
     tokenizer = build_tiny_tokenizer(vocab_size=vocab_size, chat_template=False, corpus=corpus(splits["pretrain"]))

@@ -33,11 +33,11 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_topr.arguments import Parser
+from nemo_topr.utils.arguments import Parser
 from nemo_topr.miniature import study2, study3
 from nemo_topr.miniature.pipeline import VARIANTS
 from nemo_topr.miniature.study_run import SharedDesign, StudyRun, deviations
-from nemo_topr.outputs import OutputError
+from nemo_topr.utils.outputs import OutputError
 
 TIE_TOLERANCE = 0.005  # validation pass@1 within this of the best counts as tied (lr selection)
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_topr.outputs import fresh_output_dir
+from nemo_topr.utils.outputs import fresh_output_dir
 
 OUTCOMES = "outcomes.json.gz"  # per-problem outcomes of every evaluation (study 3)
 FINAL_ONLY = 100_000   # checkpoint.save_interval beyond any run's length: only the final one is saved

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from nemo_topr.outputs import write_whole
+from nemo_topr.utils.outputs import write_whole
 
 TRACKER = "latest_checkpointed_iteration.txt"
 TRAIN_STATE_TRACKER = "latest_train_state.pt"

@@ -4,10 +4,10 @@ A run config has Bridge's sections (``model``, ``train``, ``optimizer``, ``sched
 ``checkpoint``, ``logger``, ``ddp``, ``dist``, ``rng``, ``dataset``, ...) plus ours:
 
     base_model: the starting model: a Hugging Face directory, a Megatron checkpoint or a nemo-topr
-                run (`nemo_topr.model_source`); `hf_model` is accepted as an alias
+                run (`nemo_topr.model.source`); `hf_model` is accepted as an alias
     run_dir:    where checkpoints, TensorBoard logs, the resolved config and reports go
     objective:  `nemo_topr.objective.ObjectiveConfig` fields
-    device:     cuda | cpu, never a silent fallback (`nemo_topr.device`)
+    device:     cuda | cpu, never a silent fallback (`nemo_topr.model.device`)
     resume_from_base: false (default): a Megatron base model gives its weights only (fresh optimizer,
                 iteration count and data order); true: continue its training state too
 
@@ -32,13 +32,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from nemo_topr import model_source
-from nemo_topr.device import DEVICES, DeviceError, resolve_device
-from nemo_topr.model_settings import (CUDNN_922_FIX, device_model_settings, fused_adam_available,
+from nemo_topr.model import source as model_source
+from nemo_topr.model.device import DEVICES, DeviceError, resolve_device
+from nemo_topr.model.settings import (CUDNN_922_FIX, device_model_settings, fused_adam_available,
                                       te_attention_cudnn_problem)
-from nemo_topr.model_source import ModelSource
+from nemo_topr.model.source import ModelSource
 from nemo_topr.objective import ObjectiveConfig
-from nemo_topr.outputs import nearest_existing
+from nemo_topr.utils.outputs import nearest_existing
 from nemo_topr.training.checkpoints import latest_iteration
 from nemo_topr.training.host_memory import available_bytes, check_cpu_attention
 from nemo_topr.training.run_state import START_CONFIGS_DIR, entries_of_others
@@ -203,7 +203,7 @@ UPPER_BOUNDS = {"optimizer.adam_beta1": 1, "optimizer.adam_beta2": 1}
 
 def _section_classes() -> dict[str, type]:
     """The dataclass each top-level section lands on in `build_training_run`."""
-    from nemo_topr import cpu_runtime
+    from nemo_topr.model import cpu_runtime
 
     cpu_runtime.import_bridge()
     from megatron.bridge.models.gpt_provider import GPTModelProvider
@@ -414,7 +414,7 @@ def check_architecture_overrides(values: dict[str, Any], base_model: ModelSource
     base_model = base_model or _visible_base_model(values)
     if base_model is None:  # not on this machine: plan takes the keys as the architecture to plan for
         return
-    from nemo_topr.model import hf_llama_provider
+    from nemo_topr.model.providers import hf_llama_provider
 
     _, provider = hf_llama_provider(base_model.hf_dir, load_weights=False)  # config.json only
     if changed := shape_changes(model, provider, "the base model"):
@@ -840,7 +840,7 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
 
 def build_training_run(raw: DictConfig) -> TrainingRun:
     """Map a composed config onto Bridge's ConfigContainer (model from `base_model`)."""
-    from nemo_topr.model import source_provider
+    from nemo_topr.model.providers import source_provider
     from nemo_topr.data.prepare_verb import default_prepared_dir
     from nemo_topr.training.data import ToprDatasetConfig
 

@@ -36,7 +36,7 @@ from nemo_topr.data.sequence_table import (
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared, shared_padding_share
 from nemo_topr.data.sources import HUB_PREFIX, ExtraColumns
 from nemo_topr.data.tokenization import TokenizedDataset, TooLong, load_tokenizer, pad_id_of, tokenize_records
-from nemo_topr.distributed import launcher_rank
+from nemo_topr.utils.distributed import launcher_rank
 from nemo_topr.training.run_state import data_fingerprint
 
 

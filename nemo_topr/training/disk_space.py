@@ -20,7 +20,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from nemo_topr.outputs import nearest_existing
+from nemo_topr.utils.outputs import nearest_existing
 from nemo_topr.training.checkpoints import is_complete, iteration_dir_name, saved_iterations
 from nemo_topr.training.run_state import RunStateError
 
@@ -77,7 +77,7 @@ def failure_hint(checkpoint_root: Path, needed: tuple[int, str]) -> str | None:
 def parameter_count(hf_dir: Path) -> int:
     """Parameters of the model whose Hugging Face config.json is in `hf_dir` (Llama family, as
     `nemo-topr plan` counts them)."""
-    from nemo_topr.cluster.architecture import architecture_from_hf_config
+    from nemo_topr.model.architecture import architecture_from_hf_config
 
     return architecture_from_hf_config(hf_dir / "config.json", hf_dir.name).total_params
 

@@ -38,12 +38,12 @@ import os
 import shutil
 from pathlib import Path
 
-from nemo_topr.arguments import Parser, non_negative
-from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
-from nemo_topr.model_source import (MEGATRON_KINDS, ModelSource, ModelSourceError, check_intact, resolve,
+from nemo_topr.utils.arguments import Parser, non_negative
+from nemo_topr.model.device import DeviceError, add_device_argument, select_device, use_device
+from nemo_topr.model.source import (MEGATRON_KINDS, ModelSource, ModelSourceError, check_intact, resolve,
                                     split_iteration)
-from nemo_topr.progress import Progress
-from nemo_topr.quiet import stdout_to_stderr
+from nemo_topr.utils.progress import Progress
+from nemo_topr.model.quiet import stdout_to_stderr
 from nemo_topr.training.checkpoints import iteration_dir_name
 
 
@@ -170,7 +170,7 @@ def check_parents(out: Path) -> None:
 
 def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = None,
            device: str = "cuda", overwrite: bool = False) -> dict[Path, tuple[Path, bool]]:
-    """Export checkpoint(s) of `ckpt` (see export_targets) on `device` (`nemo_topr.device`).
+    """Export checkpoint(s) of `ckpt` (see export_targets) on `device` (`nemo_topr.model.device`).
     Each goes to a sibling `.NAME.partial` directory first and replaces its target only once
     complete, so an interrupted export leaves no half-written model under the target's name.
     A target holding a current export of its checkpoint (`current_exports`) is kept, unless
@@ -188,7 +188,7 @@ def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = 
         check_intact(checkpoint)
     if len(kept) < len(targets):
         use_device(device, where="--device")  # imports Megatron (10-20 s): only once the inputs are known good
-        from nemo_topr.model import config_only_bridge
+        from nemo_topr.model.providers import config_only_bridge
 
         bridge = config_only_bridge(source.hf_dir)
     progress = Progress("export", len(targets) - len(kept), "checkpoints")

@@ -27,7 +27,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import divide
 
-from nemo_topr.attention_check import FLEX, AttentionKind, register_attention
+from nemo_topr.model.attention_check import FLEX, AttentionKind, register_attention
 
 _compiled_flex_attention = None
 

@@ -26,12 +26,12 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from nemo_topr import cpu_runtime
-from nemo_topr.arguments import Parser
-from nemo_topr.distributed import local_rendezvous
-from nemo_topr.model_settings import device_model_settings
-from nemo_topr.model_source import HF_ARTIFACTS, HF_KIND, ModelSourceError, check_intact, resolve, write_hf_artifacts
-from nemo_topr.quiet import stdout_to_stderr
+from nemo_topr.model import cpu_runtime
+from nemo_topr.utils.arguments import Parser
+from nemo_topr.utils.distributed import local_rendezvous
+from nemo_topr.model.settings import device_model_settings
+from nemo_topr.model.source import HF_ARTIFACTS, HF_KIND, ModelSourceError, check_intact, resolve, write_hf_artifacts
+from nemo_topr.model.quiet import stdout_to_stderr
 from nemo_topr.training.checkpoints import TRACKER
 from nemo_topr.training.disk_space import estimated_checkpoint_bytes, free_bytes, size_text
 

@@ -3,7 +3,7 @@
     nemo-topr train --config-name tiny_cpu optimizer.lr=3e-4 optimizer.min_lr=3e-4 objective.variant=tis
 
 Reads the config (conf/ + overrides), sets up its `device` (cuda, or cpu when the config says
-so; a cuda config on a machine without CUDA stops here: `nemo_topr.device`), validates,
+so; a cuda config on a machine without CUDA stops here: `nemo_topr.model.device`), validates,
 tokenizes and packs the data, sets the number of iterations to cover the data once per epoch,
 saves the resolved config in the run directory, and hands Bridge the TOPR forward step.
 Re-running the same command resumes from the run directory's latest checkpoint. The exit signal
@@ -29,13 +29,13 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from nemo_topr.arguments import Parser, run_settings
+from nemo_topr.utils.arguments import Parser, run_settings
 from nemo_topr.cluster.warning import release_the_warning
 from nemo_topr.data.positives import NO_ADVANTAGE, no_negatives_warning, sign_flipping_baseline
-from nemo_topr.device import DEVICES, DeviceError, select_device, use_device
-from nemo_topr.distributed import (RendezvousError, check_local_gpu, check_rendezvous, launcher_rank,
+from nemo_topr.model.device import DEVICES, DeviceError, select_device, use_device
+from nemo_topr.utils.distributed import (RendezvousError, check_local_gpu, check_rendezvous, launcher_rank,
                                    launcher_world_size, local_rendezvous)
-from nemo_topr.model_source import write_hf_artifacts
+from nemo_topr.model.source import write_hf_artifacts
 from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
 from nemo_topr.data.records import SOURCE_OPTIONS, DataError, RecordSet, load_records, require_scored
 from nemo_topr.training.config import (CONF_DIR, ConfigError, TrainingRun, build_training_run, check_batch_division,

@@ -30,7 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from nemo_topr.outputs import folders_to_make, remove_if_empty, write_whole
+from nemo_topr.utils.outputs import folders_to_make, remove_if_empty, write_whole
 from nemo_topr.training.checkpoints import DamagedCheckpointError, latest_iteration
 
 LOCK_FILE = "LOCK"
@@ -287,7 +287,7 @@ def entries_of_others(run_dir: Path) -> list[str]:
 
 def save_start_config(run_dir: Path, raw: DictConfig) -> Path:
     """Save the composed config of this accepted start as RUN_DIR/configs/start_NNN.yaml and
-    RUN_DIR/config.yaml (what identifies a run directory: `nemo_topr.model_source`)."""
+    RUN_DIR/config.yaml (what identifies a run directory: `nemo_topr.model.source`)."""
     directory = Path(run_dir) / START_CONFIGS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     number = len(list(directory.glob("start_*.yaml"))) + 1

@@ -31,21 +31,21 @@ from pathlib import Path
 
 import torch
 
-from nemo_topr import model_source
-from nemo_topr.arguments import Parser, at_least_one
+from nemo_topr.model import source as model_source
+from nemo_topr.utils.arguments import Parser, at_least_one
 from nemo_topr.data.cli import add_source_arguments, source_options
 from nemo_topr.data.packing import collate_packed, pack_sequences
 from nemo_topr.data.records import load_records, write_jsonl
 from nemo_topr.data.schema import DataError
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
-from nemo_topr.device import DeviceError, add_device_argument, select_device, use_device
-from nemo_topr.distributed import RendezvousError
-from nemo_topr.model_settings import device_model_settings
-from nemo_topr.outputs import (OutputError, add_overwrite_argument, writable_output_file, writable_records_file,
+from nemo_topr.model.device import DeviceError, add_device_argument, select_device, use_device
+from nemo_topr.utils.distributed import RendezvousError
+from nemo_topr.model.settings import device_model_settings
+from nemo_topr.utils.outputs import (OutputError, add_overwrite_argument, writable_output_file, writable_records_file,
                                write_whole)
-from nemo_topr.progress import Progress
-from nemo_topr.quiet import stdout_to_stderr
+from nemo_topr.utils.progress import Progress
+from nemo_topr.model.quiet import stdout_to_stderr
 from nemo_topr.training.config import ConfigError, apply_section, check_fp8, check_values, compose, shape_changes
 from nemo_topr.training.host_memory import available_bytes, check_cpu_attention
 
@@ -178,7 +178,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
                    train_config: str | None = None, overwrite: bool = False) -> dict:
     """Score every record; rank 0 writes `out` and returns a summary (other ranks return {}).
 
-    `device` is cuda, cpu or auto (`nemo_topr.device`); cuda without CUDA raises DeviceError.
+    `device` is cuda, cpu or auto (`nemo_topr.model.device`); cuda without CUDA raises DeviceError.
     `precision` ("fp32" or "bf16"; default bf16 on cuda, fp32 on cpu) should match training's, so
     that rho = 1 at step 0 when the starting checkpoint scores its own data (bf16 rounding summed
     over hundreds of tokens otherwise shows up as |log rho| > 0 before the first update).
@@ -195,8 +195,8 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from nemo_topr.distributed import initialize_model_parallel, launcher_world_size
-    from nemo_topr.model import load_model, source_provider
+    from nemo_topr.utils.distributed import initialize_model_parallel, launcher_world_size
+    from nemo_topr.model.providers import load_model, source_provider
 
     # the records first: a data error or an --out naming the input stops before the model loads
     records = load_records(data, strict=strict, **(source or {}))
@@ -317,7 +317,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:
         print(json.dumps(summary, indent=2))
-    from nemo_topr.distributed import destroy_model_parallel, launcher_world_size
+    from nemo_topr.utils.distributed import destroy_model_parallel, launcher_world_size
 
     if launcher_world_size() > 1:
         torch.distributed.barrier()

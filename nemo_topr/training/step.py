@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 import torch
 
-from nemo_topr.attention_check import FLEX, MASK, THD, check_model_attention, route_of
+from nemo_topr.model.attention_check import FLEX, MASK, THD, check_model_attention, route_of
 from nemo_topr.objective import ObjectiveConfig, policy_loss
 
 # logged name -> (objective metric, sign, count it is averaged over when micro-batches and
@@ -328,7 +328,7 @@ def forward_packed(model: torch.nn.Module, batch: dict[str, torch.Tensor], confi
     rows as one THD stream with cu_seqlens (`with_thd_boundaries`); `FlexCoreAttention` (in either
     layer spec) gets the batch's block mask, shared-prefix rows included. Either way no token
     attends across sequences: the attention the model will run is checked to honour what it gets
-    (`nemo_topr.attention_check`), and refused otherwise.
+    (`nemo_topr.model.attention_check`), and refused otherwise.
     """
     shared = "prefix_index" in batch
     route = route_of(config)

@@ -2,7 +2,7 @@
 
 import torch
 
-from nemo_topr import cpu_runtime
+from nemo_topr.model import cpu_runtime
 
 SWAPPED = [(torch.cuda, name) for name in ("current_device", "synchronize", "Stream", "current_stream",
                                            "stream", "get_rng_state", "set_rng_state")]

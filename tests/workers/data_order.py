@@ -8,7 +8,7 @@ Bridge's sampler hands out after CONSUMED rows (a run resumed at that point), in
 import json
 import sys
 
-from nemo_topr import cpu_runtime
+from nemo_topr.model import cpu_runtime
 
 
 def main(train_path: str, tokenizer_dir: str, seq_length: str, seed: str, epochs: str, global_batch: str,

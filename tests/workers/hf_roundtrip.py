@@ -10,15 +10,15 @@ import torch
 
 
 def main(run_dir: str, hf_dir: str, out_file: str) -> None:
-    from nemo_topr import cpu_runtime
-    from nemo_topr.distributed import initialize_model_parallel
+    from nemo_topr.model import cpu_runtime
+    from nemo_topr.utils.distributed import initialize_model_parallel
 
     cpu_runtime.enable_cpu_runtime()
     initialize_model_parallel()
     from megatron.bridge import AutoBridge
     from transformers import AutoModelForCausalLM
 
-    from nemo_topr.model_source import resolve
+    from nemo_topr.model.source import resolve
 
     megatron_model = AutoBridge.from_hf_pretrained(hf_dir).load_megatron_model(
         str(resolve(run_dir).checkpoint), wrap_with_ddp=False)[0].eval()

@@ -26,8 +26,8 @@ from topr_step_parallel import (MICROBATCH_LENGTHS, PAD_ID, ROWS_PER_MICROBATCH,
 
 
 def main(out_dir: str) -> None:
-    from nemo_topr import cpu_runtime
-    from nemo_topr.distributed import destroy_model_parallel
+    from nemo_topr.model import cpu_runtime
+    from nemo_topr.utils.distributed import destroy_model_parallel
 
     cpu_runtime.enable_cpu_runtime()
     initialize_world(tp=1, pp=2, vp=2)
@@ -37,7 +37,7 @@ def main(out_dir: str) -> None:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from nemo_topr.data.packing import collate_packed, pack_sequences
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.step import ToprForwardStep
 

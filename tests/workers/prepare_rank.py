@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from nemo_topr import cpu_runtime
+from nemo_topr.model import cpu_runtime
 from nemo_topr.training import recipe
 from nemo_topr.training.config import build_training_run, compose
 

@@ -115,14 +115,14 @@ def train_step(chunks, batches):
 
 
 def main(tp: int, pp: int, out_dir: str, flex: bool) -> None:
-    from nemo_topr import cpu_runtime
-    from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
+    from nemo_topr.model import cpu_runtime
+    from nemo_topr.utils.distributed import destroy_model_parallel, initialize_model_parallel
 
     cpu_runtime.enable_cpu_runtime()
     initialize_model_parallel(tensor_parallel=tp, pipeline_parallel=pp)
     from megatron.core import parallel_state
 
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
 
     torch.manual_seed(1234)
     provider = tiny_llama_provider(vocab_size=VOCAB, seq_length=SEQ_LENGTH)

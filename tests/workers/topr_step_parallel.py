@@ -126,7 +126,7 @@ def initialize_world(tp: int, pp: int, vp: int = 1) -> None:
     """The process groups of this torchrun world: the project's (`initialize_model_parallel`, as
     scoring makes them), or with VP > 1 parallel_state's own with that virtual pipeline size, from
     which Megatron chooses the interleaved schedule (as Bridge initialises it)."""
-    from nemo_topr.distributed import initialize_model_parallel
+    from nemo_topr.utils.distributed import initialize_model_parallel
 
     if vp == 1:
         initialize_model_parallel(tensor_parallel=tp, pipeline_parallel=pp)
@@ -140,8 +140,8 @@ def initialize_world(tp: int, pp: int, vp: int = 1) -> None:
 
 def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir: str, vp: int = 1,
          layers: int = 2) -> None:
-    from nemo_topr import cpu_runtime
-    from nemo_topr.distributed import destroy_model_parallel
+    from nemo_topr.model import cpu_runtime
+    from nemo_topr.utils.distributed import destroy_model_parallel
 
     cpu_runtime.enable_cpu_runtime()
     initialize_world(tp, pp, vp)
@@ -150,7 +150,7 @@ def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir:
     from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.config import choose_pipeline_p2p
     from nemo_topr.training.step import ToprForwardStep

@@ -14,14 +14,14 @@ import torch
 
 
 def main(tp: int, ckpt_dir: str, out_file: str) -> None:
-    from nemo_topr import cpu_runtime
-    from nemo_topr.distributed import destroy_model_parallel, initialize_model_parallel
+    from nemo_topr.model import cpu_runtime
+    from nemo_topr.utils.distributed import destroy_model_parallel, initialize_model_parallel
 
     cpu_runtime.enable_cpu_runtime()
     initialize_model_parallel(tensor_parallel=tp)
     from megatron.core import dist_checkpointing
 
-    from nemo_topr.model import tiny_llama_provider
+    from nemo_topr.model.providers import tiny_llama_provider
 
     torch.manual_seed(1234)
     provider = tiny_llama_provider(vocab_size=512, seq_length=64)

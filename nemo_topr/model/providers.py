@@ -1,7 +1,7 @@
 """Model providers: a tiny Llama for CPU tests and demos, real Llamas from local HF directories.
 
 Both return Megatron-Bridge ``GPTModelProvider`` objects (Bridge's model config + factory), so the
-rest of the recipe never cares which one it got. Both go through :func:`nemo_topr.model_settings.device_model_settings`. Call :func:`nemo_topr.cpu_runtime.import_bridge`
+rest of the recipe never cares which one it got. Both go through :func:`nemo_topr.model.settings.device_model_settings`. Call :func:`nemo_topr.model.cpu_runtime.import_bridge`
 (or ``enable_cpu_runtime``) before using this module on a machine without Transformer Engine.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nemo_topr.model_settings import device_model_settings
-from nemo_topr.model_source import ModelSource
+from nemo_topr.model.settings import device_model_settings
+from nemo_topr.model.source import ModelSource
 
 
 def tiny_llama_provider(

@@ -87,7 +87,7 @@ def check_attention(attention_class: type | str, mask_type: Any, config: Any, *,
                f"set model.transformer_impl={'local' if MASK in kind.routes else 'transformer_engine'}")
         raise AttentionError(f"{where}: the step gives it {given}, which it does not read, so tokens would attend "
                              f"across sequences (or it fails); the layer spec must follow the setting "
-                             f"(nemo_topr.model_settings), or {fix}")
+                             f"(nemo_topr.model.settings), or {fix}")
     if shared_prefix and not kind.shared_prefix:
         raise AttentionError(f"{where}: shared-prefix rows need an attention that reads the shared-prefix mask; "
                              "build the layers with FlexCoreAttention (nemo_topr.training.flex_attention."

@@ -3,7 +3,7 @@
 `train`, `score-logprobs`, `import`, `doctor` and `bench/gpu.py` build their models through
 :func:`device_model_settings`, so that no verb keeps a Bridge default the machine cannot build:
 
-* CPU: :func:`nemo_topr.cpu_runtime.cpu_model_overrides` (local layers, no fused kernels, fp32).
+* CPU: :func:`nemo_topr.model.cpu_runtime.cpu_model_overrides` (local layers, no fused kernels, fp32).
 * CUDA with Transformer Engine: TE's layer spec unless ``model.transformer_impl=local``.
 * CUDA without Transformer Engine (a supported route, logged): the local layer spec, and off the
   fusions that need TE or Apex (Bridge's TE spec provider is None without TE; ``apply_rope_fusion``
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from nemo_topr import cpu_runtime
+from nemo_topr.model import cpu_runtime
 
 logger = logging.getLogger(__name__)
 

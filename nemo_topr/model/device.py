@@ -5,7 +5,7 @@ train`) or from `--device {cuda,cpu,auto}` (the other verbs; default cuda):
 
     cuda  CUDA must be available, else the command stops with an error naming the key or flag
           and how to choose the CPU. A GPU job never turns into a CPU job by itself.
-    cpu   the CPU runtime (`nemo_topr.cpu_runtime`: fp32, local layers, gloo). GPUs are hidden
+    cpu   the CPU runtime (`nemo_topr.model.cpu_runtime`: fp32, local layers, gloo). GPUs are hidden
           from the process first (CUDA_VISIBLE_DEVICES=""), so CPU really means CPU.
     auto  cuda when available, else cpu: an explicit opt-in to the fallback.
 
@@ -61,7 +61,7 @@ def select_device(requested: str, *, where: str, choices: tuple[str, ...] = CHOI
 def use_device(requested: str, *, where: str, choices: tuple[str, ...] = CHOICES) -> str:
     """:func:`select_device`, then Megatron for it: the CPU runtime on cpu, a plain import of
     Megatron-Bridge (nothing patched) on cuda."""
-    from nemo_topr import cpu_runtime
+    from nemo_topr.model import cpu_runtime
 
     device = select_device(requested, where=where, choices=choices)
     if device == "cpu":

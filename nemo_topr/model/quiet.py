@@ -3,7 +3,7 @@
 
 Importing Megatron-Core and Megatron-Bridge on a machine without Transformer Engine or Apex
 prints a dozen UserWarnings about fallbacks (the CPU runtime uses the local implementations on
-purpose: `nemo_topr.cpu_runtime`), a logged traceback for an optional FP8 import, a note on
+purpose: `nemo_topr.model.cpu_runtime`), a logged traceback for an optional FP8 import, a note on
 Gemma 2's attention, and torch's note that no CUDA runtime was found; building a model adds
 Megatron-Core 0.19's notes that GPTModel and its own default CUDA-graph scope are deprecated,
 and transformers' note on the `torch_dtype` keyword Bridge still passes it; `train` adds Bridge's
@@ -45,7 +45,7 @@ HARMLESS_WARNINGS = (
     r"full scope is deprecated\. Use empty cuda_graph_modules",
     # `nemo-topr train` as a plain process (no torchrun or srun): Megatron falls back to rank 0 of
     # 1, local rank 0 (core/_rank_utils.py, training/utils/common_utils.py), as nemo-topr does
-    # (nemo_topr.distributed.launcher_rank)
+    # (nemo_topr.utils.distributed.launcher_rank)
     r"Could not determine (rank|world size|local rank) from ",
     # Bridge marks its own entry points so (bridge/utils/decorators.py); nemo-topr pins Bridge's version
     r"Function '(finetune|pretrain)' is experimental",

@@ -293,9 +293,9 @@ def check_intact(source: ModelSource) -> None:
     files as long as its .metadata says: one cut short since the save (a full disk, an interrupted
     copy) ended scoring, export and training from it in torch's bare EOFError, after Megatron's
     start-up; a resume of the run itself says so already (checkpoints.py). A Hugging Face
-    directory's safetensors against its config.json (nemo_topr/hf_weights.py)."""
+    directory's safetensors against its config.json (nemo_topr/model/hf_weights.py)."""
     if not source.is_megatron:
-        from nemo_topr.hf_weights import WeightsError, check_llama_weights
+        from nemo_topr.model.hf_weights import WeightsError, check_llama_weights
 
         try:
             check_llama_weights(source.path, read_config(source))

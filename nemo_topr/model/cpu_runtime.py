@@ -143,7 +143,7 @@ class _ScopedStubFinder(importlib.abc.MetaPathFinder):
                                                        is_package=True)
         if package in self.hidden:
             raise ModuleNotFoundError(f"No module named {name!r} ({package} is hidden without CUDA: "
-                                      "nemo_topr.cpu_runtime.CUDA_ONLY_PACKAGES)", name=name)
+                                      "nemo_topr.model.cpu_runtime.CUDA_ONLY_PACKAGES)", name=name)
         return None
 
 
@@ -174,7 +174,7 @@ def import_bridge(modules: tuple[str, ...] = BRIDGE_MODULES) -> list[str]:
     hidden = () if torch.cuda.is_available() else tuple(p for p in CUDA_ONLY_PACKAGES if _installed(p))
     imported = [p for p in hidden if sys.modules.get(p) is not None]
     if imported:
-        raise RuntimeError(f"{imported} imported in a process without CUDA before nemo_topr.cpu_runtime.import_bridge() "
+        raise RuntimeError(f"{imported} imported in a process without CUDA before nemo_topr.model.cpu_runtime.import_bridge() "
                            "could hide it: Megatron would build CUDA kernels for the CPU")
     missing = tuple(s for s in _IMPORT_STUBS if s.package in hidden or not _installed(s.package))
     finder = _ScopedStubFinder(missing, hidden)
