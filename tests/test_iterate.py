@@ -14,11 +14,15 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, checkout_env, placeholder_hf_model, tensorboard_scalars
-from nemo_topr import iterate
+from nemo_topr import cli, iterate
 from nemo_topr.data.records import Record, load_records, write_jsonl
 from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem, graded_records
 from nemo_topr.evaluation.sample_log import SampleLog, log_path
-from nemo_topr.iterate import CurateOptions, Driver, IterateError, Stage, curation_flags, load_config, run_stage
+from nemo_topr.iterate import processes, rounds, stages, summary
+from nemo_topr.iterate.config import CurateOptions, IterateError
+from nemo_topr.iterate.driver import Driver, curation_flags
+from nemo_topr.iterate.stages import Stage, run_stage
+from nemo_topr.iterate.validation import load_config
 
 
 @pytest.fixture
@@ -176,7 +180,7 @@ def test_a_driver_config_that_does_not_parse_is_named(tmp_path):
 
 
 def test_overrides_may_follow_dry_run(fake_model, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
+    monkeypatch.setattr(stages, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
     assert iterate.main(["iterate_tiny_cpu", "--dry-run", f"base_model={fake_model}", f"out={tmp_path / 'out'}",
                          "rounds=1", "nproc_per_node=2"]) == 0
     listed = capsys.readouterr().out
@@ -189,7 +193,7 @@ def test_overrides_may_follow_dry_run(fake_model, tmp_path, monkeypatch, capsys)
 
 def test_on_several_nodes_score_and_train_run_under_srun_and_the_rest_on_the_drivers_node(fake_model, tmp_path,
                                                                                           monkeypatch, capsys):
-    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
+    monkeypatch.setattr(stages, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
     assert iterate.main(["iterate_tiny_cpu", "--dry-run", f"base_model={fake_model}", f"out={tmp_path / 'out'}",
                          "rounds=1", "nodes=2"]) == 0
     commands = {line.split(": ")[0]: line.split(": to run: ")[1] for line in capsys.readouterr().out.splitlines()}
@@ -209,15 +213,15 @@ def test_a_stage_on_several_nodes_meets_at_the_allocations_first_node(monkeypatc
         seen.append(command)
         return subprocess.CompletedProcess(command, 0, stdout="gpu-a07\ngpu-a08\n")
 
-    monkeypatch.setattr(iterate.subprocess, "run", scontrol)
+    monkeypatch.setattr(processes.subprocess, "run", scontrol)
     environ = {"SLURM_JOB_ID": "1234567", "SLURM_JOB_NODELIST": "gpu-a[07-08]"}
-    ranks = iterate.Ranks(per_node=8, nodes=2)
+    ranks = processes.Ranks(per_node=8, nodes=2)
     assert ranks.total == 16
     assert ranks.environment(environ) == {"MASTER_ADDR": "gpu-a07", "MASTER_PORT": str(29500 + 4567),
                                          "LOCAL_WORLD_SIZE": "8"}
     assert seen == [["scontrol", "show", "hostnames", "gpu-a[07-08]"]]
     assert ranks.environment({**environ, "NEMO_TOPR_MASTER_PORT": "40000"})["MASTER_PORT"] == "40000"
-    assert iterate.Ranks(per_node=8).environment(environ) == {}  # torchrun's own
+    assert processes.Ranks(per_node=8).environment(environ) == {}  # torchrun's own
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
@@ -227,23 +231,23 @@ def test_a_driver_started_as_several_srun_tasks_is_refused(fake_model, tmp_path,
     environ = {"SLURM_JOB_ID": "17", "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8"}
     with pytest.raises(IterateError, match="^this driver is one of the 8 tasks of an srun step, each of which would "
                                            "run every stage into the same out: run it once, as the batch script "):
-        iterate.check_launch(config, environ)
+        processes.check_launch(config, environ)
     # one driver: under `srun -n1` with nodes=1, as the batch script (no step) with nodes=2
     one = {**environ, "SLURM_STEP_NUM_TASKS": "1"} if nodes == 1 else {"SLURM_JOB_ID": "17", "SLURM_JOB_NUM_NODES": "2"}
-    iterate.check_launch(config, one)
+    processes.check_launch(config, one)
 
 
 def test_gpu_ranks_get_the_training_jobs_environment(fake_model, tmp_path):
     """On cuda, the score and train ranks get what slurm/topr_job.sh gives a training job's ranks
     (slurm/environment.sh; the values by hand from docs/cluster.md's table), a variable the user
     set kept; on cpu, nothing (torchrun's own OMP_NUM_THREADS=1 for gloo ranks stays)."""
-    cuda = iterate.Ranks.of(tiny_config(fake_model, tmp_path / "out", "device=cuda", "nproc_per_node=2"))
+    cuda = processes.Ranks.of(tiny_config(fake_model, tmp_path / "out", "device=cuda", "nproc_per_node=2"))
     assert cuda.environment({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}) == {
         "CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_GRAPH_REGISTER": "0",
         "TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "TORCH_NCCL_HIGH_PRIORITY": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "8"}
-    assert iterate.Ranks.of(tiny_config(fake_model, tmp_path / "out", "nproc_per_node=2")).environment({}) == {}
-    assert iterate.Ranks(cuda=False).environment({}) == {}
+    assert processes.Ranks.of(tiny_config(fake_model, tmp_path / "out", "nproc_per_node=2")).environment({}) == {}
+    assert processes.Ranks(cuda=False).environment({}) == {}
 
 
 @pytest.mark.parametrize("environ, message", [
@@ -261,17 +265,17 @@ def test_gpu_ranks_get_the_training_jobs_environment(fake_model, tmp_path):
 def test_several_nodes_need_an_allocation_of_them(fake_model, tmp_path, environ, message):
     config = tiny_config(fake_model, tmp_path / "out", "nodes=2")
     if message is None:
-        iterate.check_launch(config, environ)
+        processes.check_launch(config, environ)
     else:
         with pytest.raises(IterateError, match=f"^{re.escape(message)}$"):
-            iterate.check_launch(config, environ)
+            processes.check_launch(config, environ)
 
 
 @pytest.mark.parametrize("overrides, form", [(["eval.zero_shot=false"], "zero-shot"), ([], None),
                                              (["generate.zero_shot=false", "eval.zero_shot=false"], None)])
 def test_rounds_trained_in_one_prompt_form_and_measured_in_another_are_named(fake_model, tmp_path, monkeypatch,
                                                                              capsys, overrides, form):
-    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
+    monkeypatch.setattr(stages, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
     assert iterate.main(["iterate_tiny_cpu", "--dry-run", f"base_model={fake_model}", f"out={tmp_path / 'out'}",
                          *overrides]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
@@ -289,7 +293,7 @@ def test_rounds_trained_in_one_prompt_form_and_measured_in_another_are_named(fak
 ])
 def test_rounds_that_train_on_the_problems_eval_measures_are_warned_of(fake_model, tmp_path, monkeypatch, capsys,
                                                                         overrides, warned):
-    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
+    monkeypatch.setattr(stages, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
     assert iterate.main(["iterate_tiny_cpu", "--dry-run", f"base_model={fake_model}", f"out={tmp_path / 'out'}",
                          *overrides]) == 0
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING:")]
@@ -333,7 +337,7 @@ def test_a_failed_stage_leaves_no_marker_and_a_done_stage_is_not_rerun(tmp_path,
     def no_subprocess(args, log, ranks):
         raise AssertionError(f"ran {args}")
 
-    monkeypatch.setattr(iterate, "run_command", no_subprocess)
+    monkeypatch.setattr(stages, "run_command", no_subprocess)
     run_stage(stage)  # done: not run again
     changed = Stage("curate", tmp_path, (*stage.args, "--no-dedup"))
     with pytest.raises(IterateError, match="finished with other arguments"):
@@ -358,7 +362,7 @@ def test_a_finished_stage_whose_output_changed_since_is_named_not_built_on(tmp_p
         graded.write_text(graded_line(1.0, 0) + graded_line(-1.0, 1, " 5"))
         report.write_text("# what a person reads")
 
-    monkeypatch.setattr(iterate, "run_command", generate)
+    monkeypatch.setattr(stages, "run_command", generate)
     stage = Stage("generate", tmp_path, ("generate", "--out", str(graded)), (graded, report), read_later=(graded,))
     run_stage(stage)
     assert stage.is_done()
@@ -392,7 +396,7 @@ def test_a_plot_deleted_since_is_drawn_again(tmp_path, monkeypatch):
         calls.append(args)
         plot.write_bytes(b"png")
 
-    monkeypatch.setattr(iterate, "run_command", draw)
+    monkeypatch.setattr(stages, "run_command", draw)
     stage = Stage("plot", tmp_path, ("eval", "--plot", "a.json", "--out", str(plot)), (plot,), redo_if_changed=True)
     run_stage(stage)
     run_stage(stage)
@@ -404,13 +408,14 @@ def test_a_plot_deleted_since_is_drawn_again(tmp_path, monkeypatch):
 # The driver, with every stage's command a stand-in that takes a while to stop, as train does
 STOPPING_DRIVER = """
 import signal, sys
-from nemo_topr import iterate
+from nemo_topr import cli
+from nemo_topr.iterate import processes
 # a driver started at a terminal: one started in the background (as a test run may be, by a
 # non-interactive shell's `&`) ignores SIGINT, and so would its stage (the next test)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 stage = sys.argv[1]
-iterate.Ranks.command = lambda self, python=sys.executable: [sys.executable, stage]
-sys.exit(iterate.main(sys.argv[2:]))
+processes.Ranks.command = lambda self, python=sys.executable: [sys.executable, stage]
+sys.exit(cli.main(["iterate", *sys.argv[2:]]))
 """
 SLOW_STAGE = """
 import os, signal, sys, time
@@ -469,7 +474,7 @@ def test_a_stop_the_driver_was_started_ignoring_stays_ignored():
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
-        with iterate.forwarding_stops(process) as received:
+        with processes.forwarding_stops(process) as received:
             assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
             assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # forwarded
         assert received == [] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
@@ -480,7 +485,7 @@ def test_a_stop_the_driver_was_started_ignoring_stays_ignored():
 
 def test_a_stage_nothing_depends_on_is_redone_when_its_arguments_change(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: calls.append(args))
+    monkeypatch.setattr(stages, "run_command", lambda args, log, ranks: calls.append(args))
     run_stage(Stage("plot", tmp_path, ("eval", "--plot", "a.json"), redo_if_changed=True))
     run_stage(Stage("plot", tmp_path, ("eval", "--plot", "a.json", "b.json"), redo_if_changed=True))
     run_stage(Stage("plot", tmp_path, ("eval", "--plot", "a.json", "b.json"), redo_if_changed=True))
@@ -492,11 +497,11 @@ def test_an_out_the_driver_did_not_make_is_refused_before_any_stage(fake_model, 
                                                                      dry_run):
     """Its stages rerun with --overwrite, so `out=` naming a directory of the user's (a typo,
     a home directory) is refused, as it is, rather than written into."""
-    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
+    monkeypatch.setattr(stages, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
     home = tmp_path / "home"
     (home / "round_0").mkdir(parents=True)
     (home / "round_0" / "graded.jsonl").write_text("my records\n")
-    assert iterate.main(["iterate_tiny_cpu", f"base_model={fake_model}", f"out={home}", *dry_run]) == 1
+    assert cli.main(["iterate", "iterate_tiny_cpu", f"base_model={fake_model}", f"out={home}", *dry_run]) == 1
     # the last line: Bridge's import may log before it where no earlier test imported it (cli.main quiets that)
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         f"nemo-topr iterate: {home} is not empty and has no .nemo-topr-output file from a nemo-topr command: "
@@ -510,17 +515,18 @@ def test_a_rerun_on_other_weights_at_the_same_base_model_path_is_refused(fake_mo
     def first_stage_fails(args, log, ranks):
         raise IterateError(f"`nemo-topr {args[0]}` failed (stand-in)")
 
-    monkeypatch.setattr(iterate, "run_command", first_stage_fails)
+    monkeypatch.setattr(stages, "run_command", first_stage_fails)
     out = tmp_path / "out"
     argv = ["iterate_tiny_cpu", f"base_model={fake_model}", f"out={out}"]
-    assert iterate.main(argv) == 1 and "failed (stand-in)" in capsys.readouterr().err
+    assert cli.main(["iterate", *argv]) == 1 and "failed (stand-in)" in capsys.readouterr().err
     recorded = json.loads((out / "base_model.json").read_text())
     assert recorded == {"base_model": str(fake_model), "files": [
         [path.name, path.stat().st_size, path.stat().st_mtime_ns] for path in sorted(fake_model.iterdir())]}
-    assert iterate.main(argv) == 1 and "failed (stand-in)" in capsys.readouterr().err  # the same model: resumed
+    # the same model: resumed
+    assert cli.main(["iterate", *argv]) == 1 and "failed (stand-in)" in capsys.readouterr().err
     (fake_model / "model.safetensors").write_bytes(b"other weights")
     for dry_run in ([], ["--dry-run"]):
-        assert iterate.main([*argv, *dry_run]) == 1
+        assert cli.main(["iterate", *argv, *dry_run]) == 1
         assert capsys.readouterr().err.strip().splitlines()[-1] == (
             f"nemo-topr iterate: base_model={fake_model} is not what {out} started from ({fake_model}): "
             f"model.safetensors changed since (size or time; {out / 'base_model.json'}). Its stages were built on "
@@ -530,11 +536,11 @@ def test_a_rerun_on_other_weights_at_the_same_base_model_path_is_refused(fake_mo
 
 def test_more_ranks_than_the_nodes_gpus_are_refused_before_any_stage(fake_model, tmp_path, monkeypatch, capsys):
     """A cuda run with nproc_per_node above this node's GPUs; a dry run (a login node) lists the stages."""
-    monkeypatch.setattr(iterate, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
+    monkeypatch.setattr(stages, "run_command", lambda args, log, ranks: pytest.fail(f"ran {args}"))
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
     argv = ["iterate_tiny_cpu", f"base_model={fake_model}", f"out={tmp_path / 'out'}", "device=cuda",
             "nproc_per_node=2"]
-    assert iterate.main(argv) == 1
+    assert cli.main(["iterate", *argv]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "nemo-topr iterate: nproc_per_node=2, but torch sees 1 GPU(s) on this node: score and train run one rank "
         "per GPU")
@@ -574,12 +580,12 @@ def test_the_summary_gives_p_tilde_with_the_baselines_training_used(tmp_path):
     baselines = "the whole-group mean reward of the records used + objective.asymre_delta_v (-0.1)"
     (run / "data_report.json").write_text(json.dumps({"records_used": 6, "sequences": 6, "positives": 3,
                                                       "baselines": baselines, "p_tilde": 0.4123}))
-    row = iterate.training_composition(run)
+    row = summary.training_composition(run)
     assert row == {"training_records": 6, "positives": 3, "p": 0.5, "baseline": baselines, "p_tilde": 0.4123}
-    assert "| 6 | 0.500 | 0.412 |" in iterate.summary_markdown([{"round": "round_0", "note": "", **row}])
+    assert "| 6 | 0.500 | 0.412 |" in summary.summary_markdown([{"round": "round_0", "note": "", **row}])
     # a report from before p~ was in it: unknown, not the closed form
     (run / "data_report.json").write_text(json.dumps({"records_used": 6, "sequences": 6, "positives": 3}))
-    assert iterate.training_composition(run)["p_tilde"] is None
+    assert summary.training_composition(run)["p_tilde"] is None
 
 
 def sample(text, answer, grade, grader_error=None):
@@ -603,7 +609,7 @@ def fake_stage_outputs(args, log, ranks):
 
 def test_a_round_that_generated_no_records_is_skipped_and_counted(fake_model, tmp_path, monkeypatch):
     fake_stage_outputs.calls = []
-    monkeypatch.setattr(iterate, "run_command", fake_stage_outputs)
+    monkeypatch.setattr(stages, "run_command", fake_stage_outputs)
     results = Driver(tiny_config(fake_model, tmp_path / "out", "rounds=2")).run()
     verbs = [args[0] if args[0] != "eval" else " ".join(args[:2]) for args in fake_stage_outputs.calls]
     assert verbs == ["eval --model", "generate", "generate", "eval --plot"]
@@ -626,14 +632,14 @@ def test_the_summary_counts_every_sample_drawn_empty_and_grader_failed_ones_incl
     log = SampleLog(log_path(round_dir / "graded.jsonl"), {}, problems)
     for index, (problem, samples) in enumerate(zip(problems, graded)):
         log.append(index, problem, samples)
-    result = iterate.RoundResult("round_0", round_dir, tmp_path / "model", str(tmp_path / "run"))
-    row = iterate.summary_row(result)
+    result = rounds.RoundResult("round_0", round_dir, tmp_path / "model", str(tmp_path / "run"))
+    row = summary.summary_row(result)
     assert row["samples"] == {"drawn": 6, "records": 3, "correct": 1, "wrong": 1, "invalid": 3, "error": 1}
-    assert "| round_0 | 1 / 1 / 3 / 1 | — |" in iterate.summary_markdown([row])
+    assert "| round_0 | 1 / 1 / 3 / 1 | — |" in summary.summary_markdown([row])
     log_path(round_dir / "graded.jsonl").unlink()
-    row = iterate.summary_row(result)
+    row = summary.summary_row(result)
     assert row["samples"] == {"drawn": None, "records": 3, "correct": 1, "wrong": 1, "invalid": 1, "error": None}
-    assert "| round_0 | 1 / 1 / 1 / — (no sample log) | — |" in iterate.summary_markdown([row])
+    assert "| round_0 | 1 / 1 / 1 / — (no sample log) | — |" in summary.summary_markdown([row])
 
 
 class StopAfterTrain(Exception):
@@ -683,7 +689,7 @@ def test_rendered_prompts_reach_every_stage_that_reads_the_records(fake_model, t
             seen["eval"] = (parsed.benchmark, parsed.prompts, parsed.task, parsed.rendered_prompts)
             out.write_text(json.dumps({"ks": [1], "metrics": {"pass@1": 0.0, "invalid_rate": 1.0}}))
 
-    monkeypatch.setattr(iterate, "run_command", run)
+    monkeypatch.setattr(stages, "run_command", run)
     config = tiny_config(fake_model, tmp_path / "out", f"generate.prompts={prompts}", "generate.task=math",
                          "generate.zero_shot=false", "generate.rendered_prompts=true", "curate.mode=none",
                          "eval.zero_shot=false", f"eval.prompts={prompts}", "eval.rendered_prompts=true")
@@ -750,7 +756,7 @@ def test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_v
         elif args[0] == "generate":
             raise StopAfterTrain
 
-    monkeypatch.setattr(iterate, "run_command", run)
+    monkeypatch.setattr(stages, "run_command", run)
     config = tiny_config(fake_model, tmp_path / "out", f"verifier.model={verifier_model}",
                          "verifier.args=[--batch-size,'2']")
     with pytest.raises(StopAfterTrain):
@@ -758,9 +764,9 @@ def test_a_verifier_scores_every_evaluation_and_the_round_reports_its_weighted_v
     verifier_stages = [("verifier", "score"), ("eval", "--records")] if ran_verifier else []
     assert ran == [("eval", "--model"), *verifier_stages, ("generate", "--model")]
     start = tmp_path / "out" / "start"
-    row, = Driver(config).summary_rows([iterate.RoundResult("start", start, fake_model, str(fake_model))])
+    row, = Driver(config).summary_rows([rounds.RoundResult("start", start, fake_model, str(fake_model))])
     assert (row["eval"]["pass@1"], row["eval"]["maj@k"], row["eval"]["weighted_maj@k"]) == (pass_1, maj, weighted)
-    table = iterate.summary_markdown([row])
+    table = summary.summary_markdown([row])
     assert "| pass@1 % | maj@4 % | weighted maj@4 % | invalid % |" in table
     assert f"| {100 * pass_1:.1f} | {100 * maj:.1f} | {100 * weighted:.1f} |" in table
     # what the plot draws: the verified results where they cover eval's problems
@@ -845,12 +851,12 @@ def test_score_and_train_stages_run_in_two_ranks_under_torchrun(tmp_path):
     model = build_tiny_hf_llama(tmp_path / "tiny_llama", build_tiny_tokenizer())
     graded, scored, run_dir = tmp_path / "graded.jsonl", tmp_path / "scored.jsonl", tmp_path / "run"
     graded.write_text("".join(json.dumps(record) + "\n" for record in build_graded_records(4)))
-    ranks = iterate.Ranks(per_node=2)
-    iterate.run_command(("score-logprobs", "--model", str(model), "--data", str(graded), "--out", str(scored),
-                         "--seq-length", "512", "--device", "cpu"), tmp_path / "score.log", ranks)
+    ranks = processes.Ranks(per_node=2)
+    processes.run_command(("score-logprobs", "--model", str(model), "--data", str(graded), "--out", str(scored),
+                           "--seq-length", "512", "--device", "cpu"), tmp_path / "score.log", ranks)
     assert len(load_records(scored).records) == 12  # 4 questions, 3 completions each
-    iterate.run_command(("train", "--config-name", "tiny_cpu", "dataset.epochs=1", f"base_model={model}",
-                         f"run_dir={run_dir}", f"dataset.train_path={scored}", "device=cpu"), tmp_path / "train.log",
-                        ranks)
+    processes.run_command(("train", "--config-name", "tiny_cpu", "dataset.epochs=1", f"base_model={model}",
+                           f"run_dir={run_dir}", f"dataset.train_path={scored}", "device=cpu"), tmp_path / "train.log",
+                          ranks)
     assert sorted(path.name for path in run_dir.glob("samples_dp*.jsonl")) == ["samples_dp0.jsonl", "samples_dp1.jsonl"]
     assert tensorboard_scalars(run_dir, "log_ratio_abs_max")[0] == (1, 0.0)
