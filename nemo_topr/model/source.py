@@ -23,8 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from nemo_topr.training.checkpoints import (TRACKER, DamagedCheckpointError, iteration_dir_name, latest_iteration,
-                                            saved_iterations)
+from nemo_topr.model.checkpoint_layout import (TRACKER, DamagedCheckpointError, iteration_dir_name,
+                                              latest_iteration, saved_iterations)
 
 HF_ARTIFACTS = "hf_artifacts"  # config.json, tokenizer files, generation_config.json of the model
 HF_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
@@ -302,7 +302,7 @@ def check_intact(source: ModelSource) -> None:
         except WeightsError as error:
             raise ModelSourceError(f"{source.named}{source.path}: {error}") from None
         return
-    from nemo_topr.training.checkpoints import truncated_files
+    from nemo_topr.model.checkpoint_layout import truncated_files
 
     if short := truncated_files(source.checkpoint):
         raise ModelSourceError(f"{source.named}{source.path}: iteration {source.iteration} is damaged, cut short: "

@@ -11,16 +11,31 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+
+from nemo_topr.errors import UserError
+
+
+def run_verb(verb: str, main: Callable[[list[str]], int], argv: list[str]) -> int:
+    """`main(argv)`'s exit code, a refusal printed as `nemo-topr VERB: MESSAGE` the way
+    `nemo_topr.cli.main` prints it (this program sits below the command line: it runs the two
+    verbs' modules itself)."""
+    try:
+        return int(main(argv) or 0)
+    except UserError as error:
+        print(f"nemo-topr {verb}: {error}", file=sys.stderr)
+        return error.exit_code
 
 
 def main(argv: list[str]) -> int:
-    from nemo_topr import cli
+    from nemo_topr.model.quiet import quiet_known_noise
+    from nemo_topr.training import export, recipe
     from nemo_topr.training.config import compose
-    from nemo_topr.training.recipe import parse_args
 
+    quiet_known_noise()
     hf_root, train_argv = argv[0], argv[1:]
     rendezvous = {key: os.environ.get(key) for key in ("MASTER_ADDR", "MASTER_PORT")}
-    code = cli.main(["train", *train_argv])
+    code = run_verb("train", recipe.main, train_argv)
     if code:
         return code
     # Start the export as its own command would: `nemo-topr train` set a rendezvous port for its
@@ -29,10 +44,10 @@ def main(argv: list[str]) -> int:
     for key, value in rendezvous.items():
         if value is None:
             os.environ.pop(key, None)
-    args = parse_args(train_argv)
+    args = recipe.parse_args(train_argv)
     raw = compose(args.config_name, args.overrides, args.config_path)
-    return cli.main(["export", "--ckpt", str(raw.run_dir), "--hf-out", hf_root, "--all-iterations",
-                     "--device", raw.device])
+    return run_verb("export", export.main, ["--ckpt", str(raw.run_dir), "--hf-out", hf_root, "--all-iterations",
+                                            "--device", raw.device])
 
 
 if __name__ == "__main__":
