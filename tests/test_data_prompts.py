@@ -86,7 +86,7 @@ def test_gsm8k_eight_shot_prompt(train_rows):
 def test_no_gsm8k_train_prompt_holds_its_own_worked_solution(train_rows):
     """The exemplars are train rows, so 8 gsm8k-train prompts held their own question and gold
     solution: an exemplar's own prompt now draws another row in its place, the rest keep the set."""
-    from nemo_topr.evaluation.generate import benchmark_problems
+    from nemo_topr.evaluation.problems import benchmark_problems
 
     problems, exemplars = benchmark_problems("gsm8k-train"), gsm8k_exemplars(train_rows)
     own = [i for i, row in enumerate(train_rows) if row in exemplars]
@@ -189,7 +189,7 @@ def _write_gsm8k(path, answers):
 def test_a_train_file_too_short_for_the_eight_shot_prompt_is_refused_naming_it(tmp_path):
     """A 3-row gsm8k_train.jsonl ended `eval` with random.sample's `Sample larger than population or is
     negative`, naming neither the file nor what it lacked."""
-    from nemo_topr.evaluation.generate import load_problems
+    from nemo_topr.evaluation.problems import load_problems
 
     train = tmp_path / "gsm8k_train.jsonl"
     _write_gsm8k(train, ["So 1.\n#### 1", "So 2.\n#### 2", "So 3.\n#### 3"])
@@ -218,7 +218,7 @@ def test_a_train_file_too_short_for_the_eight_shot_prompt_is_refused_naming_it(t
 def test_a_gsm8k_answer_whose_final_line_has_no_number_is_refused_when_read(tmp_path):
     """`#### ` with no number was read without complaint; `eval` sampled every problem, then failed with
     `GSM8K reference has no number: ''`, naming neither file nor row."""
-    from nemo_topr.evaluation.generate import load_problems
+    from nemo_topr.evaluation.problems import load_problems
 
     _write_gsm8k(tmp_path / "gsm8k_train.jsonl", [f"So {i}.\n#### {i}" for i in range(8)])
     test = tmp_path / "gsm8k_test.jsonl"

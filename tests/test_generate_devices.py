@@ -5,11 +5,14 @@ has never run on a GPU."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
 
+from nemo_topr import cli
 from nemo_topr.evaluation import generate
+from nemo_topr.evaluation.sampling_options import settings_from_args
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,7 @@ def test_tensor_parallel_needs_vllm(prompt_run, tmp_path, capsys, backend):
     corrected rerun would be refused as one "with other options"."""
     out = tmp_path / "o.jsonl"
     args = [*prompt_run, "--backend", backend, "--tensor-parallel-size", "4", "--device", "cpu", "--out", str(out)]
-    assert generate.main(args) == 1
+    assert cli.main(["generate", *args]) == 1
     assert capsys.readouterr().err == ("nemo-topr generate: the transformers backend runs on one device; "
                                        "--tensor-parallel-size needs --backend vllm (--backend auto chooses it on "
                                        "cuda when vLLM is installed)\n")
@@ -51,8 +54,8 @@ def test_cpu_device_samples_what_auto_samples_here(prompt_run, tmp_path):
 @pytest.fixture
 def vllm_importable(monkeypatch):
     """vLLM importable, as on a GPU machine with requirements-vllm.txt (this environment has none)."""
-    real_find_spec = generate.importlib.util.find_spec
-    monkeypatch.setattr(generate.importlib.util, "find_spec",
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *rest: object() if name == "vllm" else real_find_spec(name, *rest))
 
 
@@ -61,12 +64,12 @@ def test_the_vllm_backend_is_refused_where_it_cannot_sample(prompt_run, tmp_path
     sample log was written; on the CPU, with vLLM installed, it would not sample at all."""
     out = tmp_path / "o.jsonl"
     args = [*prompt_run, "--backend", "vllm", "--device", "cpu", "--out", str(out)]
-    assert generate.main(args) == 1
+    assert cli.main(["generate", *args]) == 1
     assert capsys.readouterr().err == ("nemo-topr generate: --backend vllm: vLLM is not installed in this environment "
                                        "(pip install -r requirements-vllm.txt); --backend transformers, or auto, "
                                        "samples without it\n")
     request.getfixturevalue("vllm_importable")
-    assert generate.main(args) == 1
+    assert cli.main(["generate", *args]) == 1
     assert capsys.readouterr().err == ("nemo-topr generate: --backend vllm samples on GPUs: it needs --device cuda (or "
                                        "auto on a machine with one)\n")
     assert list(tmp_path.iterdir()) == []
@@ -75,7 +78,7 @@ def test_the_vllm_backend_is_refused_where_it_cannot_sample(prompt_run, tmp_path
 def test_flags_reach_the_sampling_settings(prompt_run, vllm_importable):
     args = generate.build_parser().parse_args([*prompt_run, "--tensor-parallel-size", "8", "--backend", "vllm",
                                                "--device", "cuda", "--out", "x.jsonl"])
-    settings = generate.settings_from_args(args, "math")
+    settings = settings_from_args(args, "math")
     assert settings.tensor_parallel_size == 8
 
 
@@ -84,7 +87,7 @@ def test_stop_strings_are_the_tasks_the_given_ones_or_none(prompt_run):
     is refused: it ended every completion before its first token)."""
     def stops(*options: str) -> tuple[str, ...]:
         args = generate.build_parser().parse_args([*prompt_run, *options, "--out", "x.jsonl"])
-        return generate.settings_from_args(args, "gsm8k").stop_strings
+        return settings_from_args(args, "gsm8k").stop_strings
 
     assert stops() == ("\n\nQuestion:",)
     assert stops("--stop", "END", "--stop", "###") == ("END", "###")

@@ -12,16 +12,12 @@ import torch
 from conftest import checkout_env, placeholder_hf_model
 
 from nemo_topr.data.records import DataError, load_records
+from nemo_topr import cli
 from nemo_topr.evaluation import evaluate, generate
-from nemo_topr.evaluation.generate import (
-    Completion,
-    Problem,
-    SamplingSettings,
-    grade_completions,
-    graded_records,
-    load_problems,
-    sample_and_grade,
-    trim_at_stop,
+from nemo_topr.evaluation.problems import load_problems
+from nemo_topr.evaluation.samples import Completion, Problem, grade_completions, graded_records, grader_error_report
+from nemo_topr.evaluation.sampling import (
+    SamplingSettings, iter_completions, new_token_budgets, sample_and_grade, sampling_out_of_memory, trim_at_stop,
 )
 from nemo_topr.grading import grade
 
@@ -90,7 +86,7 @@ def test_generate_reads_a_prompt_file(model_dir, tmp_path):
     prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "graded.jsonl"
     args = ["--model", str(model_dir), "--prompts", str(prompts), *TINY_SAMPLING, "--out", str(out)]
-    assert generate.main(args) == 1  # a prompt file needs --task
+    assert cli.main(["generate", *args]) == 1  # a prompt file needs --task
     assert generate.main([*args, "--task", "gsm8k"]) == 0
     assert {r.prompt_id for r in load_records(out).records} <= {"add", "2"}
 
@@ -198,7 +194,7 @@ def test_gsm8k_on_a_short_context_model_is_refused_naming_num_shots_and_runs_wit
 
 
 @pytest.mark.parametrize("verb, options", [
-    (generate.main, ["--prompts", "gsm8k-test", "--task", "math", "--out", "g.jsonl"]),
+    (lambda argv: cli.main(["generate", *argv]), ["--prompts", "gsm8k-test", "--task", "math", "--out", "g.jsonl"]),
     (evaluate.main, ["--benchmark", "gsm8k", "--task", "math", "--out", "r.json"]),
     (evaluate.main, ["--prompts", "math500", "--task", "gsm8k", "--out", "r.json"]),
 ], ids=["generate", "eval-benchmark", "eval-prompts"])
@@ -420,7 +416,7 @@ def test_grader_errors_are_not_written_as_negatives(monkeypatch):
     assert "RuntimeError: sympy exploded" in graded[1].grader_error
     records = graded_records([problem], [graded])
     assert [(r.sample_id, r.reward) for r in records] == [(0, 1.0), (2, -1.0), (3, 1.0)]
-    assert generate.grader_error_report([graded], max_rate=0.25)["grader_errors"] == 1
+    assert grader_error_report([graded], max_rate=0.25)["grader_errors"] == 1
 
 
 def _math_prompts(tmp_path, n: int):
@@ -450,11 +446,11 @@ def test_generate_fails_above_the_grader_error_rate_and_keeps_every_sample(monke
     _verify_fails_on_seven(monkeypatch)
     # The sampler is replaced by fixed completions: what is tested is what happens after sampling.
     sampler = FixedSampler()
-    monkeypatch.setattr(generate, "iter_completions", sampler)
+    monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", sampler)
     out, model = tmp_path / "graded.jsonl", placeholder_hf_model(tmp_path / "model")
     args = ["--model", str(model), "--prompts", str(_math_prompts(tmp_path, 2)), "--task", "math",
             "--num-samples", "4", "--device", "cpu", "--out", str(out)]
-    assert generate.main(args) == 1  # 2 grader errors in 8 samples = 25 % > 1 % (the default)
+    assert cli.main(["generate", *args]) == 1  # 2 grader errors in 8 samples = 25 % > 1 % (the default)
     assert not out.exists()
     err = capsys.readouterr().err
     assert "the grader failed on 2 of 8 answers (25.00%), above --max-grader-error-rate 0.01" in err
@@ -473,12 +469,12 @@ def test_generate_writes_as_it_goes_and_resumes_where_it_stopped(monkeypatch, tm
     prompts, model = _math_prompts(tmp_path, 5), placeholder_hf_model(tmp_path / "model")
     args = ["--model", str(model), "--prompts", str(prompts), "--task", "math", "--num-samples", "4",
             "--device", "cpu", "--max-grader-error-rate", "0.5"]
-    monkeypatch.setattr(generate, "iter_completions", FixedSampler())
+    monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", FixedSampler())
     assert generate.main([*args, "--out", str(tmp_path / "whole.jsonl")]) == 0
     assert "[nemo-topr generate] 20/20 samples (100.0%)" in capsys.readouterr().err
 
     out, crashing = tmp_path / "graded.jsonl", FixedSampler(crash_after=3)
-    monkeypatch.setattr(generate, "iter_completions", crashing)
+    monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", crashing)
     with pytest.raises(KeyboardInterrupt):
         generate.main([*args, "--out", str(out)])
     log = tmp_path / "graded.jsonl.samples"
@@ -488,7 +484,7 @@ def test_generate_writes_as_it_goes_and_resumes_where_it_stopped(monkeypatch, tm
     assert "samples/s, ETA" in capsys.readouterr().err  # progress while it ran
 
     resumed = FixedSampler()
-    monkeypatch.setattr(generate, "iter_completions", resumed)
+    monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", resumed)
     assert generate.main([*args, "--out", str(out)]) == 0
     assert resumed.asked == [3, 4]
     assert "resuming: 3 of 5 prompts already sampled" in capsys.readouterr().err
@@ -497,16 +493,16 @@ def test_generate_writes_as_it_goes_and_resumes_where_it_stopped(monkeypatch, tm
             (tmp_path / "whole.jsonl.samples").read_text().splitlines()[1:])
 
     before = out.read_bytes()
-    assert generate.main([*args, "--out", str(out), "--seed", "1"]) == 1
+    assert cli.main(["generate", *args, "--out", str(out), "--seed", "1"]) == 1
     assert capsys.readouterr().err == (f"nemo-topr generate: --out {out} exists: pass --overwrite to replace it, "
                                        "or choose another path\n")
-    assert generate.main([*args, "--out", str(out), "--seed", "1", "--overwrite"]) == 1  # nor other samples' log
+    assert cli.main(["generate", *args, "--out", str(out), "--seed", "1", "--overwrite"]) == 1  # nor other samples' log
     err = capsys.readouterr().err
     assert f"{log} holds samples drawn with other options (settings.seed: 0 then, 1 now): rerun" in err
     assert resumed.asked == [3, 4] and out.read_bytes() == before
 
     (model / "model.safetensors").write_text('{"re-exported": 1}')  # other weights under the same path
-    assert generate.main([*args, "--out", str(out), "--overwrite"]) == 1
+    assert cli.main(["generate", *args, "--out", str(out), "--overwrite"]) == 1
     err = capsys.readouterr().err
     assert f"{log} holds samples drawn with other options (weights: [['model.safetensors', 0, " in err
     assert resumed.asked == [3, 4] and out.read_bytes() == before
@@ -519,7 +515,7 @@ def _crashed_generate(monkeypatch, tmp_path, *, prompts: int, crash_after: int, 
     out, log = tmp_path / "graded.jsonl", tmp_path / "graded.jsonl.samples"
     args = ["--model", str(model), "--prompts", str(prompt_file), "--task", "math", "--num-samples", "4",
             "--device", "cpu", "--max-grader-error-rate", "0.5", "--out", str(out)]
-    monkeypatch.setattr(generate, "iter_completions", FixedSampler(crash_after=crash_after))
+    monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", FixedSampler(crash_after=crash_after))
     with pytest.raises(KeyboardInterrupt):
         generate.main([*args, *first_options])
     return prompt_file, out, log, args
@@ -534,7 +530,7 @@ def test_a_sample_log_of_prompts_edited_since_is_not_resumed(monkeypatch, tmp_pa
     original = prompts.read_text()
     rows = [json.loads(line) for line in original.splitlines()]
     sampler = FixedSampler()
-    monkeypatch.setattr(generate, "iter_completions", sampler)
+    monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", sampler)
     remedy = "choose another --out, or delete the log to sample again"
     for field, value, message in (
             ("prompt", "What is 1+50-1?", "has other text than when it was sampled: the logged samples answer "
@@ -543,7 +539,7 @@ def test_a_sample_log_of_prompts_edited_since_is_not_resumed(monkeypatch, tmp_pa
                                        "old one")):
         edited = [dict(row, **({field: value} if row["prompt_id"] == "q1" else {})) for row in rows]
         prompts.write_text("".join(json.dumps(row) + "\n" for row in edited))
-        assert generate.main(args) == 1
+        assert cli.main(["generate", *args]) == 1
         separator = "" if message.startswith(":") else " "
         assert capsys.readouterr().err == f"nemo-topr generate: {log}:3: prompt 'q1'{separator}{message}; {remedy}\n"
         assert sampler.asked == [] and not out.exists()
@@ -562,7 +558,7 @@ def test_a_sample_log_graded_for_another_task_is_graded_again_on_resume(monkeypa
     as_gsm8k = [*args[:args.index("--task")], "--task", "gsm8k", *args[args.index("--task") + 2:], "--no-stop"]
     math_grades = [[s["grade"] for s in json.loads(line)["samples"]] for line in log.read_text().splitlines()[1:]]
     capsys.readouterr()
-    monkeypatch.setattr(generate, "iter_completions", FixedSampler())
+    monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", FixedSampler())
     assert generate.main(as_gsm8k) == 0
     assert ("nemo-topr generate: 2 logged prompts graded again as gsm8k (2 graded as math); the log now holds these "
             "grades\n") in capsys.readouterr().err
@@ -617,7 +613,7 @@ def test_a_sample_log_without_a_finished_prompt_starts_over_with_other_options(m
                                           first_options=["--max-new-tokens", "64"])
     assert len(log.read_text().splitlines()) == 1 and '"max_new_tokens": 64' in log.read_text()
     sampler = FixedSampler()
-    monkeypatch.setattr(generate, "iter_completions", sampler)
+    monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", sampler)
     assert generate.main([*args, "--max-new-tokens", "32"]) == 0
     assert sampler.asked == [0, 1] and '"max_new_tokens": 32' in log.read_text().splitlines()[0]
     assert len(out.read_text().splitlines()) == 8
@@ -631,7 +627,7 @@ def test_a_sample_log_the_disk_cannot_take_ends_in_one_line_and_the_rerun_resume
     args = ["--model", str(model), "--prompts", str(_math_prompts(tmp_path, 5)), "--task", "math",
             "--num-samples", "4", "--device", "cpu", "--max-grader-error-rate", "0.5", "--out",
             str(tmp_path / "graded.jsonl")]
-    monkeypatch.setattr(generate, "iter_completions", FixedSampler())
+    monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", FixedSampler())
     real_open, appended = Path.open, []
 
     def full_after_two_prompts(self, mode="r", *rest, **options):
@@ -643,21 +639,21 @@ def test_a_sample_log_the_disk_cannot_take_ends_in_one_line_and_the_rerun_resume
 
     monkeypatch.setattr(Path, "open", full_after_two_prompts)
     log = tmp_path / "graded.jsonl.samples"
-    assert generate.main(args) == 1
+    assert cli.main(["generate", *args]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"nemo-topr generate: writing {log}: No space left on device; the 2 prompts logged so far are kept: free "
         "space there and rerun the same command to resume")
     assert not (tmp_path / "graded.jsonl").exists()
     monkeypatch.setattr(Path, "open", real_open)  # room again
     resumed = FixedSampler()
-    monkeypatch.setattr(generate, "iter_completions", resumed)
+    monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", resumed)
     assert generate.main(args) == 0 and resumed.asked == [2, 3, 4]
     assert len(load_records(tmp_path / "graded.jsonl").records) == 20
 
 
 def test_a_model_that_is_not_there_leaves_no_sample_log(tmp_path, capsys):
     """The model is checked before the log beside --out is started, so a typo leaves nothing."""
-    assert generate.main(["--prompts", "gsm8k-test", "--model", str(tmp_path / "nothere"), "--limit", "1",
+    assert cli.main(["generate", "--prompts", "gsm8k-test", "--model", str(tmp_path / "nothere"), "--limit", "1",
                           "--device", "cpu", "--out", str(tmp_path / "g.jsonl")]) == 1
     assert capsys.readouterr().err.startswith(f"nemo-topr generate: --model {tmp_path / 'nothere'}: no such "
                                               "directory")
@@ -707,7 +703,7 @@ def test_only_a_failed_allocation_while_sampling_is_read_as_out_of_memory(model_
 def test_a_gpu_out_of_memory_offers_vllm():
     settings = SamplingSettings(num_samples=512, max_new_tokens=4000)
     error = torch.OutOfMemoryError("CUDA out of memory.\nmore")
-    assert generate.sampling_out_of_memory(settings, "cuda", 4100, error) == (
+    assert sampling_out_of_memory(settings, "cuda", 4100, error) == (
         "cuda ran out of memory sampling one prompt's 512 samples (up to 4100 tokens each): the transformers backend "
         "samples a prompt's samples as one batch. Give a lower --num-samples or --max-new-tokens, or sample with "
         "--backend vllm (CUDA out of memory.)")
@@ -718,7 +714,7 @@ def test_eval_and_generate_refuse_zero_samples_or_tokens(flag, tmp_path, capsys)
     model = placeholder_hf_model(tmp_path / "model")
     assert evaluate.main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", flag, "0",
                           "--device", "cpu", "--out", str(tmp_path / "r.json")]) == 1
-    assert generate.main(["--prompts", "gsm8k-test", "--model", str(model), "--limit", "1", flag, "0",
+    assert cli.main(["generate", "--prompts", "gsm8k-test", "--model", str(model), "--limit", "1", flag, "0",
                           "--device", "cpu", "--out", str(tmp_path / "g.jsonl")]) == 1
     err = capsys.readouterr().err
     assert err.count(f"{flag} must be at least 1; got 0") == 2
@@ -754,7 +750,7 @@ def test_sampling_options_are_checked_before_the_model_loads(options, message, t
     model = placeholder_hf_model(tmp_path / "model")
     assert evaluate.main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", "--device", "cpu",
                           *options, "--out", str(tmp_path / "r.json")]) == 1
-    assert generate.main(["--prompts", "gsm8k-test", "--model", str(model), "--limit", "1", "--device", "cpu",
+    assert cli.main(["generate", "--prompts", "gsm8k-test", "--model", str(model), "--limit", "1", "--device", "cpu",
                           "--num-samples", "1", *options, "--out", str(tmp_path / "g.jsonl")]) == 1
     assert capsys.readouterr().err.splitlines() == [f"nemo-topr eval: {message}", f"nemo-topr generate: {message}"]
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
@@ -786,7 +782,7 @@ def test_temperature_zero_is_greedy_decoding_whatever_the_models_generation_conf
     assert expected.strip()  # a path of real tokens, not EOS at once
     for seed in (0, 1):
         settings = SamplingSettings(temperature=0.0, max_new_tokens=12, seed=seed)
-        [(index, [completion])] = generate.iter_completions(model, {0: problem}, settings, "transformers", "cpu")
+        [(index, [completion])] = iter_completions(model, {0: problem}, settings, "transformers", "cpu")
         assert (index, completion.text) == (0, expected)
 
 
@@ -804,16 +800,18 @@ def test_eval_refuses_a_k_it_cannot_compute_before_sampling(ks, message, tmp_pat
 
 def test_a_misspelled_benchmark_or_a_bad_prompt_file_is_named(tmp_path, capsys):
     model, out = placeholder_hf_model(tmp_path / "model"), tmp_path / "g.jsonl"
-    assert generate.main(["--prompts", "gsm8k-tst", "--model", str(model), "--device", "cpu", "--out", str(out)]) == 1
+    assert cli.main(["generate", "--prompts", "gsm8k-tst", "--model", str(model), "--device", "cpu", "--out",
+                     str(out)]) == 1
     assert capsys.readouterr().err == ("nemo-topr generate: gsm8k-tst: no such prompt file, and not a benchmark "
                                        "(gsm8k-train, gsm8k-test, math500); did you mean gsm8k-test?\n")
-    assert generate.main(["--prompts", str(tmp_path), "--model", str(model), "--device", "cpu", "--out", str(out)]) == 1
+    assert cli.main(["generate", "--prompts", str(tmp_path), "--model", str(model), "--device", "cpu", "--out",
+                     str(out)]) == 1
     assert capsys.readouterr().err.startswith(f"nemo-topr generate: {tmp_path}: a directory; --prompts takes a JSONL "
                                               "file or a benchmark name (gsm8k-train, gsm8k-test, math500), whose "
                                               "local copy")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Q: 1+1?", "reference_answer": "2"}\n{"prompt": "Q: 2+2?", reference_answer: 4}\n')
-    assert generate.main(["--prompts", str(prompts), "--task", "gsm8k", "--model", str(model), "--device", "cpu",
+    assert cli.main(["generate", "--prompts", str(prompts), "--task", "gsm8k", "--model", str(model), "--device", "cpu",
                           "--out", str(out)]) == 1
     assert capsys.readouterr().err == (f"nemo-topr generate: {prompts}:2: record: invalid JSON: Expecting property "
                                        "name enclosed in double quotes (column 23)\n")
@@ -912,7 +910,7 @@ def test_eval_of_the_samples_records_equals_eval_of_the_samples_empty_completion
             texts = ([right, "", wrong, right], ["", right, "", "no box"], [wrong, right, "", ""])[index]
             yield index, [Completion(text) for text in texts]
 
-    monkeypatch.setattr(generate, "iter_completions", sampler)
+    monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", sampler)
     model, direct, samples = placeholder_hf_model(tmp_path / "model"), tmp_path / "direct.json", tmp_path / "s.jsonl"
     assert evaluate.main(["--model", str(model), "--benchmark", "math500", "--limit", "3", "--num-samples", "4",
                           "--device", "cpu", "--samples-out", str(samples), "--out", str(direct)]) == 0
@@ -946,7 +944,7 @@ def test_a_prompt_left_without_records_is_named_where_the_records_are_written(mo
             yield index, [Completion(text) for text in (["", ""], ["", f"so \\boxed{{{problem.reference_answer}}}"],
                                                         ["", ""])[index]]
 
-    monkeypatch.setattr(generate, "iter_completions", sampler)
+    monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", sampler)
     model = placeholder_hf_model(tmp_path / "model")
     note = ("2 of 3 prompts have no record, every sample empty or failed by the grader (first: {first}): "
             "`eval --records` of these records leaves them out, where `eval --benchmark` counts one of empty samples "
@@ -980,9 +978,9 @@ def test_sampling_leaves_room_in_the_models_context_and_refuses_a_full_prompt(tm
     lengths = [len(ids) for ids in prompt_token_ids(tokenizer, [p.prompt for p in problems])]
     context = max(lengths) + 6  # the longest prompt leaves 5 new tokens and the EOS
     model = build_tiny_hf_llama(tmp_path / "short", tokenizer, max_position_embeddings=context)
-    budgets = generate.new_token_budgets(model, dict(enumerate(problems)), 64)
+    budgets = new_token_budgets(model, dict(enumerate(problems)), 64)
     assert budgets == {i: context - n - 1 for i, n in enumerate(lengths)} and min(budgets.values()) == 5
-    assert generate.new_token_budgets(model, dict(enumerate(problems)), 3) == {0: 3, 1: 3, 2: 3}
+    assert new_token_budgets(model, dict(enumerate(problems)), 3) == {0: 3, 1: 3, 2: 3}
 
     real_generate, lengths_sampled = GenerationMixin.generate, []
 
@@ -1002,7 +1000,7 @@ def test_sampling_leaves_room_in_the_models_context_and_refuses_a_full_prompt(tm
 
     tight = build_tiny_hf_llama(tmp_path / "tight", tokenizer, max_position_embeddings=max(lengths) + 1)
     refused = tmp_path / "refused.jsonl"
-    assert generate.main(["--model", str(tight), "--prompts", str(prompts), "--task", "math", "--device", "cpu",
+    assert cli.main(["generate", "--model", str(tight), "--prompts", str(prompts), "--task", "math", "--device", "cpu",
                           "--out", str(refused)]) == 1
     longest = problems[lengths.index(max(lengths))].prompt_id
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
@@ -1045,7 +1043,7 @@ def test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when
     args = ["--model", str(model), "--task", "math", "--num-samples", "1", "--max-new-tokens", "4", "--device", "cpu",
             "--max-grader-error-rate", "1", "--out", str(out)]
 
-    assert generate.main(["--prompts", str(files["rendered"]), *args]) == 1
+    assert cli.main(["generate", "--prompts", str(files["rendered"]), *args]) == 1
     err = capsys.readouterr().err
     assert (f"nemo-topr generate: {files['rendered']}: prompt q0: holds the tokenizer's special token "
             "'<|begin_of_text|>' as text: the prompt looks rendered already") in err
@@ -1060,7 +1058,7 @@ def test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when
 
     # the option on plain prompts, which read as written would lose the template and BOS
     refused = tmp_path / "refused.jsonl"
-    assert generate.main(["--prompts", str(files["plain"]), "--rendered-prompts", *args[:-1], str(refused)]) == 1
+    assert cli.main(["generate", "--prompts", str(files["plain"]), "--rendered-prompts", *args[:-1], str(refused)]) == 1
     assert (f"{files['plain']}: prompt q0: holds none of the tokenizer's special tokens, so it is not rendered"
             in capsys.readouterr().err)
     assert not refused.exists() and len(sampled) == 2

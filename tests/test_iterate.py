@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, checkout_env, placeholder_hf_model, tensorboard_scalars
 from nemo_topr import cli, iterate
 from nemo_topr.data.records import Record, load_records, write_jsonl
-from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem, graded_records
+from nemo_topr.evaluation.samples import Completion, GradedCompletion, Problem, graded_records
 from nemo_topr.evaluation.sample_log import SampleLog, log_path
 from nemo_topr.iterate import processes, rounds, stages, summary
 from nemo_topr.iterate.config import CurateOptions, IterateError

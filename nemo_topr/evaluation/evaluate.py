@@ -39,19 +39,10 @@ from typing import Any
 
 from nemo_topr.utils.arguments import Parser, documented
 from nemo_topr.data.records import DataError, Record, is_number, load_records, write_jsonl
-from nemo_topr.evaluation.generate import (
-    BENCHMARKS,
-    GradedCompletion,
-    Problem,
-    add_sampling_arguments,
-    check_limit,
-    graded_records,
-    load_problems,
-    logged_sample_and_grade,
-    no_record_note,
-    prompt_problems,
-    prompt_source,
-)
+from nemo_topr.evaluation.logged_sampling import logged_sample_and_grade
+from nemo_topr.evaluation.problems import BENCHMARKS, check_limit, load_problems, prompt_problems, prompt_source
+from nemo_topr.evaluation.samples import GradedCompletion, graded_records, no_record_note
+from nemo_topr.evaluation.sampling_options import add_sampling_arguments
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics, scored_voters
 from nemo_topr.evaluation.sample_log import log_path
 from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, reference_problem, same_answer
@@ -104,7 +95,7 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
     error: the samples were graded for their own task). The empty completions `generate`
     names in `meta.empty_sample_ids` (no records) are invalid samples at their places in sample
     order, as `eval --benchmark` counts them; a prompt with no record at all is not in the file
-    (`generate.no_record_note` says so when the records are written).
+    (`samples.no_record_note` says so when the records are written).
     """
     by_prompt: dict[str, list[tuple[Any, SampleOutcome]]] = {}
     first_of_prompt: dict[str, tuple[str, Record]] = {}  # prompt_key -> (reference answer, first record)

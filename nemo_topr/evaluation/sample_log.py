@@ -22,11 +22,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nemo_topr.evaluation.generate import Completion, GradedCompletion, Problem, grade_completions
+from nemo_topr.errors import UserError
+from nemo_topr.evaluation.samples import Completion, GradedCompletion, Problem, grade_completions
 from nemo_topr.utils.outputs import OutputWriteError, filesystem_remedy, write_whole
 
 
-class SampleLogError(ValueError):
+class SampleLogError(UserError, ValueError):
     """A log that cannot be resumed with these options or these prompts."""
 
 

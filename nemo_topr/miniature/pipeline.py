@@ -59,15 +59,15 @@ def _write_jsonl(rows: list[dict], path: Path) -> Path:
 
 
 def _gen_problems(problems, prefix: str):
-    from nemo_topr.evaluation.generate import Problem
+    from nemo_topr.evaluation.samples import Problem
 
     from nemo_topr.miniature.task import TASK
     return [Problem(f"{prefix}-{i}", p.prompt, str(p.answer), TASK) for i, p in enumerate(problems)]
 
 
 def sample(model_dir: Path, problems, prefix: str, num_samples: int, seed: int, max_new_tokens: int):
-    """(generate.Problem list, graded samples) with the project's sampler and GSM8K grader."""
-    from nemo_topr.evaluation.generate import SamplingSettings, sample_and_grade
+    """(samples.Problem list, graded samples) with the project's sampler and GSM8K grader."""
+    from nemo_topr.evaluation.sampling import SamplingSettings, sample_and_grade
 
     gen_problems = _gen_problems(problems, prefix)
     settings = SamplingSettings(num_samples=num_samples, temperature=1.0, top_p=1.0, top_k=500,
@@ -84,7 +84,8 @@ def batched_sample(model_dir: Path, problems, prefix: str, num_samples: int, see
     from transformers import AutoModelForCausalLM
 
     from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, prompt_token_ids
-    from nemo_topr.evaluation.generate import Completion, grade_completions, trim_at_stop
+    from nemo_topr.evaluation.samples import Completion, grade_completions
+    from nemo_topr.evaluation.sampling import trim_at_stop
 
     gen_problems = _gen_problems(problems, prefix)
     tokenizer = load_tokenizer(model_dir)
@@ -239,7 +240,7 @@ def offline_dataset(mu: Path, problems, k: int, seed: int, directory: Path, max_
     """k samples per prompt from mu with sampling seed `seed` (the project's sampler), graded +-1,
     log mu scored with `nemo-topr score-logprobs`. Returns (scored records, counts)."""
     from nemo_topr.data.records import write_jsonl
-    from nemo_topr.evaluation.generate import graded_records
+    from nemo_topr.evaluation.samples import graded_records
 
     directory.mkdir(parents=True, exist_ok=True)
     gen_problems, graded = sample(mu, problems, "train", k, seed, max_new_tokens)
