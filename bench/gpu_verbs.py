@@ -47,8 +47,9 @@ import torch
 from bench.common import git_output
 from bench.gpu import ATTENTION_BACKENDS
 from nemo_topr.model.device import DeviceError, add_device_argument, resolve_device
-from nemo_topr.doctor import (PER_TOKEN_SCORE_BOUND, CheckFailed, Doctor, Files, diagnose, per_token_difference,
-                              report, scores_by_record, write_json)
+from nemo_topr.doctor.checks import PER_TOKEN_SCORE_BOUND, Files, diagnose, per_token_difference, scores_by_record
+from nemo_topr.doctor.command import report, write_json
+from nemo_topr.doctor.runner import CheckFailed, Doctor
 from nemo_topr.utils.outputs import fresh_output_dir, write_whole
 
 BENCH_NOTE = ("bench/gpu.py as `python -m bench.run --sections gpu`, the 'bench gpu' check of `python -m "

@@ -29,7 +29,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "submit": ("nemo_topr.cluster.submit", "render and submit a Slurm job for a TOPR run"),
     "verifier": ("nemo_topr.evaluation.verifier", "generative verifier: Yes/No judge data, P(Yes) for weighted votes"),
     "iterate": ("nemo_topr.iterate.cli", "rounds of generate -> curate -> score mu -> train -> export -> eval"),
-    "doctor": ("nemo_topr.doctor", "check a new node end to end: score, train, resume, export, versions"),
+    "doctor": ("nemo_topr.doctor.command", "check a new node end to end: score, train, resume, export, versions"),
 }
 
 

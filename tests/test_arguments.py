@@ -40,7 +40,7 @@ def test_a_batch_size_below_one_is_a_usage_error_and_nothing_is_written(tmp_path
 
 @pytest.mark.parametrize("value", ["0", "-5", "inf", "nan"])
 def test_a_doctor_time_limit_not_above_zero_is_a_usage_error_before_any_check(tmp_path, capsys, value):
-    from nemo_topr import doctor
+    from nemo_topr.doctor import command as doctor
 
     with pytest.raises(SystemExit) as exit_:
         doctor.main(["--device", "cpu", "--timeout", value, "--work-dir", str(tmp_path / "work")])

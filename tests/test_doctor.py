@@ -13,7 +13,10 @@ import time
 import pytest
 
 from conftest import REPO, with_cuda_only_packages
-from nemo_topr.doctor import CheckFailed, Doctor, Files, per_token_difference, report, write_json
+from nemo_topr.doctor.checks import Files, per_token_difference
+from nemo_topr.doctor.command import report, write_json
+from nemo_topr.doctor.runner import CheckFailed, Doctor
+from nemo_topr.utils.outputs import OutputError
 
 
 def _doctor(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -71,12 +74,12 @@ def test_a_json_table_that_is_in_or_holds_the_work_dir_is_a_usage_error_before_a
     """`--json DIR --work-dir DIR` ran the first check, then ended in IsADirectoryError when the
     table was written over the work directory; a table inside the work directory is deleted when
     the doctor empties it on a rerun."""
-    from nemo_topr import doctor
+    from nemo_topr.doctor import command as doctor
     monkeypatch.setattr(doctor, "diagnose", lambda *args, **kwargs: pytest.fail("a check ran"))
     json_path, work = tmp_path / json_at, tmp_path / work_at
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(OutputError) as refused:
         doctor.main(["--device", "cpu", "--json", str(json_path), "--work-dir", str(work)])
-    assert str(refused.value) == "nemo-topr doctor: " + refusal.format(json=json_path, work=work)
+    assert str(refused.value) == refusal.format(json=json_path, work=work)
     assert not list(tmp_path.iterdir())
 
 
@@ -171,7 +174,7 @@ def test_a_foreign_cudnn_is_recorded_and_fails_the_versions_check_naming_torchs_
     the versions check fails with the directory to put first."""
     import torch
 
-    from nemo_topr.doctor import check_versions, versions
+    from nemo_topr.doctor.versions import check_versions, versions
 
     def refuse():
         raise RuntimeError(TORCH_CUDNN_REFUSAL + "\nOne option ...")
@@ -191,7 +194,7 @@ def test_a_foreign_cudnn_is_recorded_and_fails_the_versions_check_naming_torchs_
 
 
 def test_te_attention_failing_for_an_old_cudnn_names_the_version_and_the_way_round():
-    from nemo_topr.doctor import CUDNN_TOO_OLD, attention_fix
+    from nemo_topr.doctor.versions import CUDNN_TOO_OLD, attention_fix
 
     assert attention_fix(TE_BACKWARD_FAILURE) == CUDNN_TOO_OLD
     assert ">= 9.22" in CUDNN_TOO_OLD and "LD_LIBRARY_PATH" in CUDNN_TOO_OLD

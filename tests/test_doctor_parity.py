@@ -1,4 +1,4 @@
-"""The doctor's packed parity check (nemo_topr/doctor_parity.py) on CPU: its comparison, its
+"""The doctor's packed parity check (nemo_topr/doctor/packed_parity.py) on CPU: its comparison, its
 bounds and its naming. TE itself runs only on a GPU; here the candidate is Megatron's local
 layers in BF16 (what the bounds were calibrated on) or with attention crossing sequences (what
 the check exists to catch)."""
@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 
-from nemo_topr import doctor_parity
-from nemo_topr.doctor import CheckFailed, result_line
-from nemo_topr.doctor_parity import BOUNDS, Measured, compare
+from nemo_topr.doctor import packed_parity as doctor_parity
+from nemo_topr.doctor.runner import CheckFailed, result_line
+from nemo_topr.doctor.packed_parity import BOUNDS, Measured, compare
 
 NCCL_AT_EXIT = ("[rank0]:[W1126 14:39:43.242621781 ProcessGroupNCCL.cpp:1575] Warning: WARNING: "
                 "destroy_process_group() was not called before program exit, which can leak resources.")

@@ -84,7 +84,7 @@ def test_cuda_without_cuda_is_the_device_error(tmp_path):
 
 def test_the_bench_line_fails_on_a_failed_precision_or_topr_step_not_on_a_skipped_one(tmp_path):
     from bench.gpu_verbs import bench_gpu_summary
-    from nemo_topr.doctor import CheckFailed
+    from nemo_topr.doctor.runner import CheckFailed
 
     run = {"precision": "bf16", "topr_error": None, "topr_over_sft_time": {"median": 0.997, "iqr": [0.996, 0.998]},
            "sft_mfu": 0.246, "topr_mfu": 0.247, "max_memory_allocated_gib": 51.8, "sft_step_seconds": 1.63}

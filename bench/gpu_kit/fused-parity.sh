@@ -7,10 +7,10 @@
 set -uo pipefail
 sha=$1 deadline=$2 start=$(date +%s)
 source .gpu/kit/cudnn-env.sh
-python3 -c "import json; from nemo_topr.doctor import versions; print(json.dumps(versions()))" > "$OUT/versions.json"
+python3 -c "import json; from nemo_topr.doctor.versions import versions; print(json.dumps(versions()))" > "$OUT/versions.json"
 cat "$OUT/versions.json"
 t0=$(date +%s)
-timeout 180 python3 -m nemo_topr.doctor_parity > "$OUT/parity_fused.log" 2>&1
+timeout 180 python3 -m nemo_topr.doctor.packed_parity > "$OUT/parity_fused.log" 2>&1
 echo "exit $? after $(( $(date +%s) - t0 )) s; $(date -u +%FT%TZ)" >> "$OUT/parity_fused.log"
 tail -3 "$OUT/parity_fused.log"
 left=$(( deadline - ($(date +%s) - start) ))

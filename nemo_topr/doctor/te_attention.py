@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from nemo_topr.doctor import report_result
+from nemo_topr.doctor.runner import report_result
 
 HEADS, GROUPS, HEAD_DIM = 32, 8, 128
 LENGTHS = (1000, 3096)  # one 4,096-token row holding two sequences

@@ -148,9 +148,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from nemo_topr.model.device import use_device
     from nemo_topr.utils.distributed import destroy_model_parallel, initialize_model_parallel
-    from nemo_topr.doctor import report_result
+    from nemo_topr.doctor.runner import report_result
 
-    parser = Parser(prog="python -m nemo_topr.doctor_parity", description=__doc__,
+    parser = Parser(prog="python -m nemo_topr.doctor.packed_parity", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--attention-backend", choices=("auto", "unfused"), default="auto",
                         help="TE's attention: auto (TE chooses; cuDNN fused attention on THD, the doctor's) or "
