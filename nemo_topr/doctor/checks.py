@@ -25,6 +25,7 @@ LOG_RATIO_BOUND = {"fp32": 1e-3, "bf16": 0.1}
 PER_TOKEN_SCORE_BOUND = {"fp32": 1e-4, "bf16": 0.05}
 SCORE_SEQ_LENGTH = 512  # every scoring of the graded records, so that any two compare
 # the FP8 model settings of `train fp8`: mu is scored with them (a YAML) and training uses them
+FP8_MODEL = {"fp8": "hybrid", "fp8_recipe": "tensorwise"}
 
 
 def scores_by_record(path: Path) -> dict[tuple[str, int], float]:

@@ -31,6 +31,7 @@ resumes there (other sampling options are refused), and a rerun with a higher
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -40,7 +41,7 @@ from nemo_topr.evaluation.logged_sampling import logged_sample_and_grade
 from nemo_topr.evaluation.problems import BENCHMARKS, prompt_problems, prompt_source
 from nemo_topr.evaluation.samples import graded_records, no_record_note
 # check_sampling_args: `iterate` checks its generate stage's options with generate's own check
-from nemo_topr.evaluation.sampling_options import add_sampling_arguments, check_sampling_args  # noqa: F401
+from nemo_topr.evaluation.sampling_options import add_sampling_arguments, check_sampling_args
 from nemo_topr.utils.arguments import Parser
 from nemo_topr.utils.outputs import add_overwrite_argument, writable_records_file
 
