@@ -47,7 +47,9 @@ from nemo_topr.doctor.runner import Check, Doctor
 from nemo_topr.doctor.versions import versions
 from nemo_topr.model.device import add_device_argument, resolve_device
 from nemo_topr.utils.arguments import Parser, positive_seconds
-from nemo_topr.utils.outputs import OutputError, add_overwrite_argument, fresh_output_dir, writable_output_file, write_whole
+from nemo_topr.utils.outputs import (
+    OutputError, add_overwrite_argument, fresh_output_dir, writable_output_file, write_whole,
+)
 
 
 def table(checks: list[Check]) -> str:
