@@ -40,8 +40,7 @@ from nemo_topr.data.records import write_jsonl
 from nemo_topr.evaluation.logged_sampling import logged_sample_and_grade
 from nemo_topr.evaluation.problems import BENCHMARKS, prompt_problems, prompt_source
 from nemo_topr.evaluation.samples import graded_records, no_record_note
-# check_sampling_args: `iterate` checks its generate stage's options with generate's own check
-from nemo_topr.evaluation.sampling_options import add_sampling_arguments, check_sampling_args
+from nemo_topr.evaluation.sampling_options import add_sampling_arguments
 from nemo_topr.utils.arguments import Parser
 from nemo_topr.utils.outputs import add_overwrite_argument, writable_records_file
 

@@ -88,6 +88,7 @@ def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> l
     prompt file would otherwise fail the round's `generate` after the starting model's evaluation, or
     `eval` after the round's training."""
     from nemo_topr.evaluation import evaluate, generate
+    from nemo_topr.evaluation.sampling_options import check_sampling_args
 
     options = config.generate
     prompts = ["--prompts", options.prompts, *(["--task", options.task] if options.task else []),
@@ -108,7 +109,7 @@ def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> l
         args, problem = parsed_or_usage_error(parser, argv)
         try:
             if args is not None:
-                generate.check_sampling_args(args)
+                check_sampling_args(args)
                 problem = more_checks(args)  # a problem, or None; a ValueError from generate's
         except (OSError, ValueError) as error:
             problem = str(error)
