@@ -12,7 +12,7 @@ import os
 import sys
 
 from nemo_topr import __version__, installed_version
-from nemo_topr.cluster.warning import hold_the_warning
+from nemo_topr.training.preemption_warning import hold_the_warning
 from nemo_topr.errors import UserError
 from nemo_topr.model.quiet import VERBOSE_ENV, quiet_known_noise
 
@@ -31,6 +31,9 @@ VERBS: dict[str, tuple[str, str]] = {
     "iterate": ("nemo_topr.iterate.cli", "rounds of generate -> curate -> score mu -> train -> export -> eval"),
     "doctor": ("nemo_topr.doctor.command", "check a new node end to end: score, train, resume, export, versions"),
 }
+# (verb, sub-verb) -> module: a sub-verb whose work sits above its verb's layer. `data prepare`
+# reads a training config; `nemo-topr data --help` lists it with the data verb's others.
+SUB_VERBS: dict[tuple[str, str], str] = {("data", "prepare"): "nemo_topr.training.prepare"}
 
 
 def _usage() -> str:
@@ -74,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         # imports Megatron; its default action would kill the rank and fail the job. Keep it
         # pending from here on: train() hands it to Bridge's handler, which saves and requeues.
         hold_the_warning()
+    module = VERBS[verb][0]
+    if rest and (verb, rest[0]) in SUB_VERBS:
+        module, verb, rest = SUB_VERBS[verb, rest[0]], f"{verb} {rest[0]}", rest[1:]
     try:
-        return int(importlib.import_module(VERBS[verb][0]).main(rest) or 0)
+        return int(importlib.import_module(module).main(rest) or 0)
     except UserError as error:  # every refusal, in one line, whichever layer of the verb met it
         print(f"nemo-topr {verb}: {error}", file=sys.stderr)
         return error.exit_code

@@ -101,7 +101,7 @@ fi
 # the next start resumes from the last checkpoint. srun's status is 128 + the highest signal that
 # killed a task (Slurm's launch_slurm.c, `_task_finish`), so this is seen only when no rank died of
 # a higher one: a rank already holding it answers --kill-on-bad-exit's SIGTERM by dying of the
-# warning it holds (nemo_topr/cluster/warning.py), not of the SIGTERM, which would make it 143.
+# warning it holds (nemo_topr/training/preemption_warning.py), not of the SIGTERM, which would make it 143.
 if ((status == 128 + $(kill -l USR1))); then
     echo "[topr_job] a rank died of the warning (SIGUSR1) before it could hold it (srun status $status);" \
          "requeueing job $job_id to resume from the last checkpoint"

@@ -445,8 +445,11 @@ def test_a_missing_iteration_and_a_bad_base_model_fail_the_verbs(runs, imported,
 
 
 def test_plan_shows_the_load_route_and_rejects_an_unfinished_checkpoint(imported, tiny, tmp_path, capsys):
-    from nemo_topr.cluster.plan import main
+    from nemo_topr.cli import main as cli_main
     from nemo_topr.model.source import ModelSourceError, load_route
+
+    def main(argv):  # `nemo-topr plan ARGV`: nemo_topr.cli renders its refusals
+        return cli_main(["plan", *argv])
 
     main(["llama31_8b_bf16", f"base_model={imported[0]}"])
     lines = capsys.readouterr().out.splitlines()

@@ -9,7 +9,8 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import REPO
-from nemo_topr.training.config import ConfigError, build_training_run, check_config, check_own_values, compose
+from nemo_topr.training.config import ConfigError, build_training_run, check_config, compose
+from nemo_topr.training.validation import check_own_values
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_an_architecture_key_other_than_the_base_models_is_refused_before_anythi
     mismatch); from a Megatron base it ended in a 431-line traceback (CheckpointingException: Global
     shape mismatch) after the run directory was written. plan, which reads the base's config, took
     the override as the architecture. The base model's own value is no change."""
-    from nemo_topr.cluster import plan
+    from nemo_topr import cli
     from nemo_topr.training.recipe import main
 
     if kind == "huggingface":
@@ -104,7 +105,7 @@ def test_an_architecture_key_other_than_the_base_models_is_refused_before_anythi
               f"run_dir={tmp_path / 'run'}", "model.num_layers=1"])
     assert str(stop.value) == f"nemo-topr train: {expected}"
     assert not (tmp_path / "run").exists()
-    assert plan.main(["tiny_cpu", f"base_model={base}", "model.num_layers=1", "--gpus-per-node", "1"]) == 1
+    assert cli.main(["plan", "tiny_cpu", f"base_model={base}", "model.num_layers=1", "--gpus-per-node", "1"]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == f"nemo-topr plan: {expected}"
     with pytest.raises(ConfigError, match=r"^model.num_layers=3, model.num_query_groups=4 differ from the base "
                                           r"model's num_layers=2, num_query_groups=2 \("):
@@ -960,7 +961,7 @@ def test_a_decay_ending_at_lr_zero_before_the_run_ends_is_warned_of(tiny_hf, tmp
     """cosine to min_lr=0 over lr_decay_iters=5 of an 18-iteration run: iterations 6 to 18 trained at
     lr 0, without a word (found by probing). Megatron holds min_lr after lr_decay_iters, so only a
     zero min_lr idles; the whole-run decay (lr_decay_iters unset) and a constant rate do not."""
-    from nemo_topr.training.config import idle_schedule_warning
+    from nemo_topr.training.validation import idle_schedule_warning
 
     def warning(*overrides, iters=18):
         container = _run(tiny_hf, tmp_path, "optimizer.min_lr=0", *overrides).container

@@ -158,21 +158,21 @@ def test_two_processes_preparing_at_once_end_with_one_whole_set(tmp_path, tokeni
 def test_data_prepare_writes_the_set_train_finds(tmp_path, monkeypatch, capsys, megatron_world):
     """`nemo-topr data prepare` with a training config and ToprDatasetConfig set up as
     `build_training_run` sets it up find the same set."""
-    from nemo_topr.data.cli import main
+    from nemo_topr.cli import main
     from nemo_topr.training.data import ToprDatasetConfig
 
     model = placeholder_hf_model(tmp_path / "model")
     monkeypatch.delenv("NEMO_TOPR_PREPARED_DIR", raising=False)
     overrides = [f"base_model={model}", f"run_dir={tmp_path / 'runs' / 'a'}", f"dataset.train_path={DATA}",
                  "dataset.seq_length=1024", "model.seq_length=1024"]
-    assert main(["prepare", "--config-name", "tiny_cpu", *overrides]) == 0
+    assert main(["data", "prepare", "--config-name", "tiny_cpu", *overrides]) == 0
     printed = capsys.readouterr().out
     (key,) = _sets(tmp_path / "runs" / "prepared_data")
     assert printed.startswith(f"wrote {tmp_path / 'runs' / 'prepared_data' / key}: 24 sequences")
     config = ToprDatasetConfig(train_path=str(DATA), tokenizer_dir=str(model), seq_length=1024,
                                prepared_dir=str(tmp_path / "runs" / "prepared_data"))  # the model names no context
     assert config.prepare(global_batch_size=2).written is False
-    assert main(["prepare", "--config-name", "tiny_cpu", *overrides]) == 0
+    assert main(["data", "prepare", "--config-name", "tiny_cpu", *overrides]) == 0
     assert capsys.readouterr().out.startswith(f"found {tmp_path / 'runs' / 'prepared_data' / key}")
 
 

@@ -301,7 +301,8 @@ def test_rope_restarting_per_segment_gives_the_attention_of_row_positions(megatr
 def test_scoring_follows_the_training_micro_batch_rule(impl, pipeline, requested, expected):
     import types
 
-    from nemo_topr.training.config import ConfigError, _check_packed_stream_pipeline
+    from nemo_topr.training.config import ConfigError
+    from nemo_topr.training.validation import _check_packed_stream_pipeline
     from nemo_topr.training.scoring import scoring_rows_per_batch
 
     model = types.SimpleNamespace(transformer_impl=impl, pipeline_model_parallel_size=pipeline)

@@ -68,7 +68,7 @@ def test_the_warning_signal_is_the_one_the_ranks_checkpoint_on(name, exit_signal
 STOP_THEN_REFUSED = """
 import os, signal, sys, types
 from pathlib import Path
-from nemo_topr.cluster.warning import hold_the_warning
+from nemo_topr.training.preemption_warning import hold_the_warning
 hold_the_warning()  # as cli.py does for train, before any import
 from nemo_topr.model.device import use_device
 use_device("cpu", where="device")

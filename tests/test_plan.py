@@ -14,10 +14,16 @@ from nemo_topr.model.architecture import REFERENCE_ARCHITECTURES, Architecture
 from nemo_topr.cluster.checks import check_layout
 from nemo_topr.cluster.layout import Layout
 from nemo_topr.cluster.memory import activation_bytes_per_layer, chunk_forwards_in_flight, estimate_memory
-from nemo_topr.cluster.plan import main, resolve_architecture
+from nemo_topr import cli
+from nemo_topr.cluster.plan import resolve_architecture
 
 LLAMA_8B = REFERENCE_ARCHITECTURES["llama31_8b"]
 LLAMA_70B = REFERENCE_ARCHITECTURES["llama31_70b"]
+
+
+def main(argv: list[str]) -> int:
+    """`nemo-topr plan ARGV` as the command line runs it: `nemo_topr.cli` renders its refusals."""
+    return cli.main(["plan", *argv])
 # preset -> (architecture, nodes of 8 GPUs it is meant for)
 PRESETS = {
     "llama31_8b_bf16": (LLAMA_8B, 1),

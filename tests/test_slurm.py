@@ -38,6 +38,9 @@ import pytest
 from conftest import REPO, placeholder_hf_model, port_below_ephemeral_range
 from test_plan import MISTYPED_OVERRIDES
 
+from nemo_topr.errors import UserError
+from nemo_topr.training.config_error import ConfigError
+
 SCRIPTS = sorted([*REPO.glob("slurm/*.sh"), *REPO.glob("slurm/*.sbatch"), *REPO.glob("launchers/*.sh"),
                   *REPO.glob("scripts/*.sh")])
 FAKE_SRUN = REPO / "tests" / "fake_slurm" / "srun.py"
@@ -154,7 +157,7 @@ def test_submit_of_a_users_yaml_passes_it_by_absolute_path_and_mounts_its_direct
     mounts = next(line for line in lines if line.startswith("export NEMO_TOPR_CONTAINER_MOUNTS="))
     assert f"{tmp_path}/my_runs:{tmp_path}/my_runs" in mounts, mounts
     assert lines[-1].endswith(f"{tmp_path}/my_runs/exp_70b.yaml base_model={model} dataset.train_path={data}")
-    with pytest.raises(SystemExit, match=r"^nemo-topr submit: config my_runs/exp_7b.yaml: no such file$"):
+    with pytest.raises(ConfigError, match=r"^config my_runs/exp_7b.yaml: no such file$"):
         _submit(capsys, "--config", "my_runs/exp_7b.yaml", "--dry-run")
     # a preset's file named by a path relative to here: the job gets the preset's name
     preset = os.path.relpath(REPO / "conf" / "llama31_70b_bf16.yaml")
@@ -516,13 +519,13 @@ def test_submit_refuses_a_job_name_that_is_no_file_name_before_writing_anything(
     mine.parent.mkdir()
     mine.write_text("mine\n")
     before = sorted(tmp_path.rglob("*"))
-    message = (f"nemo-topr submit: --job-name {name!r} {why}: it names the job's script RUN_DIR/submit/NAME.sbatch "
+    message = (f"--job-name {name!r} {why}: it names the job's script RUN_DIR/submit/NAME.sbatch "
                "and Slurm's log RUN_DIR/NAME-JOBID.out; choose a plain file name")
     run_dir = tmp_path / "x" / "sj"
     for dry_run in (["--dry-run"], []):
-        with pytest.raises(SystemExit) as stop:
+        with pytest.raises(UserError) as stop:
             _submit(capsys, *common, "--run-dir", str(run_dir), f"--job-name={name}", *dry_run)
-        assert stop.value.code == message, dry_run
+        assert str(stop.value) == message, dry_run
         assert capsys.readouterr().out == ""
     assert sorted(tmp_path.rglob("*")) == before and not called.exists()
     assert mine.read_text() == "mine\n"
@@ -550,9 +553,9 @@ def test_submit_and_the_job_script_keep_one_run_dir(tmp_path, capsys):
     (tmp_path / "scored.jsonl").write_text("{}\n")
     common = ("--config", "llama31_70b_bf16", "--nodes", "4", "--container-image", "img", "--dry-run",
               f"base_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}")
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(UserError) as stop:
         _submit(capsys, *common, "--run-dir", str(tmp_path / "a"), f"run_dir={tmp_path / 'b'}")
-    assert stop.value.code == (f"nemo-topr submit: --run-dir {tmp_path / 'a'} and run_dir={tmp_path / 'b'} name "
+    assert str(stop.value) == (f"--run-dir {tmp_path / 'a'} and run_dir={tmp_path / 'b'} name "
                                "different run directories: the job keeps its logs and requeue marker in --run-dir "
                                "and train would write into the other; give one of them")
     b, in_checkout = tmp_path / "b", REPO.resolve() / "runs" / "submit_test_never_made"
@@ -564,9 +567,9 @@ def test_submit_and_the_job_script_keep_one_run_dir(tmp_path, capsys):
         assert f"export NEMO_TOPR_RUN_DIR={run_dir}" in lines, run_dir_args
         assert "run_dir=" not in lines[-1]  # topr_job.sh passes its own, the one it watches
     assert not in_checkout.exists()  # a dry run
-    with pytest.raises(SystemExit) as stop:  # not the checkout (REPO / "")
+    with pytest.raises(UserError) as stop:  # not the checkout (REPO / "")
         _submit(capsys, *common, "run_dir=")
-    assert stop.value.code == "nemo-topr submit: run_dir= is empty: give the run directory (or --run-dir)"
+    assert str(stop.value) == "run_dir= is empty: give the run directory (or --run-dir)"
     # the job script refuses one too (the shipped sbatch scripts pass their arguments to it)
     proc = subprocess.run(["bash", str(REPO / "slurm" / "topr_job.sh"), "llama31_8b_bf16", "run_dir=/elsewhere"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -714,7 +717,7 @@ def _venv_of_ranks_that_do_not_hold_the_warning_yet(root: Path, holding_rank: in
     0 leaves RUN_DIR/COMPLETED."""
     python = root / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
-    holding = ("import pathlib, sys, time; from nemo_topr.cluster.warning import hold_the_warning; "
+    holding = ("import pathlib, sys, time; from nemo_topr.training.preemption_warning import hold_the_warning; "
                "hold_the_warning(); pathlib.Path(sys.argv[1]).touch()\nwhile True: time.sleep(0.2)")
     python.write_text(f"""#!/usr/bin/env bash
 for arg; do [[ $arg == run_dir=* ]] && run_dir=${{arg#run_dir=}}; done

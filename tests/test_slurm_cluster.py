@@ -64,11 +64,12 @@ def test_a_requeued_job_keeps_every_start_in_its_output(slurm_cluster, tmp_path,
 
 def test_submit_shows_sbatchs_error_and_fails(slurm_cluster, tmp_path):
     from nemo_topr.cluster.submit import ClusterJob, submit
+    from nemo_topr.errors import UserError
 
     job = ClusterJob(config_name="tiny_cpu", overrides=[], job_name="bad-partition", run_dir=tmp_path,
                      nodes=1, gpus_per_node=2, time="00:05:00", account=None, partition="no-such-partition",
                      container_image=None, container_mounts=None)
-    with pytest.raises(SystemExit, match="invalid partition specified: no-such-partition"):
+    with pytest.raises(UserError, match="invalid partition specified: no-such-partition"):
         submit(job, job.sbatch_script())
 
 

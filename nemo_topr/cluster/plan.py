@@ -7,7 +7,8 @@ Composes the run config exactly as `nemo-topr train` does (conf/ + key=value ove
 the layout against the rules Megatron-Core, Transformer Engine and the TOPR step enforce at
 start-up (so a bad layout fails here, not after the job waited in the queue), and estimates
 the memory of each GPU. Every key and value is checked as `train` checks it
-(`nemo_topr.training.config.check_values`, which imports Bridge's config classes); the rest is
+(`nemo_topr.training.config.check_values`: `nemo_topr.training.schema`, which imports Bridge's config
+classes, and `nemo_topr.training.validation`); the rest is
 arithmetic: no model is built, no GPU is needed.
 
 The architecture comes from the HF config of ``base_model`` (its config.json, or a Megatron
@@ -36,23 +37,36 @@ from nemo_topr.cluster.checks import check_layout
 from nemo_topr.cluster.layout import layout_from_config
 from nemo_topr.cluster.memory import estimate_memory
 from nemo_topr.cluster.report import format_report
-from nemo_topr.model.source import load_route
+from nemo_topr.model.source import ModelSourceError, load_route
+from nemo_topr.training.config_error import ConfigError
 
 
 def resolve_architecture(cfg: dict[str, Any], config_name: str, arch_key: str | None) -> tuple[Architecture, str]:
     """(architecture, where it came from): base_model's HF config.json if readable, else a reference."""
-    source, route = load_route(cfg, must_exist=False)
+    source, route = _load_route(cfg)
     config_json = source.hf_dir / "config.json" if source is not None else None
     if arch_key is None and config_json is not None:
-        arch = architecture_from_hf_config(config_json, source.path.name)
+        try:
+            arch = architecture_from_hf_config(config_json, source.path.name)
+        except ValueError as error:  # a config.json without a Llama's sizes: the user's to fix
+            raise ConfigError(str(error)) from None
         return with_model_overrides(arch, cfg.get("model") or {}), str(config_json)
     why = "--arch" if arch_key else route
     key = arch_key or _reference_key_from_name(config_name)
     if key is None:
-        raise ValueError(f"cannot tell the architecture of {config_name!r} ({why}): set base_model to a local "
+        raise ConfigError(f"cannot tell the architecture of {config_name!r} ({why}): set base_model to a local "
                          f"model or pass --arch {{{','.join(REFERENCE_ARCHITECTURES)}}}")
     arch = REFERENCE_ARCHITECTURES[key]
     return with_model_overrides(arch, cfg.get("model") or {}), f"built-in reference {key}; {why}"
+
+
+def _load_route(cfg: dict[str, Any]) -> tuple[Any, str]:
+    """(base model or None, how training loads it), as `nemo_topr.model.source.load_route` says; a
+    base model visible here but broken is refused as training refuses it."""
+    try:
+        return load_route(cfg, must_exist=False)
+    except ModelSourceError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _reference_key_from_name(config_name: str) -> str | None:
@@ -62,8 +76,8 @@ def _reference_key_from_name(config_name: str) -> str | None:
 
 
 def compose_config(config: str, overrides: list[str], config_path: str | None) -> tuple[dict[str, Any], str]:
-    """Compose like `nemo-topr train` and run its key, type and range checks (`check_values`):
-    CONFIG is a name in the config dir or a path to a YAML file."""
+    """Compose like `nemo-topr train` and run its checks (`check_values`: the schema and training's
+    validation): CONFIG is a name in the config dir or a path to a YAML file."""
     from omegaconf import OmegaConf
 
     from nemo_topr.training.config import check_values, compose, config_location
@@ -133,7 +147,7 @@ def plan(cfg: dict[str, Any], title: str, args: argparse.Namespace) -> tuple[int
     estimate = estimate_memory(arch, lay, args.gpu_memory_gb, args.reserve_gb)
     status = 0 if estimate.fits and not any(f.blocking for f in findings) else 1
     report = format_report(title, arch, source, lay, findings, estimate).split("\n")
-    report.insert(1, f"load       {load_route(cfg, must_exist=False)[1]}")
+    report.insert(1, f"load       {_load_route(cfg)[1]}")
     return status, "\n".join(report)
 
 
@@ -144,14 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # Bridge's config classes take seconds to import: say what is under way first
     print(f"nemo-topr plan: checking {args.config} as train would", file=sys.stderr, flush=True)
-    from nemo_topr.training.config import ConfigError
-
-    try:
-        cfg, title = compose_config(args.config, args.overrides, args.config_path)
-        status, report = plan(cfg, title, args)
-    except (ConfigError, ValueError) as error:
-        print(f"nemo-topr plan: {error}", file=sys.stderr)
-        return 1
+    cfg, title = compose_config(args.config, args.overrides, args.config_path)
+    status, report = plan(cfg, title, args)
     print(report)
     return status
 

@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from nemo_topr.model import source as model_source
-from nemo_topr.utils.arguments import Parser, at_least_one, run_settings
-from nemo_topr.cluster.warning import DEFAULT_WARNING_S, preset_warning_s
+from nemo_topr.utils.arguments import CONF_DIR, Parser, at_least_one, run_settings
+from nemo_topr.training.config_error import ConfigError
+from nemo_topr.training.preemption_warning import DEFAULT_WARNING_S, preset_warning_s
 from nemo_topr.data.sources import HUB_PREFIX, why_missing
+from nemo_topr.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -214,7 +216,7 @@ def check_inputs(on_host: dict[str, Path], cfg: dict[str, Any]) -> list[str]:
     run directory can be created and is no model. `on_host`: the paths as the submit host sees
     them; `cfg`'s values as the user wrote them name them in the errors."""
     from nemo_topr.utils.outputs import nearest_existing
-    from nemo_topr.training.config import ConfigError, check_run_dir
+    from nemo_topr.training.validation import check_run_dir
 
     problems = []
     typed = settings_read(cfg)
@@ -310,7 +312,6 @@ def check_layout(cfg: dict[str, Any], title: str, job: ClusterJob) -> tuple[list
 def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
     """(problems, warnings, container mounts) for `job`; the job may be queued when problems is empty."""
     from nemo_topr.cluster.plan import compose_config
-    from nemo_topr.training.config import ConfigError
 
     try:
         # as slurm/topr_job.sh passes them to every rank
@@ -351,8 +352,8 @@ def check_run_it_resumes(cfg: dict[str, Any], host_spec: str, run_dir: Path,
     container, `seen_as` = (its directory on this host, the same in the container)."""
     from omegaconf import OmegaConf
 
-    from nemo_topr.training.config import objective_from
     from nemo_topr.training.run_state import RunStateError, check_queued_start, resume_settings
+    from nemo_topr.training.validation import objective_from
 
     settings = resume_settings(OmegaConf.create(cfg), objective_from(cfg.get("objective") or {}),
                                model_source.resolve(host_spec))
@@ -379,7 +380,7 @@ def submit(job: ClusterJob, script_text: str) -> str:
     script.chmod(0o755)
     answer = subprocess.run(["sbatch", str(script)], capture_output=True, text=True)
     if answer.returncode != 0:
-        raise SystemExit(f"nemo-topr submit: sbatch {script} failed (exit {answer.returncode}): "
+        raise UserError(f"sbatch {script} failed (exit {answer.returncode}): "
                          f"{answer.stderr.strip()}")
     return answer.stdout.strip()
 
@@ -395,15 +396,15 @@ def job_run_dir(run_dir_option: Path | None, overrides: list[str]) -> tuple[Path
              if override.split("=", 1)[0].lstrip("+") == "run_dir"}
     rest = [override for override in overrides if override not in named]
     if "" in named.values():  # REPO / "" is the checkout itself
-        raise SystemExit("nemo-topr submit: run_dir= is empty: give the run directory (or --run-dir)")
+        raise UserError("run_dir= is empty: give the run directory (or --run-dir)")
     from_override = {(REPO / value).resolve() for value in named.values()}
     if len(from_override) > 1:
-        raise SystemExit(f"nemo-topr submit: {' and '.join(named)} name two run directories: give one")
+        raise UserError(f"{' and '.join(named)} name two run directories: give one")
     if run_dir_option is None:
         return (from_override.pop() if from_override else None), rest
     run_dir = run_dir_option.resolve()
     if from_override and from_override != {run_dir}:
-        raise SystemExit(f"nemo-topr submit: --run-dir {run_dir_option} and {next(iter(named))} name different run "
+        raise UserError(f"--run-dir {run_dir_option} and {next(iter(named))} name different run "
                          "directories: the job keeps its logs and requeue marker in --run-dir and train would "
                          "write into the other; give one of them")
     return run_dir, rest
@@ -416,7 +417,6 @@ def own_run_dir(config_file: Path, overrides: list[str]) -> Path | None:
     import yaml
 
     from nemo_topr.cluster.plan import compose_config
-    from nemo_topr.training.config import ConfigError
 
     try:
         own = yaml.safe_load(config_file.read_text())
@@ -427,7 +427,7 @@ def own_run_dir(config_file: Path, overrides: list[str]) -> Path | None:
     try:
         return (REPO / compose_config(str(config_file), overrides, None)[0]["run_dir"]).resolve()
     except ConfigError as error:  # not replaced by runs/JOB_NAME, which would hide it from pre-flight
-        raise SystemExit(f"nemo-topr submit: not queued: run config: {error}") from None
+        raise ConfigError(f"not queued: run config: {error}") from None
 
 
 def main(argv: list[str]) -> int:
@@ -458,17 +458,14 @@ def main(argv: list[str]) -> int:
     args = parser.parse_intermixed_args(argv)  # options before, between or after the overrides
     # torch, then Bridge's config classes, take seconds to import: say what is under way first
     print(f"nemo-topr submit: checking the job of {args.config} as train would", file=sys.stderr, flush=True)
-    from nemo_topr.training.config import CONF_DIR, ConfigError, config_location
+    from nemo_topr.training.config import config_location
 
-    try:
-        config_dir, name = config_location(args.config)
-    except ConfigError as error:
-        raise SystemExit(f"nemo-topr submit: {error}") from None
+    config_dir, name = config_location(args.config)
     # a preset by its name, a YAML file elsewhere by its absolute path: the job runs train from the checkout
     config = name if config_dir == CONF_DIR.resolve() else str(config_dir / f"{name}.yaml")
     job_name = f"topr-{name}" if args.job_name is None else args.job_name  # `--job-name ""` is refused
     if problem := job_name_problem(job_name):  # before it names a default run directory, runs/JOB_NAME
-        raise SystemExit(f"nemo-topr submit: {problem}")
+        raise UserError(problem)
     run_dir, overrides = job_run_dir(args.run_dir, args.overrides)
     if run_dir is None and config_dir != CONF_DIR.resolve():
         run_dir = own_run_dir(config_dir / f"{name}.yaml", overrides)

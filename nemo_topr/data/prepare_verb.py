@@ -14,10 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from nemo_topr.data.prepared import PrepareSpec
 
 PREPARED_DIR_ENV = "NEMO_TOPR_PREPARED_DIR"
 DEFAULT_SUBDIR = "prepared_data"  # beside the run directory: RUN_DIR/../prepared_data
@@ -43,50 +39,11 @@ remove: `rm -r PREPARED_DIR/KEY` when no job reads it (the next start prepares i
 
 
 def add_prepare_parser(verbs) -> None:  # noqa: ANN001
+    """`data prepare`'s options, listed by `nemo-topr data --help`. It reads a training config, so
+    `nemo_topr.cli` runs it from `nemo_topr.training.prepare`, which parses them here."""
     prepare = verbs.add_parser("prepare", help="tokenize and pack a training config's data once, for every start",
                                description=__doc__.split("\n\n")[0] + "\n\n" + WHERE,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     prepare.add_argument("--config-name", default="topr", help="the training config, as `nemo-topr train` takes it")
     prepare.add_argument("--config-path", default=None, help="config directory (default: the repository's conf/)")
     prepare.add_argument("overrides", nargs="*", help="key=value overrides, as `nemo-topr train` takes them")
-    prepare.set_defaults(run=run_prepare)
-
-
-def spec_of_config(raw) -> tuple[PrepareSpec, Path]:  # noqa: ANN001
-    """(what `train` with config `raw` prepares, the directory it keeps sets in), as
-    `build_training_run` sets up `ToprDatasetConfig`, without importing Megatron."""
-    from nemo_topr.model import source as model_source
-    from nemo_topr.data.prepared import PrepareSpec  # noqa: F811 (torch loads with it)
-    from nemo_topr.data.records import SOURCE_OPTIONS
-    from nemo_topr.training.config import ConfigError, check_config
-
-    values, base_model, _ = check_config(raw)
-    dataset = values.get("dataset") or {}
-    if not dataset.get("train_path"):
-        raise ConfigError("dataset.train_path is not set")
-    settings = {name: dataset[name] for name in ("seq_length", "strict", "too_long", *SOURCE_OPTIONS)
-                if dataset.get(name) is not None}
-    spec = PrepareSpec(train_path=str(dataset["train_path"]),
-                       tokenizer_dir=str(dataset.get("tokenizer_dir") or base_model.hf_dir),
-                       model_context=dataset.get("model_context") or model_source.context_length(base_model.hf_dir),
-                       **settings)
-    run_dir = Path(values["run_dir"]).resolve()
-    return spec, Path(dataset.get("prepared_dir") or default_prepared_dir(run_dir))
-
-
-def run_prepare(args: argparse.Namespace) -> int:
-    from nemo_topr.data.prepared import find_or_prepare
-    from nemo_topr.training.config import ConfigError, compose
-
-    try:
-        spec, prepared_dir = spec_of_config(compose(args.config_name, args.overrides, args.config_path))
-    except ConfigError as error:
-        raise ValueError(str(error)) from None
-    prepared, written = find_or_prepare(spec, prepared_dir)
-    manifest = prepared.manifest
-    size = sum(entry["bytes"] for entry in manifest["files"].values())
-    print(f"{'wrote' if written else 'found'} {prepared.path}: {manifest['sequences']} sequences, "
-          f"{manifest['tokens']} tokens, {size / 1e6:.1f} MB")
-    if prepared.report.dropped:
-        print(prepared.report.format())
-    return 0

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from nemo_topr.training.config_error import ConfigError
 from nemo_topr.training.disk_space import size_text
 
 MEMINFO = Path("/proc/meminfo")
@@ -49,8 +50,6 @@ def check_cpu_attention(model: Any, micro_batch: int, available: int | None, loc
                         names: tuple[str, str] = ("model.seq_length", "train.micro_batch_size")) -> None:
     """Refuse a CPU run whose ranks on this host cannot hold one layer's attention at once.
     `names`: the sequence length's and the micro-batch's, as the command takes them."""
-    from nemo_topr.training.config import ConfigError
-
     if available is None:
         return
     ranks = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

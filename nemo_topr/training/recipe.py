@@ -30,7 +30,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from nemo_topr.utils.arguments import Parser, run_settings
-from nemo_topr.cluster.warning import release_the_warning
+from nemo_topr.training.preemption_warning import release_the_warning
 from nemo_topr.data.positives import NO_ADVANTAGE, no_negatives_warning, sign_flipping_baseline
 from nemo_topr.model.device import DEVICES, DeviceError, select_device, use_device
 from nemo_topr.utils.distributed import (RendezvousError, check_local_gpu, check_rendezvous, launcher_rank,
@@ -38,8 +38,10 @@ from nemo_topr.utils.distributed import (RendezvousError, check_local_gpu, check
 from nemo_topr.model.source import write_hf_artifacts
 from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
 from nemo_topr.data.records import SOURCE_OPTIONS, DataError, RecordSet, load_records, require_scored
-from nemo_topr.training.config import (CONF_DIR, ConfigError, TrainingRun, build_training_run, check_batch_division,
-                                       check_config, compose, idle_schedule_warning)
+from nemo_topr.training.config import TrainingRun, build_training_run, compose
+from nemo_topr.training.config_error import ConfigError
+from nemo_topr.training.validation import check_batch_division, check_config, idle_schedule_warning
+from nemo_topr.utils.arguments import CONF_DIR
 from nemo_topr.training.disk_space import (check_room, checkpoint_bytes, estimated_checkpoint_bytes, failure_hint,
                                            parameter_count)
 from nemo_topr.training.nonfinite import NonFiniteTrainingError
@@ -389,7 +391,7 @@ def main(argv: list[str]) -> int:
 
 def _prepared_set_of(raw):  # noqa: ANN001
     """The prepared set of `dataset:` when one is written already, else None."""
-    from nemo_topr.data.prepare_verb import spec_of_config
+    from nemo_topr.training.prepare import spec_of_config
     from nemo_topr.data.prepared import find_prepared
     from nemo_topr.data.sources import HUB_PREFIX
 

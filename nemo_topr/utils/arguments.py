@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+# the run configs and presets (`train`, `plan`, `submit`, `iterate`); NEMO_TOPR_CONF_DIR for another set
+CONF_DIR = Path(os.environ.get("NEMO_TOPR_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
 # an option as typed: `--name` or `--name=value`; a lone `--` ends the options
 OPTION = re.compile(r"--[A-Za-z][\w-]*")
 
@@ -98,10 +102,8 @@ def dotted_keys(mapping: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 def run_settings() -> list[str]:
     """The dotted keys of conf/topr.yaml, the base of every run config: `train`'s, `plan`'s and
-    `submit`'s settings. Imported here, on a usage error alone (the config module imports torch)."""
+    `submit`'s settings. Read on a usage error alone."""
     from omegaconf import OmegaConf
-
-    from nemo_topr.training.config import CONF_DIR
 
     return dotted_keys(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "topr.yaml")))
 
