@@ -188,7 +188,7 @@ MISTYPED_OVERRIDES = [
     ("optimizer.lr=.nan", r"optimizer.lr=nan must be a finite number$"),
     ("optimizer.adam_beta2=1.5", r"optimizer.adam_beta2=1.5 must be below 1$"),
     ("train.train_iters=100", r"train.train_iters=100 is not a setting: .* Use dataset.epochs"),
-    # honoured, these wrote over another run's checkpoints, or requeued a job for ever (config.NOT_SETTINGS)
+    # honoured, these wrote over another run's checkpoints, or requeued a job for ever (schema.NOT_SETTINGS)
     ("checkpoint.save=/elsewhere", r"checkpoint.save='/elsewhere' is not a setting: run_dir sets it"),
     ("train.skip_train=true", r"train.skip_train=True is not a setting: nemo-topr train has no validation data"),
     # a sweep below the preset's min_lr (5e-7) queued, then Megatron's scheduler asserted at the start
@@ -420,7 +420,7 @@ def _build(name: str, tmp_path, *overrides: str):
 @pytest.mark.slow  # importing Bridge takes 13-25 s on CPU machines
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_keys_exist_on_bridge_and_pass_megatron_validation(name, tmp_path, cpu_bridge):
-    """check_values checks every section strictly (`_check_section` against Bridge's
+    """check_values checks every section strictly (`check_section` against Bridge's
     ConfigContainer dataclasses and GPTModelProvider); finalize() runs Megatron-Core's own
     TransformerConfig checks (VP split, FP8 recipe and BF16 layer counts, pipeline dtype)."""
     import torch

@@ -746,7 +746,7 @@ def _wait_for_ready_ranks(run_dir: Path, alive) -> None:
 def test_a_warning_before_the_ranks_hold_it_requeues_even_if_a_rank_held_it(fake_slurm, holding_rank):
     """Ranks killed by the warning itself (srun status 128 + 10) are requeued: it was a warning,
     not a failure. If rank 1 already held it, --kill-on-bad-exit's SIGTERM makes it die of the
-    warning it holds (nemo_topr/cluster/warning.py), so srun still exits 128 + 10; dying of the
+    warning it holds (nemo_topr/training/preemption_warning.py), so srun still exits 128 + 10; dying of the
     SIGTERM, srun would exit 128 + 15 and the job fail."""
     run_dir = fake_slurm / "run"
     venv = _venv_of_ranks_that_do_not_hold_the_warning_yet(fake_slurm, holding_rank)
@@ -931,7 +931,7 @@ def _rank_processes(job_id: str, rank: int) -> list[int]:
 
 def _blocks_the_warning(pid: int) -> bool:
     """Whether the process holds SIGUSR1 pending (its SigBlk mask in /proc) and catches SIGTERM
-    (SigCgt) to die of a held warning (nemo_topr/cluster/warning.py)."""
+    (SigCgt) to die of a held warning (nemo_topr/training/preemption_warning.py)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:  # gone
