@@ -36,7 +36,9 @@ from nemo_topr.model.device import DEVICES, DeviceError, select_device, use_devi
 from nemo_topr.utils.distributed import (RendezvousError, check_local_gpu, check_rendezvous, launcher_rank,
                                    launcher_world_size, local_rendezvous)
 from nemo_topr.model.source import write_hf_artifacts
-from nemo_topr.training.checkpoints import DamagedCheckpointError, ensure_latest_complete, latest_iteration
+from nemo_topr.training.console import RunConsole, data_lines, layout_lines, summary_lines
+from nemo_topr.training.checkpoints import (DamagedCheckpointError, ensure_latest_complete, iteration_dir_name,
+                                            latest_iteration)
 from nemo_topr.data.records import SOURCE_OPTIONS, DataError, RecordSet, load_records, require_scored
 from nemo_topr.training.config import TrainingRun, build_training_run, compose
 from nemo_topr.training.config_error import ConfigError
@@ -122,6 +124,10 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
         report = Path(run.container.dataset.report_path)
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(summary, indent=2) + "\n")
+    if rank_zero:
+        print(f"data report: {json.dumps(summary)}", flush=True)  # the log's copy (`console`)
+        for line in data_lines(summary, run.container.dataset.seq_length):
+            print(line, flush=True)
     return summary
 
 
@@ -197,12 +203,10 @@ def train(run: TrainingRun) -> int:
     """Run (or resume) training; returns 0 when done, EXIT_REQUEUE when stopped by the exit signal
     (`train.exit_signal`) after saving a checkpoint."""
     from megatron.bridge.training.callbacks import Callback
-    from megatron.bridge.training.finetune import finetune
 
-    from nemo_topr.training.loss_line import print_negative_loss
+    from nemo_topr.training.iteration_line import print_iteration_lines
     from nemo_topr.training.nonfinite import stop_on_non_finite
     from nemo_topr.training.start_ratio import warn_if_far_from_start
-    from nemo_topr.training.step import ToprForwardStep
 
     exit_signal = resolve_exit_signal(run.container.train)
     if exit_signal != signal.SIGUSR1:  # held by `nemo-topr train` (cli.py) for Slurm's warning
@@ -215,6 +219,13 @@ def train(run: TrainingRun) -> int:
             release_the_warning()  # a SIGUSR1 pending since cli.py goes to it
             if held:  # to Bridge's handler: the rank saves after its first iteration
                 os.kill(os.getpid(), exit_signal)
+
+    console = RunConsole()
+
+    class OpenLog(Callback):
+        def on_train_start(self, context) -> None:  # the other ranks: rank 0 has made the run directory
+            if console.log_path is None:
+                console.open_log(run.run_dir, launcher_rank())
 
     class NothingLeftToTrain(Callback):
         def on_data_init_start(self, context) -> None:  # on every rank, after the checkpoint is loaded
@@ -235,21 +246,64 @@ def train(run: TrainingRun) -> int:
     # (exit 143). A handler is the process's, whichever thread the signal lands on.
     start_checkpoint_writer_queue(exit_signal)
     previous_handler = signal.signal(exit_signal, lambda signum, frame: held.append(signum))
-    previous_sigint = _ctrl_c_as(exit_signal)
+    ctrl_c: list[int] = []
+    previous_sigint = _ctrl_c_as(exit_signal, ctrl_c)
+    lines = print_iteration_lines(run.container.train.global_batch_size * run.container.dataset.seq_length)
     pretrain_log = logging.getLogger("megatron.bridge.training.pretrain")
     pretrain_log.addFilter(_not_a_clean_stop)
     lock = RunLock(run.run_dir)
+    with console:
+        code = _train_in(run, console, lock, forward_callbacks=lambda forward_step: [
+            OpenLog(), ReleaseExitSignal(), NothingLeftToTrain(), stop_on_non_finite(forward_step), lines,
+            warn_if_far_from_start(run.objective.weights_use_ratio)],
+                         restore=lambda: _restore(exit_signal, previous_sigint, previous_handler, pretrain_log))
+        reached, total = _latest_checkpoint_iteration(run), run.container.train.train_iters
+        started = lines.started_at
+        trained = f"iterations {started + 1}-{reached} of {total}" if started is not None and started < reached else \
+            "no iteration"
+        trained += (" (the run is complete)" if code == 0 else
+                    f"; stopped by {'Ctrl-C' if ctrl_c else exit_signal.name} with a checkpoint saved: rerun the "
+                    f"same command to resume")
+        checkpoint = f"{run.container.checkpoint.save}/{iteration_dir_name(reached)}" if reached else None
+        if _is_rank_zero() or lines.last_metrics:
+            for line in summary_lines(trained=f"trained {trained}", metrics=lines.last_metrics,
+                                      checkpoint=checkpoint if _is_rank_zero() else None,
+                                      log_path=console.log_path, warnings=console.warnings):
+                print(line, flush=True)
+    return code
+
+
+def _restore(exit_signal, previous_sigint, previous_handler, pretrain_log) -> None:  # noqa: ANN001
+    # A stop held while this rank prepared, then an error (a refused resume): the run ends on
+    # the error. Delivered after it by the default action, the stop ended the process before the
+    # error was printed (exit 143, or 138, which topr_job.sh requeues) and left LOCK. So a
+    # SIGUSR1 still pending goes to `held` (released before its handler is put back), and the
+    # handlers return in the reverse order of their setting (exit_signal=SIGINT sets both).
+    release_the_warning()
+    signal.signal(signal.SIGINT, previous_sigint)
+    signal.signal(exit_signal, previous_handler)
+    pretrain_log.removeFilter(_not_a_clean_stop)
+
+
+def _train_in(run: TrainingRun, console: RunConsole, lock: RunLock, forward_callbacks, restore) -> int:  # noqa: ANN001
+    """`train`'s body inside its console: prepare, the start's lines, Bridge's finetune()."""
+    from megatron.bridge.training.finetune import finetune
+
+    from nemo_topr.training.step import ToprForwardStep
+
     try:
-        summary = prepare(run, lock)
+        prepare(run, lock)
         if _is_rank_zero():
-            print(f"[nemo-topr] data: {json.dumps(summary)}", flush=True)
+            console.open_log(run.run_dir, 0)
+            for line in layout_lines(run.container, launcher_world_size(), latest_iteration(
+                    Path(run.container.checkpoint.save))):
+                print(line, flush=True)
+            print(f"[nemo-topr] full log: {console.log_path} (--verbose shows it here)", flush=True)
         forward_step = ToprForwardStep(run.objective, sample_log_dir=run.run_dir)
         if "WORLD_SIZE" not in os.environ:  # a plain single process
             local_rendezvous()
         try:
-            finetune(run.container, forward_step,
-                     callbacks=[ReleaseExitSignal(), NothingLeftToTrain(), stop_on_non_finite(forward_step),
-                                print_negative_loss(), warn_if_far_from_start(run.objective.weights_use_ratio)])
+            finetune(run.container, forward_step, callbacks=forward_callbacks(forward_step))
         # A save the filesystem could not hold names no cause (`disk_space`): the last line says
         # it, below Bridge's logged traceback. torch's CheckpointException is a BaseException.
         except BaseException as error:
@@ -262,15 +316,7 @@ def train(run: TrainingRun) -> int:
             raise
     finally:
         lock.release()
-        # A stop held while this rank prepared, then an error (a refused resume): the run ends on
-        # the error. Delivered after it by the default action, the stop ended the process before the
-        # error was printed (exit 143, or 138, which topr_job.sh requeues) and left LOCK. So a
-        # SIGUSR1 still pending goes to `held` (released before its handler is put back), and the
-        # handlers return in the reverse order of their setting (exit_signal=SIGINT sets both).
-        release_the_warning()
-        signal.signal(signal.SIGINT, previous_sigint)
-        signal.signal(exit_signal, previous_handler)
-        pretrain_log.removeFilter(_not_a_clean_stop)
+        restore()
     reached = _latest_checkpoint_iteration(run)
     if reached < run.container.train.train_iters:
         message = (f"stopped at iteration {reached} of {run.container.train.train_iters} with a checkpoint "
@@ -300,11 +346,12 @@ def wait_for_marker(marker: Path, timeout: float = 120.0) -> bool:
     return True
 
 
-def _ctrl_c_as(exit_signal: signal.Signals):
+def _ctrl_c_as(exit_signal: signal.Signals, pressed: list[int]):
     """Ctrl-C (SIGINT) stops like the exit signal: a checkpoint at the next iteration boundary and
     exit 75, not a KeyboardInterrupt traceback that loses the iterations since the last save. A
-    second Ctrl-C interrupts at once. Returns the handler it replaces."""
+    second Ctrl-C interrupts at once. Returns the handler it replaces; `pressed` gets SIGINT."""
     def stop_at_next_iteration(signum, frame) -> None:  # noqa: ANN001
+        pressed.append(signum)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if _is_rank_zero():
             print("[nemo-topr] Ctrl-C: saving a checkpoint at the next iteration boundary, then stopping "
