@@ -144,6 +144,6 @@ MUTANTS = (
        "a rank holding the warning dies of --kill-on-bad-exit's SIGTERM: srun 143, the job fails"),
     py("warning_never_released", "ReleaseExitSignal.on_train_start", "release_the_warning()", "None", PREEMPTION,
        "the warning stays held once training runs: no checkpoint before the time limit kills the job"),
-    py("stopped_marker_not_left", "recipe.train", "(run.run_dir / STOPPED_MARKER).write_text(message + '\\n')",
+    py("stopped_marker_not_left", "recipe._train_in", "(run.run_dir / STOPPED_MARKER).write_text(message + '\\n')",
        "None", PREEMPTION, "a stopped run leaves no STOPPED marker: the job script does not requeue it"),
 )

@@ -81,18 +81,15 @@ def test_demo_moves_positives_up_and_negatives_down(demo):
 
 
 def test_the_console_shows_every_iterations_loss_as_tensorboard_has_it(demo):
-    """Bridge's console line prints a loss only when it is at least 0; nemo_topr.training.loss_line
-    prints the negative ones. Each iteration (log_interval 1) shows exactly one value, Bridge's
-    or ours, and it is the value Bridge wrote to TensorBoard."""
+    """Bridge's own line prints a loss only when it is at least 0; the console's line per interval
+    (nemo_topr.training.iteration_line) shows every one, negative or not. Each iteration
+    (log_interval 1) shows exactly one value, and it is the value Bridge wrote to TensorBoard."""
     log = (demo / "train.log").read_text()
-    bridge = {int(i): float(v) for i, v in re.findall(r"\] iteration +(\d+)/ *\d+ \|.*? topr_loss: (\S+) \|", log)}
-    ours = {int(i): float(v) for i, v in re.findall(r"^\[nemo-topr\] iteration (\d+): topr_loss: (\S+) \(below 0",
-                                                     log, re.MULTILINE)}
+    shown = [(int(i), float(v)) for i, v in re.findall(r"\[nemo-topr\] iteration (\d+)/\d+ \| loss (\S+) \|", log)]
     board = dict(tensorboard_scalars(demo / "run", "topr_loss"))
-    assert not bridge.keys() & ours.keys() and sorted(bridge.keys() | ours.keys()) == sorted(board) == \
-        list(range(1, len(board) + 1))
-    assert ours and all(value < 0 for value in ours.values()) and all(value >= 0 for value in bridge.values())
-    for iteration, value in {**bridge, **ours}.items():
+    assert [i for i, _ in shown] == sorted(board) == list(range(1, len(board) + 1))
+    assert any(value < 0 for _, value in shown) and any(value >= 0 for _, value in shown)
+    for iteration, value in shown:
         assert value == pytest.approx(board[iteration], rel=1e-6, abs=1e-12), iteration
 
 
@@ -326,24 +323,45 @@ def test_a_run_whose_loss_turns_non_finite_stops_naming_the_iteration_and_its_sa
     assert saved == list(range(1, iteration)) and not (run_dir / "COMPLETED").exists()
 
 
-def test_a_new_run_warns_when_mu_is_not_the_starting_models(demo, tmp_path):
+def test_a_run_with_warnings_shows_them_again_at_its_end_on_a_short_console(demo, tmp_path):
     """behavior_logprob raised by 2 nats on every record, as a sampler's own log-probs at another
     temperature move it: at iteration 1 log rho = -2 for every sequence (|log rho| < 1e-4
     unmoved), so the mean |log rho| is 2 and each negative starts at weight exp(-2) = 0.135, not
     1. The run warns once and trains on; the demo's run, whose mu was scored from its starting
-    model, does not warn."""
+    model, does not warn. One record too long for seq_length 512 is dropped (dataset.too_long=drop)
+    and warned of. Issue 95: ~300 lines came before the first iteration (Bridge's config dump,
+    Gloo's lines), warnings among them; the console now holds at most 25 lines before it, none over
+    160 characters, repeats both warnings at its end, and RUN_DIR/logs/ keeps what Bridge printed."""
     scored = (demo / "data" / "scored.jsonl").read_text().splitlines()
     moved = tmp_path / "moved.jsonl"
-    moved.write_text("".join(json.dumps({**row, "behavior_logprob": row["behavior_logprob"] + 2.0}) + "\n"
-                             for row in map(json.loads, scored)))
+    rows = [{**row, "behavior_logprob": row["behavior_logprob"] + 2.0} for row in map(json.loads, scored)]
+    rows.append({**rows[0], "completion": rows[0]["completion"] * 60, "sample_id": 10_000})  # > 512 tokens
+    moved.write_text("".join(json.dumps(row) + "\n" for row in rows))
     command = [arg if not arg.startswith("dataset.train_path=") else f"dataset.train_path={moved}"
                for arg in _train_command(demo, tmp_path / "run")]
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*command, "dataset.too_long=drop"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    warnings = [line for line in proc.stdout.splitlines() if "is far from the starting model" in line]
-    assert len(warnings) == 1 and warnings[0].startswith(
+    console = proc.stdout.splitlines()
+    first_iteration = next(n for n, line in enumerate(console) if line.startswith("[nemo-topr] iteration 1/"))
+    assert first_iteration <= 25 and max(map(len, console)) <= 160, proc.stdout
+    assert sum(line.startswith("[nemo-topr] iteration ") for line in console) == 18  # one epoch of the demo's data
+    warnings = [line for line in console if "WARNING: " in line]
+    assert warnings[0].startswith(f"[nemo-topr] WARNING: dropped 1 of {len(rows)} records (too_long: 1)"), warnings
+    assert warnings[1].startswith(
         "[nemo-topr] WARNING: iteration 1: mean |log rho| = 2.000, negatives' mean weight 0.135 "), warnings
-    assert "is far from the starting model" not in (demo / "train.log").read_text()
+    summary = console[next(n for n, line in enumerate(console) if line.startswith("[nemo-topr] summary: "))]
+    end = console[console.index(summary):]
+    assert summary == "[nemo-topr] summary: trained iterations 1-18 of 18 (the run is complete)", end
+    assert f"[nemo-topr]   checkpoint: {tmp_path / 'run' / 'checkpoints' / 'iter_0000018'}" in end
+    assert [line for line in end if "WARNING: " in line] == [line.replace("] WARNING", "]   WARNING", 1)
+                                                              for line in warnings[:2]], end
+    assert "mean |log rho|" not in (demo / "train.log").read_text()
+    (log,) = (tmp_path / "run" / "logs").iterdir()
+    assert f"[nemo-topr]   full log: {log}" in end
+    kept = log.read_text()
+    assert "[model] Non-default values (vs Mcore TransformerConfig):" in kept  # Bridge's config dump
+    assert "[Gloo] Rank 0 is connected to" in kept and "iteration       18/      18 |" in kept
+    assert "[Gloo]" not in proc.stdout and "Non-default values" not in proc.stdout
     # a plain process (no launcher) on CPU: none of Megatron's rank fallbacks, Bridge's notes on
     # finetune() and its tokenizer call, or torch's pin_memory note (nemo_topr/model/quiet.py)
     assert proc.stderr == "", proc.stderr

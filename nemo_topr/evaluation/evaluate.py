@@ -377,5 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     markdown = write_results(results, args.out)
     print(results_markdown(results))
-    print(f"wrote {args.out} and {markdown}")
+    written = [str(args.out), str(markdown), *([str(args.samples_out)] if args.samples_out else []),
+               *([] if args.records else [f"the sample log {log_path(args.out)}"])]
+    print(f"wrote {', '.join(written[:-1])} and {written[-1]}")
     return 0

@@ -84,10 +84,11 @@ def print_iteration_lines(tokens_per_iteration: int):  # noqa: ANN201
             self.last_metrics: str | None = None
             self.started_at: int | None = None  # the iteration this start began at (None: it trained none)
             self.since: tuple[float, int] | None = None  # (time, iteration) of the last line
+            self.start: tuple[float, int] | None = None  # (time, iteration) at the start of training
 
         def on_train_start(self, context) -> None:  # noqa: ANN001
             self.started_at = context.state.train_state.step
-            self.since = (time.monotonic(), self.started_at)
+            self.since = self.start = (time.monotonic(), self.started_at)
 
         def on_train_step_end(self, context) -> None:  # noqa: ANN001
             self.interval.add(context.loss_dict, context.skipped_iter)
@@ -99,10 +100,11 @@ def print_iteration_lines(tokens_per_iteration: int):  # noqa: ANN201
                 return
             now, total = time.monotonic(), context.state.cfg.train.train_iters
             rate = seconds_left = None
-            if self.since and iteration > self.since[1]:
+            if self.since and iteration > self.since[1]:  # tokens/s over the interval
                 per_iteration = (now - self.since[0]) / (iteration - self.since[1])
                 rate = tokens_per_iteration / per_iteration if per_iteration > 0 else None
-                seconds_left = per_iteration * (total - iteration)
+            if self.start and iteration > self.start[1]:  # the ETA at the pace since this start began
+                seconds_left = (now - self.start[0]) / (iteration - self.start[1]) * (total - iteration)
             self.since = (now, iteration)
             if means:
                 self.last_metrics = f"iteration {iteration}: {format_metrics(means)}"

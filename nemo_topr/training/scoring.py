@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -317,6 +318,8 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
     if summary:
         print(json.dumps(summary, indent=2))
+        print(f"wrote {summary['records_scored']} records with behavior_logprob to {summary['out']} (report: "
+              f"{summary['out']}.report.json)", file=sys.stderr)  # stdout stays the JSON alone, for `| jq`
     from nemo_topr.utils.distributed import destroy_model_parallel, launcher_world_size
 
     if launcher_world_size() > 1:
