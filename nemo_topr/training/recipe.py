@@ -212,10 +212,14 @@ def train(run: TrainingRun) -> int:
     if exit_signal != signal.SIGUSR1:  # held by `nemo-topr train` (cli.py) for Slurm's warning
         release_the_warning()
 
-    held: list[int] = []  # the exit signal, come while this rank prepared
+    held: list[int] = []  # the exit signal, come while this rank prepared (or later: `stopped_by`)
 
     class ReleaseExitSignal(Callback):
         def on_train_start(self, context) -> None:  # Bridge's handler is installed by now
+            bridge_handler = signal.getsignal(exit_signal)
+            # noted for the summary, then Bridge's handler (bridge/training/utils/sig_utils.py:129)
+            if callable(bridge_handler):
+                signal.signal(exit_signal, lambda signum, frame: (held.append(signum), bridge_handler(signum, frame)))
             release_the_warning()  # a SIGUSR1 pending since cli.py goes to it
             if held:  # to Bridge's handler: the rank saves after its first iteration
                 os.kill(os.getpid(), exit_signal)
@@ -262,7 +266,7 @@ def train(run: TrainingRun) -> int:
         trained = f"iterations {started + 1}-{reached} of {total}" if started is not None and started < reached else \
             "no iteration"
         trained += (" (the run is complete)" if code == 0 else
-                    f"; stopped by {'Ctrl-C' if ctrl_c else exit_signal.name} with a checkpoint saved: rerun the "
+                    f"; stopped {_stopped_by(ctrl_c, held, exit_signal)} with a checkpoint saved: rerun the "
                     f"same command to resume")
         checkpoint = f"{run.container.checkpoint.save}/{iteration_dir_name(reached)}" if reached else None
         if _is_rank_zero() or lines.last_metrics:
@@ -271,6 +275,14 @@ def train(run: TrainingRun) -> int:
                                       log_path=console.log_path, warnings=console.warnings):
                 print(line, flush=True)
     return code
+
+
+def _stopped_by(ctrl_c: list[int], received: list[int], exit_signal: signal.Signals) -> str:
+    if ctrl_c:
+        return "by Ctrl-C"
+    if received:
+        return f"by {exit_signal.name}"
+    return "at train.exit_interval, train.exit_duration_in_mins or another rank's exit signal"
 
 
 def _restore(exit_signal, previous_sigint, previous_handler, pretrain_log) -> None:  # noqa: ANN001
