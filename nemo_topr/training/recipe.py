@@ -9,7 +9,8 @@ saves the resolved config in the run directory, and hands Bridge the TOPR forwar
 Re-running the same command resumes from the run directory's latest checkpoint. The exit signal
 (`train.exit_signal`: SIGTERM by default, SIGUSR1 under slurm/topr_job.sh) makes Bridge save a
 checkpoint at the next iteration boundary; the command then leaves RUN_DIR/STOPPED and exits
-with 75 so that a job script requeues it.
+with 75 so that a job script requeues it. The console shows what the run trains, a line per log
+interval and a summary; everything else goes to RUN_DIR/logs/ (`nemo_topr.training.console`).
 
 Every rank runs this module, and the first part (`prepare`) runs before torch.distributed
 exists, so "rank 0" is the launcher's rank (RANK from torchrun, SLURM_PROCID from srun).
