@@ -34,12 +34,14 @@ def model_dir(tmp_path_factory):
     return build_tiny_hf_llama(out, build_tiny_tokenizer(), max_position_embeddings=4096)
 
 
-def test_generate_writes_graded_records(model_dir, tmp_path):
+def test_generate_writes_graded_records(model_dir, tmp_path, capsys):
     out = tmp_path / "graded.jsonl"
     args = ["--model", str(model_dir), "--prompts", "gsm8k-test", "--limit", "2", *TINY_SAMPLING,
             "--sampler-logprobs", "--out", str(out)]
     assert generate.main(args) == 0
     records = load_records(out).records  # strict validation
+    # the console ends, as every verb's does, with what it wrote
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(f"wrote {len(records)} records to {out} (")
     assert {(r.prompt_id, r.sample_id) for r in records} <= {(f"gsm8k-test-{i}", j) for i in range(2) for j in range(2)}
     for record in records:
         meta = record.meta

@@ -69,8 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     records = graded_records(problems, graded)
     write_jsonl(records, args.out)
     empty = sum(not sample.completion.text for samples in graded for sample in samples)
-    print(f"wrote {len(records)} records to {args.out} ({empty} empty completions and "
-          f"{errors['grader_errors']} grader errors not written)")
     if note := no_record_note(problems, graded):
         print(note)
     if errors["grader_errors"]:
@@ -79,4 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rendered_prompts:
         print("the records' prompts are rendered: read them with dataset.rendered_prompts=true (train) or "
               "--rendered-prompts (score-logprobs, data)")
+    # last, as every verb ends: what it wrote
+    print(f"wrote {len(records)} records to {args.out} ({empty} empty completions and "
+          f"{errors['grader_errors']} grader errors not written)")
     return 0
