@@ -6,14 +6,13 @@ when their verb runs, so `nemo-topr data stats` never pays for importing Megatro
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import sys
 
 from nemo_topr import __version__, installed_version
+from nemo_topr.errors import nearest, run_refusing
 from nemo_topr.training.preemption_warning import hold_the_warning
-from nemo_topr.errors import UserError
 from nemo_topr.model.quiet import VERBOSE_ENV, quiet_known_noise
 
 # verb -> (module, one-line help). Keep in pipeline order.
@@ -34,6 +33,9 @@ VERBS: dict[str, tuple[str, str]] = {
 # (verb, sub-verb) -> module: a sub-verb whose work sits above its verb's layer. `data prepare`
 # reads a training config; `nemo-topr data --help` lists it with the data verb's others.
 SUB_VERBS: dict[tuple[str, str], str] = {("data", "prepare"): "nemo_topr.training.prepare"}
+# verbs whose refusals name the sub-verb too (`nemo-topr data validate: ...`); a sub-verb is the
+# verb's first word, argparse's subparsers refuse any other
+NAMED_WITH_SUB_VERB = {"data"}
 
 
 def _usage() -> str:
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:
-        close = [name for name in VERBS if name.startswith(verb)] or difflib.get_close_matches(verb, VERBS, n=1)
+        close = [name for name in VERBS if name.startswith(verb)] or nearest(verb, VERBS)
         print(f"nemo-topr: unknown verb {verb!r}{f'; did you mean {close[0]}?' if close else ''}\n\n{_usage()}",
               file=sys.stderr)
         return 2
@@ -77,14 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         # imports Megatron; its default action would kill the rank and fail the job. Keep it
         # pending from here on: train() hands it to Bridge's handler, which saves and requeues.
         hold_the_warning()
+    # every refusal, in one line, whichever layer of the verb met it; `data`'s name its sub-verb's too
+    name = f"nemo-topr {verb} {rest[0]}" if verb in NAMED_WITH_SUB_VERB and rest else f"nemo-topr {verb}"
     module = VERBS[verb][0]
     if rest and (verb, rest[0]) in SUB_VERBS:
-        module, verb, rest = SUB_VERBS[verb, rest[0]], f"{verb} {rest[0]}", rest[1:]
+        module, rest = SUB_VERBS[verb, rest[0]], rest[1:]
     try:
-        return int(importlib.import_module(module).main(rest) or 0)
-    except UserError as error:  # every refusal, in one line, whichever layer of the verb met it
-        print(f"nemo-topr {verb}: {error}", file=sys.stderr)
-        return error.exit_code
+        return run_refusing(name, importlib.import_module(module).main, rest)
     except KeyboardInterrupt:  # Ctrl-C is the user's own stop, not a failure to show a traceback of
         print(f"nemo-topr {verb}: interrupted", file=sys.stderr)
         return 130  # the shell's status for a command stopped by SIGINT

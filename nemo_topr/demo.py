@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from nemo_topr.errors import run_refusing
 from nemo_topr.utils.arguments import Parser
 
 STAGES = 6
@@ -141,15 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from nemo_topr.model.providers import build_tiny_hf_llama
-    from nemo_topr.utils.outputs import MARK, OutputError, fresh_output_dir
+    from nemo_topr.utils.outputs import MARK, fresh_output_dir
     from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
     started = time.time()
     earlier = Path(args.out).is_dir() and any(path.name != MARK for path in Path(args.out).iterdir())
-    try:
-        out = fresh_output_dir(args.out, "nemo_topr.demo")
-    except OutputError as error:
-        raise SystemExit(f"python -m nemo_topr.demo: {error}") from None
+    out = fresh_output_dir(args.out, "nemo_topr.demo")
     if earlier:  # what the tour left elsewhere (runs/tour) stays
         print(f"python -m nemo_topr.demo: emptied {out}, an earlier demo's, to run again (--out DIR: another "
               "directory)", flush=True)
@@ -213,4 +211,4 @@ next: the tour of README.md ("Five-minute tour of the data flow") runs each verb
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_refusing("python -m nemo_topr.demo", main, sys.argv[1:]))

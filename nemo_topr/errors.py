@@ -13,7 +13,8 @@ people and may be reworded without touching a test that asserts the key.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 
 
 class UserError(Exception):
@@ -25,6 +26,16 @@ class UserError(Exception):
         super().__init__(message)
         self.key = key
         self.where = where
+
+
+def run_refusing(name: str, main: Callable[[list[str]], int | None], argv: list[str]) -> int:
+    """`main(argv)`'s exit code, a `UserError` printed as one line ``NAME: MESSAGE`` on stderr with its
+    `exit_code`: how `nemo_topr.cli.main` and the ``python -m`` entry points that bypass it end a refusal."""
+    try:
+        return int(main(argv) or 0)
+    except UserError as error:
+        print(f"{name}: {error}", file=sys.stderr)
+        return error.exit_code
 
 
 def nearest(word: str, choices: Iterable[str], *, n: int = 1, cutoff: float = 0.6) -> list[str]:

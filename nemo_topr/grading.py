@@ -31,6 +31,8 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any, Literal
 
+from nemo_topr.errors import UserError
+
 Grade = Literal["correct", "wrong", "invalid", "error"]
 GRADES: tuple[Grade, ...] = ("correct", "wrong", "invalid", "error")
 TASKS = ("gsm8k", "math")
@@ -42,7 +44,7 @@ class GraderError(RuntimeError):
     """The grader could not decide (math-verify raised or timed out); never a wrong answer."""
 
 
-class GraderErrorRateExceeded(ValueError):
+class GraderErrorRateExceeded(UserError, ValueError):
     """More grader errors than a command accepts."""
 
 # math-verify bounds its sympy work with signal.alarm, which exists only in the main thread.

@@ -120,6 +120,14 @@ def tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     return [(event.step, event.value) for event in events.Scalars(tag)]
 
 
+def cli_verb(verb: str):
+    """`nemo-topr VERB` run in this process: the verb's `main` as `cli.main` runs it, a refusal
+    printed as its one line on stderr and its exit code returned."""
+    from nemo_topr import cli
+
+    return lambda argv: cli.main([verb, *argv])
+
+
 def checkout_env(**extra: str) -> dict[str, str]:
     """``os.environ`` with this checkout first on PYTHONPATH, plus ``extra``."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))

@@ -177,8 +177,9 @@ import_checkpoint.free_bytes = lambda path: next(answers)
 ])
 def test_an_import_the_disk_cannot_hold_ends_in_one_line_and_leaves_no_checkpoint(tiny, tmp_path, case, message):
     out = tmp_path / "ckpt"
-    script = "\n".join(["import sys", "from pathlib import Path", "from nemo_topr.training import import_checkpoint",
-                        FULL_DISK[case], f"sys.exit(import_checkpoint.main([{str(tiny / 'hf')!r}, {str(out)!r}]))"])
+    script = "\n".join(["import sys", "from pathlib import Path", "from nemo_topr import cli",
+                        "from nemo_topr.training import import_checkpoint", FULL_DISK[case],
+                        f"sys.exit(cli.main(['import', {str(tiny / 'hf')!r}, {str(out)!r}]))"])
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr[-3000:]
     last_line = proc.stderr.strip().splitlines()[-1]

@@ -9,6 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import REPO
+from nemo_topr.errors import UserError
 from nemo_topr.training.config import ConfigError, build_training_run, check_config, compose
 from nemo_topr.training.validation import check_own_values
 
@@ -100,10 +101,10 @@ def test_an_architecture_key_other_than_the_base_models_is_refused_before_anythi
                 "override (the architecture comes from base_model)")
     data = _graded_data(tmp_path / "scored.jsonl", records=2)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(UserError) as stop:
         main(["--config-name", "tiny_cpu", f"base_model={base}", f"dataset.train_path={data}",
               f"run_dir={tmp_path / 'run'}", "model.num_layers=1"])
-    assert str(stop.value) == f"nemo-topr train: {expected}"
+    assert str(stop.value) == expected
     assert not (tmp_path / "run").exists()
     assert cli.main(["plan", "tiny_cpu", f"base_model={base}", "model.num_layers=1", "--gpus-per-node", "1"]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == f"nemo-topr plan: {expected}"
@@ -389,9 +390,9 @@ def test_a_batch_or_world_that_does_not_divide_stops_train_before_anything_is_wr
     from nemo_topr.training.recipe import main
 
     monkeypatch.setenv("WORLD_SIZE", str(world_size))  # before any rendezvous: nothing is launched
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(UserError) as stop:
         main(["--config-name", "tiny_cpu", f"base_model={tiny_hf}", f"run_dir={tmp_path / 'run'}", *overrides])
-    assert str(stop.value) == f"nemo-topr train: {expected}"
+    assert str(stop.value) == expected
     assert list(tmp_path.iterdir()) == []
 
 
@@ -676,7 +677,7 @@ def test_a_failed_save_on_a_full_filesystem_ends_with_a_line_that_says_so(tiny_h
 
     monkeypatch.setattr(bridge_finetune, "finetune", finetune_until_the_disk_is_full)
     run = _run(tiny_hf, tmp_path / "run", f"dataset.train_path={_graded_data(tmp_path / 'graded.jsonl')}")
-    with pytest.raises(SystemExit, match=rf"^nemo-topr train: {tmp_path / 'run' / 'checkpoints'}: 0.0 MiB free, less "
+    with pytest.raises(UserError, match=rf"^{tmp_path / 'run' / 'checkpoints'}: 0.0 MiB free, less "
                                          r"than one checkpoint \(.* MiB, estimated from the parameter count\): a save "
                                          r"most likely failed for space\. .* it resumes from the start$"):
         train(run)
@@ -783,7 +784,7 @@ def test_baseline_outside_unit_interval_for_pm1_rewards_is_rejected(tiny_hf, tmp
                  f"objective.baseline={baseline}"]
     side = "not below the largest reward 1" if baseline > 0 else "not above the smallest reward -1"
     monkeypatch.setenv("WORLD_SIZE", "1")  # main's rendezvous settings stay out of this process
-    with pytest.raises(SystemExit, match=rf"^nemo-topr train: objective.baseline={baseline}: the baseline "
+    with pytest.raises(UserError, match=rf"^objective.baseline={baseline}: the baseline "
                                          rf"{baseline:g} is {side}"):
         main(["--config-name", "tiny_cpu", *overrides])
     assert not (tmp_path / "run").exists()
@@ -1120,10 +1121,10 @@ def test_data_whose_every_advantage_is_zero_is_refused_before_the_run_directory(
     from nemo_topr.training.recipe import main, prepare, train
 
     zeros = _graded_data(tmp_path / "zeros.jsonl", reward=0.0)
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(UserError) as stop:
         main(["--config-name", "tiny_cpu", f"base_model={tiny_hf}", f"run_dir={tmp_path / 'run'}",
               f"dataset.train_path={zeros}"])
-    assert str(stop.value).startswith("nemo-topr train: objective.baseline=0.0: every record's advantage R - c is 0 "
+    assert str(stop.value).startswith("objective.baseline=0.0: every record's advantage R - c is 0 "
                                       "(each reward equals its baseline c): the loss and its gradients are 0")
     own = tmp_path / "own.jsonl"
     own.write_text("".join(json.dumps({**r, "behavior_logprob": -50.0, "baseline": r["reward"]}) + "\n"

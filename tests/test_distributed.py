@@ -158,8 +158,8 @@ def test_train_refuses_a_rank_past_the_gpus_before_importing_megatron(demo_input
     monkeypatch.setattr(recipe, "use_device", lambda *args, **kwargs: pytest.fail("Megatron imported"))
     _launched_as_rank(monkeypatch, 3, of=4)
     model_dir, data = demo_inputs
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(RendezvousError) as stop:
         recipe.main(["--config-name", "tiny_cpu", "device=cuda", "train.global_batch_size=8", f"hf_model={model_dir}",
                      f"run_dir={tmp_path / 'run'}", f"dataset.train_path={data}"])
-    assert str(stop.value).startswith("nemo-topr train: LOCAL_RANK=3, but torch sees 2 GPU(s) on ")
+    assert str(stop.value).startswith("LOCAL_RANK=3, but torch sees 2 GPU(s) on ")
     assert not (tmp_path / "run").exists()

@@ -1,6 +1,8 @@
 """The user-error root and the one did-you-mean helper."""
 
-from nemo_topr.errors import UserError, did_you_mean, nearest
+import pytest
+
+from nemo_topr.errors import UserError, did_you_mean, nearest, run_refusing
 
 
 def test_user_error_carries_its_key_and_place_and_prints_its_message():
@@ -15,3 +17,61 @@ def test_did_you_mean_names_the_nearest_choices_or_nothing():
     assert did_you_mean("lrr", ["lr", "min_lr"], prefix="optimizer.", quote=True) == "; did you mean 'optimizer.lr'?"
     assert did_you_mean("zzz", ["train", "plan"]) == ""
     assert did_you_mean("evall", ["eval", "evals", "plan"], n=2) == "; did you mean eval or evals?"
+
+
+def test_every_refusal_class_is_a_user_error_and_keeps_the_base_its_callers_catch():
+    from nemo_topr.data.curation import CurationError
+    from nemo_topr.data.prepared import PreparedSetError
+    from nemo_topr.data.prompts import BenchmarkNotFound
+    from nemo_topr.data.schema import DataError
+    from nemo_topr.data.sources import KeyGivenTwice
+    from nemo_topr.data.tokenization import TokenizerError
+    from nemo_topr.evaluation.evaluate import EvalError
+    from nemo_topr.grading import GraderErrorRateExceeded
+    from nemo_topr.miniature.study3_placebo import PlaceboError
+    from nemo_topr.model.attention_check import AttentionError
+    from nemo_topr.model.device import DeviceError
+    from nemo_topr.model.hf_weights import WeightsError
+    from nemo_topr.model.source import ModelSourceError
+    from nemo_topr.training.checkpoints import DamagedCheckpointError
+    from nemo_topr.training.export import ExportWriteError
+    from nemo_topr.training.nonfinite import NonFiniteTrainingError
+    from nemo_topr.training.run_state import RunStateError
+    from nemo_topr.utils.distributed import RendezvousError
+
+    bases = {ValueError: [CurationError, DataError, KeyGivenTwice, TokenizerError, EvalError, GraderErrorRateExceeded,
+                          PlaceboError, AttentionError, DeviceError, WeightsError, ModelSourceError],
+             RuntimeError: [PreparedSetError, DamagedCheckpointError, ExportWriteError, NonFiniteTrainingError,
+                            RunStateError, RendezvousError],
+             FileNotFoundError: [BenchmarkNotFound]}
+    for base, classes in bases.items():
+        for error in classes:
+            assert issubclass(error, UserError) and issubclass(error, base), error
+
+
+def test_run_refusing_prints_a_refusal_as_one_line_with_its_exit_code(capsys):
+    from nemo_topr.utils.arguments import UsageError
+
+    def refuses(argv):
+        raise UsageError(f"--k {argv[0]}: k must be at least 1")
+
+    assert run_refusing("nemo-topr eval", refuses, ["0"]) == 2
+    assert capsys.readouterr() == ("", "nemo-topr eval: --k 0: k must be at least 1\n")
+    assert run_refusing("nemo-topr eval", lambda argv: None, []) == 0
+    with pytest.raises(KeyError):  # not a user's to act on: its traceback is the report
+        run_refusing("nemo-topr eval", lambda argv: {}[argv[0]], ["k"])
+
+
+def test_the_demo_refuses_an_output_directory_not_its_own_in_the_line_its_entry_point_prints(tmp_path, capsys):
+    from nemo_topr import demo
+    from nemo_topr.utils.outputs import OutputError
+
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("the user's\n")
+    with pytest.raises(OutputError):
+        demo.main(["--out", str(taken)])
+    assert run_refusing("python -m nemo_topr.demo", demo.main, ["--out", str(taken)]) == 1
+    line = capsys.readouterr().err
+    assert line.startswith(f"python -m nemo_topr.demo: {taken} is not empty") and line.count("\n") == 1
+    assert [p.name for p in taken.iterdir()] == ["notes.txt"]

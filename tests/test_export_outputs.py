@@ -13,6 +13,7 @@ import pytest
 from conftest import torch_dist_save
 from safetensors import SafetensorError
 
+from nemo_topr.errors import UserError
 from nemo_topr.training import export
 
 
@@ -49,7 +50,7 @@ def test_a_non_empty_hf_out_is_refused_and_left_as_it_was(checkpoint, tmp_path, 
     base = tmp_path / "Llama-3.1-8B"
     base.mkdir()
     (base / "model.safetensors").write_text("the base weights")
-    with pytest.raises(SystemExit, match=rf"nemo-topr export: {base}: exists and is not empty; .*--overwrite"):
+    with pytest.raises(UserError, match=rf"{base}: exists and is not empty; .*--overwrite"):
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(base), "--device", "cpu"])
     assert [p.name for p in base.iterdir()] == ["model.safetensors"]
     assert (base / "model.safetensors").read_text() == "the base weights"
@@ -71,7 +72,7 @@ def test_the_checkpoint_being_exported_is_refused_as_its_output_even_with_overwr
     would delete the weights being exported."""
     before = _tree(tmp_path)
     out = tmp_path / hf_out
-    with pytest.raises(SystemExit, match=rf"^nemo-topr export: {out}.*: {where.format(ckpt=checkpoint)}.*, part of the "
+    with pytest.raises(UserError, match=rf"^{out}.*: {where.format(ckpt=checkpoint)}.*, part of the "
                                          rf"checkpoint being exported; writing there would replace or corrupt it: "
                                          rf"choose an --hf-out outside {checkpoint}$"):
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(out), *flags, "--device", "cpu", "--overwrite"])
@@ -127,14 +128,14 @@ def test_overwrite_never_replaces_what_export_did_not_make(checkpoint, tmp_path,
     target.mkdir(parents=True)
     (target / "model.safetensors").write_text("the base weights")
     before = _tree(tmp_path)
-    with pytest.raises(SystemExit, match=rf"^nemo-topr export: {target}: exists and holds no nemo_topr_export.json, "
+    with pytest.raises(UserError, match=rf"^{target}: exists and holds no nemo_topr_export.json, "
                                          r"so it is no earlier export; --overwrite replaces only those: remove it "
                                          r"yourself or choose another --hf-out$"):
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(base), *flags, "--device", "cpu", "--overwrite"])
     assert _tree(tmp_path) == before
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
-    with pytest.raises(SystemExit, match=rf"^nemo-topr export: {a_file}: exists and holds no nemo_topr_export.json"):
+    with pytest.raises(UserError, match=rf"^{a_file}: exists and holds no nemo_topr_export.json"):
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(a_file), "--device", "cpu", "--overwrite"])
     assert a_file.read_text() == "mine"
 
@@ -148,7 +149,7 @@ def test_an_export_inside_an_earlier_export_is_refused(checkpoint, tmp_path, fla
     assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(earlier), "--device", "cpu"]) == 0
     before = _tree(tmp_path)
     out = earlier / "iter_0000001" if flags else tmp_path / hf_out
-    with pytest.raises(SystemExit, match=rf"^nemo-topr export: {out}: inside {earlier}, an earlier export \(it holds "
+    with pytest.raises(UserError, match=rf"^{out}: inside {earlier}, an earlier export \(it holds "
                                          r"nemo_topr_export.json\): a model written there would nest in that model's "
                                          r"directory; choose an --hf-out outside it \(--iteration and "
                                          r"--all-iterations write HF_OUT/iter_NNNNNNN\)$"):
@@ -173,7 +174,7 @@ def test_an_interrupted_export_leaves_nothing_under_the_target_name(checkpoint, 
 ], ids=["safetensors", "oserror"])
 def test_an_export_that_cannot_be_written_is_removed_and_named_in_one_line(checkpoint, tmp_path, monkeypatch, error):
     monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: _FakeBridge(error=error))
-    with pytest.raises(SystemExit, match=rf"^nemo-topr export: writing {tmp_path / 'model'}: .*No space left on "
+    with pytest.raises(UserError, match=rf"^writing {tmp_path / 'model'}: .*No space left on "
                                          r"device.* \(the partial export is removed\)$"):
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "model"), "--device", "cpu"])
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ckpt"]  # no model, no partial directory
@@ -225,7 +226,7 @@ def test_an_iteration_named_twice_is_refused_not_one_of_the_two_dropped(tmp_path
     (run / "config.yaml").write_text("run_dir: run\n")
     monkeypatch.chdir(tmp_path)
     whole = "run" if "@" in named else str(checkpoints)
-    with pytest.raises(SystemExit, match=rf"^nemo-topr export: --ckpt {named} names one iteration and {flags[0]} "
+    with pytest.raises(UserError, match=rf"^--ckpt {named} names one iteration and {flags[0]} "
                                          rf"chooses the iterations too: give --ckpt {whole} with {flags[0]}, or drop "
                                          rf"{flags[0]}$"):
         export.main(["--ckpt", named, "--hf-out", "hf", *flags, "--device", "cpu"])
@@ -312,7 +313,7 @@ def test_an_export_changed_since_or_of_a_checkpoint_changed_since_is_not_kept(ch
         touched.write_text(touched.read_text()[:-3])
     else:
         touched.write_text(touched.read_text() + "\n")
-    with pytest.raises(SystemExit, match=rf"^nemo-topr export: {hf}: holds an export of this checkpoint whose files, "
+    with pytest.raises(UserError, match=rf"^{hf}: holds an export of this checkpoint whose files, "
                                          r"or the checkpoint's, changed since; pass --overwrite to export it again$"):
         export.main(args)
     capsys.readouterr()
@@ -341,13 +342,13 @@ def test_a_second_export_into_a_target_being_written_is_refused(checkpoint, tmp_
     class SecondExportMeanwhile(_FakeBridge):
         def export_ckpt(self, ckpt: str, out: str, show_progress: bool) -> None:
             super().export_ckpt(ckpt, out, show_progress)
-            with pytest.raises(SystemExit) as refused:
+            with pytest.raises(UserError) as refused:
                 export.main(second)
             refusals.append(str(refused.value))
 
     monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: SecondExportMeanwhile())
     assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(hf), "--device", "cpu"]) == 0
-    assert refusals == [f"nemo-topr export: {hf}: another export is writing it now ({partial} is locked): wait for "
+    assert refusals == [f"{hf}: another export is writing it now ({partial} is locked): wait for "
                         "it to end, or choose another --hf-out"]
     assert _tree(hf) == {"model.safetensors": f"exported from {checkpoint / 'iter_0000001'}".encode(),
                          export.EXPORT_RECORD: (hf / export.EXPORT_RECORD).read_bytes()}
@@ -380,7 +381,7 @@ def test_a_read_only_folder_keeps_its_current_exports_and_refuses_new_ones_in_on
     capsys.readouterr()
     assert export.main(args) == 0
     assert capsys.readouterr().out.startswith("kept ")
-    with pytest.raises(SystemExit, match=rf"^nemo-topr export: writing {tmp_path / 'new'}: Read-only file system "
+    with pytest.raises(UserError, match=rf"^writing {tmp_path / 'new'}: Read-only file system "
                                          rf"\({tmp_path / '.new.partial'}\)$"):
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "new"), "--device", "cpu"])
 
@@ -466,7 +467,7 @@ def test_an_empty_hf_out_that_refuses_renames_is_filled_by_copying_or_refused_in
         assert export.main(args) == 0
         assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "nemo_topr_export.json"]
     else:
-        with pytest.raises(SystemExit, match=rf"^nemo-topr export: moving the export into {out}: Read-only file "
+        with pytest.raises(UserError, match=rf"^moving the export into {out}: Read-only file "
                                              rf"system \(.*\); the partial export is removed and {out} left as it "
                                              r"was$"):
             export.main(args)
@@ -487,7 +488,7 @@ def test_iterations_of_another_checkpoint_in_the_folder_are_refused(checkpoint, 
     hf = tmp_path / "exports"
     assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(hf), "--all-iterations", "--device", "cpu"]) == 0
     for flags in ([], ["--overwrite"]):
-        with pytest.raises(SystemExit, match=rf"^nemo-topr export: {hf}: holds iter_0000001, exported from "
+        with pytest.raises(UserError, match=rf"^{hf}: holds iter_0000001, exported from "
                                              rf"{checkpoint}/iter_0000001, another checkpoint than {other}: "):
             export.main(["--ckpt", str(other), "--hf-out", str(hf), "--all-iterations", "--device", "cpu", *flags])
     assert json.loads((hf / "iter_0000001" / "nemo_topr_export.json").read_text())["checkpoint"] == \

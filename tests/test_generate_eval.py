@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import checkout_env, placeholder_hf_model
+from conftest import checkout_env, cli_verb, placeholder_hf_model
 
 from nemo_topr.data.records import DataError, load_records
 from nemo_topr import cli
@@ -20,6 +20,8 @@ from nemo_topr.evaluation.sampling import (
     SamplingSettings, iter_completions, new_token_budgets, sample_and_grade, sampling_out_of_memory, trim_at_stop,
 )
 from nemo_topr.grading import grade
+
+eval_main = cli_verb("eval")
 
 TINY_SAMPLING = ["--num-samples", "2", "--max-new-tokens", "16", "--device", "cpu"]
 
@@ -97,7 +99,7 @@ def test_eval_writes_results_and_plots_rounds(model_dir, tmp_path):
     result, samples = tmp_path / "r1.json", tmp_path / "samples.jsonl"
     args = ["--model", str(model_dir), "--benchmark", "math500", "--limit", "3", *TINY_SAMPLING,
             "--out", str(result), "--samples-out", str(samples)]
-    assert evaluate.main(args) == 0
+    assert eval_main(args) == 0
     results = json.loads(result.read_text())
     assert (results["num_problems"], results["samples_per_problem"], results["ks"]) == (3, 2, [1, 2])
     assert set(results["metrics"]) == {"pass@1", "pass@2", "maj@2", "invalid_rate", "grader_error_rate"}
@@ -109,16 +111,16 @@ def test_eval_writes_results_and_plots_rounds(model_dir, tmp_path):
     for row in lines:
         row["meta"]["verifier_score"] = 0.5
     scored.write_text("".join(json.dumps(row) + "\n" for row in lines))
-    assert evaluate.main(["--records", str(scored), "--k", "1", "--out", str(tmp_path / "r2.json")]) == 0
+    assert eval_main(["--records", str(scored), "--k", "1", "--out", str(tmp_path / "r2.json")]) == 0
     rescored = json.loads((tmp_path / "r2.json").read_text())
     assert rescored["task"] == "math" and "weighted_maj@1" not in rescored["metrics"]
     # both samples of each problem, empty ones included (`meta.empty_sample_ids`), so k = 2 votes
     assert rescored["samples_per_problem"] == 2
-    assert evaluate.main(["--records", str(scored), "--out", str(tmp_path / "r3.json")]) == 0
+    assert eval_main(["--records", str(scored), "--out", str(tmp_path / "r3.json")]) == 0
     assert "weighted_maj@2" in json.loads((tmp_path / "r3.json").read_text())["metrics"]
 
     plot = tmp_path / "rounds.png"
-    assert evaluate.main(["--plot", str(result), str(tmp_path / "r2.json"), "--out", str(plot)]) == 0
+    assert eval_main(["--plot", str(result), str(tmp_path / "r2.json"), "--out", str(plot)]) == 0
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
@@ -131,18 +133,18 @@ def test_eval_on_a_prompt_file_grades_what_generate_samples_from_it(model_dir, t
     prompts.write_text("".join(json.dumps({"prompt": f"Question: {q}\nAnswer:", "reference_answer": a,
                                            "prompt_id": f"z{i}"}) + "\n" for i, (q, a) in enumerate(rows)))
     sampling = ["--model", str(model_dir), "--num-samples", "4", "--max-new-tokens", "16", "--device", "cpu"]
-    assert evaluate.main(["--prompts", str(prompts), "--task", "gsm8k", *sampling,
+    assert eval_main(["--prompts", str(prompts), "--task", "gsm8k", *sampling,
                           "--out", str(tmp_path / "prompts.json")]) == 0
     graded = tmp_path / "graded.jsonl"
     assert generate.main(["--prompts", str(prompts), "--task", "gsm8k", *sampling, "--out", str(graded)]) == 0
-    assert evaluate.main(["--records", str(graded), "--out", str(tmp_path / "records.json")]) == 0
+    assert eval_main(["--records", str(graded), "--out", str(tmp_path / "records.json")]) == 0
     sampled, regraded = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("prompts", "records"))
     assert (sampled["source"], sampled["task"], sampled["num_problems"]) == (str(prompts.resolve()), "gsm8k", 3)
     assert sampled["metrics"] == regraded["metrics"] and sampled["ks"] == [1, 2, 4]
 
     one = ["--limit", "1", *sampling[:4], "--max-new-tokens", "8", "--device", "cpu"]
-    assert evaluate.main(["--prompts", "gsm8k-test", *one, "--out", str(tmp_path / "split.json")]) == 0
-    assert evaluate.main(["--benchmark", "gsm8k", *one, "--out", str(tmp_path / "benchmark.json")]) == 0
+    assert eval_main(["--prompts", "gsm8k-test", *one, "--out", str(tmp_path / "split.json")]) == 0
+    assert eval_main(["--benchmark", "gsm8k", *one, "--out", str(tmp_path / "benchmark.json")]) == 0
     split, benchmark = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("split", "benchmark"))
     assert split["metrics"] == benchmark["metrics"] and split["num_samples"] == benchmark["num_samples"] == 4
 
@@ -167,7 +169,7 @@ def test_eval_refuses_options_its_mode_would_ignore(options, message, tmp_path, 
     """`--records` with `--model` or `--samples-out` ran and ignored them: no samples were written.
     So were the sampling options (`--records r.jsonl --num-samples 8` graded the records' own samples)."""
     monkeypatch.chdir(tmp_path)
-    assert evaluate.main([*options, "--out", "r.json"]) == 2
+    assert eval_main([*options, "--out", "r.json"]) == 2
     assert capsys.readouterr().err == f"nemo-topr eval: {message}\n"
     assert not list(tmp_path.iterdir())
 
@@ -181,10 +183,10 @@ def test_gsm8k_on_a_short_context_model_is_refused_naming_num_shots_and_runs_wit
     short = build_tiny_hf_llama(tmp_path / "short", build_tiny_tokenizer(), max_position_embeddings=1024)
     sampling = ["--benchmark", "gsm8k", "--model", str(short), "--limit", "1", "--max-new-tokens", "4",
                 "--device", "cpu"]
-    assert evaluate.main([*sampling, "--out", str(tmp_path / "eight.json")]) == 1
+    assert eval_main([*sampling, "--out", str(tmp_path / "eight.json")]) == 1
     assert "--num-shots" in capsys.readouterr().err
     assert not (tmp_path / "eight.json").exists()
-    assert evaluate.main([*sampling, "--num-shots", "0", "--out", str(tmp_path / "zero.json")]) == 0
+    assert eval_main([*sampling, "--num-shots", "0", "--out", str(tmp_path / "zero.json")]) == 0
     zero = json.loads((tmp_path / "zero.json").read_text())
     assert (zero["num_problems"], zero["num_shots"]) == (1, 0)
     # the prompt holds that many worked exemplars before its own question
@@ -196,9 +198,9 @@ def test_gsm8k_on_a_short_context_model_is_refused_naming_num_shots_and_runs_wit
 
 
 @pytest.mark.parametrize("verb, options", [
-    (lambda argv: cli.main(["generate", *argv]), ["--prompts", "gsm8k-test", "--task", "math", "--out", "g.jsonl"]),
-    (evaluate.main, ["--benchmark", "gsm8k", "--task", "math", "--out", "r.json"]),
-    (evaluate.main, ["--prompts", "math500", "--task", "gsm8k", "--out", "r.json"]),
+    (cli_verb("generate"), ["--prompts", "gsm8k-test", "--task", "math", "--out", "g.jsonl"]),
+    (eval_main, ["--benchmark", "gsm8k", "--task", "math", "--out", "r.json"]),
+    (eval_main, ["--prompts", "math500", "--task", "gsm8k", "--out", "r.json"]),
 ], ids=["generate", "eval-benchmark", "eval-prompts"])
 def test_a_task_that_contradicts_the_benchmark_is_refused(verb, options, tmp_path, monkeypatch, capsys):
     """It was ignored: GSM8K's problems graded by GSM8K's grader under `--task math`, unsaid."""
@@ -220,42 +222,42 @@ def test_records_eval_grades_each_record_for_its_own_task(tmp_path, capsys):
     graded = tmp_path / "graded.jsonl"
     graded.write_text("\n".join([record(0, " The answer is 250."), record(1, " The answer is 12.")]) + "\n")
     out = tmp_path / "r.json"
-    assert evaluate.main(["--records", str(graded), "--out", str(out)]) == 0
+    assert eval_main(["--records", str(graded), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["metrics"]["pass@1"] == 0.5  # hand-graded: one of two says 250
-    assert evaluate.main(["--records", str(graded), "--task", "gsm8k", "--out", str(out), "--overwrite"]) == 0
+    assert eval_main(["--records", str(graded), "--task", "gsm8k", "--out", str(out), "--overwrite"]) == 0
     capsys.readouterr()
     for score in (float("nan"), -0.5, "0.2", True, float("inf")):  # NaN won every vote for the first answer
         scored = tmp_path / "scored.jsonl"
         scored.write_text("\n".join([record(0, " The answer is 250.", verifier_score=0.9),
                                      record(1, " The answer is 12.", verifier_score=score)]) + "\n")
-        assert evaluate.main(["--records", str(scored), "--out", str(tmp_path / "s.json")]) == 1
+        assert eval_main(["--records", str(scored), "--out", str(tmp_path / "s.json")]) == 1
         assert capsys.readouterr().err == (f"nemo-topr eval: {scored}:2: meta.verifier_score: expected a finite "
                                            "number >= 0, the sample's weight in the vote (`nemo-topr verifier score` "
                                            f"writes P(Yes)); got {score!r}\n")
     for limit in ("-1", "0"):  # `--limit -1` evaluated all but the last problem without a word
-        assert evaluate.main(["--records", str(graded), "--limit", limit, "--out", str(tmp_path / "l.json")]) == 1
+        assert eval_main(["--records", str(graded), "--limit", limit, "--out", str(tmp_path / "l.json")]) == 1
         assert capsys.readouterr().err == f"nemo-topr eval: --limit must be at least 1; got {limit}\n"
     assert not (tmp_path / "l.json").exists()
     # --task that contradicts a record: MATH's grader on GSM8K samples, never unsaid
-    assert evaluate.main(["--records", str(graded), "--task", "math", "--out", str(tmp_path / "m.json")]) == 1
+    assert eval_main(["--records", str(graded), "--task", "math", "--out", str(tmp_path / "m.json")]) == 1
     assert capsys.readouterr().err == (f"nemo-topr eval: {graded}:1: meta.task: is 'gsm8k' but --task is 'math': "
                                        "--task is for records without a task; drop it, or evaluate records of that "
                                        "task\n")
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text("\n".join([record(0, " 250"), record(1, " 250", task="math")]) + "\n")
-    assert evaluate.main(["--records", str(mixed), "--out", str(tmp_path / "x.json")]) == 1
+    assert eval_main(["--records", str(mixed), "--out", str(tmp_path / "x.json")]) == 1
     assert "meta.task: mixes tasks ['gsm8k', 'math']; evaluate them separately" in capsys.readouterr().err
     bare = tmp_path / "bare.jsonl"  # no task: --task supplies it; no reference answer: named
     bare.write_text(json.dumps({"prompt": "Q", "completion": " 250", "reward": 1.0, "prompt_id": "p0", "sample_id": 0,
                                 "meta": {"reference_answer": "250"}}) + "\n")
-    assert evaluate.main(["--records", str(bare), "--out", str(tmp_path / "b.json")]) == 1
+    assert eval_main(["--records", str(bare), "--out", str(tmp_path / "b.json")]) == 1
     assert f"{bare}:1: meta: needs reference_answer and a task (gsm8k|math; or pass --task)" in capsys.readouterr().err
-    assert evaluate.main(["--records", str(bare), "--task", "gsm8k", "--out", str(tmp_path / "b.json")]) == 0
+    assert eval_main(["--records", str(bare), "--task", "gsm8k", "--out", str(tmp_path / "b.json")]) == 0
     # a reference GSM8K's grader cannot read: refused, not an unanswered sample counted merely invalid
     unreadable = tmp_path / "unreadable.jsonl"
     unreadable.write_text(json.dumps({"prompt": "Q", "completion": " I do not know.", "reward": -1.0, "prompt_id": "p0",
                                       "sample_id": 0, "meta": {"task": "gsm8k", "reference_answer": "twelve"}}) + "\n")
-    assert evaluate.main(["--records", str(unreadable), "--out", str(tmp_path / "u.json")]) == 1
+    assert eval_main(["--records", str(unreadable), "--out", str(tmp_path / "u.json")]) == 1
     assert capsys.readouterr().err == (f"nemo-topr eval: {unreadable}:1: meta.reference_answer: GSM8K reference has "
                                        "no number: 'twelve'\n")
     assert not (tmp_path / "m.json").exists() and not (tmp_path / "x.json").exists()
@@ -269,14 +271,14 @@ def test_records_scored_in_part_by_a_verifier_say_why_the_weighted_vote_is_left_
             for i, answer in enumerate((250, 250, 12, 12))]
     graded = tmp_path / "graded.jsonl"
     graded.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    assert evaluate.main(["--records", str(graded), "--out", str(tmp_path / "r.json")]) == 0
+    assert eval_main(["--records", str(graded), "--out", str(tmp_path / "r.json")]) == 0
     assert "weighted_maj@4" not in json.loads((tmp_path / "r.json").read_text())["metrics"]
     # a verifier run that stopped half-way: the metric is left out, and now it says so
     assert ("nemo-topr eval: weighted_maj@k left out: 2 of the 4 samples with an answer have meta.verifier_score"
             in capsys.readouterr().err)
     graded.write_text("".join(json.dumps({**row, "meta": {**row["meta"], "verifier_score": 0.5}}) + "\n"
                               for row in rows))
-    assert evaluate.main(["--records", str(graded), "--out", str(tmp_path / "r.json"), "--overwrite"]) == 0
+    assert eval_main(["--records", str(graded), "--out", str(tmp_path / "r.json"), "--overwrite"]) == 0
     assert "weighted_maj@4" in json.loads((tmp_path / "r.json").read_text())["metrics"]
     assert "left out" not in capsys.readouterr().err
 
@@ -292,18 +294,18 @@ def test_records_of_one_prompt_with_two_reference_answers_are_refused_naming_bot
     answers 5 and 6 scored pass@2 and maj@2 100 % as one problem, without a word."""
     conflicting = tmp_path / "conflicting.jsonl"
     conflicting.write_text(_graded_record("a", 0, 5, "5") + _graded_record("a", 1, 6, "6"))
-    assert evaluate.main(["--records", str(conflicting), "--out", str(tmp_path / "c.json")]) == 1
+    assert eval_main(["--records", str(conflicting), "--out", str(tmp_path / "c.json")]) == 1
     assert capsys.readouterr().err == (f"nemo-topr eval: {conflicting}:2: meta.reference_answer: '6', but '5' for "
                                        f"prompt 'a' at {conflicting}:1\n")
     no_ids = tmp_path / "no_ids.jsonl"  # the prompt text groups them
     no_ids.write_text(_graded_record(None, 0, 5, "5") + _graded_record(None, 1, 6, 6))
-    assert evaluate.main(["--records", str(no_ids), "--out", str(tmp_path / "n.json")]) == 1
+    assert eval_main(["--records", str(no_ids), "--out", str(tmp_path / "n.json")]) == 1
     assert f"{no_ids}:2: meta.reference_answer: '6', but '5' for prompt '(prompt text)' at {no_ids}:1" in (
         capsys.readouterr().err)
     assert not (tmp_path / "c.json").exists() and not (tmp_path / "n.json").exists()
     same = tmp_path / "same.jsonl"  # the number 5 and the string "5" are one reference
     same.write_text(_graded_record("a", 0, 5, "5") + _graded_record("a", 1, 6, 5))
-    assert evaluate.main(["--records", str(same), "--out", str(tmp_path / "s.json")]) == 0
+    assert eval_main(["--records", str(same), "--out", str(tmp_path / "s.json")]) == 0
 
 
 def test_the_markdown_title_of_uneven_sample_counts_says_so(tmp_path, capsys):
@@ -312,11 +314,11 @@ def test_the_markdown_title_of_uneven_sample_counts_says_so(tmp_path, capsys):
     graded = tmp_path / "uneven.jsonl"
     graded.write_text(_graded_record("a", 0, 5, "5") + _graded_record("a", 1, 6, "5") + _graded_record("b", 0, 5, "5"))
     out = tmp_path / "r.json"
-    assert evaluate.main(["--records", str(graded), "--out", str(out)]) == 0
+    assert eval_main(["--records", str(graded), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["metrics"]["pass@1"] == 0.75
     assert out.with_suffix(".md").read_text().startswith("**uneven** (gsm8k): 2 problems, 3 samples, at least 1 each\n")
     graded.write_text(_graded_record("a", 0, 5, "5") + _graded_record("b", 0, 6, "5"))
-    assert evaluate.main(["--records", str(graded), "--out", str(out), "--overwrite"]) == 0
+    assert eval_main(["--records", str(graded), "--out", str(out), "--overwrite"]) == 0
     assert out.with_suffix(".md").read_text().startswith("**uneven** (gsm8k): 2 problems, 1 samples each\n")
 
 
@@ -342,14 +344,14 @@ def test_the_plot_draws_the_headline_metrics_unless_told_otherwise(tmp_path, cap
         "pass@1", "invalid_rate"]
 
     out = tmp_path / "rounds.png"
-    assert evaluate.main(["--plot", *map(str, paths), "--metrics", "maj@16", "--out", str(out)]) == 1
+    assert eval_main(["--plot", *map(str, paths), "--metrics", "maj@16", "--out", str(out)]) == 1
     assert capsys.readouterr().err == (f"nemo-topr eval: --metrics maj@16: not a metric of {paths[1]} (it has "
                                        "pass@1, pass@2, pass@4, pass@8, maj@2, maj@4, maj@8, weighted_maj@2, "
                                        "weighted_maj@4, weighted_maj@8, invalid_rate, grader_error_rate)\n")
-    assert evaluate.main(["--records", str(paths[0]), "--metrics", "all", "--out", str(tmp_path / "r.json")]) == 2
+    assert eval_main(["--records", str(paths[0]), "--metrics", "all", "--out", str(tmp_path / "r.json")]) == 2
     assert capsys.readouterr().err == "nemo-topr eval: --metrics is for --plot (results JSONs list every metric)\n"
     assert not out.exists()
-    assert evaluate.main(["--plot", *map(str, paths), "--metrics", "all", "--out", str(out)]) == 0
+    assert eval_main(["--plot", *map(str, paths), "--metrics", "all", "--out", str(out)]) == 0
 
 
 def test_plot_refuses_what_it_cannot_draw_naming_the_file(tmp_path, capsys):
@@ -376,16 +378,16 @@ def test_plot_refuses_what_it_cannot_draw_naming_the_file(tmp_path, capsys):
         ([result("t.json", ["gsm8k"], **{"pass@1": 0.1})], f"{tmp_path / 't.json'}: task: ['gsm8k'] is no task"),
     ]
     for paths, message in cases:
-        assert evaluate.main(["--plot", *paths, "--out", str(plot)]) == 1
+        assert eval_main(["--plot", *paths, "--out", str(plot)]) == 1
         assert f"nemo-topr eval: {message}" in capsys.readouterr().err
     # matplotlib saves "rounds" as rounds.png (the file said written was not there, and another
     # rounds.png was replaced without --overwrite), and fails on ".txt" after the reading
     for out in ("rounds", "rounds.txt"):
-        assert evaluate.main(["--plot", gsm8k, "--out", str(tmp_path / out)]) == 2
+        assert eval_main(["--plot", gsm8k, "--out", str(tmp_path / out)]) == 2
         assert f"--out {tmp_path / out}: a plot is written as .png, .pdf, .svg" in capsys.readouterr().err
     assert not plot.exists() and not (tmp_path / "rounds.txt").exists()
-    assert evaluate.main(["--plot", gsm8k, other, "--out", str(tmp_path / "rounds.svg")]) == 1  # nothing in common
-    assert evaluate.main(["--plot", gsm8k, gsm8k, "--out", str(tmp_path / "rounds.svg")]) == 0
+    assert eval_main(["--plot", gsm8k, other, "--out", str(tmp_path / "rounds.svg")]) == 1  # nothing in common
+    assert eval_main(["--plot", gsm8k, gsm8k, "--out", str(tmp_path / "rounds.svg")]) == 0
     assert (tmp_path / "rounds.svg").read_text().lstrip().startswith("<?xml")
 
 
@@ -714,7 +716,7 @@ def test_a_gpu_out_of_memory_offers_vllm():
 @pytest.mark.parametrize("flag", ["--num-samples", "--max-new-tokens"])
 def test_eval_and_generate_refuse_zero_samples_or_tokens(flag, tmp_path, capsys):
     model = placeholder_hf_model(tmp_path / "model")
-    assert evaluate.main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", flag, "0",
+    assert eval_main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", flag, "0",
                           "--device", "cpu", "--out", str(tmp_path / "r.json")]) == 1
     assert cli.main(["generate", "--prompts", "gsm8k-test", "--model", str(model), "--limit", "1", flag, "0",
                           "--device", "cpu", "--out", str(tmp_path / "g.jsonl")]) == 1
@@ -750,7 +752,7 @@ def test_sampling_options_are_checked_before_the_model_loads(options, message, t
     """transformers refused a temperature of 0 or below only after loading the weights, and left a
     sample log behind; the placeholder weights here would fail to load, so no load happened."""
     model = placeholder_hf_model(tmp_path / "model")
-    assert evaluate.main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", "--device", "cpu",
+    assert eval_main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", "--device", "cpu",
                           *options, "--out", str(tmp_path / "r.json")]) == 1
     assert cli.main(["generate", "--prompts", "gsm8k-test", "--model", str(model), "--limit", "1", "--device", "cpu",
                           "--num-samples", "1", *options, "--out", str(tmp_path / "g.jsonl")]) == 1
@@ -794,7 +796,7 @@ def test_temperature_zero_is_greedy_decoding_whatever_the_models_generation_conf
 def test_eval_refuses_a_k_it_cannot_compute_before_sampling(ks, message, tmp_path, capsys):
     """It sampled every problem first and failed only at the metrics."""
     model = placeholder_hf_model(tmp_path / "model")
-    assert evaluate.main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", "--num-samples", "4",
+    assert eval_main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", "--num-samples", "4",
                           "--k", *ks, "--device", "cpu", "--out", str(tmp_path / "r.json")]) == 2
     assert capsys.readouterr().err == f"nemo-topr eval: {message}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [model.name]  # no sample log, no results
@@ -892,8 +894,8 @@ def test_eval_leaves_grader_errors_out_of_the_metrics(monkeypatch, tmp_path):
     records = tmp_path / "graded.jsonl"
     records.write_text("".join(json.dumps(row) + "\n" for row in rows))
     result = tmp_path / "r.json"
-    assert evaluate.main(["--records", str(records), "--out", str(result)]) == 1  # 25 % > 1 %
-    assert evaluate.main(["--records", str(records), "--k", "1", "--max-grader-error-rate", "0.25",
+    assert eval_main(["--records", str(records), "--out", str(result)]) == 1  # 25 % > 1 %
+    assert eval_main(["--records", str(records), "--k", "1", "--max-grader-error-rate", "0.25",
                           "--out", str(result)]) == 0
     results = json.loads(result.read_text())
     # 3 samples graded (2 correct, 1 wrong); the failed one is not a wrong answer: 2/3, not 2/4
@@ -914,7 +916,7 @@ def test_eval_of_the_samples_records_equals_eval_of_the_samples_empty_completion
 
     monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", sampler)
     model, direct, samples = placeholder_hf_model(tmp_path / "model"), tmp_path / "direct.json", tmp_path / "s.jsonl"
-    assert evaluate.main(["--model", str(model), "--benchmark", "math500", "--limit", "3", "--num-samples", "4",
+    assert eval_main(["--model", str(model), "--benchmark", "math500", "--limit", "3", "--num-samples", "4",
                           "--device", "cpu", "--samples-out", str(samples), "--out", str(direct)]) == 0
     from_model = json.loads(direct.read_text())
     # by hand: 12 samples, 5 empty and 1 without a box; right answers 2, 1, 1 of 4
@@ -925,7 +927,7 @@ def test_eval_of_the_samples_records_equals_eval_of_the_samples_empty_completion
     assert len(records) == 7 and first_prompts == [[1], [1], [1]]
 
     from_records = tmp_path / "records.json"
-    assert evaluate.main(["--records", str(samples), "--out", str(from_records)]) == 0
+    assert eval_main(["--records", str(samples), "--out", str(from_records)]) == 0
     regraded = json.loads(from_records.read_text())
     assert regraded["metrics"] == from_model["metrics"] and regraded["num_samples"] == 12
 
@@ -933,7 +935,7 @@ def test_eval_of_the_samples_records_equals_eval_of_the_samples_empty_completion
     scored = tmp_path / "scored.jsonl"
     scored.write_text("".join(json.dumps({**record.to_json(), "meta": {**record.meta, "verifier_score": 0.5}}) + "\n"
                               for record in records))
-    assert evaluate.main(["--records", str(scored), "--out", str(tmp_path / "weighted.json")]) == 0
+    assert eval_main(["--records", str(scored), "--out", str(tmp_path / "weighted.json")]) == 0
     weighted = json.loads((tmp_path / "weighted.json").read_text())["metrics"]
     assert weighted["weighted_maj@4"] == weighted["maj@4"] and weighted["invalid_rate"] == pytest.approx(6 / 12)
 
@@ -951,7 +953,7 @@ def test_a_prompt_left_without_records_is_named_where_the_records_are_written(mo
     note = ("2 of 3 prompts have no record, every sample empty or failed by the grader (first: {first}): "
             "`eval --records` of these records leaves them out, where `eval --benchmark` counts one of empty samples "
             "as failed")
-    assert evaluate.main(["--model", str(model), "--benchmark", "math500", "--limit", "3", "--num-samples", "2",
+    assert eval_main(["--model", str(model), "--benchmark", "math500", "--limit", "3", "--num-samples", "2",
                           "--device", "cpu", "--samples-out", str(tmp_path / "s.jsonl"),
                           "--out", str(tmp_path / "e.json")]) == 0
     assert f"nemo-topr eval: --samples-out: {note.format(first='math500-0')}\n" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from nemo_topr.errors import UserError
 from nemo_topr.miniature import stats, study
 
 STUDY_DOCS = REPO / "docs" / "miniature" / "study"  # the committed report of the study as run
@@ -156,7 +157,7 @@ def test_dry_run_prints_the_plan_and_trains_nothing(tmp_path, capsys):
     assert not out.exists()
     assert study.main(["--dry-run", "--seeds", "1", "2", "--out", str(out)]) == 0
     assert capsys.readouterr().out.startswith("NOT the pre-registered design; differs in: seeds")
-    with pytest.raises(SystemExit, match="unknown --variants"):
+    with pytest.raises(UserError, match="unknown --variants"):
         study.main(["--dry-run", "--variants", "topr", "grpo"])
 
 
@@ -304,7 +305,7 @@ def test_resume_keeps_mu_datasets_and_finished_runs(tmp_path, monkeypatch):
     assert calls == {"build": 1, "pretrain": 1, "dataset": 8, "train": 19} and len(kept["runs"]) == 19
     assert kept["selected"] == {"lr": 3e-5, "warmup": 12}  # every tuning run tied: smallest lr, then warm-up
 
-    with pytest.raises(SystemExit, match="other options \\(seeds\\)"):
+    with pytest.raises(UserError, match="other options \\(seeds\\)"):
         study.main([*options, "--resume", "--seeds", "1", "2"])
     calls.clear()
     fake_pipeline(monkeypatch, tmp_path, calls)
@@ -318,7 +319,7 @@ def test_resume_keeps_mu_datasets_and_finished_runs(tmp_path, monkeypatch):
 
 
 def test_resume_needs_a_started_study(tmp_path):
-    with pytest.raises(SystemExit, match="does not exist; start the study without --resume"):
+    with pytest.raises(UserError, match="does not exist; start the study without --resume"):
         study.main(["--out", str(tmp_path / "none"), "--docs", "", "--resume"])
 
 

@@ -13,6 +13,7 @@ import shutil
 import pytest
 from test_miniature_study import fake_pipeline
 
+from nemo_topr.errors import UserError
 from nemo_topr.miniature import stats, study, study3, study3_checks, study3_placebo, study3_report
 from nemo_topr.miniature.study_run import OUTCOMES, read_outcomes
 
@@ -338,7 +339,7 @@ def test_driver_trains_the_plan_and_resumes(tmp_path, monkeypatch):
     assert data["placebo_ptilde0.8_lr5e-05_s1"][0] == "seed1_placebo" and data["topr_lr5e-05_s1"][0] == "seed1"
     assert data["topr_ptilde0.8_lr5e-05_s1"] == ("seed1", data["placebo_ptilde0.8_lr5e-05_s1"][1])
     assert "objective.normalization=token_sum" in data["sft_positive_token_sum_lr5e-05_s1"][1]
-    with pytest.raises(SystemExit, match="other options \\(seeds\\)"):
+    with pytest.raises(UserError, match="other options \\(seeds\\)"):
         study.main([*options, "--seeds", "1", "--resume"])
 
     calls.clear()

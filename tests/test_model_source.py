@@ -10,6 +10,7 @@ import sys
 import pytest
 from conftest import REPO, placeholder_hf_model
 
+from nemo_topr.errors import UserError
 from nemo_topr.model.source import ModelSourceError, resolve
 from nemo_topr.training import export
 from nemo_topr.training.config import ConfigError, build_training_run, compose
@@ -158,8 +159,8 @@ def test_each_verb_names_a_missing_model_by_its_own_option_and_makes_nothing(ver
     try:
         status = importlib.import_module(VERBS[verb][0]).main(argv)
         message = capsys.readouterr().err
-    except SystemExit as stop:
-        status, message = 1, str(stop.code)
+    except UserError as error:  # rendered by cli.main
+        status, message = error.exit_code, f"nemo-topr {verb}: {error}"
     assert status == 1
     expected = f"{named}{model}: no such directory (expected {kinds})"
     assert message.removeprefix(f"nemo-topr {verb}: ").strip() == expected
@@ -221,8 +222,8 @@ def test_each_megatron_verb_refuses_another_architecture_in_one_line(verb, tmp_p
     try:
         status = importlib.import_module(VERBS[verb][0]).main(argv)
         message = capsys.readouterr().err.strip()
-    except SystemExit as stop:
-        status, message = 1, str(stop.code)
+    except UserError as error:  # rendered by cli.main
+        status, message = error.exit_code, f"nemo-topr {verb}: {error}"
     assert status == 1 and message == (f"nemo-topr {verb}: {named}{model}: {model / 'config.json'} names architecture "
                                        f"GPT2LMHeadModel{ONLY_LLAMA}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2", "graded.jsonl"]
@@ -267,9 +268,9 @@ def test_a_checkpoint_cut_short_since_its_save_is_named_by_every_verb_that_reads
     with pytest.raises(ModelSourceError) as refused:
         check_intact(resolve(root))
     assert str(refused.value) == f"base_model={problem}"
-    with pytest.raises(SystemExit) as stopped:
+    with pytest.raises(ModelSourceError) as stopped:
         export.main(["--ckpt", str(root), "--hf-out", str(tmp_path / "hf"), "--device", "cpu"])
-    assert stopped.value.code == f"nemo-topr export: --ckpt {problem}" and not (tmp_path / "hf").exists()
+    assert str(stopped.value) == f"--ckpt {problem}" and not (tmp_path / "hf").exists()
     from nemo_topr.training.scoring import score_logprobs
 
     with pytest.raises(ModelSourceError) as refused:  # before the records (none here) or the model are read
@@ -447,9 +448,9 @@ def test_a_folder_of_exported_iterations_is_named_as_one(tiny_hf, tmp_path):
                                   f"them: {tmp_path / 'exports' / 'iter_0000010'}")
     assert resolve(tmp_path / "exports" / "iter_0000010").kind == "huggingface"
     # export reads Megatron checkpoints: "give one of them" led on to "already a Hugging Face directory"
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(ModelSourceError) as refused:
         export.main(["--ckpt", str(tmp_path / "exports"), "--hf-out", str(tmp_path / "again"), "--device", "cpu"])
-    assert str(refused.value) == (f"nemo-topr export: --ckpt {tmp_path / 'exports'}: a folder of Hugging Face models, "
+    assert str(refused.value) == (f"--ckpt {tmp_path / 'exports'}: a folder of Hugging Face models, "
                                   "one per iteration, as `nemo-topr export --iteration/--all-iterations` writes, "
                                   "exported already; give the Megatron checkpoint they came from (expected "
                                   f"{export.EXPORTED_KINDS})")

@@ -8,10 +8,12 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, cli_verb
 from nemo_topr.data.records import Record, load_records
 from nemo_topr.evaluation import evaluate, verifier
 from nemo_topr.evaluation.verifier import NO, YES, judge_accuracy, judge_prompt, judge_records, judged_problem
+
+verifier_main = cli_verb("verifier")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def test_build_writes_a_valid_pre_scored_dataset(tmp_path):
     records = [graded("Question: What is 2+3?\nAnswer:", f" The answer is {n}.", 1.0 if n == 5 else -1.0,
                       sample_id=n) for n in (4, 5, 6)]
     out = tmp_path / "judge.jsonl"
-    assert verifier.main(["build", "--graded", str(write_records(records, tmp_path / "graded.jsonl")),
+    assert verifier_main(["build", "--graded", str(write_records(records, tmp_path / "graded.jsonl")),
                           "--out", str(out)]) == 0
     judge = load_records(out).records  # strict validation
     assert len(judge) == 6 and sum(r.reward > 0 for r in judge) == 3  # p = 1/2 by construction
@@ -78,18 +80,18 @@ def test_grades_without_a_negative_are_refused_not_all_judged_correct(model_dir,
     path = write_records(records, tmp_path / "graded01.jsonl")
     for argv in (["build", "--graded", str(path), "--out", str(tmp_path / "judge.jsonl")],
                  ["score", "--model", str(model_dir), "--records", str(path), "--out", str(tmp_path / "s.jsonl")]):
-        assert verifier.main(argv) == 1
+        assert verifier_main(argv) == 1
         assert (f"{path}: reward: no reward is negative, yet the rewards take 2 values (0 to 1)"
                 in capsys.readouterr().err)
     assert not (tmp_path / "judge.jsonl").exists() and not (tmp_path / "s.jsonl").exists()
     # one reward throughout (every sample correct) reads one way only: kept
     same = write_records([graded("Question: What is 2+3?\nAnswer:", " The answer is 5.", 1.0, sample_id=i)
                           for i in range(2)], tmp_path / "all_right.jsonl")
-    assert verifier.main(["build", "--graded", str(same), "--out", str(tmp_path / "judge.jsonl")]) == 0
+    assert verifier_main(["build", "--graded", str(same), "--out", str(tmp_path / "judge.jsonl")]) == 0
     # but for 0 throughout: 0/1 grades with no correct answer, which were built into "correct" judge examples
     zeros = write_records([graded("Question: What is 2+3?\nAnswer:", f" The answer is {n}.", 0.0, sample_id=n)
                            for n in (4, 6)], tmp_path / "all_wrong01.jsonl")
-    assert verifier.main(["build", "--graded", str(zeros), "--out", str(tmp_path / "judge0.jsonl")]) == 1
+    assert verifier_main(["build", "--graded", str(zeros), "--out", str(tmp_path / "judge0.jsonl")]) == 1
     assert (f"{zeros}: reward: every reward is 0, which the sign reads as correct (0/1 grades with no correct "
             "answer?)" in capsys.readouterr().err)
     assert not (tmp_path / "judge0.jsonl").exists()
@@ -121,8 +123,8 @@ def test_build_and_score_refuse_special_tokens_the_judge_prompt_would_hold_namin
         with pytest.raises(ValueError) as error:
             judge_records(load_records(data).records)
         assert str(error.value).startswith(f"{data}:2: {field}: holds Llama 3's special token {token!r} as text")
-        assert verifier.main(["build", "--graded", str(data), "--out", str(out)]) == 1 and not out.exists()
-        assert verifier.main(["score", "--model", str(model_dir), "--records", str(data), "--out", str(out),
+        assert verifier_main(["build", "--graded", str(data), "--out", str(out)]) == 1 and not out.exists()
+        assert verifier_main(["score", "--model", str(model_dir), "--records", str(data), "--out", str(out),
                               "--device", "cpu"]) == 1
         assert not out.exists() and not out.with_suffix(".report.json").exists()
         assert capsys.readouterr().err.count(f"{data}:2: {field}: holds Llama 3's special token {token!r}") == 2
@@ -139,8 +141,8 @@ def test_build_and_score_refuse_messages_without_a_user_turn_naming_row_and_fiel
     data = write_records([graded(first, " 2", 1.0, prompt_id="p"), graded(messages, " 4", -1.0)],
                          tmp_path / "graded.jsonl")
     out = tmp_path / "judge.jsonl"
-    assert verifier.main(["build", "--graded", str(data), "--out", str(out)]) == 1
-    assert verifier.main(["score", "--model", str(model_dir), "--records", str(data), "--out", str(out),
+    assert verifier_main(["build", "--graded", str(data), "--out", str(out)]) == 1
+    assert verifier_main(["score", "--model", str(model_dir), "--records", str(data), "--out", str(out),
                           "--device", "cpu"]) == 1
     roles = [message["role"] for message in messages]
     assert capsys.readouterr().err == 2 * (f"nemo-topr verifier: {data}:2: prompt: has no user message (roles "
@@ -198,7 +200,7 @@ def test_score_writes_verifier_scores_that_eval_votes_with(model_dir, tmp_path):
     records = [graded("Question: What is 2+3?\nAnswer:", f" The answer is {n}.", 1.0 if n == 5 else -1.0,
                       sample_id=i) for i, n in enumerate((5, 6, 5, 7))]
     scored = tmp_path / "scored.jsonl"
-    assert verifier.main(["score", "--model", str(model_dir), "--records",
+    assert verifier_main(["score", "--model", str(model_dir), "--records",
                           str(write_records(records, tmp_path / "graded.jsonl")), "--out", str(scored),
                           "--device", "cpu"]) == 0
     scores = [record.meta["verifier_score"] for record in load_records(scored).records]
@@ -206,7 +208,7 @@ def test_score_writes_verifier_scores_that_eval_votes_with(model_dir, tmp_path):
     report = json.loads(scored.with_suffix(".report.json").read_text())
     assert report["records"] == 4 and report["correct_samples"] == 2 and "replaced_verifier_scores" not in report
     # scored again (another verifier): the earlier scores are replaced in the output, and counted
-    assert verifier.main(["score", "--model", str(model_dir), "--records", str(scored), "--out",
+    assert verifier_main(["score", "--model", str(model_dir), "--records", str(scored), "--out",
                           str(tmp_path / "again.jsonl"), "--device", "cpu"]) == 0
     assert json.loads((tmp_path / "again.report.json").read_text())["replaced_verifier_scores"] == 4
     assert evaluate.main(["--records", str(scored), "--out", str(tmp_path / "eval.json")]) == 0

@@ -11,10 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-from nemo_topr.utils.arguments import Parser, at_least_one, finite, non_negative, share
+from nemo_topr.utils.arguments import Parser, UsageError, at_least_one, finite, non_negative, share
 from nemo_topr.data.prepare_verb import add_prepare_parser
 from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records
-from nemo_topr.utils.outputs import add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file
+from nemo_topr.utils.outputs import (OutputError, add_overwrite_argument, distinct_outputs, writable_output_file,
+                                    writable_records_file)
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,9 +70,7 @@ def _tokenize(args: argparse.Namespace, records: RecordSet, **limits):
 def _validate(args: argparse.Namespace) -> int:
     for option, value in (("--max-seq-length", args.max_seq_length), ("--too-long", args.too_long)):
         if value is not None and args.tokenizer is None:  # --too-long alone was ignored without a word
-            print(f"nemo-topr data validate: {option} needs --tokenizer (lengths are counted in tokens)",
-                  file=sys.stderr)
-            return 2
+            raise UsageError(f"{option} needs --tokenizer (lengths are counted in tokens)")
     records = _load(args)
     if args.tokenizer is not None:
         _say_loading("validate", f"{len(records.records)} records read; loading {args.tokenizer}'s tokenizer to "
@@ -126,7 +125,7 @@ def _say_loading(verb: str, what: str) -> None:
 
 def _stats(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out} is a file; `data stats` writes stats.json and stats.png into a directory")
+        raise OutputError(f"--out {args.out} is a file; `data stats` writes stats.json and stats.png into a directory")
     records = _load(args)
     if args.out is not None:
         for name in ("stats.json", "stats.png"):
@@ -225,8 +224,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except (OSError, ValueError) as error:  # DataError, settings the data cannot satisfy, an unwritable --out
-        print(f"nemo-topr data {args.verb}: {error}", file=sys.stderr)
-        return 1
+    return args.run(args)

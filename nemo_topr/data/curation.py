@@ -14,9 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_topr.errors import UserError
 from nemo_topr.data.records import Record, is_positive
 from nemo_topr.data.stats import composition
 from nemo_topr.objective import effective_positive_share
+
+
+class CurationError(UserError, ValueError):
+    """A curation the records or settings cannot give (a share of positives with one side missing)."""
 
 
 @dataclass
@@ -34,16 +39,16 @@ class Curation:
     def __post_init__(self) -> None:
         modes = [self.target_p is not None, self.target_p_tilde is not None, self.anna_karenina]
         if sum(modes) > 1:
-            raise ValueError("choose at most one of target_p, target_p_tilde and anna_karenina")
+            raise CurationError("choose at most one of target_p, target_p_tilde and anna_karenina")
         for name in ("target_p", "target_p_tilde"):
             target = getattr(self, name)
             if target is not None and not 0.0 <= target <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1]; got {target}")
+                raise CurationError(f"{name} must be in [0, 1]; got {target}")
         if not -1.0 < self.baseline < 1.0:
-            raise ValueError(f"baseline must be in (-1, 1); got {self.baseline}")
+            raise CurationError(f"baseline must be in (-1, 1); got {self.baseline}")
         if self.per_prompt and self.target_p is None and self.target_p_tilde is None:  # was a silent no-op
-            raise ValueError("per_prompt spreads the sub-sampling to target_p or target_p_tilde over the prompts: "
-                             "give one of them (anna_karenina is per prompt already)")
+            raise CurationError("per_prompt spreads the sub-sampling to target_p or target_p_tilde over the prompts: "
+                                "give one of them (anna_karenina is per prompt already)")
 
 
 @dataclass
@@ -110,7 +115,7 @@ def subsample_to_share(
     negative = [i for i, r in enumerate(records) if not is_positive(r.reward)]
     n_pos, n_neg = len(positive), len(negative)
     if n_pos == 0 or n_neg == 0:
-        raise ValueError(f"sub-sampling changes p only when both sides exist ({n_pos} positives, {n_neg} negatives)")
+        raise CurationError(f"sub-sampling changes p only when both sides exist ({n_pos} positives, {n_neg} negatives)")
     if share_of_p(n_pos / (n_pos + n_neg)) > target:  # keep k positives: p = k / (k + n_neg)
         name, side = "positive", positive
         keep = _closest_count(n_pos, lambda k: share_of_p(k / (k + n_neg)), target)
@@ -137,13 +142,14 @@ def _check_closed_form_holds(records: Sequence[Record]) -> None:
     and one c for all; otherwise p~ depends on which records are kept, and the loss would see
     another share than the one aimed at (the stats' p~ is computed from the records themselves)."""
     if records and records[0].baseline is not None:
-        raise ValueError("target_p_tilde steers p~ at one baseline c, but these records carry their own baseline "
-                         "field, which training uses instead: curate with target_p and read p~ in the stats")
+        raise CurationError("target_p_tilde steers p~ at one baseline c, but these records carry their own baseline "
+                            "field, which training uses instead: curate with target_p and read p~ in the stats")
     others = sorted({r.reward for r in records} - {-1.0, 1.0})
     if others:
         shown = ", ".join(f"{reward:g}" for reward in others[:5]) + (", ..." if len(others) > 5 else "")
-        raise ValueError(f"target_p_tilde steers p~ = p(1 - c) / (1 + c(1 - 2p)), which holds for rewards of +-1 only; "
-                         f"these records also have rewards {shown}: curate with target_p and read p~ in the stats")
+        raise CurationError(f"target_p_tilde steers p~ = p(1 - c) / (1 + c(1 - 2p)), which holds for rewards of +-1 "
+                            f"only; these records also have rewards {shown}: curate with target_p and read p~ in the "
+                            "stats")
 
 
 def curate(records: Sequence[Record], curation: Curation) -> CurationResult:

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from nemo_topr.errors import UserError
 from nemo_topr.data.records import DataError, RecordSet, ValidationReport, load_records, require_scored
 from nemo_topr.data.sequence_table import COLUMNS, TOKEN_DTYPE, SequenceTable, TableSequences, pack_rows
 
@@ -49,7 +50,7 @@ CHUNK_RECORDS = 20_000  # records tokenized at a time: a set is never held as to
 TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "added_tokens", "chat_template", "vocab", "merges")
 
 
-class PreparedSetError(RuntimeError):
+class PreparedSetError(UserError, RuntimeError):
     """A prepared set that another process was to write did not appear in time."""
 
 

@@ -15,6 +15,7 @@ import random
 import re
 from pathlib import Path
 
+from nemo_topr.errors import UserError
 from nemo_topr.data.schema import DataError, RejectedRow
 from nemo_topr.data.sources import jsonl_rows, load_saved_dataset, saved_dataset_kind
 from nemo_topr.grading import reference_problem
@@ -35,6 +36,10 @@ MATH_INSTRUCTION = (
 _CALCULATOR_ANNOTATION = re.compile(r"<<[^>]*>>")
 # the question column: ours and openai/gsm8k's, then HuggingFaceH4/MATH-500's
 QUESTION_COLUMNS = ("question", "problem")
+
+
+class BenchmarkNotFound(UserError, FileNotFoundError):
+    """No benchmark file where the data directory should hold it (the data is never downloaded)."""
 
 
 class BenchmarkRows(list):
@@ -59,7 +64,7 @@ def _read_benchmark(benchmark: str, split: str, data_dir: str | Path | None) -> 
         return _saved_benchmark_rows(directory, benchmark, split)
     path = directory / f"{benchmark}_{split}.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(
+        raise BenchmarkNotFound(
             f"{path}: benchmark file not found; set {DATA_DIR_ENV} or pass --data-dir: a directory of the "
             f"benchmark JSONL files or a save_to_disk dataset (the data is never downloaded)"
         )

@@ -21,7 +21,6 @@ whole file, with the schema or with the column mapping always raise.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
@@ -33,6 +32,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from nemo_topr.errors import did_you_mean
 from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
 from nemo_topr.data.sources import ColumnMapping, open_sources, spec_name
 from nemo_topr.utils.outputs import written_whole
@@ -239,9 +239,8 @@ def check_messages(path: str | Path, line: int, messages: list) -> None:
                 raise reject("wrong_type", f"prompt[{i}].{key}", problem)
         role = message["role"]
         if role not in CHAT_ROLES:
-            close = difflib.get_close_matches(role, CHAT_ROLES, n=1)
             raise reject("invalid_message", f"prompt[{i}].role", f"unknown role {role!r}; the chat template knows "
-                         f"{', '.join(CHAT_ROLES)}" + (f"; did you mean {close[0]!r}?" if close else ""))
+                         f"{', '.join(CHAT_ROLES)}" + did_you_mean(role, CHAT_ROLES, quote=True))
         if problem := lone_surrogate_problem(message["content"]):
             raise reject("invalid_utf8", f"prompt[{i}].content", problem)
     if not messages:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nemo_topr.errors import UserError
+
 REQUIRED_FIELDS = ("prompt", "completion", "reward")
 OPTIONAL_FIELDS = ("behavior_logprob", "prompt_id", "sample_id", "baseline", "meta")
 FIELDS = REQUIRED_FIELDS + OPTIONAL_FIELDS
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data problem located as `path:line: field: problem`; line 0 is the file or dataset as a
     whole, written `path: field: problem` (editors read `path:0:` as a line that is not there)."""
 

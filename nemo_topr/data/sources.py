@@ -15,7 +15,6 @@ schema are an error, or, with `extra_columns="meta"`, are carried under `meta`.
 
 from __future__ import annotations
 
-import difflib
 import glob
 import json
 import re
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from nemo_topr.errors import UserError, nearest
 from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
 
 FILE_FORMATS = {".jsonl": "JSONL", ".parquet": "Parquet", ".arrow": "Arrow"}
@@ -132,7 +132,7 @@ def _missing_hint(path: Path, typed: Path) -> str:
     """What a typo most likely meant: near names beside it, or the prefix an `owner/name` needs."""
     parent = path.parent
     if parent.is_dir():
-        near = difflib.get_close_matches(path.name, [entry.name for entry in parent.iterdir()], n=3, cutoff=0.6)
+        near = nearest(path.name, [entry.name for entry in parent.iterdir()], n=3)
         return f"; did you mean {' or '.join(str(parent / name) for name in near)}?" if near else ""
     if len(typed.parts) == 2 and HUB_NAME.match(str(typed)):
         return f" (a Hugging Face hub dataset is read only when named so: {HUB_PREFIX}{typed})"
@@ -171,7 +171,7 @@ def _file_source(path: Path) -> Source:
 # Files
 
 
-class KeyGivenTwice(ValueError):
+class KeyGivenTwice(UserError, ValueError):
     def __init__(self, key: str, values: list[Any]):
         super().__init__(f"given {len(values)} times in one object, with different values "
                          f"({', '.join(f'{v!r:.40}' for v in values)}): which is meant?")

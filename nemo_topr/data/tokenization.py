@@ -24,11 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from nemo_topr.errors import UserError
 from nemo_topr.data.packing import TokenizedSequence
 from nemo_topr.data.records import (DataError, Messages, Record, RecordSet, RenderedPrompt, ValidationReport,
                                     load_records)
 
 TooLong = Literal["error", "drop"]
+
+
+class TokenizerError(UserError, ValueError):
+    """A tokenizer that cannot tokenize these records as they are."""
 
 
 @dataclass
@@ -160,7 +165,7 @@ def prompt_token_ids(tokenizer, prompts: Sequence[str | Messages]) -> list[list[
         ]
         return _encode(tokenizer, texts, add_special_tokens=False)  # special tokens come from the template
     if not all(isinstance(prompt, str) for prompt in prompts):
-        raise ValueError("chat-message prompts need a tokenizer with a chat template")
+        raise TokenizerError("chat-message prompts need a tokenizer with a chat template")
     return _encode(tokenizer, list(prompts), add_special_tokens=True)
 
 

@@ -37,7 +37,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from nemo_topr.utils.arguments import Parser, documented
+from nemo_topr.errors import UserError
+from nemo_topr.utils.arguments import Parser, UsageError, documented
 from nemo_topr.data.records import DataError, Record, is_number, load_records, write_jsonl
 from nemo_topr.evaluation.logged_sampling import logged_sample_and_grade
 from nemo_topr.evaluation.problems import BENCHMARKS, check_limit, load_problems, prompt_problems, prompt_source
@@ -48,6 +49,11 @@ from nemo_topr.evaluation.sample_log import log_path
 from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, reference_problem, same_answer
 from nemo_topr.utils.outputs import (add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file,
                                write_whole)
+
+class EvalError(UserError, ValueError):
+    """What `eval` cannot do with the results or samples it is given (a k beyond the samples, results
+    that do not plot together)."""
+
 
 EVAL_BENCHMARKS = {"gsm8k": "gsm8k-test", "math500": "math500"}
 
@@ -65,11 +71,11 @@ def benchmark_results(problems: Sequence[Sequence[SampleOutcome]], task: str, ks
     """The results document: counts, metrics (see `benchmark_metrics`; plus `grader_error_rate`
     from `grader_errors`, a `check_grader_errors` report, when given) and `details`."""
     if not problems:
-        raise ValueError("no problems to evaluate")
+        raise EvalError("no problems to evaluate")
     fewest = min(len(samples) for samples in problems)
     ks = list(ks or default_ks(fewest))
     if max(ks) > fewest:
-        raise ValueError(f"k = {max(ks)} exceeds the {fewest} samples of some problem")
+        raise EvalError(f"k = {max(ks)} exceeds the {fewest} samples of some problem")
     metrics = benchmark_metrics(problems, ks, same=partial(same_answer, task))
     if grader_errors is not None:
         metrics["grader_error_rate"] = grader_errors["grader_error_rate"]
@@ -181,15 +187,15 @@ def plotted_metrics(results: Sequence[dict[str, Any]], paths: Sequence[Path], ch
         k = max((int(name.removeprefix("maj@")) for name in common if name.startswith("maj@")), default=None)
         names = [name for name in ("pass@1", f"maj@{k}", f"weighted_maj@{k}", "invalid_rate") if name in common]
         if not names:
-            raise ValueError("--plot: no headline metric (pass@1, maj@k, invalid_rate) is in every result: "
-                             "--metrics all draws the ones they share")
+            raise EvalError("--plot: no headline metric (pass@1, maj@k, invalid_rate) is in every result: "
+                            "--metrics all draws the ones they share")
         return names
     if list(chosen) == ["all"]:
         return common
     for name in chosen:
         for path, result in zip(paths, results):
             if name not in result["metrics"]:
-                raise ValueError(f"--metrics {name}: not a metric of {path} (it has {', '.join(result['metrics'])})")
+                raise EvalError(f"--metrics {name}: not a metric of {path} (it has {', '.join(result['metrics'])})")
     return list(dict.fromkeys(chosen))
 
 
@@ -202,24 +208,24 @@ def read_round_results(result_paths: Sequence[Path]) -> list[dict[str, Any]]:
         try:
             result = json.loads(path.read_text(encoding="utf-8"))
         except OSError as error:
-            raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
+            raise EvalError(f"{path}: cannot be read ({error.strerror})") from None
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not JSON ({error}): give the results JSON `nemo-topr eval --out` "
-                             "wrote") from None
+            raise EvalError(f"{path}: not JSON ({error}): give the results JSON `nemo-topr eval --out` "
+                            "wrote") from None
         if not (isinstance(result, dict) and isinstance(result.get("metrics"), dict) and "task" in result):
-            raise ValueError(f"{path}: not a result of `nemo-topr eval` (no task and metrics): give the results "
-                             "JSON its --out wrote")
+            raise EvalError(f"{path}: not a result of `nemo-topr eval` (no task and metrics): give the results "
+                            "JSON its --out wrote")
         if result["task"] not in TASKS:
-            raise ValueError(f"{path}: task: {result['task']!r} is no task of `nemo-topr eval` ({'|'.join(TASKS)})")
+            raise EvalError(f"{path}: task: {result['task']!r} is no task of `nemo-topr eval` ({'|'.join(TASKS)})")
         for name, value in result["metrics"].items():  # a null or a string ended in a TypeError, or was drawn
             if not (is_number(value) and 0 <= value <= 1):
-                raise ValueError(f"{path}: metrics.{name}: {value!r} is no rate in [0, 1] as `nemo-topr eval` writes")
+                raise EvalError(f"{path}: metrics.{name}: {value!r} is no rate in [0, 1] as `nemo-topr eval` writes")
         results.append(result)
     if len({result["task"] for result in results}) > 1:
-        raise ValueError("--plot: the results are of different tasks (" + ", ".join(
+        raise EvalError("--plot: the results are of different tasks (" + ", ".join(
             f"{path}: {result['task']}" for path, result in zip(result_paths, results)) + "): plot each task apart")
     if not common_metrics(results):
-        raise ValueError(f"--plot: no metric is in every result ({', '.join(map(str, result_paths))}): nothing to draw")
+        raise EvalError(f"--plot: no metric is in every result ({', '.join(map(str, result_paths))}): nothing to draw")
     return results
 
 
@@ -354,8 +360,7 @@ def usage_problem(args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if problem := usage_problem(args):
-        print(f"nemo-topr eval: {problem}", file=sys.stderr)
-        return 2
+        raise UsageError(problem)
     try:  # the outputs now, not after the sampling
         records = load_records(args.records) if args.records else None
         prompt_file = [args.prompts] if args.prompts and args.prompts not in BENCHMARKS else []
@@ -372,9 +377,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.samples_out:
             writable_records_file(args.samples_out, "--samples-out", inputs=inputs, overwrite=args.overwrite)
         results = _evaluate_records(args, records.records) if args.records else _evaluate_model(args)
-    except (OSError, ValueError) as error:  # DataError is a ValueError
-        print(f"nemo-topr eval: {error}", file=sys.stderr)
-        return 1
+    except UserError:
+        raise
+    # generate.py's checks of the sampling options and prompts raise plain ValueErrors; loading a
+    # model, OSErrors: refusals all the same
+    except (OSError, ValueError) as error:
+        raise EvalError(str(error)) from error
     markdown = write_results(results, args.out)
     print(results_markdown(results))
     written = [str(args.out), str(markdown), *([str(args.samples_out)] if args.samples_out else []),

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -235,8 +234,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except (OSError, ValueError) as error:  # DataError is a ValueError
-        print(f"nemo-topr verifier: {error}", file=sys.stderr)
-        return 1
+    return args.run(args)

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from nemo_topr.utils.arguments import Parser
-from nemo_topr.utils.outputs import OutputError, fresh_output_dir
+from nemo_topr.utils.outputs import fresh_output_dir
 
 VARIANTS = ("sft_positive", "reinforce", "tis", "topr", "asymre", "ppo_clip")
 TELEMETRY = ("topr_loss", "positive_nll", "negative_nll", "negative_weight_mean", "positive_weight_mean",
@@ -319,10 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     from nemo_topr.objective import baseline_for_share
 
     started = time.time()
-    try:
-        out = fresh_output_dir(args.out, "nemo_topr.miniature")
-    except OutputError as error:
-        raise SystemExit(f"python -m nemo_topr.miniature: {error}") from None
+    out = fresh_output_dir(args.out, "nemo_topr.miniature")
     (out / "data").mkdir()
     results: dict = {"args": vars(args), "pretrain": [], "runs": {}, "stage_seconds": {}}
 

@@ -30,14 +30,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from nemo_topr.errors import UserError, run_refusing
 from nemo_topr.utils.arguments import Parser
 from nemo_topr.miniature import study2, study3
 from nemo_topr.miniature.pipeline import VARIANTS
 from nemo_topr.miniature.study_run import SharedDesign, StudyRun, deviations
-from nemo_topr.utils.outputs import OutputError
 
 TIE_TOLERANCE = 0.005  # validation pass@1 within this of the best counts as tied (lr selection)
 
@@ -245,15 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     design = design_class(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
     unknown = sorted({*getattr(design, "variants", ()), *getattr(design, "token_sum_variants", ())} - set(VARIANTS))
     if unknown:
-        raise SystemExit(f"unknown --variants {unknown}; known: {list(VARIANTS)}")
+        raise UserError(f"unknown --variants {unknown}; known: {list(VARIANTS)}")
     print(plan(design), flush=True)
     if not dry_run:
-        try:
-            run(design, out, Path(docs) if docs else None, resume=resume)
-        except OutputError as error:
-            raise SystemExit(f"python -m nemo_topr.miniature.study: {error}") from None
+        run(design, out, Path(docs) if docs else None, resume=resume)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_refusing("python -m nemo_topr.miniature.study", main, sys.argv[1:]))

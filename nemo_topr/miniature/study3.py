@@ -152,11 +152,8 @@ def run_study3(design: Study3Design, out: Path, docs: Path | None, resume: bool 
         elif str(seed) in placebos and (directory / "scored.jsonl").is_file():
             scored[PLACEBO, seed] = directory / "scored.jsonl"
         else:
-            try:
-                scored[PLACEBO, seed], placebos[str(seed)] = study3_placebo.placebo_dataset(
-                    real[seed], mu, seed, design.k, directory)
-            except study3_placebo.PlaceboError as error:
-                raise SystemExit(str(error)) from None
+            scored[PLACEBO, seed], placebos[str(seed)] = study3_placebo.placebo_dataset(
+                real[seed], mu, seed, design.k, directory)
             study.save()
     if "dataset_checks" not in results:
         results["dataset_checks"] = study3_placebo.dataset_checks(

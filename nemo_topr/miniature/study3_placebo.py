@@ -11,11 +11,13 @@ import random
 import statistics
 from pathlib import Path
 
+from nemo_topr.errors import UserError
+
 PLACEBO_SEED_BASE = 960_000  # the shuffle of seed s is random.Random(960000 + s)
 PERCENTILES = (5, 25, 50, 75, 95)
 
 
-class PlaceboError(ValueError):
+class PlaceboError(UserError, ValueError):
     """The registered construction is impossible for this dataset: the study stops, naming the seed
     and, where one is at fault, the record (its index in the file)."""
 

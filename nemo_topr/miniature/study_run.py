@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nemo_topr.errors import UserError
 from nemo_topr.utils.outputs import fresh_output_dir
 
 OUTCOMES = "outcomes.json.gz"  # per-problem outcomes of every evaluation (study 3)
@@ -65,18 +66,18 @@ def resumable_results(out: Path, design: SharedDesign) -> dict:
     """The results.json of an interrupted study in `out`, checked to be of this design."""
     path = out / "results.json"
     if not path.is_file():
-        raise SystemExit(f"--resume: {path} does not exist; start the study without --resume")
+        raise UserError(f"--resume: {path} does not exist; start the study without --resume")
     results = json.loads(path.read_text())
     registered = json.loads(json.dumps(dataclasses.asdict(design)))  # tuples -> lists, as stored
     differing = sorted(k for k in registered.keys() | results["design"].keys()
                        if registered.get(k) != results["design"].get(k))
     if differing:
-        raise SystemExit(f"--resume: {path} is a study with other options ({', '.join(differing)}); "
+        raise UserError(f"--resume: {path} is a study with other options ({', '.join(differing)}); "
                          "resume it with the options it started with")
     mus = [results["mu"]] if "mu" in results else list(results.get("mus", {}).values())  # study 1 / study 2
     for mu in mus:
         if not Path(mu["path"]).is_dir():
-            raise SystemExit(f"--resume: mu {mu['path']} recorded in {path} is missing")
+            raise UserError(f"--resume: mu {mu['path']} recorded in {path} is missing")
     return results
 
 

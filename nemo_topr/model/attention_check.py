@@ -23,10 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from nemo_topr.errors import UserError
+
 MASK, THD, FLEX = "mask", "thd", "flex"
 
 
-class AttentionError(ValueError):
+class AttentionError(UserError, ValueError):
     """The attention that would run cannot honour the packed layout it is given."""
 
 

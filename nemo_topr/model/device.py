@@ -19,11 +19,13 @@ import os
 
 import torch
 
+from nemo_topr.errors import UserError
+
 DEVICES = ("cuda", "cpu")
 CHOICES = (*DEVICES, "auto")
 
 
-class DeviceError(ValueError):
+class DeviceError(UserError, ValueError):
     """The requested device is not one this process can run on."""
 
 

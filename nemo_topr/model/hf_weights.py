@@ -15,13 +15,15 @@ import json
 import struct
 from pathlib import Path
 
+from nemo_topr.errors import UserError
+
 INDEX = "model.safetensors.index.json"
 # Buffers some older Llama checkpoints hold; transformers and Bridge recompute them on load.
 IGNORED_SUFFIX = ".rotary_emb.inv_freq"
 SHOWN = 3  # names listed per kind of problem
 
 
-class WeightsError(ValueError):
+class WeightsError(UserError, ValueError):
     """Weights that are not the model config.json describes, or that cannot be read."""
 
 

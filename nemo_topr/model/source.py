@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from nemo_topr.errors import UserError
 from nemo_topr.model.checkpoint_layout import (TRACKER, DamagedCheckpointError, iteration_dir_name,
                                               latest_iteration, saved_iterations)
 
@@ -53,7 +54,7 @@ MEGATRON_KINDS = ("a Megatron distributed checkpoint (latest_checkpointed_iterat
 EXPECTED = f"one of: {HF_KIND}; {MEGATRON_KINDS}"  # train, score-logprobs, plan, submit: any kind
 
 
-class ModelSourceError(ValueError):
+class ModelSourceError(UserError, ValueError):
     """A starting model that is missing, of no known kind, incomplete or inconsistent."""
 
 

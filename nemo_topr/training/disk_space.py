@@ -20,6 +20,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from nemo_topr.errors import UserError
 from nemo_topr.utils.outputs import nearest_existing
 from nemo_topr.training.checkpoints import is_complete, iteration_dir_name, saved_iterations
 from nemo_topr.training.run_state import RunStateError
@@ -59,6 +60,10 @@ def check_room(checkpoint_root: Path, needed: tuple[int, str]) -> None:
             f"{checkpoint_root}: {size_text(free)} free, and one checkpoint of this run takes {size_text(size)} "
             f"({how}): its first save would fail, after the iterations before it. Free space there, or choose a "
             "run_dir on another filesystem")
+
+
+class NoRoomError(UserError):
+    """A run that failed where the filesystem can no longer hold one checkpoint: a save most likely failed for space."""
 
 
 def failure_hint(checkpoint_root: Path, needed: tuple[int, str]) -> str | None:

@@ -38,8 +38,9 @@ import os
 import shutil
 from pathlib import Path
 
+from nemo_topr.errors import UserError
 from nemo_topr.utils.arguments import Parser, non_negative
-from nemo_topr.model.device import DeviceError, add_device_argument, select_device, use_device
+from nemo_topr.model.device import add_device_argument, select_device, use_device
 from nemo_topr.model.source import (MEGATRON_KINDS, ModelSource, ModelSourceError, check_intact, resolve,
                                     split_iteration)
 from nemo_topr.utils.progress import Progress
@@ -51,7 +52,7 @@ EXPORT_RECORD = "nemo_topr_export.json"  # in every export: what it was exported
 EXPORTED_KINDS = f"one of: {MEGATRON_KINDS}"  # what --ckpt takes: a Hugging Face directory has nothing to export
 
 
-class ExportWriteError(RuntimeError):
+class ExportWriteError(UserError, RuntimeError):
     """An export that could not be written (no space left, an I/O error); its partial directory is removed."""
 
 
@@ -324,17 +325,14 @@ def main(argv: list[str]) -> int:
                         "its nemo_topr_export.json), even a current one of the same checkpoint")
     add_device_argument(parser)
     args = parser.parse_args(argv)
-    try:
-        iterations = None
-        if args.iteration or args.all_iterations:  # else `export` checks the device before the model
-            source = resolve(args.ckpt, named="--ckpt ", expected=EXPORTED_KINDS)
-            check_one_choice_of_iterations(args.ckpt, source, "--all-iterations" if args.all_iterations
-                                           else "--iteration")
-            iterations = source.saved_iterations() if args.all_iterations else args.iteration
-        with stdout_to_stderr():  # stdout: the `exported`/`kept A -> B` lines alone
-            exported = export(args.ckpt, args.hf_out, iterations, args.device, args.overwrite)
-    except (ModelSourceError, DeviceError, ExportWriteError) as error:
-        raise SystemExit(f"nemo-topr export: {error}") from None
+    iterations = None
+    if args.iteration or args.all_iterations:  # else `export` checks the device before the model
+        source = resolve(args.ckpt, named="--ckpt ", expected=EXPORTED_KINDS)
+        check_one_choice_of_iterations(args.ckpt, source, "--all-iterations" if args.all_iterations
+                                       else "--iteration")
+        iterations = source.saved_iterations() if args.all_iterations else args.iteration
+    with stdout_to_stderr():  # stdout: the `exported`/`kept A -> B` lines alone
+        exported = export(args.ckpt, args.hf_out, iterations, args.device, args.overwrite)
     for checkpoint, (out, kept) in exported.items():
         print(f"kept {checkpoint} -> {out} (exported earlier, unchanged since)" if kept
               else f"exported {checkpoint} -> {out}")

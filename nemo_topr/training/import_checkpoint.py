@@ -164,8 +164,6 @@ def main(argv: list[str]) -> int:
     try:
         with stdout_to_stderr():  # progress and Megatron's and Gloo's prints; stdout: the result line alone
             summary = import_hf(args.hf_dir, args.out, dtype=args.dtype)
-    except ModelSourceError as error:
-        raise SystemExit(f"nemo-topr import: {error}") from None
     except Terminated:
         print(f"nemo-topr import: terminated (SIGTERM); what it wrote in {args.out} is removed", file=sys.stderr)
         return 128 + signal.SIGTERM

@@ -16,8 +16,10 @@ import math
 
 import torch
 
+from nemo_topr.errors import UserError
 
-class NonFiniteTrainingError(RuntimeError):
+
+class NonFiniteTrainingError(UserError, RuntimeError):
     """The loss or gradient norm of an iteration is NaN or infinite."""
 
 

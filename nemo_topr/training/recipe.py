@@ -33,27 +33,24 @@ from omegaconf import OmegaConf
 from nemo_topr.utils.arguments import Parser, run_settings
 from nemo_topr.training.preemption_warning import release_the_warning
 from nemo_topr.data.positives import NO_ADVANTAGE, no_negatives_warning, sign_flipping_baseline
-from nemo_topr.model.device import DEVICES, DeviceError, select_device, use_device
-from nemo_topr.utils.distributed import (RendezvousError, check_local_gpu, check_rendezvous, launcher_rank,
+from nemo_topr.model.device import DEVICES, select_device, use_device
+from nemo_topr.utils.distributed import (check_local_gpu, check_rendezvous, launcher_rank,
                                    launcher_world_size, local_rendezvous)
 from nemo_topr.model.source import write_hf_artifacts
 from nemo_topr.training.console import RunConsole, data_lines, layout_lines, summary_lines
-from nemo_topr.training.checkpoints import (DamagedCheckpointError, ensure_latest_complete, iteration_dir_name,
-                                            latest_iteration)
+from nemo_topr.training.checkpoints import ensure_latest_complete, iteration_dir_name, latest_iteration
 from nemo_topr.data.records import SOURCE_OPTIONS, DataError, RecordSet, load_records, require_scored
 from nemo_topr.training.config import TrainingRun, build_training_run, compose
 from nemo_topr.training.config_error import ConfigError
 from nemo_topr.training.validation import check_batch_division, check_config, idle_schedule_warning
 from nemo_topr.utils.arguments import CONF_DIR
-from nemo_topr.training.disk_space import (check_room, checkpoint_bytes, estimated_checkpoint_bytes, failure_hint,
+from nemo_topr.training.disk_space import (NoRoomError, check_room, checkpoint_bytes, estimated_checkpoint_bytes, failure_hint,
                                            parameter_count)
-from nemo_topr.training.nonfinite import NonFiniteTrainingError
 from nemo_topr.training.step import baseline_column, baseline_source
 from nemo_topr.training.run_state import (
     COMPLETED_MARKER,
     STOPPED_MARKER,
     RunLock,
-    RunStateError,
     check_resume,
     check_resume_from_base,
     data_as_recorded,
@@ -322,7 +319,7 @@ def _train_in(run: TrainingRun, console: RunConsole, lock: RunLock, forward_call
         except BaseException as error:
             if (not isinstance(error, (SystemExit, KeyboardInterrupt)) and _is_rank_zero()
                     and (hint := failure_hint(Path(run.container.checkpoint.save), one_checkpoint(run)))):
-                raise SystemExit(f"nemo-topr train: {hint}") from error
+                raise NoRoomError(hint) from error
             raise
     except SystemExit as stop:  # Bridge exits this way after a signal-triggered checkpoint
         if not _clean_stop(stop):
@@ -419,34 +416,30 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # Config and data errors are one message, and come before Megatron's ~25 s of imports
     # (`check_config`, `load_records`) wherever they can: only Bridge's own sections need those.
-    try:
-        raw = compose(args.config_name, args.overrides, args.config_path)
-        # the config's `device` (cuda in the GPU presets): CPU only when chosen
-        device = select_device(raw.get("device"), where="device", choices=DEVICES)
-        values, _, objective = check_config(raw)
-        check_batch_division(values, launcher_world_size())
-        found = _prepared_set_of(raw)  # a requeued start reads no record: the set holds what is checked here
-        if found is None:
-            records = _records_of(raw)
-            require_scored(records)  # before Megatron's import and before the run directory is made
-            rewards = {record.reward for record in records.records}
-            record_baselines = any(record.baseline is not None for record in records.records)
-        else:
-            rewards, record_baselines = set(np.unique(found.table.rewards).tolist()), found.record_baselines
-        check_baseline(objective, rewards, warn=False, record_baselines=record_baselines)
-        check_rendezvous()
-        if device == "cuda":
-            check_local_gpu()
-        use_device(raw.get("device"), where="device", choices=DEVICES)  # imports Megatron
-        run = build_training_run(raw)
-        if found is None:
-            run.container.dataset.use_records(records)
-        else:
-            run.container.dataset.use_prepared_set(found)
-        return train(run)
-    except (ConfigError, DeviceError, DataError, RunStateError, DamagedCheckpointError, NonFiniteTrainingError,
-            RendezvousError) as error:
-        raise SystemExit(f"nemo-topr train: {error}") from None
+    raw = compose(args.config_name, args.overrides, args.config_path)
+    # the config's `device` (cuda in the GPU presets): CPU only when chosen
+    device = select_device(raw.get("device"), where="device", choices=DEVICES)
+    values, _, objective = check_config(raw)
+    check_batch_division(values, launcher_world_size())
+    found = _prepared_set_of(raw)  # a requeued start reads no record: the set holds what is checked here
+    if found is None:
+        records = _records_of(raw)
+        require_scored(records)  # before Megatron's import and before the run directory is made
+        rewards = {record.reward for record in records.records}
+        record_baselines = any(record.baseline is not None for record in records.records)
+    else:
+        rewards, record_baselines = set(np.unique(found.table.rewards).tolist()), found.record_baselines
+    check_baseline(objective, rewards, warn=False, record_baselines=record_baselines)
+    check_rendezvous()
+    if device == "cuda":
+        check_local_gpu()
+    use_device(raw.get("device"), where="device", choices=DEVICES)  # imports Megatron
+    run = build_training_run(raw)
+    if found is None:
+        run.container.dataset.use_records(records)
+    else:
+        run.container.dataset.use_prepared_set(found)
+    return train(run)
 
 
 def _prepared_set_of(raw):  # noqa: ANN001

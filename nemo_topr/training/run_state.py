@@ -30,6 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from nemo_topr.errors import UserError
 from nemo_topr.utils.outputs import folders_to_make, remove_if_empty, write_whole
 from nemo_topr.training.checkpoints import DamagedCheckpointError, latest_iteration
 
@@ -70,7 +71,7 @@ UNSET_MEANS = {"optimizer.adam_beta1": 0.9, "optimizer.adam_beta2": 0.999, "opti
                "scheduler.weight_decay_incr_style": "constant"}
 
 
-class RunStateError(RuntimeError):
+class RunStateError(UserError, RuntimeError):
     """A start that the run directory refuses: another training holds it, or it is not the same run."""
 
 

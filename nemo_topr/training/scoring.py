@@ -37,13 +37,11 @@ from nemo_topr.utils.arguments import Parser, at_least_one
 from nemo_topr.data.cli import add_source_arguments, source_options
 from nemo_topr.data.packing import collate_packed, pack_sequences
 from nemo_topr.data.records import load_records, write_jsonl
-from nemo_topr.data.schema import DataError
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared
 from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
-from nemo_topr.model.device import DeviceError, add_device_argument, select_device, use_device
-from nemo_topr.utils.distributed import RendezvousError
+from nemo_topr.model.device import add_device_argument, select_device, use_device
 from nemo_topr.model.settings import device_model_settings
-from nemo_topr.utils.outputs import (OutputError, add_overwrite_argument, writable_output_file, writable_records_file,
+from nemo_topr.utils.outputs import (add_overwrite_argument, writable_output_file, writable_records_file,
                                write_whole)
 from nemo_topr.utils.progress import Progress
 from nemo_topr.model.quiet import stdout_to_stderr
@@ -306,16 +304,13 @@ def main(argv: list[str]) -> int:
     add_source_arguments(parser)
     args = parser.parse_args(argv)
     made_the_world = not torch.distributed.is_initialized()  # a caller's own world is the caller's to end
-    try:
-        with stdout_to_stderr():  # stdout: the JSON summary alone
-            summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
-                                     tensor_parallel=args.tp, pipeline_parallel=args.pp,
-                                     rows_per_batch=args.rows_per_batch, strict=args.strict, precision=args.precision,
-                                     device=args.device, source=source_options(args),
-                                     shared_prefix=args.shared_prefix, train_config=args.train_config,
-                                     overwrite=args.overwrite)
-    except (DeviceError, model_source.ModelSourceError, ConfigError, DataError, OutputError, RendezvousError) as error:
-        raise SystemExit(f"nemo-topr score-logprobs: {error}") from None
+    with stdout_to_stderr():  # stdout: the JSON summary alone
+        summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
+                                 tensor_parallel=args.tp, pipeline_parallel=args.pp,
+                                 rows_per_batch=args.rows_per_batch, strict=args.strict, precision=args.precision,
+                                 device=args.device, source=source_options(args),
+                                 shared_prefix=args.shared_prefix, train_config=args.train_config,
+                                 overwrite=args.overwrite)
     if summary:
         print(json.dumps(summary, indent=2))
         print(f"wrote {summary['records_scored']} records with behavior_logprob to {summary['out']} (report: "

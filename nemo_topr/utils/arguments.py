@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 import os
 import re
@@ -12,8 +11,18 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from nemo_topr.errors import UserError, nearest
+
+
+class UsageError(UserError):
+    """Options that do not go together, found after argparse accepted each: exit 2, as argparse's own."""
+
+    exit_code = 2
+
+
 # the run configs and presets (`train`, `plan`, `submit`, `iterate`); NEMO_TOPR_CONF_DIR for another set
 CONF_DIR = Path(os.environ.get("NEMO_TOPR_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
+
 # an option as typed: `--name` or `--name=value`; a lone `--` ends the options
 OPTION = re.compile(r"--[A-Za-z][\w-]*")
 
@@ -57,7 +66,7 @@ class Parser(argparse.ArgumentParser):
             if not OPTION.fullmatch(name) or any(option.startswith(name) for option in known):
                 continue
             # compared without the dashes, which every name shares
-            close = difflib.get_close_matches(name[2:], [option[2:] for option in known], n=1)
+            close = nearest(name[2:], [option[2:] for option in known])
             following = options[place + 1] if place + 1 < len(options) else "-"
             if close:
                 unknown[name] = "--" + close[0]
@@ -76,7 +85,7 @@ class Parser(argparse.ArgumentParser):
         keys = list(self.settings()) if self.settings else []
         named = [key for key in keys if key == word or key.endswith("." + word)]
         last = {key.rpartition(".")[2]: key for key in keys}
-        return named or [last[close] for close in difflib.get_close_matches(word, last, n=1)]
+        return named or [last[close] for close in nearest(word, last)]
 
     def error(self, message: str):
         unknown = self.unknown_options()

@@ -8,6 +8,8 @@ import socket
 
 import torch
 
+from nemo_topr.errors import UserError
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -32,7 +34,7 @@ def local_rendezvous(environ=os.environ) -> None:  # noqa: B008 - the process en
     environ.setdefault("MASTER_PORT", "0")
 
 
-class RendezvousError(RuntimeError):
+class RendezvousError(UserError, RuntimeError):
     """The launcher's variables (rendezvous, local rank) cannot work; raised before any process
     group exists."""
 
