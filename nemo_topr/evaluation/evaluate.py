@@ -50,6 +50,7 @@ from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, referen
 from nemo_topr.utils.outputs import (add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file,
                                write_whole)
 
+
 class EvalError(UserError, ValueError):
     """What `eval` cannot do with the results or samples it is given (a k beyond the samples, results
     that do not plot together)."""
