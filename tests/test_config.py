@@ -10,7 +10,9 @@ from omegaconf import OmegaConf
 
 from conftest import REPO
 from nemo_topr.errors import UserError
-from nemo_topr.training.config import ConfigError, build_training_run, check_config, compose
+from nemo_topr.training.config import build_training_run, compose
+from nemo_topr.training.config_error import ConfigError
+from nemo_topr.training.validation import check_config
 from nemo_topr.training.validation import check_own_values
 
 
@@ -397,7 +399,7 @@ def test_a_batch_or_world_that_does_not_divide_stops_train_before_anything_is_wr
 
 
 def test_batch_sizes_that_divide_pass_the_division_check():
-    from nemo_topr.training.config import check_batch_division
+    from nemo_topr.training.validation import check_batch_division
 
     layout = {"model": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
               "train": {"global_batch_size": 12, "micro_batch_size": 3}}

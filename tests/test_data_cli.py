@@ -273,7 +273,7 @@ def test_train_refuses_a_baseline_that_gives_every_record_one_sign(rewards, refu
     """c >= the largest reward: the best completions pushed down (c = 2 with +-1 rewards trains
     the model away from its correct answers); c <= the smallest negative one: the worst pushed up."""
     from nemo_topr.objective import ObjectiveConfig
-    from nemo_topr.training.config import ConfigError
+    from nemo_topr.training.config_error import ConfigError
     from nemo_topr.training.recipe import check_baseline
 
     for baseline in refused:

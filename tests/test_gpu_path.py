@@ -301,7 +301,7 @@ def test_rope_restarting_per_segment_gives_the_attention_of_row_positions(megatr
 def test_scoring_follows_the_training_micro_batch_rule(impl, pipeline, requested, expected):
     import types
 
-    from nemo_topr.training.config import ConfigError
+    from nemo_topr.training.config_error import ConfigError
     from nemo_topr.training.validation import _check_packed_stream_pipeline
     from nemo_topr.training.scoring import scoring_rows_per_batch
 
@@ -320,7 +320,7 @@ def test_scoring_takes_the_training_presets_model_section(megatron_world, tmp_pa
     TP/SP layout training uses (so log rho = 0 at step 0 up to FP8's own run-to-run noise)."""
     from nemo_topr.model.providers import build_tiny_hf_llama, hf_llama_provider
     from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
-    from nemo_topr.training.config import ConfigError
+    from nemo_topr.training.config_error import ConfigError
     from nemo_topr.training.scoring import apply_training_model_section
 
     _, provider = hf_llama_provider(build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer()),
@@ -344,7 +344,7 @@ def test_scoring_flags_that_contradict_the_training_config_are_refused(megatron_
     (said on stdout) and the flags hold, but it is read: a config that is not there is named."""
     from nemo_topr.model.providers import build_tiny_hf_llama, hf_llama_provider
     from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
-    from nemo_topr.training.config import ConfigError
+    from nemo_topr.training.config_error import ConfigError
     from nemo_topr.training.scoring import apply_scoring_layout
 
     hf_dir = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer())
@@ -382,7 +382,7 @@ def test_scoring_refuses_a_training_config_that_reshapes_the_model(megatron_worl
     refused where it would be applied (cuda) and on the CPU dry run that reads it."""
     from nemo_topr.model.providers import build_tiny_hf_llama, hf_llama_provider
     from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
-    from nemo_topr.training.config import ConfigError
+    from nemo_topr.training.config_error import ConfigError
     from nemo_topr.training.scoring import apply_scoring_layout
 
     hf_dir = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer())
@@ -410,7 +410,7 @@ def test_scoring_refuses_a_training_configs_fp8_on_a_gpu_without_te(megatron_wor
     refuses that config there (`check_fp8`); scoring must refuse it too, and say how to go on."""
     from nemo_topr.model.providers import build_tiny_hf_llama, hf_llama_provider
     from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
-    from nemo_topr.training.config import ConfigError
+    from nemo_topr.training.config_error import ConfigError
     from nemo_topr.training.scoring import apply_training_model_section, scoring_model_settings
 
     gpu(te=te, apex=False)

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nemo_topr.training.config import ConfigError
+from nemo_topr.training.config_error import ConfigError
 from nemo_topr.training.host_memory import attention_bytes, available_bytes, check_cpu_attention
 
 

@@ -13,7 +13,8 @@ from conftest import REPO, placeholder_hf_model
 from nemo_topr.errors import UserError
 from nemo_topr.model.source import ModelSourceError, resolve
 from nemo_topr.training import export
-from nemo_topr.training.config import ConfigError, build_training_run, compose
+from nemo_topr.training.config import build_training_run, compose
+from nemo_topr.training.config_error import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def test_hf_model_is_an_alias_of_base_model(tiny_hf, tmp_path):
     assert "hf_model" not in compose("tiny_cpu", [f"hf_model={tiny_hf}"])
     # in a user's own YAML written before the rename (topr.yaml leaves base_model missing)
     (tmp_path / "old.yaml").write_text(f"defaults:\n  - topr\n  - _self_\nhf_model: {tiny_hf}\n")
-    from nemo_topr.training.config import CONF_DIR
+    from nemo_topr.utils.arguments import CONF_DIR
 
     shutil.copy(CONF_DIR / "topr.yaml", tmp_path / "topr.yaml")
     assert compose("old", [], tmp_path).base_model == str(tiny_hf)

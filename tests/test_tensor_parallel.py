@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import REPO, checkout_env, run_distributed
-from nemo_topr.training.config import ConfigError
+from nemo_topr.training.config_error import ConfigError
 from nemo_topr.training.scoring import check_scoring_world
 
 

@@ -380,8 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         results = _evaluate_records(args, records.records) if args.records else _evaluate_model(args)
     except UserError:
         raise
-    # generate.py's checks of the sampling options and prompts raise plain ValueErrors; loading a
-    # model, OSErrors: refusals all the same
+    # a model or file that cannot be loaded (OSError) and the ValueErrors of the libraries that read
+    # them: refusals of this command all the same
     except (OSError, ValueError) as error:
         raise EvalError(str(error)) from error
     markdown = write_results(results, args.out)

@@ -109,7 +109,8 @@ def read_config(source: str, overrides: list[str] = ()) -> IterateConfig:
     keys and their types checked, not yet the rules between them (`validation.load_config`)."""
     import yaml
 
-    from nemo_topr.training.config import CONF_DIR, unparsed_yaml
+    from nemo_topr.training.config import unparsed_yaml
+    from nemo_topr.utils.arguments import CONF_DIR
 
     path = Path(source)
     if not path.is_file():
@@ -149,7 +150,7 @@ def check_driver_overrides(overrides: list[str]) -> None:
     """An empty value (`out=`, an unset shell variable: OmegaConf's "Incompatible value 'None'"),
     and a list key given a plain value (`generate.args=--top-k 50`: "AnyNode is not a ListConfig"),
     each in a line saying what to write."""
-    from nemo_topr.training.config import admits_none
+    from nemo_topr.training.schema import admits_none
 
     for item in overrides:
         key, equals, value = item.partition("=")

@@ -218,7 +218,8 @@ def training_config(train: TrainOptions, ranks: int) -> tuple[dict[str, Any], An
     train` runs on its config before the data (keys, types, the objective, the batch's division
     over `ranks` processes): now, not in round 1 after the sampling and scoring."""
     from nemo_topr.cluster.plan import compose_config
-    from nemo_topr.training.config import ConfigError, check_batch_division, objective_from
+    from nemo_topr.training.config_error import ConfigError
+    from nemo_topr.training.validation import check_batch_division, objective_from
 
     # these come before the driver's own on train's command line, whose value then won without a word
     if set_here := [item for item in train.overrides if item.split("=", 1)[0] in ROUND_KEYS]:

@@ -34,15 +34,11 @@ from nemo_topr.objective import ObjectiveConfig
 from nemo_topr.training.checkpoints import latest_iteration
 from nemo_topr.training.config_error import ConfigError
 from nemo_topr.training.host_memory import available_bytes, check_cpu_attention
-from nemo_topr.training.schema import OUR_KEYS, admits_none, check_schema, check_sections, takes_null
-from nemo_topr.training.validation import (check_batch_division, check_config, check_fp8, objective_from, refuse,
-                                           validate, validate_container, weight_decay_schedule)
+from nemo_topr.training.schema import OUR_KEYS, check_schema, check_sections, takes_null
+from nemo_topr.training.validation import (check_config, objective_from, refuse, validate, validate_container,
+                                           weight_decay_schedule)
 from nemo_topr.utils.arguments import CONF_DIR
 
-# The run config's entry points, in one place for the verbs and scripts that import them from here
-__all__ = ["CONF_DIR", "ConfigError", "TrainingRun", "admits_none", "apply_section", "build_training_run",
-           "check_batch_division", "check_config", "check_fp8", "check_values", "compose", "config_location",
-           "objective_from", "omegaconf_problem", "shape_changes", "unparsed_yaml"]
 
 
 def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path | None = None, *,

@@ -45,7 +45,9 @@ from nemo_topr.utils.outputs import (add_overwrite_argument, writable_output_fil
                                write_whole)
 from nemo_topr.utils.progress import Progress
 from nemo_topr.model.quiet import stdout_to_stderr
-from nemo_topr.training.config import ConfigError, apply_section, check_fp8, check_values, compose, shape_changes
+from nemo_topr.training.config import apply_section, check_values, compose, shape_changes
+from nemo_topr.training.config_error import ConfigError
+from nemo_topr.training.validation import check_fp8
 from nemo_topr.training.host_memory import available_bytes, check_cpu_attention
 
 

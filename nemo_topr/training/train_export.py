@@ -11,20 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 
-from nemo_topr.errors import UserError
-
-
-def run_verb(verb: str, main: Callable[[list[str]], int], argv: list[str]) -> int:
-    """`main(argv)`'s exit code, a refusal printed as `nemo-topr VERB: MESSAGE` the way
-    `nemo_topr.cli.main` prints it (this program sits below the command line: it runs the two
-    verbs' modules itself)."""
-    try:
-        return int(main(argv) or 0)
-    except UserError as error:
-        print(f"nemo-topr {verb}: {error}", file=sys.stderr)
-        return error.exit_code
+from nemo_topr.errors import run_refusing
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +23,7 @@ def main(argv: list[str]) -> int:
     quiet_known_noise()
     hf_root, train_argv = argv[0], argv[1:]
     rendezvous = {key: os.environ.get(key) for key in ("MASTER_ADDR", "MASTER_PORT")}
-    code = run_verb("train", recipe.main, train_argv)
+    code = run_refusing("nemo-topr train", recipe.main, train_argv)
     if code:
         return code
     # Start the export as its own command would: `nemo-topr train` set a rendezvous port for its
@@ -46,8 +34,8 @@ def main(argv: list[str]) -> int:
             os.environ.pop(key, None)
     args = recipe.parse_args(train_argv)
     raw = compose(args.config_name, args.overrides, args.config_path)
-    return run_verb("export", export.main, ["--ckpt", str(raw.run_dir), "--hf-out", hf_root, "--all-iterations",
-                                            "--device", raw.device])
+    return run_refusing("nemo-topr export", export.main, ["--ckpt", str(raw.run_dir), "--hf-out", hf_root,
+                                                        "--all-iterations", "--device", raw.device])
 
 
 if __name__ == "__main__":
