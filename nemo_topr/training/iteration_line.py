@@ -71,10 +71,10 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
-def print_iteration_lines(tokens_per_iteration: int):  # noqa: ANN201
-    """A Bridge callback printing `format_line` every `logger.log_interval` iterations;
-    `tokens_per_iteration`: the global batch's rows times their length (packed rows, padding
-    included). `last_metrics` holds the last line's metrics and `started_at` the iteration
+def print_iteration_lines():  # noqa: ANN201
+    """A Bridge callback printing `format_line` every `logger.log_interval` iterations; tokens/s
+    counts the global batch's rows times their length (packed rows, padding included), read from
+    the run's config when training starts. `last_metrics` holds the last line's metrics and `started_at` the iteration
     the start resumed from (for the run's summary)."""
     from megatron.bridge.training.callbacks import Callback
 
@@ -85,9 +85,12 @@ def print_iteration_lines(tokens_per_iteration: int):  # noqa: ANN201
             self.started_at: int | None = None  # the iteration this start began at (None: it trained none)
             self.since: tuple[float, int] | None = None  # (time, iteration) of the last line
             self.start: tuple[float, int] | None = None  # (time, iteration) at the start of training
+            self.tokens_per_iteration = 0  # set when training starts
 
         def on_train_start(self, context) -> None:  # noqa: ANN001
             self.started_at = context.state.train_state.step
+            config = context.state.cfg
+            self.tokens_per_iteration = config.train.global_batch_size * config.dataset.seq_length
             self.since = self.start = (time.monotonic(), self.started_at)
 
         def on_train_step_end(self, context) -> None:  # noqa: ANN001
@@ -102,7 +105,7 @@ def print_iteration_lines(tokens_per_iteration: int):  # noqa: ANN201
             rate = seconds_left = None
             if self.since and iteration > self.since[1]:  # tokens/s over the interval
                 per_iteration = (now - self.since[0]) / (iteration - self.since[1])
-                rate = tokens_per_iteration / per_iteration if per_iteration > 0 else None
+                rate = self.tokens_per_iteration / per_iteration if per_iteration > 0 else None
             if self.start and iteration > self.start[1]:  # the ETA at the pace since this start began
                 seconds_left = (now - self.start[0]) / (iteration - self.start[1]) * (total - iteration)
             self.since = (now, iteration)

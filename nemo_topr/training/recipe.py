@@ -250,7 +250,7 @@ def train(run: TrainingRun) -> int:
     previous_handler = signal.signal(exit_signal, lambda signum, frame: held.append(signum))
     ctrl_c: list[int] = []
     previous_sigint = _ctrl_c_as(exit_signal, ctrl_c)
-    lines = print_iteration_lines(run.container.train.global_batch_size * run.container.dataset.seq_length)
+    lines = print_iteration_lines()
     pretrain_log = logging.getLogger("megatron.bridge.training.pretrain")
     pretrain_log.addFilter(_not_a_clean_stop)
     lock = RunLock(run.run_dir)
