@@ -6,4 +6,5 @@ from nemo_topr.errors import UserError
 
 
 class ConfigError(UserError, ValueError):
-    """A configuration problem, with the dotted key that caused it."""
+    """A configuration problem: `key` names the problem (``"optimizer.lr.below_min_lr"``), `where` the
+    dotted config key it is about (``"optimizer.lr"``), both `UserError`'s."""

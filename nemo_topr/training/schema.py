@@ -152,7 +152,8 @@ def check_section(target: type, values: dict[str, Any], path: str) -> None:
         dotted = f"{path}.{key}"
         if key not in names:
             raise ConfigError(f"unknown config key {dotted} ({target.__name__})"
-                              f"{near_keys(key, [f'{path}.{name}' for name in names])}")
+                              f"{near_keys(key, [f'{path}.{name}' for name in names])}", key=f"{dotted}.unknown",
+                              where=dotted)
         nested = dataclass_in(hints[key])
         if isinstance(value, dict) and nested is not None and "_target_" not in value:
             check_section(nested, value, dotted)
@@ -162,17 +163,20 @@ def check_section(target: type, values: dict[str, Any], path: str) -> None:
 
 def check_value(dotted: str, value: Any, hint: Any) -> None:
     if not matches(value, hint):
-        raise ConfigError(f"{dotted}={value!r} is not a valid value: expected {expected(hint)}")
+        raise ConfigError(f"{dotted}={value!r} is not a valid value: expected {expected(hint)}",
+                          key=f"{dotted}.wrong_type", where=dotted)
     if isinstance(value, str):
         check_bridge_name(dotted, value, hint)
     if isinstance(value, float) and not math.isfinite(value) and (math.isnan(value) or dotted in LOWER_BOUNDS):
         # NaN passes every comparison: a NaN rate queued, then torch's Adam refused it at set-up (a
         # traceback) and Transformer Engine's FusedAdam (GPUs) checks none
-        raise ConfigError(f"{dotted}={value} must be a finite number")
+        raise ConfigError(f"{dotted}={value} must be a finite number", key=f"{dotted}.not_finite", where=dotted)
     if dotted in LOWER_BOUNDS and value is not None and value < LOWER_BOUNDS[dotted]:
-        raise ConfigError(f"{dotted}={value} must be at least {LOWER_BOUNDS[dotted]}")
+        raise ConfigError(f"{dotted}={value} must be at least {LOWER_BOUNDS[dotted]}", key=f"{dotted}.below_bound",
+                          where=dotted)
     if dotted in UPPER_BOUNDS and value >= UPPER_BOUNDS[dotted]:
-        raise ConfigError(f"{dotted}={value} must be below {UPPER_BOUNDS[dotted]}")
+        raise ConfigError(f"{dotted}={value} must be below {UPPER_BOUNDS[dotted]}", key=f"{dotted}.above_bound",
+                          where=dotted)
 
 
 def check_bridge_name(dotted: str, value: str, hint: Any) -> None:
@@ -191,7 +195,8 @@ def check_bridge_name(dotted: str, value: str, hint: Any) -> None:
     if value not in table:
         known = ", ".join(sorted(name for name in table if "." not in name))
         what = "a dtype" if dtype else "an activation function"
-        raise ConfigError(f"{dotted}={value!r} is not {what} Bridge knows: {known}")
+        raise ConfigError(f"{dotted}={value!r} is not {what} Bridge knows: {known}", key=f"{dotted}.unknown_name",
+                          where=dotted)
 
 
 def near_keys(key: str, names: list[str]) -> str:
@@ -225,9 +230,10 @@ def check_sections(values: dict[str, Any]) -> None:
         if section not in OUR_VALUES and section_values is not None and not isinstance(section_values, dict):
             classes = section_classes()
             if section not in classes and section != "objective":
-                raise ConfigError(f"unknown config key {section}{near_keys(section, top_level_names(classes))}")
+                raise ConfigError(f"unknown config key {section}{near_keys(section, top_level_names(classes))}",
+                                  key=f"{section}.unknown", where=section)
             raise ConfigError(f"{section}={section_values!r}: {section} is a section; set its keys, as "
-                              f"{section}.KEY=VALUE")
+                              f"{section}.KEY=VALUE", key=f"{section}.not_a_section_value", where=section)
 
 
 def takes_null(dotted: str) -> bool:
@@ -257,6 +263,8 @@ def check_schema(values: dict[str, Any]) -> None:
         if section in OUR_KEYS:
             continue
         if section not in classes:
-            raise ConfigError(f"unknown config section {section!r}{near_keys(section, [*classes, *OUR_KEYS])}")
+            raise ConfigError(f"unknown config section {section!r}{near_keys(section, [*classes, *OUR_KEYS])}",
+                              key=f"{section}.unknown", where=section)
+
         if isinstance(section_values, dict) and classes[section] is not None:
             check_section(classes[section], section_values, section)

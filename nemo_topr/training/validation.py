@@ -47,7 +47,8 @@ def refuse(problems: list[ConfigError]) -> None:
     if len(problems) == 1:
         raise problems[0]
     if problems:
-        raise ConfigError("\n".join(str(problem) for problem in problems))
+        raise ConfigError("\n".join(str(problem) for problem in problems), key="config.several_problems",
+                          where=", ".join(str(problem.where) for problem in problems))
 
 
 def validate(values: dict[str, Any]) -> list[ConfigError]:
@@ -89,13 +90,14 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
                 "objective": "the objective section of conf/topr.yaml", "device": "device=cuda or device=cpu"}
     missing = [key for key in examples if values.get(key) in (None, "", "???")]
     if missing:
-        raise ConfigError(f"config keys {missing} must be set (e.g. {'; '.join(examples[key] for key in missing)})")
+        raise ConfigError(f"config keys {missing} must be set (e.g. {'; '.join(examples[key] for key in missing)})",
+                          key="config.required_unset", where=", ".join(missing))
     check_sections(values)
     refuse(validate(values))
     try:
         base_model = model_source.resolve(values["base_model"])
     except model_source.ModelSourceError as error:
-        raise ConfigError(str(error)) from None
+        raise ConfigError(str(error), key="base_model.not_a_model", where="base_model") from None
     check_run_dir(Path(values["run_dir"]))
     if values.get("resume_from_base"):
         check_resumable(base_model)
@@ -104,7 +106,8 @@ def check_config(raw: DictConfig) -> tuple[dict[str, Any], ModelSource, Objectiv
 
 def _check_per_token_loss(model: Any) -> None:
     if not model.calculate_per_token_loss:
-        raise ConfigError("model.calculate_per_token_loss must stay true: the TOPR step returns (sum, denominator)")
+        raise ConfigError("model.calculate_per_token_loss must stay true: the TOPR step returns (sum, denominator)",
+                          key="model.calculate_per_token_loss.false", where="model.calculate_per_token_loss")
 
 
 def check_no_recipe_keys(values: dict[str, Any]) -> None:
@@ -115,7 +118,8 @@ def check_no_recipe_keys(values: dict[str, Any]) -> None:
         for key in sorted(given) if isinstance(given, dict) else ():
             if keys is None or key in keys:
                 why = NO_VALIDATION if keys is None else keys[key]
-                raise ConfigError(f"{section}.{key}={given[key]!r} {why}")
+                raise ConfigError(f"{section}.{key}={given[key]!r} {why}", key=f"{section}.{key}.not_a_setting",
+                                  where=f"{section}.{key}")
 
 
 def check_own_values(values: dict[str, Any]) -> None:
@@ -125,40 +129,46 @@ def check_own_values(values: dict[str, Any]) -> None:
     for dotted in NEEDS_A_VALUE:
         section, key = dotted.split(".")
         if isinstance(values.get(section), dict) and values[section].get(key) is None:
-            raise ConfigError(f"{dotted} is unset (null): a run needs a value; set {dotted}=VALUE")
+            raise ConfigError(f"{dotted} is unset (null): a run needs a value; set {dotted}=VALUE",
+                              key=f"{dotted}.unset", where=dotted)
     if not isinstance(values.get("resume_from_base", False), bool):  # "maybe" and 'false' were taken for true
-        raise ConfigError(f"resume_from_base={values['resume_from_base']!r} must be true or false")
+        raise ConfigError(f"resume_from_base={values['resume_from_base']!r} must be true or false",
+                          key="resume_from_base.not_boolean", where="resume_from_base")
     # the value only: whether this machine has CUDA is checked where the process starts
     # (`use_device` in `nemo-topr train`), so a GPU preset still builds on a login node (plan, tests)
     try:  # where set: `score-logprobs --train-config` checks a model section alone
         if "device" in values:
             resolve_device(values["device"], cuda_available=True, where="device", choices=DEVICES)
     except DeviceError as error:
-        raise ConfigError(str(error)) from None
+        raise ConfigError(str(error), key="device.invalid", where="device") from None
     dataset, model = values.get("dataset") or {}, values.get("model") or {}
     if "seq_length" in dataset and "seq_length" in model:
         check_sequence_lengths(dataset["seq_length"], model["seq_length"])
     # ToprDatasetConfig.prepare refuses it too, after Megatron's import and the data, in a traceback
     if dataset.get("shared_prefix") is True and dataset.get("packed") is False:
         raise ConfigError("dataset.shared_prefix=true packs each row with a prompt and several of its completions; "
-                          "it cannot be combined with dataset.packed=false (one sequence per row): drop one of them")
+                          "it cannot be combined with dataset.packed=false (one sequence per row): drop one of them",
+                          key="dataset.shared_prefix.unpacked", where="dataset.shared_prefix")
 
 
 def check_sequence_lengths(dataset_length: int, model_length: int) -> None:
     """From the config's values (plan, submit) and again on the container, where a length the config
     leaves unset comes from the base model."""
     if dataset_length != model_length:
-        raise ConfigError(f"dataset.seq_length ({dataset_length}) must equal model.seq_length ({model_length})")
+        raise ConfigError(f"dataset.seq_length ({dataset_length}) must equal model.seq_length ({model_length})",
+                          key="dataset.seq_length.differs_from_model", where="dataset.seq_length")
 
 
 def _check_model_choices(model: dict[str, Any]) -> None:
     """Megatron's TransformerConfig.__post_init__ rules a preset override can break, checked here:
     they raised on every rank after the run directory was written (`plan` passed them)."""
     if model.get("fp16") and model.get("bf16"):
-        raise ConfigError("model.fp16 and model.bf16 are both true: choose one (set the other false)")
+        raise ConfigError("model.fp16 and model.bf16 are both true: choose one (set the other false)",
+                          key="model.precision.two_chosen", where="model.fp16")
     if model.get("recompute_granularity") == "full" and model.get("recompute_method") not in ("block", "uniform"):
         raise ConfigError(f"model.recompute_granularity=full needs model.recompute_method=block or uniform (and "
-                          f"model.recompute_num_layers); got recompute_method={model.get('recompute_method')!r}")
+                          f"model.recompute_num_layers); got recompute_method={model.get('recompute_method')!r}",
+                          key="model.recompute_method.not_set_for_full", where="model.recompute_method")
 
 
 def _check_lr_range(optimizer: dict[str, Any]) -> None:
@@ -167,7 +177,8 @@ def _check_lr_range(optimizer: dict[str, Any]) -> None:
     lr, min_lr = optimizer.get("lr"), optimizer.get("min_lr")
     if isinstance(lr, (int, float)) and isinstance(min_lr, (int, float)) and lr < min_lr:
         raise ConfigError(f"optimizer.lr={lr} is below optimizer.min_lr={min_lr}, where the schedule decays to; "
-                          f"set optimizer.min_lr={lr} too for a constant rate (the presets' choice), or lower")
+                          f"set optimizer.min_lr={lr} too for a constant rate (the presets' choice), or lower",
+                          key="optimizer.lr.below_min_lr", where="optimizer.lr")
 
 
 def weight_decay_schedule(values: dict[str, Any]) -> tuple[float, float]:
@@ -185,11 +196,13 @@ def weight_decay_schedule(values: dict[str, Any]) -> tuple[float, float]:
                      if value is not None and value != weight_decay]:
             raise ConfigError(f"{', '.join(other)} with scheduler.weight_decay_incr_style=constant: a constant weight "
                               f"decay is optimizer.weight_decay ({weight_decay}); set that, or "
-                              "weight_decay_incr_style=linear (or cosine) for a schedule from start to end")
+                              "weight_decay_incr_style=linear (or cosine) for a schedule from start to end",
+                              key="scheduler.weight_decay_ends.with_constant_style", where=other[0].split("=")[0])
         return weight_decay, weight_decay
     if missing := [f"scheduler.{key}" for key, value in ends.items() if value is None]:
         raise ConfigError(f"scheduler.weight_decay_incr_style={scheduler['weight_decay_incr_style']} schedules the "
-                          f"weight decay from start to end: set {' and '.join(missing)}")
+                          f"weight decay from start to end: set {' and '.join(missing)}",
+                          key="scheduler.weight_decay_ends.unset", where=missing[0])
     return ends["start_weight_decay"], ends["end_weight_decay"]
 
 
@@ -200,12 +213,13 @@ def objective_from(values: dict[str, Any]) -> ObjectiveConfig:
     try:
         objective = ObjectiveConfig(**values)
     except ValueError as error:
-        raise ConfigError(f"objective: {error}") from None
+        raise ConfigError(f"objective: {error}", key="objective.invalid", where="objective") from None
     if objective.ratio_level == "token":
         raise ConfigError("objective.ratio_level=token needs log mu of every completion token, and records carry one "
                           "behavior_logprob per completion (its sum), so training offers sequence (the paper's "
                           "ratio) and geometric_mean; the per-token ratio is nemo_topr.objective.policy_loss's, "
-                          "for callers that have per-token log mu (docs/objective.md)")
+                          "for callers that have per-token log mu (docs/objective.md)",
+                          key="objective.ratio_level.token", where="objective.ratio_level")
     return objective
 
 
@@ -221,7 +235,8 @@ def check_batch_division(values: dict[str, Any], world_size: int) -> None:
     if world_size % model_parallel:
         spelled = " x ".join(f"model.{key}={size}" for key, size in sizes.items())
         raise ConfigError(f"WORLD_SIZE {world_size} (ranks launched) is not a multiple of {spelled} = "
-                          f"{model_parallel}: launch a multiple of it, or change the model-parallel sizes")
+                          f"{model_parallel}: launch a multiple of it, or change the model-parallel sizes",
+                          key="world_size.not_multiple_of_model_parallel", where="WORLD_SIZE")
     data_parallel = world_size // model_parallel
     global_batch = _count(train, "train", "global_batch_size", 8)
     micro_batch = _count(train, "train", "micro_batch_size", 1)
@@ -231,7 +246,8 @@ def check_batch_division(values: dict[str, Any], world_size: int) -> None:
         near = " or ".join(str(size) for size in (below, below + step) if size >= step)
         raise ConfigError(f"train.global_batch_size={global_batch} is not a multiple of train.micro_batch_size x "
                           f"data-parallel size = {micro_batch} x {data_parallel} = {step} (data-parallel size = "
-                          f"WORLD_SIZE {world_size} / TP*PP*CP {model_parallel}): use a multiple, e.g. {near}")
+                          f"WORLD_SIZE {world_size} / TP*PP*CP {model_parallel}): use a multiple, e.g. {near}",
+                          key="train.global_batch_size.not_whole_micro_batches", where="train.global_batch_size")
 
 
 def _count(section: dict[str, Any], name: str, key: str, default: int) -> int:
@@ -254,7 +270,8 @@ def _check_packed_stream_pipeline(container: Any) -> None:
                           f"{model.pipeline_model_parallel_size}: the TOPR step sends each micro-batch through "
                           "Transformer Engine as one packed stream, which pipeline stages would receive in "
                           "[seq_length, micro_batch_size, hidden] order. Use train.micro_batch_size=1 (a packed "
-                          "row already holds many sequences; raise train.global_batch_size for more per step)")
+                          "row already holds many sequences; raise train.global_batch_size for more per step)",
+                          key="train.micro_batch_size.above_1_with_pipeline", where="train.micro_batch_size")
 
 
 def check_virtual_pipeline(model: Any) -> None:
@@ -269,11 +286,15 @@ def check_virtual_pipeline(model: Any) -> None:
     if vp < 2:
         raise ConfigError(f"model.virtual_pipeline_model_parallel_size={vp}: one chunk per pipeline stage is no "
                           "interleaving, yet Megatron would run its interleaved schedule and fail at the first step; "
-                          "leave it unset (null) or use 2 or more")
+                          "leave it unset (null) or use 2 or more",
+                          key="model.virtual_pipeline_model_parallel_size.below_2",
+                          where="model.virtual_pipeline_model_parallel_size")
     if pp == 1:
         raise ConfigError(f"model.virtual_pipeline_model_parallel_size={vp} with model.pipeline_model_parallel_size=1: "
                           "virtual stages interleave pipeline stages, and Megatron refuses them without a pipeline; "
-                          "set model.pipeline_model_parallel_size to 2 or more, or leave VP unset (null)")
+                          "set model.pipeline_model_parallel_size to 2 or more, or leave VP unset (null)",
+                          key="model.virtual_pipeline_model_parallel_size.without_pipeline",
+                          where="model.virtual_pipeline_model_parallel_size")
 
 
 def idle_schedule_warning(scheduler: Any, min_lr: float, train_iters: int) -> str | None:
@@ -302,7 +323,7 @@ def check_cpu_precision(container: Any) -> None:
     if set_lower:
         fix = " ".join(f"{key}={'false' if key.endswith(('bf16', 'fp16')) else 'fp32'}" for key in set_lower)
         raise ConfigError(f"{', '.join(set_lower)} with device=cpu: the CPU runtime trains in fp32 "
-                          f"(docs/cpu_runtime.md); set {fix}")
+                          f"(docs/cpu_runtime.md); set {fix}", key="precision.not_fp32_on_cpu", where=set_lower[0])
 
 
 def _check_distributed_optimizer(container: Any, device: str, fused_adam: bool) -> None:
@@ -316,13 +337,13 @@ def _check_distributed_optimizer(container: Any, device: str, fused_adam: bool) 
     turn_off = "optimizer.use_distributed_optimizer=false ddp.use_distributed_optimizer=false"
     if device == "cpu":
         raise ConfigError(f"{keys[0]}=true with device=cpu: Megatron's distributed optimizer needs CUDA "
-                          f"tensors; set {turn_off}")
+                          f"tensors; set {turn_off}", key="use_distributed_optimizer.on_cpu", where=keys[0])
     if not fused_adam:
         raise ConfigError(f"{' and '.join(keys)}=true on a GPU without Transformer Engine or Apex: Megatron-Core "
                           "then uses torch's Adam, whose distributed-optimizer checkpoint it cannot load (the run "
                           "could not resume: megatron/core/optimizer/distrib_optimizer.py:839). Install Transformer "
                           f"Engine (requirements-gpu.txt, or the NGC container), or set {turn_off} (Adam state then "
-                          "unsharded)")
+                          "unsharded)", key="use_distributed_optimizer.without_fused_adam", where=keys[0])
 
 
 def check_fp8(model: Any, device: str, *, without_fp8: str = "drop it (model.fp8=null)") -> None:
@@ -333,11 +354,13 @@ def check_fp8(model: Any, device: str, *, without_fp8: str = "drop it (model.fp8
         return
     if device == "cpu":
         raise ConfigError(f"model.fp8={model.fp8} with device=cpu: FP8 runs only in Transformer Engine's layers on a "
-                          f"GPU; the CPU runtime trains in fp32 and would ignore it. To train on the CPU, {without_fp8}")
+                          f"GPU; the CPU runtime trains in fp32 and would ignore it. To train on the CPU, {without_fp8}",
+                          key="model.fp8.on_cpu", where="model.fp8")
     if model.transformer_impl != "transformer_engine":
         raise ConfigError(f"model.fp8={model.fp8} with model.transformer_impl={model.transformer_impl!r}: FP8 runs only "
                           "in Transformer Engine's layers, which this run does not build (TE not installed, or "
-                          f"transformer_impl=local); install Transformer Engine (requirements-gpu.txt) or {without_fp8}")
+                          f"transformer_impl=local); install Transformer Engine (requirements-gpu.txt) or {without_fp8}",
+                          key="model.fp8.without_transformer_engine", where="model.fp8")
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -345,10 +368,12 @@ def check_run_dir(run_dir: Path) -> None:
     directory there (a Hugging Face or Megatron checkpoint given as run_dir by mistake, say for
     base_model) is refused before anything is written into it. A run directory is its own resume."""
     if run_dir.is_file():
-        raise ConfigError(f"run_dir={run_dir} is a file; a run writes a directory there")
+        raise ConfigError(f"run_dir={run_dir} is a file; a run writes a directory there", key="run_dir.is_a_file",
+                          where="run_dir")
     if not run_dir.is_dir():
         if not (existing := nearest_existing(run_dir.absolute())).is_dir():  # a NotADirectoryError traceback
-            raise ConfigError(f"run_dir={run_dir}: {existing} is a file, so no directory can be made under it")
+            raise ConfigError(f"run_dir={run_dir}: {existing} is a file, so no directory can be made under it",
+                              key="run_dir.under_a_file", where="run_dir")
         return
     try:
         found = model_source.resolve(run_dir)
@@ -356,16 +381,19 @@ def check_run_dir(run_dir: Path) -> None:
         if others := entries_of_others(run_dir):  # ... but not names the run writes
             raise ConfigError(f"run_dir={run_dir} holds {', '.join(others)}, which no start of nemo-topr train wrote "
                               f"there (it has no {START_CONFIGS_DIR}/start_*.yaml); the run writes these names and "
-                              f"would replace them: choose a new directory, e.g. run_dir={run_dir / 'run'}") from None
+                              f"would replace them: choose a new directory, e.g. run_dir={run_dir / 'run'}",
+                              key="run_dir.holds_others", where="run_dir") from None
         return
     if found.kind != "run":
         raise ConfigError(f"run_dir={run_dir} is a model, {found.describe()}; a run writes its checkpoints, configs "
                           "and logs into run_dir, so it must be a new directory or a run's (the model goes in "
-                          "base_model=)")
+                          "base_model=)", key="run_dir.is_a_model", where="run_dir")
 
 
 def check_resumable(base_model: ModelSource) -> None:
     """`resume_from_base=true` needs a base with training state to resume (`check_config`)."""
     if not base_model.is_megatron or not base_model.run_config().get("checkpoint", {}).get("save_optim"):
         raise ConfigError(f"resume_from_base=true needs a checkpoint saved by training, with optimizer state; "
-                          f"{base_model.describe()} has none (start from it without resume_from_base)")
+                          f"{base_model.describe()} has none (start from it without resume_from_base)",
+                          key="resume_from_base.no_training_state", where="resume_from_base")
+
