@@ -19,8 +19,8 @@ THREE_PROBLEMS = {"optimizer": {"lr": 1e-7, "min_lr": 5e-7}, "model": {"fp16": T
 
 def test_validate_returns_each_rules_problem_naming_its_key():
     problems = validate(THREE_PROBLEMS)
-    assert [str(problem).split("=")[0].split(" ")[0] for problem in problems] == [
-        "resume_from_base", "model.fp16", "optimizer.lr"]  # own values, model choices, learning-rate range
+    assert [problem.key for problem in problems] == [  # own values, model choices, learning-rate range
+        "resume_from_base.not_boolean", "model.precision.two_chosen", "optimizer.lr.below_min_lr"]
     assert all(isinstance(problem, ConfigError) for problem in problems)
     fixed = {**THREE_PROBLEMS, "optimizer": {"lr": 5e-7, "min_lr": 5e-7}, "model": {"bf16": True},
              "resume_from_base": False}
@@ -34,8 +34,9 @@ def test_refuse_raises_the_one_problem_or_all_of_them():
     assert raised.value is one
     with pytest.raises(ConfigError) as raised:
         refuse(validate(THREE_PROBLEMS))
-    assert [line.split("=")[0].split(" ")[0] for line in str(raised.value).splitlines()] == [
-        "resume_from_base", "model.fp16", "optimizer.lr"]
+    assert str(raised.value).splitlines() == [str(problem) for problem in validate(THREE_PROBLEMS)]
+    assert (raised.value.key, raised.value.where) == ("config.several_problems",
+                                                      "resume_from_base, model.fp16, optimizer.lr")
     refuse([])  # nothing to refuse
 
 
