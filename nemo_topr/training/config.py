@@ -69,17 +69,22 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
             searched = " nor in ".join(str(d) for d in dict.fromkeys([config_dir, CONF_DIR.resolve()]))
             raise ConfigError(f"config {config_dir / config_name}.yaml: its defaults name {error.missing_cfg_file!r}, "
                               f"found neither in {searched}; the presets: "
-                              f"{sorted(p.stem for p in CONF_DIR.glob('*.yaml'))}") from None
-        raise ConfigError(f"no config {config_name!r} in {config_dir}; available: {available}") from None
+                              f"{sorted(p.stem for p in CONF_DIR.glob('*.yaml'))}", key="config.defaults_name_missing",
+                              where="defaults") from None
+        raise ConfigError(f"no config {config_name!r} in {config_dir}; available: {available}", key="config.not_found",
+                          where="config") from None
     except yaml.YAMLError as error:  # the mark names the file (the user's, or one its defaults name) and line
-        raise ConfigError(unparsed_yaml(f"config {config_dir / config_name}.yaml", error)) from None
+        raise ConfigError(unparsed_yaml(f"config {config_dir / config_name}.yaml", error), key="config.not_yaml",
+                          where="config") from None
     if whole_run and "resume_from_base" not in cfg:  # conf/topr.yaml's key alone: the first missing one was named
         raise ConfigError(f"config {config_dir / config_name}.yaml composes nothing from conf/topr.yaml, the "
                           "recipe's settings (device, objective, run_dir, ...): begin it with a defaults list naming "
-                          "topr or a preset, as `defaults: [topr, _self_]` or `defaults: [llama31_8b_bf16, _self_]`")
+                          "topr or a preset, as `defaults: [topr, _self_]` or `defaults: [llama31_8b_bf16, _self_]`",
+                          key="config.without_recipe", where="defaults")
     malformed = [item for item in overrides if "=" not in item]
     if malformed:
-        raise ConfigError(f"overrides must be key=value; got {malformed}")
+        raise ConfigError(f"overrides must be key=value; got {malformed}", key="overrides.not_key_value",
+                          where=malformed[0])
     check_overrides(overrides)
     OmegaConf.set_struct(cfg, False)
     try:
@@ -88,10 +93,11 @@ def compose(config_name: str, overrides: list[str] = (), config_dir: str | Path 
         OmegaConf.to_container(cfg, resolve=True)  # a failing interpolation named by its key, as resolve() does not
         OmegaConf.resolve(cfg)
     except model_source.ModelSourceError as error:
-        raise ConfigError(str(error)) from None
+        raise ConfigError(str(error), key="base_model.alias_disagrees", where="hf_model") from None
     except OmegaConfBaseException as error:  # an override that does not parse, an interpolation that fails
         raise ConfigError(f"config {config_dir / config_name}.yaml{' with overrides' if overrides else ''}: "
-                          f"{omegaconf_problem(error)}") from None
+                          f"{omegaconf_problem(error)}", key="config.unresolvable",
+                          where=getattr(error, "full_key", None) or "config") from None
     return cfg
 
 
@@ -107,7 +113,7 @@ def check_overrides(overrides: list[str]) -> None:
         if key.startswith(("+", "~")):  # Hydra's add / delete: read as a section named "+optimizer"
             raise ConfigError(f"{item}: Hydra's + and ~ prefixes are not read here; set any key of the config "
                               f"as is ({key.lstrip('+~')}=VALUE: an unknown key is refused by name), or null it "
-                              f"({key.lstrip('+~')}=null)")
+                              f"({key.lstrip('+~')}=null)", key="overrides.hydra_prefix", where=key.lstrip("+~"))
         if value == "":
             none = f", or {key}=null for none" if takes_null(key) else ""
             raise ConfigError(f"{item}: an empty value (an unset shell variable?); give one{none}")
@@ -135,14 +141,15 @@ def config_location(config: str, config_dir: str | Path | None = None) -> tuple[
     path = Path(config)
     if path.suffix == ".yml":
         raise ConfigError(f"config {config}: Hydra reads configs only from .yaml files; rename it "
-                          f"{path.with_suffix('.yaml')}")
+                          f"{path.with_suffix('.yaml')}", key="config.yml_suffix", where="config")
     directory = Path(config_dir or CONF_DIR).resolve()
     if path.suffix == ".yaml" and (path.is_file() or len(path.parts) > 1):
         if not path.is_file():
-            raise ConfigError(f"config {config}: no such file")
+            raise ConfigError(f"config {config}: no such file", key="config.no_such_file", where="config")
         return path.resolve().parent, path.stem
     if path.suffix == ".yaml" and not (directory / path.name).is_file():  # a file meant here, not a preset
-        raise ConfigError(f"config {config}: no such file, here ({Path.cwd()}) or among the configs in {directory}")
+        raise ConfigError(f"config {config}: no such file, here ({Path.cwd()}) or among the configs in {directory}",
+                          key="config.not_here_nor_in_conf", where="config")
     return directory, path.name.removesuffix(".yaml")
 
 
@@ -193,7 +200,8 @@ def check_architecture_overrides(values: dict[str, Any], base_model: ModelSource
     if changed := shape_changes(model, provider, "the base model"):
         raise ConfigError(f"{changed} ({base_model.describe()}): a run trains "
                           "the base model's weights, whose shapes these keys set, so it would drop or misshape some "
-                          "of them; drop the override (the architecture comes from base_model)")
+                          "of them; drop the override (the architecture comes from base_model)",
+                          key="model.architecture.differs_from_base", where=changed.split("=")[0])
 
 
 def shape_changes(model: dict[str, Any], provider, whose: str) -> str | None:
@@ -279,7 +287,8 @@ def choose_pipeline_p2p(model: Any, set_by_config: set[str]) -> None:
         raise ConfigError("model.batch_p2p_comm=true with model.pipeline_model_parallel_size=2 and virtual pipeline "
                           "stages: Megatron's batched p2p crosses activations and gradients when the previous and "
                           "the next stage are one rank (NVIDIA/Megatron-LM#750), so losses and gradients would be "
-                          "silently wrong; leave model.batch_p2p_comm unset (the recipe uses overlapped p2p)")
+                          "silently wrong; leave model.batch_p2p_comm unset (the recipe uses overlapped p2p)",
+                          key="model.batch_p2p_comm.crossed_at_pp2", where="model.batch_p2p_comm")
 
 
 def _check_te_attention_cudnn(container: Any) -> None:
@@ -292,7 +301,8 @@ def _check_te_attention_cudnn(container: Any) -> None:
         return
     problem = te_attention_cudnn_problem()
     if problem:
-        raise ConfigError(f"{problem}. To train with it: {CUDNN_922_FIX}")
+        raise ConfigError(f"{problem}. To train with it: {CUDNN_922_FIX}", key="model.attention_backend.cudnn_backward",
+                          where="model.attention_backend")
 
 
 def _check_shared_prefix(container: Any) -> None:
@@ -304,7 +314,8 @@ def _check_shared_prefix(container: Any) -> None:
         try:
             prepare_shared_prefix_attention(container.model)
         except ValueError as error:
-            raise ConfigError(f"dataset.shared_prefix=true: {error}") from None
+            raise ConfigError(f"dataset.shared_prefix=true: {error}", key="dataset.shared_prefix.attention",
+                              where="dataset.shared_prefix") from None
 
 
 @dataclass
@@ -330,8 +341,9 @@ def build_training_run(raw: DictConfig) -> TrainingRun:
         try:
             model_source.check_intact(base_model)  # reads its .metadata with torch: here, not in check_config
         except model_source.ModelSourceError as error:
-            raise ConfigError(str(error)) from None
+            raise ConfigError(str(error), key="base_model.damaged", where="base_model") from None
     run_dir = Path(values["run_dir"]).resolve()
+
     _, provider = source_provider(base_model)
     # pinned host memory only speeds copies to an accelerator; without one torch warns at every loader
     dataset = ToprDatasetConfig(tokenizer_dir=str(base_model.hf_dir), report_path=str(run_dir / "data_report.json"),
