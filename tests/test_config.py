@@ -153,18 +153,17 @@ def test_batched_p2p_at_pp2_with_virtual_stages_is_refused(tiny_hf_8_layers, tmp
              "model.virtual_pipeline_model_parallel_size=2", "model.batch_p2p_comm=true")
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=1"],
-     r"^model.virtual_pipeline_model_parallel_size=1: one chunk per pipeline stage is no interleaving, .*unset"),
-    (["model.virtual_pipeline_model_parallel_size=2"],
-     r"^model.virtual_pipeline_model_parallel_size=2 with model.pipeline_model_parallel_size=1: .*2 or more"),
+@pytest.mark.parametrize("overrides, problem", [
+    (["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=1"], "below_2"),
+    (["model.virtual_pipeline_model_parallel_size=2"], "without_pipeline"),
 ])
-def test_virtual_stages_need_two_chunks_and_a_pipeline(tiny_hf, tmp_path, overrides, expected):
+def test_virtual_stages_need_two_chunks_and_a_pipeline(tiny_hf, tmp_path, overrides, problem):
     """Through `finetune()` on CPU these failed after the data was prepared: VP=1 at PP=2 in
     Megatron's interleaved schedule at the first step (AssertionError: a data iterator per model
     chunk), VP=2 at PP=1 in its set-up (RuntimeError: pipeline-model-parallel size should be
     greater than 1); `train` refuses both before."""
-    with pytest.raises(ConfigError, match=expected):
+    vp = "model.virtual_pipeline_model_parallel_size"
+    with raises_problem(f"{vp}.{problem}", vp):
         _run(tiny_hf, tmp_path, *overrides)
     assert not list(tmp_path.iterdir())  # nothing of the run was written
 
@@ -277,9 +276,9 @@ def test_the_weight_decay_given_is_the_one_megatrons_scheduler_applies(tiny_hf, 
 def test_bad_values_and_names_are_clear_errors(tiny_hf, tmp_path):
     with pytest.raises(ValueError, match="variant must be one of"):
         _run(tiny_hf, tmp_path, "objective.variant=grpo")
-    with pytest.raises(ConfigError, match="no config 'nope'"):
+    with raises_problem("config.not_found", "config"):
         compose("nope")
-    with pytest.raises(ConfigError, match="key=value"):
+    with raises_problem("overrides.not_key_value", "optimizer.lr"):
         compose("tiny_cpu", ["optimizer.lr"])
     with pytest.raises(ConfigError, match="not a model directory; expected one of"):  # nemo_topr.model.source
         _run(tmp_path, tmp_path)
