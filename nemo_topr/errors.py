@@ -6,7 +6,7 @@ renders it as one line, ``nemo-topr VERB: MESSAGE``, with the error's `exit_code
 subclass says otherwise). Verbs never catch user errors to print them: an error met deep in a
 verb reaches the user unchanged.
 
-`key` names the problem for tests and tools (``"dataset.train_path.missing"``); the message is for
+`key` names the problem for tests and tools (``"optimizer.lr.below_min_lr"``); the message is for
 people and may be reworded without touching a test that asserts the key.
 """
 
