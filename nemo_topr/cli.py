@@ -11,7 +11,7 @@ import os
 import sys
 
 from nemo_topr import __version__, installed_version
-from nemo_topr.errors import nearest, run_refusing
+from nemo_topr.errors import nearest, run_refusing, suggestion
 from nemo_topr.training.preemption_warning import hold_the_warning
 from nemo_topr.model.quiet import VERBOSE_ENV, quiet_known_noise
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:
         close = [name for name in VERBS if name.startswith(verb)] or nearest(verb, VERBS)
-        print(f"nemo-topr: unknown verb {verb!r}{f'; did you mean {close[0]}?' if close else ''}\n\n{_usage()}",
+        print(f"nemo-topr: unknown verb {verb!r}{suggestion(close[:1])}\n\n{_usage()}",
               file=sys.stderr)
         return 2
     if verb == "train":

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 
 class UserError(Exception):
@@ -43,14 +43,16 @@ def nearest(word: str, choices: Iterable[str], *, n: int = 1, cutoff: float = 0.
     return difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
 
 
+def suggestion(names: Sequence[str], *, joiner: str = " or ") -> str:
+    """``"; did you mean X?"`` naming suggestions already chosen (joined by `joiner`), ``""`` for none."""
+    return f"; did you mean {joiner.join(names)}?" if names else ""
+
+
 def did_you_mean(word: str, choices: Iterable[str], *, n: int = 1, cutoff: float = 0.6, quote: bool = False,
                  prefix: str = "") -> str:
-    """``"; did you mean X?"`` for the nearest choices (``X or Y`` when n > 1), or ``""`` when none is near.
+    """`suggestion` of the choices nearest `word` (``X or Y`` when n > 1), or ``""`` when none is near.
 
     `prefix` is put before each suggestion (a section's ``"optimizer."``); `quote` writes them as reprs.
     """
     close = nearest(word, choices, n=n, cutoff=cutoff)
-    if not close:
-        return ""
-    shown = [repr(prefix + name) if quote else prefix + name for name in close]
-    return f"; did you mean {' or '.join(shown)}?"
+    return suggestion([repr(prefix + name) if quote else prefix + name for name in close])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nemo_topr.errors import UserError, did_you_mean, nearest, run_refusing
+from nemo_topr.errors import UserError, did_you_mean, nearest, run_refusing, suggestion
 
 
 def test_user_error_carries_its_key_and_place_and_prints_its_message():
@@ -17,6 +17,8 @@ def test_did_you_mean_names_the_nearest_choices_or_nothing():
     assert did_you_mean("lrr", ["lr", "min_lr"], prefix="optimizer.", quote=True) == "; did you mean 'optimizer.lr'?"
     assert did_you_mean("zzz", ["train", "plan"]) == ""
     assert did_you_mean("evall", ["eval", "evals", "plan"], n=2) == "; did you mean eval or evals?"
+    assert suggestion(["dataset.epochs", "train.epochs"], joiner=", ") == "; did you mean dataset.epochs, train.epochs?"
+    assert suggestion([]) == ""
 
 
 def test_every_refusal_class_is_a_user_error_and_keeps_the_base_its_callers_catch():

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from nemo_topr.errors import UserError, nearest
+from nemo_topr.errors import UserError, nearest, suggestion
 from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
 
 FILE_FORMATS = {".jsonl": "JSONL", ".parquet": "Parquet", ".arrow": "Arrow"}
@@ -133,7 +133,7 @@ def _missing_hint(path: Path, typed: Path) -> str:
     parent = path.parent
     if parent.is_dir():
         near = nearest(path.name, [entry.name for entry in parent.iterdir()], n=3)
-        return f"; did you mean {' or '.join(str(parent / name) for name in near)}?" if near else ""
+        return suggestion([str(parent / name) for name in near])
     if len(typed.parts) == 2 and HUB_NAME.match(str(typed)):
         return f" (a Hugging Face hub dataset is read only when named so: {HUB_PREFIX}{typed})"
     return f" (nor does its directory {parent})"

@@ -16,7 +16,7 @@ import types
 import typing
 from typing import Any
 
-from nemo_topr.errors import nearest
+from nemo_topr.errors import nearest, suggestion
 from nemo_topr.objective import ObjectiveConfig
 from nemo_topr.training.config_error import ConfigError
 
@@ -206,7 +206,7 @@ def near_keys(key: str, names: list[str]) -> str:
     for name in names:
         by_leaf.setdefault(name.rsplit(".", 1)[-1], []).append(name)
     close = [name for leaf in nearest(key.rsplit(".", 1)[-1], by_leaf, n=3) for name in by_leaf[leaf]]
-    return f"; did you mean {', '.join(close[:3])}?" if close else ""
+    return suggestion(close[:3], joiner=", ")
 
 
 def top_level_names(classes: dict[str, type | None]) -> list[str]:
