@@ -9,7 +9,7 @@ A refusal *site* is
 - ``problems.append(...)`` / ``problems.extend(...)`` / ``yield`` of a message in a function that
   collects problems (its name holds ``problem`` or starts with ``check``).
 A refusal is identified by its message *template*: the literal text of the message's strings, each
-interpolated value written ``{}``. Sites whose message is built elsewhere (``raise ConfigError(message)``)
+interpolated value written ``{}`` (a `key=` or `where=` naming the problem is not part of it). Sites whose message is built elsewhere (``raise ConfigError(message)``)
 are identified by their function's name and the expression. Two sites with the same template are one
 refusal (one problem told in two places), so merging duplicate checks keeps the count; moving code or
 renaming a module does not change it; rewording changes a template but not the count.
@@ -30,6 +30,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nemo_topr"
 # raised for control flow or a programming error, never shown to a user as a refusal
 INTERNAL = {"NotImplementedError", "AssertionError", "StopIteration", "KeyboardInterrupt", "Terminated", "Skipped",
             "CheckFailed"}
+NAMING = {"key", "where"}  # a refusal's name and location (nemo_topr.errors.UserError), not its message
 
 
 def template(node: ast.AST) -> str | None:
@@ -60,7 +61,9 @@ def _callee(call: ast.Call) -> str:
 
 
 def _message(call: ast.Call, function: str) -> str:
-    texts = [text for arg in [*call.args, *(k.value for k in call.keywords)] if (text := template(arg)) is not None]
+    # key= and where= name the problem for tests and tools; the message is the rest
+    told = [*call.args, *(keyword.value for keyword in call.keywords if keyword.arg not in NAMING)]
+    texts = [text for arg in told if (text := template(arg)) is not None]
     return " | ".join(texts) if texts else f"{function}: {ast.unparse(call)}"
 
 

@@ -1,16 +1,14 @@
 """Training config's refusals as a table: one row per problem, its bad input → the problem's key and where.
 
-The rows assert the key and where only; the words are in tests/golden/refusals.txt, read as a whole and
-compared here (``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_refusals_train.py`` rewrites
-it), so rewording a message changes that file and no test. Every key `nemo_topr.training.validation` and
+The rows assert the key and where only; the words are in tests/golden/refusals.txt (tests/refusal_table.py),
+read as a whole and compared here (``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest
+tests/test_refusals_train.py`` rewrites this table's section), so rewording a message changes that file and no test. Every key `nemo_topr.training.validation` and
 `nemo_topr.training.schema` and `nemo_topr.training.config` can raise has a row: a new refusal without one fails
 `test_the_table_covers_every_key_the_code_raises`.
 """
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import dataclasses
 import io
 import json
@@ -28,8 +26,8 @@ import pytest
 import torch
 from conftest import REPO, checkout_env, placeholder_hf_model
 from omegaconf import OmegaConf
+from refusal_table import assert_covers, assert_golden, raised, rendered
 
-from nemo_topr.errors import run_refusing
 from nemo_topr.model import source as model_source
 from nemo_topr.training import schema
 from nemo_topr.training.config import check_overrides, choose_pipeline_p2p, compose, config_location
@@ -37,9 +35,6 @@ from nemo_topr.training.config_error import ConfigError
 from nemo_topr.training.validation import (check_batch_division, check_config, check_resumable, check_run_dir,
                                            refuse, validate, validate_container)
 
-GOLDEN = Path(__file__).parent / "golden" / "refusals.txt"
-GOLDEN_HEADER = ("# nemo-topr train's config refusals: VERB  KEY  WHERE: the message as printed. Written by "
-                 "NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_refusals_train.py; do not edit.")
 SOURCES = [REPO / "nemo_topr" / "training" / name for name in ("validation.py", "schema.py", "config.py")]
 # keys the table cannot reach without Megatron, and what needs it
 NEEDS_MEGATRON = {
@@ -48,20 +43,6 @@ NEEDS_MEGATRON = {
     "model.attention_backend.cudnn_backward": "Transformer Engine's cuDNN attention",
     "dataset.shared_prefix.attention": "Megatron's layer specs (nemo_topr.training.flex_attention)",
     "base_model.damaged": "build_training_run, which imports Megatron before it"}
-# ConfigErrors without a key: their message is told elsewhere too (iterate/config.py, model/source.py), and
-# scripts/count_refusals.py reads a key= as part of the message, so a key would count them as new refusals
-KEYLESS = (": an empty value (an unset shell variable?); give one", " disagree; hf_model is an alias of base_model")
-
-
-def raised(check: Callable[..., object], *args: object) -> Callable[[], list[ConfigError]]:
-    """A row's problem: the ConfigError `check(*args)` raises (none: an empty list)."""
-    def problem() -> list[ConfigError]:
-        try:
-            check(*args)
-        except ConfigError as error:
-            return [error]
-        return []
-    return problem
 
 
 def values(config: dict) -> Callable[[], list[ConfigError]]:
@@ -200,6 +181,7 @@ ROWS = [
     ("base_model.alias_disagrees", "hf_model", raised(compose, "both.yaml")),
     ("config.unresolvable", "run_dir", raised(compose, "tiny_cpu", ["run_dir=${nope}"])),
     ("overrides.hydra_prefix", "optimizer.lr", raised(check_overrides, ["+optimizer.lr=1"])),
+    ("overrides.empty_value", "optimizer.lr", raised(check_overrides, ["optimizer.lr="])),
     ("config.yml_suffix", "config", raised(config_location, "exp.yml")),
     ("config.no_such_file", "config", raised(config_location, "my_runs/exp.yaml")),
     ("config.not_here_nor_in_conf", "config", raised(config_location, "exp3.yaml")),
@@ -232,66 +214,14 @@ def test_the_rows_inputs_pass_but_for_their_change():
     assert check_batch_division({}, 1) is None
 
 
-def templates_in_code() -> dict[str, str]:
-    """Each `key=` template of a ConfigError raised in SOURCES (a value as ``{}``) → its first site;
-    a ConfigError without key= or where= is a failure naming its site."""
-    found, bare = {}, []
-    for source in SOURCES:
-        for node in ast.walk(ast.parse(source.read_text())):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ConfigError"):
-                continue
-            site = f"{source.name}:{node.lineno}"
-            keywords = {keyword.arg: keyword.value for keyword in node.keywords}
-            if "key" not in keywords or "where" not in keywords:
-                if not any(message in ast.unparse(node) for message in KEYLESS):
-                    bare.append(site)
-                continue
-            key = keywords["key"]
-            parts = key.values if isinstance(key, ast.JoinedStr) else [key]
-            found.setdefault("".join(part.value if isinstance(part, ast.Constant) else "{}" for part in parts), site)
-    assert not bare, f"ConfigError without key= and where=: {bare}"
-    return found
-
-
-def best_template(key: str, templates: list[str]) -> str | None:
-    """The template `key` is an instance of, the most literal one where several fit."""
-    fitting = [template for template in templates
-               if re.fullmatch(".+".join(re.escape(part) for part in template.split("{}")), key)]
-    return max(fitting, key=lambda template: len(template.replace("{}", "")), default=None)
-
-
 def test_the_table_covers_every_key_the_code_raises():
-    templates = templates_in_code()
-    matched = {key: best_template(key, list(templates)) for key, _, _ in ROWS}
-    assert [key for key, template in matched.items() if template is None] == []  # a row for no refusal
-    missing = set(templates) - set(matched.values()) - set(NEEDS_MEGATRON)
-    assert not missing, f"refusals without a row in ROWS: {sorted((templates[t], t) for t in missing)}"
-    assert len({key for key, _, _ in ROWS}) == len(ROWS)  # one row per problem
-
-
-def rendered(key: str, where: str, problem: Callable[[], list[ConfigError]]) -> str:
-    """The row's line of the golden file: its message as `nemo-topr train` prints it (`run_refusing`,
-    as `cli.main`), a message's further lines indented, the inputs' directory (the current one) as INPUTS
-    and the checkout as REPO."""
-    [error] = problem()
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr):
-        run_refusing("nemo-topr train", lambda argv: (_ for _ in ()).throw(error), [])
-    message = stderr.getvalue().rstrip("\n").replace(str(Path.cwd()), "INPUTS").replace(str(REPO), "REPO")
-    return f"train  {key}  {where}: " + message.replace("\n", "\n    ")
-
-
-def golden_text() -> str:
-    return "\n".join([GOLDEN_HEADER, *sorted(rendered(*row) for row in ROWS)]) + "\n"
+    assert_covers(ROWS, SOURCES, {"ConfigError"}, unreachable=NEEDS_MEGATRON)
 
 
 def test_the_messages_are_the_golden_files(inputs, monkeypatch):
     monkeypatch.chdir(inputs)
-    text = golden_text()
-    if os.environ.get("NEMO_TOPR_UPDATE_GOLDEN") == "1":
-        GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(text)
-    assert text == GOLDEN.read_text()
+    assert_golden("tests/test_refusals_train.py",
+                  [rendered("train", key, where, *problem(), inputs) for key, where, problem in ROWS])
 
 
 def test_the_table_imports_no_megatron(tmp_path):

@@ -116,12 +116,13 @@ def check_overrides(overrides: list[str]) -> None:
                               f"({key.lstrip('+~')}=null)", key="overrides.hydra_prefix", where=key.lstrip("+~"))
         if value == "":
             none = f", or {key}=null for none" if takes_null(key) else ""
-            raise ConfigError(f"{item}: an empty value (an unset shell variable?); give one{none}")
+            raise ConfigError(f"{item}: an empty value (an unset shell variable?); give one{none}",
+                              key="overrides.empty_value", where=key)
         if key in ("base_model", "hf_model"):
             models[key] = value
     if len(models) == 2 and models["base_model"] != models["hf_model"]:
         raise ConfigError(f"base_model={models['base_model']} and hf_model={models['hf_model']} disagree; hf_model "
-                          "is an alias of base_model: set one")
+                          "is an alias of base_model: set one", key="base_model.alias_disagrees", where="hf_model")
 
 
 def unparsed_yaml(what: str, error: Exception) -> str:
