@@ -1,4 +1,4 @@
-"""What every refusal table (tests/test_refusals_*.py) shares: a row's problem, the check that the table
+"""What every refusal table (the tests/test_refusals_VERB files) shares: a row's problem, the check that the table
 covers every key the code raises, and the one golden file of rendered messages.
 
 A table is a list of rows ``(key, where, problem)``: `problem()` returns the `UserError`s a minimal bad
@@ -22,9 +22,9 @@ from conftest import REPO
 from nemo_topr.errors import UserError, run_refusing
 
 GOLDEN = Path(__file__).parent / "golden" / "refusals.txt"
-HEADER = ("# The refusals' messages as printed: one section per table (## tests/test_refusals_X.py), one line per row, "
-          "VERB  KEY  WHERE: MESSAGE. Written by NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest "
-          "tests/test_refusals_X.py; do not edit.")
+HEADER = ("# The refusals' messages as printed: one section per table (## and the table's path), one line per row, "
+          "VERB  KEY  WHERE: MESSAGE. Written by NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest TABLE; "
+          "do not edit.")
 Row = tuple[str, str, Callable[[], list[UserError]]]
 
 
@@ -105,7 +105,7 @@ def sections(text: str) -> dict[str, str]:
 
 
 def assert_golden(table: str, lines: Iterable[str]) -> None:
-    """`lines` (sorted) are the golden file's section for `table` (``tests/test_refusals_X.py``); with
+    """`lines` (sorted) are the golden file's section for `table` (its path from the checkout); with
     NEMO_TOPR_UPDATE_GOLDEN=1 the section is written first. Every section names a table that exists."""
     body = "".join(f"{line}\n" for line in sorted(lines))
     found = sections(GOLDEN.read_text()) if GOLDEN.exists() else {}
