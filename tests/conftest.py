@@ -28,8 +28,8 @@ WORKERS = Path(__file__).parent / "workers"
 
 # The modules whose tests start a real Slurm (the `slurm_cluster` or `slurm_two_nodes` fixture):
 # one unit of work, so that a single xdist worker starts and stops those clusters.
-REAL_SLURM_MODULES = ("tests/test_slurm.py", "tests/test_slurm_cluster.py", "tests/test_slurm_two_nodes.py",
-                      "tests/test_srun.py")
+REAL_SLURM_MODULES = ("tests/slurm/test_scripts.py", "tests/slurm/test_one_node.py", "tests/slurm/test_two_nodes.py",
+                      "tests/slurm/test_srun.py")
 
 
 def xdist_unit(nodeid: str) -> str:
@@ -232,7 +232,7 @@ def run_distributed(worker: str, nproc: int, *args: str, timeout: float = 600) -
 
 def port_below_ephemeral_range() -> int:
     """A free port for ranks that must be told it ahead and bind it only after their start-up
-    (the fake-srun jobs of tests/test_slurm.py, ~20-30 s later). The OS hands out ports of its
+    (the fake-srun jobs of tests/slurm/test_scripts.py, ~20-30 s later). The OS hands out ports of its
     ephemeral range (ip_local_port_range) to every bind to port 0 and outgoing connection, the
     other pytest worker's launches included, so a free port from there could be taken first
     (EADDRINUSE); below it only an explicit bind could, and the real Slurm jobs' ports

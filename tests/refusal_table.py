@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from conftest import REPO
+from tests.conftest import REPO
 
 from nemo_topr.errors import UserError, run_refusing
 

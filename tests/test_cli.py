@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, checkout_env, placeholder_hf_model
+from tests.conftest import REPO, checkout_env, placeholder_hf_model
 from nemo_topr.cli import main
 
 

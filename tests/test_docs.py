@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from tests.conftest import REPO
 
 README = REPO / "README.md"
 README_LIMIT = 12_000

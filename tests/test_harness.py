@@ -11,7 +11,7 @@ import pytest
 
 import nemo_topr
 from nemo_topr.utils import distributed
-from conftest import REPO, WORKERS, checkout_env, port_below_ephemeral_range, run_distributed
+from tests.conftest import REPO, WORKERS, checkout_env, port_below_ephemeral_range, run_distributed
 
 
 def _imported_from(output: str) -> Path:

@@ -15,7 +15,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import REPO
+from tests.conftest import REPO
 
 PACKAGE = "nemo_topr"
 # Bottom to top. A module belongs to the layer with an entry equal to its dotted name or a parent

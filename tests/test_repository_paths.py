@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from tests.conftest import REPO
 
 SCANNED = ("nemo_topr", "tests", "bench", "conf", "slurm", "launchers", "scripts", "Makefile")
 NOT_SCANNED = (

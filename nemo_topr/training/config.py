@@ -274,7 +274,7 @@ def choose_pipeline_p2p(model: Any, set_by_config: set[str]) -> None:
     previous and to the next stage in one batch. At PP = 2 both are the same rank, whose receives
     take them crossed: activations as gradients and back, of equal shapes, without an error
     (NVIDIA/Megatron-LM#750, #1450). A PP=2 x VP=2 step so gave other losses than
-    one rank's (tests/test_topr_step.py). Megatron-LM's default for interleaving, and Bridge's
+    one rank's (tests/training/test_step.py). Megatron-LM's default for interleaving, and Bridge's
     CommOverlapConfig for VP > 1, is unbatched, overlapped p2p; so is the recipe's, unless the
     config sets a key itself (`set_by_config`: the model section's keys), and batched p2p at PP = 2
     is refused."""

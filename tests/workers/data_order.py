@@ -1,4 +1,4 @@
-"""The training data order as a fresh process sees it (tests/test_data_order.py).
+"""The training data order as a fresh process sees it (tests/data/test_order.py).
 
     python data_order.py TRAIN_PATH TOKENIZER_DIR SEQ_LENGTH SEED EPOCHS GLOBAL_BATCH CONSUMED
 

@@ -1,5 +1,5 @@
 """One launcher rank (RANK in the environment) of `nemo-topr train` up to the end of prepare(),
-which runs before torch.distributed exists. For tests/test_checkpoints.py.
+which runs before torch.distributed exists. For tests/training/test_checkpoints.py.
 
     prepare_rank.py RUN_DIR READY_DIR START_FILE key=value...
 
