@@ -8,6 +8,8 @@ PYTEST_ARGS ?=
 # stay on one worker (tests/conftest.py). TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+# each test's time (set-up and tear-down included) in JUnit XML, CI's artefact; the slowest 30 printed
+TIMES = --durations=30 --junitxml=runs/pytest/$@.xml
 
 .PHONY: venv test test-fast demo clean bench miniature miniature-study miniature-study2 miniature-study3
 
@@ -15,10 +17,10 @@ venv:
 	@scripts/setup_venv.sh
 
 test: venv
-	$(PYTHON) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(PYTHON) -m pytest $(XDIST) $(TIMES) $(PYTEST_ARGS)
 
 test-fast: venv
-	$(PYTHON) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest $(XDIST) $(TIMES) -m "not slow" $(PYTEST_ARGS)
 
 demo: venv
 	$(PYTHON) -m nemo_topr.demo
