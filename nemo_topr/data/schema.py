@@ -13,12 +13,14 @@ FIELDS = REQUIRED_FIELDS + OPTIONAL_FIELDS
 
 class DataError(UserError, ValueError):
     """A data problem located as `path:line: field: problem`; line 0 is the file or dataset as a
-    whole, written `path: field: problem` (editors read `path:0:` as a line that is not there)."""
+    whole, written `path: field: problem` (editors read `path:0:` as a line that is not there). Its
+    `where` is that location, ``path:line: field``; `key` names the problem."""
 
-    def __init__(self, path: str | Path, line: int, field: str, problem: str):
+    def __init__(self, path: str | Path, line: int, field: str, problem: str, *, key: str | None = None):
         self.path, self.line, self.field, self.problem = str(path), line, field, problem
-        where = f"{self.path}:{line}" if line else self.path
-        super().__init__(f"{where}: {field}: {problem}" if where else f"{field}: {problem}")
+        located = f"{self.path}:{line}" if line else self.path
+        where = f"{located}: {field}" if located else field
+        super().__init__(f"{where}: {problem}", key=key, where=where)
 
 
 class RejectedRow(Exception):

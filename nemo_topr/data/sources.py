@@ -72,21 +72,27 @@ def open_sources(paths: str | Path | Sequence[str | Path], *,
     for source in sources:  # a file given twice (`a.jsonl d/`, or two spellings) was a "duplicate sample_id"
         key = source.name if source.format == "hub" else Path(source.name).resolve()
         if key in read_as:
-            raise DataError(source.name, 0, "path", f"named twice (also as {read_as[key]}): its records would be read "
-                            "twice; name each file or directory once")
+            raise refusal(source.name, 0, f"named twice (also as {read_as[key]}): its records would be read "
+                          "twice; name each file or directory once", key="path.named_twice", where="path")
         read_as[key] = source.name
     formats = {source.format: source.name for source in sources}
     if len(formats) > 1:
         named = " and ".join(f"{fmt} ({name})" for fmt, name in sorted(formats.items()))
-        raise DataError(spec_name(paths), 0, "format", f"mixes {named}; use one format per dataset")
+        raise refusal(spec_name(paths), 0, f"mixes {named}; use one format per dataset", key="format.mixed",
+                      where="format")
     if split is not None and not formats.keys() & {"datasets", "hub"}:
-        raise DataError(spec_name(paths), 0, "split", f"split {split!r} applies only to a saved DatasetDict "
-                        "or a hub dataset")
+        raise refusal(spec_name(paths), 0, f"split {split!r} applies only to a saved DatasetDict or a hub dataset",
+                      key="split.without_splits", where="split")
     return sources, notes
 
 
 def spec_name(paths: str | Path | Sequence[str | Path]) -> str:
     return str(paths) if isinstance(paths, (str, Path)) else ",".join(map(str, paths))
+
+
+def refusal(path: str | Path, line: int, problem: str, *, key: str, where: str) -> DataError:
+    """The DataError `key` of field, column or option `where` of `path` at `line` (0: the source as a whole)."""
+    return DataError(path, line, where, problem, key=key)
 
 
 def _sources_of(spec: str, split: str | None) -> tuple[list[Source], str | None]:
@@ -98,20 +104,22 @@ def _sources_of(spec: str, split: str | None) -> tuple[list[Source], str | None]
                            f"directory holds no {READ_SUFFIXES} files and no dataset written by save_to_disk")
     if path.is_file():
         if path.suffix not in FILE_FORMATS:
-            raise DataError(spec, 0, "path", f"unknown format {path.suffix!r}; expected {READ_SUFFIXES}"
-                            + (f" ({FORMAT_HINTS[path.suffix]})" if path.suffix in FORMAT_HINTS else ""))
+            raise refusal(spec, 0, f"unknown format {path.suffix!r}; expected {READ_SUFFIXES}"
+                          + (f" ({FORMAT_HINTS[path.suffix]})" if path.suffix in FORMAT_HINTS else ""),
+                          key="path.unknown_format", where="path")
         return [_file_source(path)], None
     if path.exists():  # a FIFO, socket or device: no records file, yet no "does not exist" either
-        raise DataError(spec, 0, "path", NOT_A_RECORDS_PATH)
+        raise refusal(spec, 0, NOT_A_RECORDS_PATH, key="path.not_a_file_or_directory", where="path")
     if glob.has_magic(spec):
         return _data_files(spec, sorted(map(Path, glob.glob(spec))),
                            f"pattern matches no {READ_SUFFIXES} files")
     if spec.startswith(HUB_PREFIX):
         name = spec.removeprefix(HUB_PREFIX)
         if not HUB_NAME.match(name):
-            raise DataError(spec, 0, "path", f"{name!r} is no hub dataset name (owner/name)")
+            raise refusal(spec, 0, f"{name!r} is no hub dataset name (owner/name)", key="path.not_a_hub_name",
+                          where="path")
         return [_hub_source(name, split)], None
-    raise DataError(spec, 0, "path", "does not exist" + _missing_hint(path, path))
+    raise refusal(spec, 0, "does not exist" + _missing_hint(path, path), key="path.missing", where="path")
 
 
 def why_missing(spec: str, typed: str | None = None) -> str | None:
@@ -150,7 +158,8 @@ def _data_files(spec: str, entries: list[Path], none_found: str) -> tuple[list[S
         else:
             others.append(entry.name + ("/" if entry.is_dir() else ""))
     if not data:
-        raise DataError(spec, 0, "path", none_found + (f" (it has: {_some(others)})" if others else ""))
+        raise refusal(spec, 0, none_found + (f" (it has: {_some(others)})" if others else ""),
+                      key="path.no_data_files", where="path")
     note = f"{spec}: {len(others)} not read, not a {READ_SUFFIXES} file: {_some(others)}"
     return [_file_source(file) for file in data], note if others else None
 
@@ -172,10 +181,11 @@ def _file_source(path: Path) -> Source:
 
 
 class KeyGivenTwice(UserError, ValueError):
-    def __init__(self, key: str, values: list[Any]):
+    """A JSON object's key (`where`) given several `values`."""
+
+    def __init__(self, values: list[Any], *, key: str, where: str):
         super().__init__(f"given {len(values)} times in one object, with different values "
-                         f"({', '.join(f'{v!r:.40}' for v in values)}): which is meant?")
-        self.key = key
+                         f"({', '.join(f'{v!r:.40}' for v in values)}): which is meant?", key=key, where=where)
 
 
 def _object_of_distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -186,7 +196,7 @@ def _object_of_distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         for key in row:
             values = [value for name, value in pairs if name == key]
             if any(json.dumps(value) != json.dumps(values[0]) for value in values):  # NaN as NaN
-                raise KeyGivenTwice(key, values)
+                raise KeyGivenTwice(values, key="record.key_given_twice", where=key)
     return row
 
 
@@ -201,18 +211,21 @@ def jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
                 text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as error:
                 problem = f"invalid UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1})"
-                yield number, RejectedRow("invalid_utf8", DataError(path, number, "record", problem))
+                yield number, RejectedRow("invalid_utf8", refusal(path, number, problem, key="record.invalid_utf8",
+                                                                  where="record"))
                 continue
             try:
                 yield number, json.loads(text.rstrip("\r\n"), object_pairs_hook=_object_of_distinct_keys)
             except KeyGivenTwice as error:
-                yield number, RejectedRow("invalid_json", DataError(path, number, error.key, str(error)))
+                yield number, RejectedRow("invalid_json", refusal(path, number, str(error),
+                                                                  key="record.key_given_twice", where=error.where))
             except json.JSONDecodeError as error:
                 problem = f"invalid JSON: {error.msg} (column {error.colno})"
                 if error.msg.startswith("Unexpected UTF-8 BOM"):  # Python's message suggests a decoding option
                     problem = ("invalid JSON: the line starts with a UTF-8 byte-order mark (BOM), which belongs only "
                                "at the start of a file (files concatenated with their BOMs?); remove it")
-                yield number, RejectedRow("invalid_json", DataError(path, number, "record", problem))
+                yield number, RejectedRow("invalid_json", refusal(path, number, problem, key="record.invalid_json",
+                                                                  where="record"))
 
 
 def _numbered(batches: Iterator[Any]) -> Iterator[tuple[int, Any]]:
@@ -228,7 +241,7 @@ def _parquet_source(path: Path) -> Source:
     import pyarrow.parquet as pq
 
     def unreadable(error: Exception) -> DataError:
-        return DataError(path, 0, "file", f"cannot read Parquet ({error})")
+        return refusal(path, 0, f"cannot read Parquet ({error})", key="file.parquet_unreadable", where="file")
 
     try:
         columns = tuple(pq.read_schema(path).names)
@@ -258,7 +271,8 @@ def _arrow_batches(path: Path) -> tuple[Any, Callable[[], Iterator[Any]]]:
     try:
         schema = pa.ipc.open_stream(pa.memory_map(str(path))).schema
     except (pa.ArrowInvalid, OSError) as error:
-        raise DataError(path, 0, "file", f"cannot read Arrow (neither an IPC file nor a stream: {error})") from error
+        raise refusal(path, 0, f"cannot read Arrow (neither an IPC file nor a stream: {error})",
+                      key="file.arrow_unreadable", where="file") from error
     return schema, lambda: iter(pa.ipc.open_stream(pa.memory_map(str(path))))
 
 
@@ -289,17 +303,19 @@ def load_saved_dataset(path: str | Path, split: str | None):
     if saved_dataset_kind(path) == "DatasetDict":
         splits = json.loads((path / SAVED_DATASET_DICT_FILE).read_text())["splits"]
         if split is None:
-            raise DataError(path, 0, "split", f"a saved DatasetDict with splits {splits}; choose one "
-                            "(dataset.split, --split)")
+            raise refusal(path, 0, f"a saved DatasetDict with splits {splits}; choose one (dataset.split, --split)",
+                          key="split.not_chosen", where="split")
         if split not in splits:
-            raise DataError(path, 0, "split", f"no split {split!r}; splits: {splits}")
+            raise refusal(path, 0, f"no split {split!r}; splits: {splits}", key="split.unknown", where="split")
         path = path / split
     elif split is not None:
-        raise DataError(path, 0, "split", f"a saved Dataset has no splits; drop split {split!r}")
+        raise refusal(path, 0, f"a saved Dataset has no splits; drop split {split!r}",
+                      key="split.of_a_dataset_without_splits", where="split")
     try:
         return datasets.load_from_disk(str(path)), str(path)
     except Exception as error:  # datasets raises several types for broken directories
-        raise DataError(path, 0, "file", f"cannot load the saved dataset ({error})") from error
+        raise refusal(path, 0, f"cannot load the saved dataset ({error})", key="file.saved_dataset_unloadable",
+                      where="file") from error
 
 
 def _dataset_source(dataset, name: str) -> Source:
@@ -315,12 +331,12 @@ def _hub_source(name: str, split: str | None) -> Source:
     try:
         dataset = datasets.load_dataset(name, split=split, streaming=True)
     except Exception as error:  # offline, unknown name, no access: datasets raises many types
-        raise DataError(HUB_PREFIX + name, 0, "path", "as a Hugging Face hub dataset it cannot be loaded "
-                        f"({type(error).__name__}: {error}); on a machine without hub access, save_to_disk the "
-                        "dataset elsewhere and pass that directory") from error
+        raise refusal(HUB_PREFIX + name, 0, "as a Hugging Face hub dataset it cannot be loaded "
+                      f"({type(error).__name__}: {error}); on a machine without hub access, save_to_disk the "
+                      "dataset elsewhere and pass that directory", key="path.hub_unloadable", where="path") from error
     if isinstance(dataset, datasets.IterableDatasetDict):
-        raise DataError(HUB_PREFIX + name, 0, "split", f"a hub dataset with splits {list(dataset)}; choose one "
-                        "(dataset.split, --split)")
+        raise refusal(HUB_PREFIX + name, 0, f"a hub dataset with splits {list(dataset)}; choose one "
+                      "(dataset.split, --split)", key="split.not_chosen_on_hub", where="split")
     columns = tuple(dataset.column_names) if dataset.column_names is not None else None
     return Source(HUB_PREFIX + name + (f"[{split}]" if split else ""), "hub", columns,
                   lambda: enumerate(dataset, start=1))
@@ -342,12 +358,9 @@ class ColumnMapping:
               source: str = "") -> ColumnMapping:
         """From {field: column}, "field=column,field=column" or ["field=column", ...] (repeated
         --column); a problem is a DataError naming `source`."""
-
-        def fail(problem: str) -> DataError:
-            return DataError(source, 0, "columns", problem)
-
         if extra_columns not in EXTRA_COLUMNS:
-            raise fail(f"extra_columns must be one of {EXTRA_COLUMNS}; got {extra_columns!r}")
+            raise refusal(source, 0, f"extra_columns must be one of {EXTRA_COLUMNS}; got {extra_columns!r}",
+                          key="extra_columns.invalid", where="extra_columns")
         pairs: list[tuple[str, Any]] = []
         if isinstance(spec, Mapping):
             pairs = list(spec.items())
@@ -356,19 +369,24 @@ class ColumnMapping:
                 for pair in filter(None, (part.strip() for part in item.split(","))):
                     name, equals, column = pair.partition("=")
                     if not equals:
-                        raise fail(f"expected field=column, got {pair!r}")
+                        raise refusal(source, 0, f"expected field=column, got {pair!r}",
+                                      key="columns.not_field_equals_column", where="columns")
                     pairs.append((name.strip(), column.strip()))
         columns: dict[str, str] = {}
         for name, column in pairs:
             if name not in FIELDS:
-                raise fail(f"unknown field {name!r} in the column mapping; fields: {', '.join(FIELDS)}")
+                raise refusal(source, 0, f"unknown field {name!r} in the column mapping; fields: {', '.join(FIELDS)}",
+                              key="columns.unknown_field", where="columns")
             if not isinstance(column, str) or not column:
-                raise fail(f"field {name!r} maps to {column!r}; expected a column name")
+                raise refusal(source, 0, f"field {name!r} maps to {column!r}; expected a column name",
+                              key="columns.not_a_column_name", where="columns")
             if name in columns:
-                raise fail(f"field {name!r} is mapped twice ({columns[name]!r} and {column!r})")
+                raise refusal(source, 0, f"field {name!r} is mapped twice ({columns[name]!r} and {column!r})",
+                              key="columns.field_mapped_twice", where="columns")
             other = next((f for f, c in columns.items() if c == column), None)
             if other is not None:
-                raise fail(f"fields {other!r} and {name!r} both map to column {column!r}")
+                raise refusal(source, 0, f"fields {other!r} and {name!r} both map to column {column!r}",
+                              key="columns.column_mapped_twice", where="columns")
             columns[name] = column
         return cls(columns, extra_columns)
 
@@ -382,12 +400,13 @@ class ColumnMapping:
         listed = ", ".join(map(str, columns))
         for name, column in self.columns.items():
             if column not in columns:
-                raise DataError(source, line, name, f"mapped to column {column!r}, which is not there "
-                                f"(columns: {listed})")
+                raise refusal(source, line, f"mapped to column {column!r}, which is not there (columns: {listed})",
+                              key="columns.mapped_column_missing", where=name)
         for column in columns:
             if column in self.columns and column not in self.columns.values():
-                raise DataError(source, line, column, f"column {column!r} would stand for field {column!r}, "
-                                f"which is mapped to column {self.columns[column]!r}; map or remove one of them")
+                raise refusal(source, line, f"column {column!r} would stand for field {column!r}, which is mapped "
+                              f"to column {self.columns[column]!r}; map or remove one of them",
+                              key="columns.column_named_as_mapped_field", where=column)
 
     def rename(self, source: str, line: int, row: dict[str, Any]) -> dict[str, Any]:
         """The row under our field names (a JSONL row can hold keys the first one did not)."""
@@ -398,8 +417,9 @@ class ColumnMapping:
             if key in mapped:
                 continue
             if key in out:
-                raise DataError(source, line, key, f"column {key!r} would stand for field {key!r}, which is "
-                                f"mapped to column {self.columns[key]!r}; map or remove one of them")
+                raise refusal(source, line, f"column {key!r} would stand for field {key!r}, which is mapped to "
+                              f"column {self.columns[key]!r}; map or remove one of them",
+                              key="columns.column_named_as_mapped_field", where=key)
             if self.extra_columns == "meta" and key not in FIELDS:
                 extra[key] = value
             else:
@@ -411,7 +431,8 @@ class ColumnMapping:
             elif isinstance(meta, dict):  # anything else is left to validation (meta: wrong type)
                 clash = sorted(meta.keys() & extra.keys())
                 if clash:
-                    raise DataError(source, line, "meta", f"extra column {clash[0]!r} is also a key of meta")
+                    raise refusal(source, line, f"extra column {clash[0]!r} is also a key of meta",
+                                  key="extra_columns.key_of_meta", where="meta")
                 out["meta"] = {**meta, **extra}
         return out
 
@@ -423,7 +444,8 @@ class ColumnMapping:
             for name in REQUIRED_FIELDS:
                 if name not in present:
                     listed = ", ".join(source.columns)
-                    raise DataError(source.name, 0, self.label(name), f"missing column (columns: {listed})")
+                    raise refusal(source.name, 0, f"missing column (columns: {listed})", key="columns.required_missing",
+                                  where=self.label(name))
         if not self.columns and self.extra_columns == "error":
             yield from source.read()  # nothing to rename: the rows as read
             return
