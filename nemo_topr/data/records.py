@@ -25,16 +25,16 @@ import json
 import math
 import re
 import sys
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from nemo_topr.errors import did_you_mean
 from nemo_topr.data.schema import FIELDS, REQUIRED_FIELDS, DataError, RejectedRow
-from nemo_topr.data.sources import ColumnMapping, open_sources, spec_name
+from nemo_topr.data.report import ValidationReport
+from nemo_topr.data.sources import ColumnMapping, open_sources, refusal, spec_name
 from nemo_topr.utils.outputs import written_whole
 
 Messages = list[dict[str, str]]
@@ -81,6 +81,10 @@ class Record:
     def error(self, field: str, problem: str) -> DataError:
         return DataError(self.path, self.line, field, problem)
 
+    def rejected(self, reason: str, problem: str, *, key: str, where: str) -> RejectedRow:
+        """Problem `key` of this record's field `where`: raised when strict, else dropped under `reason`."""
+        return RejectedRow(reason, DataError(self.path, self.line, where, problem, key=key))
+
     def to_json(self) -> dict[str, Any]:
         """The record as written to JSONL: schema fields only, absent optionals left out."""
         values = {name: getattr(self, name) for name in FIELDS}
@@ -99,47 +103,6 @@ MAX_ABS_REWARD = 1e6
 def is_positive(reward: float) -> bool:
     """The paper's T+ (R >= 0), the rule `nemo_topr.objective` applies by default."""
     return reward >= 0
-
-
-@dataclass
-class ValidationReport:
-    """What happened to every record: records_in = records_used + sum(dropped.values())."""
-
-    files: list[str] = field(default_factory=list)
-    records_in: int = 0
-    records_used: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)
-    first_error: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def reject(self, reason: str, error: DataError, strict: bool) -> None:
-        """Raise `error` when strict; otherwise count one dropped record under `reason`."""
-        if strict:
-            raise error
-        self.dropped[reason] += 1
-        self.first_error.setdefault(reason, str(error))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "files": self.files,
-            "records_in": self.records_in,
-            "records_used": self.records_used,
-            "records_dropped": sum(self.dropped.values()),
-            "dropped": dict(sorted(self.dropped.items())),
-            "first_error": dict(sorted(self.first_error.items())),
-            "notes": self.notes,
-        }
-
-    def format(self) -> str:
-        lines = [
-            f"files: {len(self.files)}",
-            f"records in: {self.records_in}",
-            f"records used: {self.records_used}",
-            f"records dropped: {sum(self.dropped.values())}",
-        ]
-        for reason, count in sorted(self.dropped.items()):
-            lines.append(f"  {reason}: {count}  (first: {self.first_error[reason]})")
-        return "\n".join(lines + self.notes)
 
 
 @dataclass
@@ -227,44 +190,51 @@ def check_messages(path: str | Path, line: int, messages: list) -> None:
     surrogate; the last user message asks something, and the last message is not the assistant's.
     RejectedRow names the first problem."""
 
-    def reject(reason: str, field_name: str, problem: str) -> RejectedRow:
-        return RejectedRow(reason, DataError(path, line, field_name, problem))
+    def rejected(reason: str, problem: str, *, key: str, where: str) -> RejectedRow:
+        return RejectedRow(reason, DataError(path, line, where, problem, key=key))
 
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise reject("wrong_type", f"prompt[{i}]", f"expected a message object, got {_type_name(message)}")
-        for key in ("role", "content"):
-            if not isinstance(message.get(key), str):
-                problem = f"expected a string, got {_type_name(message.get(key))}"
-                raise reject("wrong_type", f"prompt[{i}].{key}", problem)
+            raise rejected("wrong_type", f"expected a message object, got {_type_name(message)}",
+                           key="record.prompt.message.not_an_object", where=f"prompt[{i}]")
+        for name in ("role", "content"):
+            if not isinstance(message.get(name), str):
+                problem = f"expected a string, got {_type_name(message.get(name))}"
+                raise rejected("wrong_type", problem, key=f"record.prompt.message.{name}.not_a_string",
+                               where=f"prompt[{i}].{name}")
         role = message["role"]
         if role not in CHAT_ROLES:
-            raise reject("invalid_message", f"prompt[{i}].role", f"unknown role {role!r}; the chat template knows "
-                         f"{', '.join(CHAT_ROLES)}" + did_you_mean(role, CHAT_ROLES, quote=True))
+            raise rejected("invalid_message", f"unknown role {role!r}; the chat template knows "
+                           f"{', '.join(CHAT_ROLES)}" + did_you_mean(role, CHAT_ROLES, quote=True),
+                           key="record.prompt.message.role.unknown", where=f"prompt[{i}].role")
         if problem := lone_surrogate_problem(message["content"]):
-            raise reject("invalid_utf8", f"prompt[{i}].content", problem)
+            raise rejected("invalid_utf8", problem, key="record.prompt.message.content.lone_surrogate",
+                           where=f"prompt[{i}].content")
     if not messages:
         return
     # the completion follows the prompt rendered with a new assistant header, so a last assistant
     # message would be a finished turn the completion does not continue
     if messages[-1]["role"] == "assistant":
-        raise reject("invalid_message", f"prompt[{len(messages) - 1}].role", "the last message is the assistant's: "
-                     "the completion is a new assistant turn after it, not its continuation; end the prompt with the "
-                     "message the completion answers, and put text the assistant began into the completion")
+        raise rejected("invalid_message", "the last message is the assistant's: the completion is a new assistant "
+                       "turn after it, not its continuation; end the prompt with the message the completion answers, "
+                       "and put text the assistant began into the completion",
+                       key="record.prompt.ends_with_assistant", where=f"prompt[{len(messages) - 1}].role")
     last_user = next((i for i in reversed(range(len(messages))) if messages[i]["role"] == "user"), None)
     if last_user is not None and not messages[last_user]["content"]:
-        raise reject("empty_prompt", f"prompt[{last_user}].content", "is empty (the last user message)")
+        raise rejected("empty_prompt", "is empty (the last user message)", key="record.prompt.last_user_message.empty",
+                       where=f"prompt[{last_user}].content")
     if not any(message["content"] for message in messages):
-        raise reject("empty_prompt", "prompt", "every message's content is empty")
+        raise rejected("empty_prompt", "every message's content is empty", key="record.prompt.messages.empty",
+                       where="prompt")
 
 
-def _assistant_content(completion: list, reject) -> str:
+def _assistant_content(completion: list, rejected) -> str:
     """The text of TRL's conversational completion, a list of one assistant message."""
     message = completion[0] if len(completion) == 1 else None
     if not (isinstance(message, dict) and message.get("role") == "assistant"
             and isinstance(message.get("content"), str)):
-        raise reject("wrong_type", "completion", "expected a string or one assistant message "
-                     "{role: assistant, content: string}")
+        raise rejected("wrong_type", "expected a string or one assistant message {role: assistant, content: string}",
+                       key="record.completion.not_one_assistant_message", where="completion")
     return message["content"]
 
 
@@ -272,69 +242,80 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
     """The Record a parsed row describes, or RejectedRow naming the first problem found; a
     field renamed by `mapping` is named with its column."""
 
-    def reject(reason: str, field_name: str, problem: str) -> RejectedRow:
-        return RejectedRow(reason, DataError(path, line, mapping.label(field_name), problem))
+    def rejected(reason: str, problem: str, *, key: str, where: str) -> RejectedRow:
+        return RejectedRow(reason, DataError(path, line, mapping.label(where), problem, key=key))
 
     if not isinstance(row, dict):
-        raise reject("wrong_type", "record", f"expected a JSON object, got {_type_name(row)}")
+        raise rejected("wrong_type", f"expected a JSON object, got {_type_name(row)}", key="record.not_an_object",
+                       where="record")
     unknown = sorted(set(row) - set(FIELDS))
     if unknown:  # a schema problem (often a misspelt field), never a per-record drop
         known = ", ".join(FIELDS)
-        raise DataError(path, line, unknown[0], f"unknown field; known fields: {known} (put extra data under "
-                        "'meta', map columns to fields with a column mapping, or set extra_columns=meta)")
+        raise refusal(path, line, f"unknown field; known fields: {known} (put extra data under 'meta', map columns "
+                      "to fields with a column mapping, or set extra_columns=meta)", key="record.unknown_field",
+                      where=unknown[0])
     for name in REQUIRED_FIELDS:
         if row.get(name) is None:
-            raise reject("missing_field", name, "missing" if name not in row else "is null")
+            raise rejected("missing_field", "missing" if name not in row else "is null", key=f"record.{name}.missing",
+                           where=name)
     values = {name: row.get(name) for name in FIELDS}
 
     prompt, completion = values["prompt"], values["completion"]
     if isinstance(completion, list):
-        completion = _assistant_content(completion, reject)
+        completion = _assistant_content(completion, rejected)
     if isinstance(prompt, list):
         check_messages(path, line, prompt)
     elif not isinstance(prompt, str):
-        raise reject("wrong_type", "prompt", f"expected a string or a list of messages, got {_type_name(prompt)}")
+        raise rejected("wrong_type", f"expected a string or a list of messages, got {_type_name(prompt)}",
+                       key="record.prompt.wrong_type", where="prompt")
     if not isinstance(completion, str):
-        raise reject("wrong_type", "completion", f"expected a string, got {_type_name(completion)}")
+        raise rejected("wrong_type", f"expected a string, got {_type_name(completion)}",
+                       key="record.completion.wrong_type", where="completion")
     for name in ("reward", "behavior_logprob", "baseline"):
         if values[name] is not None and not is_number(values[name]):
             # a sampler's per-token log-probs (vLLM's `logprobs`): TOPR's ratio is over the whole sequence
             per_token = (": the completion's log mu(y|x) is one number, the sum over its tokens; score it with "
                          "`nemo-topr score-logprobs` (the trainer's own numerics, so rho = 1 at step 0)"
                          if name == "behavior_logprob" and isinstance(values[name], list) else "")
-            raise reject("wrong_type", name, f"expected a number, got {_type_name(values[name])} "
-                                             f"{values[name]!r}{per_token}")
+            raise rejected("wrong_type", f"expected a number, got {_type_name(values[name])} {values[name]!r}"
+                           f"{per_token}", key=f"record.{name}.not_a_number", where=name)
     for name in ("prompt_id", "sample_id"):
         if values[name] is not None and not is_id(values[name]):
-            raise reject("wrong_type", name, f"expected a string or an integer, got {_type_name(values[name])}")
+            raise rejected("wrong_type", f"expected a string or an integer, got {_type_name(values[name])}",
+                           key=f"record.{name}.not_an_id", where=name)
     if values["meta"] is not None and not isinstance(values["meta"], dict):
-        raise reject("wrong_type", "meta", f"expected an object, got {_type_name(values['meta'])}")
+        raise rejected("wrong_type", f"expected an object, got {_type_name(values['meta'])}",
+                       key="record.meta.not_an_object", where="meta")
     # messages' content is check_messages'; meta too, as data curate writes it
     texts = {**values, "prompt": prompt if isinstance(prompt, str) else None, "completion": completion}
     for name in ("prompt", "completion", "prompt_id", "sample_id", "meta"):
         for where, text in _strings_of(texts[name], name):
             if problem := lone_surrogate_problem(text):
-                raise reject("invalid_utf8", where, problem)
+                raise rejected("invalid_utf8", problem, key=f"record.{name}.lone_surrogate", where=where)
 
     reward, logprob, baseline = values["reward"], values["behavior_logprob"], values["baseline"]
     if not _is_finite(reward):
-        raise reject("nonfinite_reward", "reward", f"must be finite, got {reward}")
+        raise rejected("nonfinite_reward", f"must be finite, got {reward}", key="record.reward.not_finite",
+                       where="reward")
     if abs(reward) > MAX_ABS_REWARD:
-        raise reject("reward_out_of_range", "reward", f"|{_shown(reward)}| > {MAX_ABS_REWARD:g} overflows the training "
-                                                      "loss or its gradient norm in float32; rescale the rewards")
+        raise rejected("reward_out_of_range", f"|{_shown(reward)}| > {MAX_ABS_REWARD:g} overflows the training loss "
+                       "or its gradient norm in float32; rescale the rewards", key="record.reward.out_of_range",
+                       where="reward")
     # the lower bound refuses an int below float range (-10**400), which float() below could not convert
     if logprob is not None and not (_is_finite(logprob) and -sys.float_info.max <= logprob <= 0):
         problem = f"must be a finite log-probability <= 0, got {_shown(logprob)}"
-        raise reject("invalid_behavior_logprob", "behavior_logprob", problem)
+        raise rejected("invalid_behavior_logprob", problem, key="record.behavior_logprob.not_a_logprob",
+                       where="behavior_logprob")
     if baseline is not None and not _is_finite(baseline):
-        raise reject("nonfinite_baseline", "baseline", f"must be finite, got {baseline}")
+        raise rejected("nonfinite_baseline", f"must be finite, got {baseline}", key="record.baseline.not_finite",
+                       where="baseline")
     if baseline is not None and abs(baseline) > MAX_ABS_REWARD:
-        raise reject("baseline_out_of_range", "baseline", f"|{_shown(baseline)}| > {MAX_ABS_REWARD:g} overflows the "
-                                                          "training loss or its gradient norm in float32")
+        raise rejected("baseline_out_of_range", f"|{_shown(baseline)}| > {MAX_ABS_REWARD:g} overflows the training "
+                       "loss or its gradient norm in float32", key="record.baseline.out_of_range", where="baseline")
     if not prompt:
-        raise reject("empty_prompt", "prompt", "is empty")
+        raise rejected("empty_prompt", "is empty", key="record.prompt.empty", where="prompt")
     if not completion:
-        raise reject("empty_completion", "completion", "is empty")
+        raise rejected("empty_completion", "is empty", key="record.completion.empty", where="completion")
 
     return Record(
         prompt=prompt,
@@ -353,8 +334,8 @@ def _record_from_row(path: str, line: int, row: Any, index: int, mapping: Column
 
 def _rendered(record: Record) -> Record:
     if not isinstance(record.prompt, str):
-        raise RejectedRow("wrong_type", record.error("prompt", "a list of messages, but rendered_prompts is set: a "
-                                                               "rendered prompt is one string, as the sampler read it"))
+        raise record.rejected("wrong_type", "a list of messages, but rendered_prompts is set: a rendered prompt is "
+                              "one string, as the sampler read it", key="record.prompt.not_rendered", where="prompt")
     return replace(record, prompt=RenderedPrompt(record.prompt))
 
 
@@ -366,8 +347,8 @@ def require_scored(records: RecordSet) -> None:
     """Training needs log mu of every record: data without `behavior_logprob` (one schema per
     dataset: all records have it or none) is refused, naming the command that adds it."""
     if records.records and records.records[0].behavior_logprob is None:
-        raise DataError(",".join(records.report.files), 0, "behavior_logprob",
-                        "absent: score the data first (`nemo-topr score-logprobs`)")
+        raise refusal(",".join(records.report.files), 0, "absent: score the data first (`nemo-topr score-logprobs`)",
+                      key="dataset.behavior_logprob.absent", where="behavior_logprob")
 
 
 def schema_of(record: Record) -> dict[str, str]:
@@ -410,22 +391,23 @@ class _ConsistencyCheck:
             self.file_schema = schema
             if schema != self.schema:
                 name, here, there = _schema_difference(schema, self.schema)
-                raise record.error(name, f"schema differs between files: {here} here, {there} in {self.schema_path}")
+                raise refusal(record.path, record.line, f"schema differs between files: {here} here, {there} in "
+                              f"{self.schema_path}", key="dataset.schema.differs_between_files", where=name)
         if schema != self.file_schema:
             name, here, there = _schema_difference(schema, self.file_schema)
             problem = f"schema differs within the file: {here} here, {there} in earlier records"
-            raise RejectedRow("schema_mismatch", record.error(name, problem))
+            raise record.rejected("schema_mismatch", problem, key="record.schema.differs_within_file", where=name)
         if record.prompt_id is not None:
             first = self.first_of_prompt_id.setdefault(record.prompt_id, record)
             if first.prompt != record.prompt:
                 problem = f"differs from the prompt of prompt_id {record.prompt_id!r} at {first.path}:{first.line}"
-                raise RejectedRow("conflicting_prompt", record.error("prompt", problem))
+                raise record.rejected("conflicting_prompt", problem, key="record.prompt.conflicts", where="prompt")
         if record.sample_id is not None:  # the prompt stands in for a missing prompt_id
             first = self.first_of_id.setdefault((record.prompt_key, record.sample_id), record)
             if first is not record:
                 problem = f"duplicate sample_id {record.sample_id!r} of prompt {record.prompt_name!r}"
                 problem += f"; first at {first.path}:{first.line}"
-                raise RejectedRow("duplicate_id", record.error("sample_id", problem))
+                raise record.rejected("duplicate_id", problem, key="record.sample_id.duplicate", where="sample_id")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,12 +459,12 @@ def load_records(
                 continue
             records.append(record)
         if report.records_in == records_before:
-            raise DataError(source.name, 0, "file", "empty (no records)")
+            raise refusal(source.name, 0, "empty (no records)", key="file.empty", where="file")
 
     report.records_used = len(records)
     if not records:
         problem = f"no usable records ({report.records_in} read, all dropped: {dict(report.dropped)})"
-        raise DataError(spec_name(paths), 0, "dataset", problem)
+        raise refusal(spec_name(paths), 0, problem, key="dataset.no_usable_records", where="dataset")
     return RecordSet(records, report)
 
 
