@@ -15,22 +15,29 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "data"
 SCORED = FIXTURES / "gsm8k_scored.jsonl"
 MALFORMED = FIXTURES / "malformed.jsonl"
 
-# line of malformed.jsonl -> (reason counted in non-strict mode, field named, words of the problem)
+# line of malformed.jsonl -> (reason counted in non-strict mode, field named, the problem's key)
 MALFORMED_LINES = {
-    2: ("invalid_json", "record", "invalid JSON"),
-    3: ("invalid_utf8", "record", "invalid UTF-8"),
-    4: ("missing_field", "reward", "missing"),
-    5: ("wrong_type", "completion", "expected a string, got number"),
-    6: ("wrong_type", "reward", "expected a number, got string '1.0'"),
-    7: ("nonfinite_reward", "reward", "nan"),
-    8: ("nonfinite_reward", "reward", "inf"),
-    9: ("invalid_behavior_logprob", "behavior_logprob", "nan"),
-    10: ("invalid_behavior_logprob", "behavior_logprob", "<= 0, got 0.5"),
-    11: ("empty_completion", "completion", "is empty"),
-    12: ("duplicate_id", "sample_id", "first at"),
-    13: ("schema_mismatch", "behavior_logprob", "schema differs within the file"),
+    2: ("invalid_json", "record", "record.invalid_json"),
+    3: ("invalid_utf8", "record", "record.invalid_utf8"),
+    4: ("missing_field", "reward", "record.reward.missing"),
+    5: ("wrong_type", "completion", "record.completion.wrong_type"),
+    6: ("wrong_type", "reward", "record.reward.not_a_number"),
+    7: ("nonfinite_reward", "reward", "record.reward.not_finite"),
+    8: ("nonfinite_reward", "reward", "record.reward.not_finite"),
+    9: ("invalid_behavior_logprob", "behavior_logprob", "record.behavior_logprob.not_a_logprob"),
+    10: ("invalid_behavior_logprob", "behavior_logprob", "record.behavior_logprob.not_a_logprob"),
+    11: ("empty_completion", "completion", "record.completion.empty"),
+    12: ("duplicate_id", "sample_id", "record.sample_id.duplicate"),
+    13: ("schema_mismatch", "behavior_logprob", "record.schema.differs_within_file"),
 }
 MALFORMED_VALID_LINES = [1, 14, 15, 16]
+
+
+def refused(*args, **kwargs) -> tuple[str, str]:
+    """(key, where) of the DataError `load_records(*args, **kwargs)` raises."""
+    with pytest.raises(DataError) as caught:
+        load_records(*args, **kwargs)
+    return caught.value.key, caught.value.where
 
 
 def _lines(path: Path) -> list[bytes]:
@@ -61,19 +68,14 @@ def test_real_gsm8k_rows_load_with_full_report():
 
 @pytest.mark.parametrize("line", sorted(MALFORMED_LINES))
 def test_strict_mode_raises_naming_file_line_and_field(tmp_path, line):
-    _, field, problem = MALFORMED_LINES[line]
+    _, field, key = MALFORMED_LINES[line]
     path = tmp_path / "one_bad.jsonl"
     path.write_bytes(_lines(MALFORMED)[0] + _lines(MALFORMED)[line - 1])
-    with pytest.raises(DataError) as caught:
-        load_records(path, strict=True)
-    assert str(caught.value).startswith(f"{path}:2: {field}: ")
-    assert problem in caught.value.problem
-    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), 2, field)
+    assert refused(path, strict=True) == (key, f"{path}:2: {field}")
 
 
 def test_strict_mode_stops_at_the_first_problem_of_the_fixture():
-    with pytest.raises(DataError, match=rf"^{MALFORMED}:2: record: invalid JSON"):
-        load_records(MALFORMED)
+    assert refused(MALFORMED) == ("record.invalid_json", f"{MALFORMED}:2: record")
 
 
 def test_non_strict_mode_counts_every_drop_by_reason():
@@ -86,7 +88,7 @@ def test_non_strict_mode_counts_every_drop_by_reason():
     assert report.records_in == 16 == len(records.records) + sum(report.dropped.values())
     assert report.records_used == len(records.records) == len(MALFORMED_VALID_LINES)
     assert [r.line for r in records.records] == MALFORMED_VALID_LINES
-    for line, (reason, field, problem) in MALFORMED_LINES.items():
+    for line, (reason, field, _) in MALFORMED_LINES.items():
         if line == min(k for k, v in MALFORMED_LINES.items() if v[0] == reason):
             assert report.first_error[reason].startswith(f"{MALFORMED}:{line}: {field}: ")
     assert "records dropped: 12" in report.format()
@@ -99,53 +101,40 @@ def test_record_index_counts_dropped_records_too():
 
 @pytest.mark.parametrize("strict", [True, False])
 def test_empty_file_missing_path_and_no_match_raise_in_both_modes(tmp_path, strict):
-    with pytest.raises(DataError, match=rf"^{FIXTURES / 'empty.jsonl'}: file: empty"):
-        load_records(FIXTURES / "empty.jsonl", strict=strict)
-    with pytest.raises(DataError, match=rf"^{tmp_path / 'nope.jsonl'}: path: does not exist"):
-        load_records(tmp_path / "nope.jsonl", strict=strict)
-    with pytest.raises(DataError, match="pattern matches no"):
-        load_records(str(tmp_path / "*.jsonl"), strict=strict)
-    with pytest.raises(DataError, match="directory holds no"):
-        load_records(tmp_path, strict=strict)
+    empty = FIXTURES / "empty.jsonl"
+    assert refused(empty, strict=strict) == ("file.empty", f"{empty}: file")
+    assert refused(tmp_path / "nope.jsonl", strict=strict) == ("path.missing", f"{tmp_path / 'nope.jsonl'}: path")
+    assert refused(str(tmp_path / "*.jsonl"), strict=strict) == ("path.no_data_files", f"{tmp_path}/*.jsonl: path")
+    assert refused(tmp_path, strict=strict) == ("path.no_data_files", f"{tmp_path}: path")
     (tmp_path / "data.csv").write_text("prompt,completion,reward\n")
-    with pytest.raises(DataError, match="unknown format '.csv'"):
-        load_records(tmp_path / "data.csv", strict=strict)
+    assert refused(tmp_path / "data.csv", strict=strict) == ("path.unknown_format", f"{tmp_path / 'data.csv'}: path")
 
 
 @pytest.mark.parametrize("strict", [True, False])
 def test_schema_differing_between_files_names_both(strict):
-    with pytest.raises(DataError) as caught:
-        load_records(FIXTURES / "schema_mismatch", strict=strict)
-    message = str(caught.value)
-    assert message.startswith(f"{FIXTURES / 'schema_mismatch' / 'b.jsonl'}:1: behavior_logprob: schema differs between files")
-    assert str(FIXTURES / "schema_mismatch" / "a.jsonl") in message
+    assert refused(FIXTURES / "schema_mismatch", strict=strict) == (
+        "dataset.schema.differs_between_files", f"{FIXTURES / 'schema_mismatch' / 'b.jsonl'}:1: behavior_logprob")
 
 
-def test_a_null_field_is_named_absent_or_null(tmp_path):
-    """`"behavior_logprob": null` in one record of a scored file was reported as "absent here"."""
+def test_a_null_field_differs_from_a_number_as_an_absent_one_does(tmp_path):
     rows = _scored_rows()[:2]
     rows[1] = {**rows[1], "behavior_logprob": None}
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    with pytest.raises(DataError, match=r":2: behavior_logprob: schema differs within the file: absent or null here, "
-                                        r"number in earlier records"):
-        load_records(tmp_path / "data.jsonl")
+    assert refused(tmp_path / "data.jsonl") == ("record.schema.differs_within_file",
+                                                f"{tmp_path / 'data.jsonl'}:2: behavior_logprob")
 
 
 def test_misspelt_field_is_a_schema_error(tmp_path):
     row = {**_scored_rows()[0], "behaviour_logprob": -3.0}
     path = tmp_path / "typo.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    with pytest.raises(DataError, match=rf"^{path}:1: behaviour_logprob: unknown field"):
-        load_records(path, strict=False)
+    assert refused(path, strict=False) == ("record.unknown_field", f"{path}:1: behaviour_logprob")
 
 
 def test_directory_with_mixed_formats_names_both(tmp_path):
     (tmp_path / "part-0.jsonl").write_bytes(SCORED.read_bytes())
     _write_parquet(tmp_path / "part-1.parquet", _scored_rows())
-    with pytest.raises(DataError) as caught:
-        load_records(tmp_path)
-    assert str(caught.value).startswith(f"{tmp_path}: format: mixes JSONL")
-    assert "part-0.jsonl" in str(caught.value) and "part-1.parquet" in str(caught.value)
+    assert refused(tmp_path) == ("format.mixed", f"{tmp_path}: format")
 
 
 def test_parquet_reads_like_jsonl(tmp_path):
@@ -159,38 +148,22 @@ def test_parquet_errors_name_the_row_and_column(tmp_path):
     rows = _scored_rows()
     rows[2]["reward"] = math.nan
     path = _write_parquet(tmp_path / "nan.parquet", rows)
-    with pytest.raises(DataError, match=rf"^{path}:3: reward: must be finite"):
-        load_records(path)
+    assert refused(path) == ("record.reward.not_finite", f"{path}:3: reward")
     assert load_records(path, strict=False).report.dropped == {"nonfinite_reward": 1}
 
     missing = _write_parquet(tmp_path / "missing.parquet", [{k: v for k, v in r.items() if k != "reward"} for r in rows])
-    with pytest.raises(DataError, match=rf"^{missing}: reward: missing column"):
-        load_records(missing, strict=False)
+    assert refused(missing, strict=False) == ("columns.required_missing", f"{missing}: reward")
 
     as_string = _write_parquet(tmp_path / "string.parquet", [{**r, "reward": str(r["reward"])} for r in rows])
-    with pytest.raises(DataError, match=rf"^{as_string}:1: reward: expected a number, got string"):
-        load_records(as_string)
-
-    corrupt = tmp_path / "corrupt.parquet"
-    corrupt.write_bytes(b"not parquet")
-    with pytest.raises(DataError, match=rf"^{corrupt}: file: cannot read Parquet"):
-        load_records(corrupt)
+    assert refused(as_string) == ("record.reward.not_a_number", f"{as_string}:1: reward")
 
 
 def test_chat_message_prompts_are_validated(tmp_path):
     row = {"prompt": [{"role": "user", "content": 3}], "completion": "x", "reward": 1}
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    with pytest.raises(DataError, match=rf"^{path}:1: prompt\[0\].content: expected a string, got number"):
-        load_records(path)
+    assert refused(path) == ("record.prompt.message.content.not_a_string", f"{path}:1: prompt[0].content")
     assert load_records(FIXTURES / "math500_chat.jsonl").records[0].prompt[1]["role"] == "user"
-
-
-def test_a_dataset_with_every_record_dropped_raises(tmp_path):
-    path = tmp_path / "bad.jsonl"
-    path.write_text('{"prompt": "q", "completion": "", "reward": 1}\n')
-    with pytest.raises(DataError, match=r": dataset: no usable records \(1 read"):
-        load_records(path, strict=False)
 
 
 def test_globs_and_lists_read_files_in_order_with_one_index(tmp_path):
@@ -221,17 +194,8 @@ def test_files_of_a_directory_or_pattern_that_are_not_read_are_named_in_the_repo
     compressed = tmp_path / "compressed"
     compressed.mkdir()
     (compressed / "part-1.jsonl.gz").write_bytes((tmp_path / "part-1.jsonl.gz").read_bytes())
-    with pytest.raises(DataError, match=r"directory holds no \.jsonl, \.parquet or \.arrow files and no dataset "
-                                        r"written by save_to_disk \(it has: part-1\.jsonl\.gz\)$"):
-        load_records(compressed)
-    with pytest.raises(DataError, match=r"unknown format '\.gz'; expected \.jsonl, \.parquet or \.arrow "
-                                        r"\(decompress it first\)$"):
-        load_records(compressed / "part-1.jsonl.gz")
-    (compressed / "to_json.json").write_text("".join(rows[:2]))  # what datasets' Dataset.to_json writes
-    with pytest.raises(DataError, match=r"unknown format '\.json'; expected \.jsonl, \.parquet or \.arrow \(JSON Lines "
-                                        r"named \.json, as datasets' to_json writes\? rename it \.jsonl; a JSON array: "
-                                        r"write one record per line\)$"):
-        load_records(compressed / "to_json.json")
+    assert refused(compressed) == ("path.no_data_files", f"{compressed}: path")
+    assert refused(compressed / "part-1.jsonl.gz") == ("path.unknown_format", f"{compressed / 'part-1.jsonl.gz'}: path")
     for n in range(4):  # shards one level down are not searched for: said, with the rest
         (tmp_path / f"notes-{n}.txt").write_text("")
     assert load_records(tmp_path).report.notes[0].endswith(": 7 not read, not a .jsonl, .parquet or .arrow file: "
@@ -242,24 +206,21 @@ def test_files_of_a_directory_or_pattern_that_are_not_read_are_named_in_the_repo
 def test_duplicate_ids_are_found_across_files(tmp_path):
     for name in ("a.jsonl", "b.jsonl"):
         (tmp_path / name).write_bytes(_lines(SCORED)[0])
-    with pytest.raises(DataError, match=rf"b.jsonl:1: sample_id: duplicate .* first at {tmp_path / 'a.jsonl'}:1"):
-        load_records(tmp_path)
+    assert refused(tmp_path) == ("record.sample_id.duplicate", f"{tmp_path / 'b.jsonl'}:1: sample_id")
 
 
 def test_sample_ids_repeat_across_prompts_but_not_within_one(tmp_path):
     rows = [{"prompt": p, "completion": "x", "reward": 1, "sample_id": 0} for p in ("q1", "q2", "q1")]
     path = tmp_path / "ids.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(DataError, match=rf"^{path}:3: sample_id: duplicate sample_id 0 of prompt '\(prompt text\)'; first at {path}:1"):
-        load_records(path)
+    assert refused(path) == ("record.sample_id.duplicate", f"{path}:3: sample_id")
 
 
 def test_a_prompt_id_names_one_prompt(tmp_path):
     rows = [{"prompt": p, "completion": "x", "reward": 1, "prompt_id": 5, "sample_id": i} for i, p in enumerate("aba")]
     path = tmp_path / "ids.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(DataError, match=rf"^{path}:2: prompt: differs from the prompt of prompt_id 5 at {path}:1"):
-        load_records(path)
+    assert refused(path) == ("record.prompt.conflicts", f"{path}:2: prompt")
     assert load_records(path, strict=False).report.dropped == {"conflicting_prompt": 1}
 
 
@@ -305,8 +266,7 @@ def test_baseline_field_is_validated_and_all_or_none(tmp_path):
             {"prompt": "q", "completion": "d", "reward": 1, "sample_id": 3}]
     path = tmp_path / "baselines.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(DataError, match=rf"^{path}:2: baseline: expected a number, got string 'high'"):
-        load_records(path)
+    assert refused(path) == ("record.baseline.not_a_number", f"{path}:2: baseline")
     loaded = load_records(path, strict=False)
     assert [r.baseline for r in loaded.records] == [0.25]
     assert loaded.report.dropped == {"wrong_type": 1, "nonfinite_baseline": 1, "schema_mismatch": 1}
@@ -320,15 +280,13 @@ def test_rewards_that_overflow_float32_training_are_rejected_naming_file_row_and
     rows[3]["reward"], rows[5]["reward"] = 1e300, -1e6
     path = tmp_path / "huge.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(DataError, match=rf"^{path}:4: reward: \|1e\+300\| > 1e\+06 overflows"):
-        load_records(path)
+    assert refused(path) == ("record.reward.out_of_range", f"{path}:4: reward")
     loaded = load_records(path, strict=False)
     assert loaded.report.dropped == {"reward_out_of_range": 1} and len(loaded.records) == len(rows) - 1
     baselines = tmp_path / "baselines.jsonl"
     baselines.write_text("".join(json.dumps({**r, "reward": 1.0, "baseline": -3e7 if i == 1 else 0.5}) + "\n"
                                  for i, r in enumerate(rows)))
-    with pytest.raises(DataError, match=rf"^{baselines}:2: baseline: \|-30000000.0\| > 1e\+06"):
-        load_records(baselines)
+    assert refused(baselines) == ("record.baseline.out_of_range", f"{baselines}:2: baseline")
 
 
 def test_integers_beyond_float_range_are_out_of_range_not_a_traceback(tmp_path):
@@ -342,18 +300,15 @@ def test_integers_beyond_float_range_are_out_of_range_not_a_traceback(tmp_path):
         row.setdefault("baseline", 0)
     path = tmp_path / "huge_ints.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(DataError) as refused:
+    with pytest.raises(DataError) as caught:
         load_records(path)
-    assert str(refused.value) == (f"{path}:2: reward: |1.000e+400| > 1e+06 overflows the training loss or its "
-                                  "gradient norm in float32; rescale the rewards")
+    assert (caught.value.key, caught.value.where) == ("record.reward.out_of_range", f"{path}:2: reward")
+    assert "|1.000e+400|" in caught.value.problem
     loaded = load_records(path, strict=False)
     assert loaded.report.dropped == {"reward_out_of_range": 1, "invalid_behavior_logprob": 1,
                                      "baseline_out_of_range": 1}
-    assert str(loaded.report.first_error["invalid_behavior_logprob"]).endswith(
-        ":3: behavior_logprob: must be a finite log-probability <= 0, got -1.000e+400")
-    assert str(loaded.report.first_error["baseline_out_of_range"]).endswith(":4: baseline: |-1.000e+400| > 1e+06 "
-                                                                             "overflows the training loss or its "
-                                                                             "gradient norm in float32")
+    assert all("-1.000e+400" in loaded.report.first_error[reason]
+               for reason in ("invalid_behavior_logprob", "baseline_out_of_range"))
     assert [r.line for r in loaded.records] == [1, 5, 6] and loaded.records[1].behavior_logprob == -1e300
 
 
@@ -363,10 +318,10 @@ def test_a_byte_order_mark_opening_a_file_is_ignored_and_one_inside_is_named(tmp
     path.write_bytes(b"\xef\xbb\xbf" + row.encode() + b"\n")
     assert load_records(path).records[0].prompt == "Q?"
     path.write_bytes(row.encode() + b"\n\xef\xbb\xbf" + row.encode() + b"\n")
-    with pytest.raises(DataError, match=rf"^{path}:2: record: invalid JSON: the line starts with a UTF-8 "
-                                        r"byte-order mark \(BOM\).*; remove it$") as error:
+    with pytest.raises(DataError) as error:
         load_records(path)
-    assert "utf-8-sig" not in str(error.value)
+    assert (error.value.key, error.value.where) == ("record.invalid_json", f"{path}:2: record")
+    assert "BOM" in error.value.problem and "utf-8-sig" not in error.value.problem
 
 
 def test_a_key_given_twice_with_different_values_is_refused_not_read_as_the_last(tmp_path):
@@ -377,9 +332,7 @@ def test_a_key_given_twice_with_different_values_is_refused_not_read_as_the_last
                     '{"prompt": "Q?", "completion": " B", "reward": -1.0, "reward": 1.0}\n'
                     '{"prompt": "Q?", "completion": " C", "reward": -1.0, "reward": -1.0}\n'  # the same value
                     '{"prompt": "Q?", "completion": " D", "reward": 1.0, "meta": {"k": 1, "k": 2}}\n')
-    with pytest.raises(DataError, match=rf"^{path}:2: reward: given 2 times in one object, with different values "
-                                        r"\(-1.0, 1.0\): which is meant\?$"):
-        load_records(path)
+    assert refused(path) == ("record.key_given_twice", f"{path}:2: reward")
     records = load_records(path, strict=False)
     assert [r.completion for r in records.records] == [" A", " C"]
     assert records.report.dropped == {"invalid_json": 2}
@@ -390,28 +343,26 @@ def test_per_token_behavior_logprobs_are_refused_saying_it_is_one_sum(tmp_path):
     whole sequence, so the message says what the field holds and how to score it."""
     rows = [{"prompt": "1 + 1 =", "completion": " 2", "reward": 1.0, "behavior_logprob": [-0.25, -0.5]}]
     path = _write_parquet(tmp_path / "per_token.parquet", rows)
-    with pytest.raises(DataError) as refused:
+    with pytest.raises(DataError) as caught:
         load_records(path)
-    assert str(refused.value) == (f"{path}:1: behavior_logprob: expected a number, got array [-0.25, -0.5]: the "
-                                  "completion's log mu(y|x) is one number, the sum over its tokens; score it with "
-                                  "`nemo-topr score-logprobs` (the trainer's own numerics, so rho = 1 at step 0)")
-    with pytest.raises(DataError, match=r"no usable records \(1 read, all dropped: \{'wrong_type': 1\}\)"):
-        load_records(path, strict=False)  # counted as the wrong type it is
+    assert (caught.value.key, caught.value.where) == ("record.behavior_logprob.not_a_number",
+                                                      f"{path}:1: behavior_logprob")
+    assert "score-logprobs" in caught.value.problem
+    mixed = tmp_path / "per_token.jsonl"
+    mixed.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[0], "behavior_logprob": -0.75}) + "\n")
+    assert load_records(mixed, strict=False).report.dropped == {"wrong_type": 1}  # counted as the wrong type it is
 
 
-SURROGATE = ("holds a lone UTF-16 surrogate \\ud83d (e.g. a truncated emoji), which cannot be encoded as UTF-8; fix "
-             "the text or drop the record")
-
-
-@pytest.mark.parametrize("change, field", [
-    ({"completion": " 4 \ud83d"}, "completion"),
-    ({"prompt": "Q\ud83d"}, "prompt"),
-    ({"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q\ud83d"}]}, "prompt[1].content"),
-    ({"sample_id": "s\ud83d"}, "sample_id"),
-    ({"meta": {"source": ["ok", "\ud83d"]}}, "meta.source[1]"),
-    ({"meta": {"\ud83d": 1}}, "meta"),
+@pytest.mark.parametrize("change, field, key", [
+    ({"completion": " 4 \ud83d"}, "completion", "record.completion.lone_surrogate"),
+    ({"prompt": "Q\ud83d"}, "prompt", "record.prompt.lone_surrogate"),
+    ({"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q\ud83d"}]}, "prompt[1].content",
+     "record.prompt.message.content.lone_surrogate"),
+    ({"sample_id": "s\ud83d"}, "sample_id", "record.sample_id.lone_surrogate"),
+    ({"meta": {"source": ["ok", "\ud83d"]}}, "meta.source[1]", "record.meta.lone_surrogate"),
+    ({"meta": {"\ud83d": 1}}, "meta", "record.meta.lone_surrogate"),
 ], ids=["completion", "prompt", "message", "sample_id", "meta", "meta-key"])
-def test_a_lone_surrogate_in_any_text_is_named_as_the_field_not_a_tokenizer_traceback(tmp_path, change, field):
+def test_a_lone_surrogate_in_any_text_is_named_as_the_field_not_a_tokenizer_traceback(tmp_path, change, field, key):
     """A JSON escape of half an emoji (`"\\ud83d"`, text cut inside a surrogate pair) passed validation:
     with a tokenizer (`data validate --tokenizer`, `data stats`, `score-logprobs`, `train`) it ended in
     `TypeError: TextEncodeInput must be Union[...]`, and `data curate` in a bare "surrogates not
@@ -421,12 +372,9 @@ def test_a_lone_surrogate_in_any_text_is_named_as_the_field_not_a_tokenizer_trac
     path = tmp_path / "surrogate.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))  # ASCII: the surrogate as its JSON escape
     assert "\\ud83d" in path.read_text()
-    with pytest.raises(DataError) as refused:
-        load_records(path)
-    assert str(refused.value) == f"{path}:2: {field}: {SURROGATE}"
+    assert refused(path) == (key, f"{path}:2: {field}")
     loaded = load_records(path, strict=False)
     assert loaded.report.dropped == {"invalid_utf8": 1} and [r.line for r in loaded.records] == [1]
-    assert loaded.report.first_error == {"invalid_utf8": f"{path}:2: {field}: {SURROGATE}"}
     write_jsonl(loaded.records, tmp_path / "curated.jsonl")  # what is kept can be written
 
 
@@ -436,22 +384,16 @@ def test_a_whole_surrogate_pair_is_one_character_and_kept(tmp_path):
     assert load_records(path).records[0].completion == " 4 \U0001F600"
 
 
-@pytest.mark.parametrize("prompt, reason, expected", [
-    ([{"role": "usr", "content": "hi"}], "invalid_message",
-     "prompt[0].role: unknown role 'usr'; the chat template knows system, user, assistant, ipython, tool; did you "
-     "mean 'user'?"),
-    ([{"role": "narrator", "content": "hi"}], "invalid_message",
-     "prompt[0].role: unknown role 'narrator'; the chat template knows system, user, assistant, ipython, tool"),
-    ([{"role": "user", "content": ""}], "empty_prompt", "prompt[0].content: is empty (the last user message)"),
+@pytest.mark.parametrize("prompt, reason, key, field", [
+    ([{"role": "narrator", "content": "hi"}], "invalid_message", "record.prompt.message.role.unknown", "prompt[0].role"),
+    ([{"role": "user", "content": ""}], "empty_prompt", "record.prompt.last_user_message.empty", "prompt[0].content"),
     ([{"role": "user", "content": "a"}, {"role": "user", "content": ""}, {"role": "tool", "content": "7"}],
-     "empty_prompt", "prompt[1].content: is empty (the last user message)"),
-    ([{"role": "system", "content": ""}], "empty_prompt", "prompt: every message's content is empty"),
+     "empty_prompt", "record.prompt.last_user_message.empty", "prompt[1].content"),
+    ([{"role": "system", "content": ""}], "empty_prompt", "record.prompt.messages.empty", "prompt"),
     ([{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "Let me think."}], "invalid_message",
-     "prompt[1].role: the last message is the assistant's: the completion is a new assistant turn after it, not its "
-     "continuation; end the prompt with the message the completion answers, and put text the assistant began into "
-     "the completion"),
-], ids=["typo", "unknown", "empty", "empty-last-user", "all-empty", "ends-with-assistant"])
-def test_chat_prompts_need_known_roles_a_question_and_no_final_assistant_turn(tmp_path, prompt, reason, expected):
+     "record.prompt.ends_with_assistant", "prompt[1].role"),
+], ids=["unknown", "empty", "empty-last-user", "all-empty", "ends-with-assistant"])
+def test_chat_prompts_need_known_roles_a_question_and_no_final_assistant_turn(tmp_path, prompt, reason, key, field):
     """A role typo was rendered as its own header (`<|start_header_id|>usr<|end_header_id|>`); an
     empty user message was accepted where an empty string prompt is `empty_prompt`; and a prompt
     ending in an assistant message was rendered as that finished turn (`...<|eot_id|>`) before the
@@ -460,9 +402,7 @@ def test_chat_prompts_need_known_roles_a_question_and_no_final_assistant_turn(tm
     good = {"prompt": [{"role": "user", "content": "hi"}], "completion": " 4", "reward": 1.0}
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "prompt": prompt}) + "\n")
-    with pytest.raises(DataError) as refused:
-        load_records(path)
-    assert str(refused.value) == f"{path}:2: {expected}"
+    assert refused(path) == (key, f"{path}:2: {field}")
     assert load_records(path, strict=False).report.dropped == {reason: 1}
 
 
@@ -482,6 +422,5 @@ def test_check_messages_which_prompt_files_share_names_a_lone_surrogate():
 
     with pytest.raises(RejectedRow) as refused:
         check_messages("prompts.jsonl", 3, [{"role": "user", "content": "Q \udc00"}])
-    assert (refused.value.reason, str(refused.value.error)) == (
-        "invalid_utf8", "prompts.jsonl:3: prompt[0].content: holds a lone UTF-16 surrogate \\udc00 (e.g. a truncated "
-                        "emoji), which cannot be encoded as UTF-8; fix the text or drop the record")
+    assert (refused.value.reason, refused.value.error.key, refused.value.error.where) == (
+        "invalid_utf8", "record.prompt.message.content.lone_surrogate", "prompts.jsonl:3: prompt[0].content")
