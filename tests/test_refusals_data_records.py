@@ -25,7 +25,7 @@ import pytest
 from conftest import REPO, checkout_env
 from refusal_table import assert_covers, assert_golden, raised, rendered
 
-from nemo_topr.data.records import load_records, require_scored
+from nemo_topr.data.records import DataError, load_records, require_scored
 from nemo_topr.data.sources import ColumnMapping, open_sources
 
 SOURCES = [REPO / "nemo_topr" / "data" / name for name in ("records.py", "sources.py")]
@@ -33,6 +33,14 @@ SOURCES = [REPO / "nemo_topr" / "data" / name for name in ("records.py", "source
 REFUSING = {"refusal", "rejected", "KeyGivenTwice"}
 
 GOOD = {"prompt": "q", "completion": "a", "reward": 1}
+
+
+def refused(*args, **kwargs) -> tuple[str, str]:
+    """(key, where) of the DataError `load_records(*args, **kwargs)` raises: how the area's other tests
+    name a refusal."""
+    with pytest.raises(DataError) as caught:
+        load_records(*args, **kwargs)
+    return caught.value.key, caught.value.where
 
 
 def row(**changes: object) -> dict:

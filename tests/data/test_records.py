@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_refusals_data_records import refused
 
 from nemo_topr.data.records import DataError, Record, load_records, schema_of, write_jsonl
 
@@ -31,13 +32,6 @@ MALFORMED_LINES = {
     13: ("schema_mismatch", "behavior_logprob", "record.schema.differs_within_file"),
 }
 MALFORMED_VALID_LINES = [1, 14, 15, 16]
-
-
-def refused(*args, **kwargs) -> tuple[str, str]:
-    """(key, where) of the DataError `load_records(*args, **kwargs)` raises."""
-    with pytest.raises(DataError) as caught:
-        load_records(*args, **kwargs)
-    return caught.value.key, caught.value.where
 
 
 def _lines(path: Path) -> list[bytes]:
