@@ -102,7 +102,7 @@ def make_inputs(root: Path) -> None:
     pq.write_table(pa.Table.from_pylist([{"prompt": "q", "completion": "a"}]), root / "no_reward.parquet")
     (root / "corrupt.parquet").write_bytes(b"not parquet")
     (root / "corrupt.arrow").write_bytes(b"not arrow")
-    (root / "data.csv").write_text("prompt,completion,reward\n")
+    (root / "records.json").write_text(json.dumps(GOOD) + "\n")  # JSON Lines named .json, as to_json writes
     os.mkfifo(root / "fifo")
     (root / "notes").mkdir()
     (root / "notes" / "README.txt").write_text("no data here\n")
@@ -176,7 +176,7 @@ ROWS = [
     ("path.named_twice", "good.jsonl: path", raised(load_records, ["good.jsonl", "good.jsonl"])),
     ("format.mixed", "good.jsonl,good.parquet: format", raised(load_records, ["good.jsonl", "good.parquet"])),
     ("split.without_splits", "good.jsonl: split", raised(open_sources, "good.jsonl", split="train")),
-    ("path.unknown_format", "data.csv: path", raised(load_records, "data.csv")),
+    ("path.unknown_format", "records.json: path", raised(load_records, "records.json")),
     ("path.not_a_file_or_directory", "fifo: path", raised(load_records, "fifo")),
     ("path.not_a_hub_name", "hub:a b: path", raised(load_records, "hub:a b")),
     ("path.missing", "note: path", raised(load_records, "note")),
