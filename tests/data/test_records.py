@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_refusals_data_records import refused
+from tests.data.test_refusals_records import refused
 
 from nemo_topr.data.records import DataError, Record, load_records, schema_of, write_jsonl
 

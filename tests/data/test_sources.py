@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO
-from test_refusals_data_records import refused
+from tests.data.test_refusals_records import refused
 
 from nemo_topr.cli import main
 from nemo_topr.data.records import DataError, load_records

@@ -2,7 +2,7 @@
 
 The rows assert the key and where (``FILE:ROW: FIELD``, or ``FILE: FIELD`` for the file as a whole) only; the words
 are in tests/golden/refusals.txt (tests/refusal_table.py), read as a whole and compared here
-(``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_refusals_data_records.py`` rewrites this table's
+(``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/data/test_refusals_records.py`` rewrites this table's
 section), so rewording a message changes that file and no test. Every key `nemo_topr.data.records` and
 `nemo_topr.data.sources` can raise has a row: a new refusal without one fails
 `test_the_table_covers_every_key_the_code_raises`.
@@ -22,8 +22,8 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO, checkout_env
-from refusal_table import assert_covers, assert_golden, raised, rendered
+from tests.conftest import REPO, checkout_env
+from tests.refusal_table import assert_covers, assert_golden, raised, rendered
 
 from nemo_topr.data.records import DataError, load_records, require_scored
 from nemo_topr.data.sources import ColumnMapping, open_sources
@@ -252,19 +252,19 @@ def test_a_data_error_is_made_only_by_the_calls_that_name_its_key():
 
 def test_the_messages_are_the_golden_files(inputs, monkeypatch):
     monkeypatch.chdir(inputs)
-    assert_golden("tests/test_refusals_data_records.py",
+    assert_golden("tests/data/test_refusals_records.py",
                   [rendered("data", key, where, *problem(), inputs) for key, where, problem in ROWS])
 
 
 def test_the_table_imports_no_megatron_and_writes_nothing(tmp_path):
     """Each problem comes out of reading the data: the whole table, run in a fresh interpreter, imports
     neither Megatron nor Transformer Engine, and leaves its inputs as they were."""
-    code = ("import json, sys; from pathlib import Path; import test_refusals_data_records as table; "
+    code = ("import json, sys; from pathlib import Path; import tests.data.test_refusals_records as table; "
             "table.make_inputs(Path.cwd()); before = sorted(map(str, Path.cwd().rglob('*'))); "
             "keys = [row[2]()[0].key for row in table.ROWS]; "
             "print(json.dumps([len(keys), sorted(map(str, Path.cwd().rglob('*'))) == before, sorted(m for m in "
             "sys.modules if m.startswith(('megatron', 'transformer_engine')))]))")
-    env = checkout_env(PYTHONPATH=os.pathsep.join([str(REPO / "tests"), checkout_env()["PYTHONPATH"]]))
+    env = checkout_env()
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr
