@@ -9,10 +9,12 @@ A refusal *site* is
 - ``problems.append(...)`` / ``problems.extend(...)`` / ``yield`` of a message in a function that
   collects problems (its name holds ``problem`` or starts with ``check``).
 A refusal is identified by its message *template*: the literal text of the message's strings, each
-interpolated value written ``{}`` (a `key=` or `where=` naming the problem is not part of it). Sites whose message is built elsewhere (``raise ConfigError(message)``)
-are identified by their function's name and the expression. Two sites with the same template are one
-refusal (one problem told in two places), so merging duplicate checks keeps the count; moving code or
-renaming a module does not change it; rewording changes a template but not the count.
+interpolated value written ``{}`` (`key=` and `where=` are not part of it). Sites whose message is
+built elsewhere (``raise ConfigError(message)``) are identified by their function's name and the
+expression. Two sites with the same template are one refusal (one problem told in two places), so
+merging duplicate checks keeps the count, unless they carry different `key=`s: then each key is a
+problem of its own, told in the same words. Moving code or renaming a module does not change the
+count; rewording changes a template but not the count.
 
     .venv/bin/python scripts/count_refusals.py            # the count
     .venv/bin/python scripts/count_refusals.py --list     # every template, sorted, with a site
@@ -30,7 +32,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nemo_topr"
 # raised for control flow or a programming error, never shown to a user as a refusal
 INTERNAL = {"NotImplementedError", "AssertionError", "StopIteration", "KeyboardInterrupt", "Terminated", "Skipped",
             "CheckFailed"}
-NAMING = {"key", "where"}  # a refusal's name and location (nemo_topr.errors.UserError), not its message
+NAMING = {"key", "where"}  # a refusal's name and location (nemo_topr.errors.UserError), not its words
 
 
 def template(node: ast.AST) -> str | None:
@@ -61,18 +63,23 @@ def _callee(call: ast.Call) -> str:
 
 
 def _message(call: ast.Call, function: str) -> str:
-    # key= and where= name the problem for tests and tools; the message is the rest
+    # key= and where= name and locate the problem; the message is the rest
     told = [*call.args, *(keyword.value for keyword in call.keywords if keyword.arg not in NAMING)]
     texts = [text for arg in told if (text := template(arg)) is not None]
-    return " | ".join(texts) if texts else f"{function}: {ast.unparse(call)}"
+    bare = ast.Call(call.func, call.args, [keyword for keyword in call.keywords if keyword.arg not in NAMING])
+    return " | ".join(texts) if texts else f"{function}: {ast.unparse(bare)}"
+
+
+def _key(call: ast.Call) -> str | None:
+    return next((template(keyword.value) for keyword in call.keywords if keyword.arg == "key"), None)
 
 
 class _Sites(ast.NodeVisitor):
     def __init__(self, path: str) -> None:
         self.path, self.function, self.sites = path, "<module>", []
 
-    def _add(self, message: str, node: ast.AST, kind: str) -> None:
-        self.sites.append((message, f"{self.path}:{node.lineno}", kind))
+    def _add(self, message: str, node: ast.AST, kind: str, key: str | None = None) -> None:
+        self.sites.append((message, f"{self.path}:{node.lineno}", kind if key is None else f"{kind} key={key}"))
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         outer, self.function = self.function, node.name
@@ -90,7 +97,7 @@ class _Sites(ast.NodeVisitor):
             is_int_exit = name == "SystemExit" and node.exc.args and isinstance(node.exc.args[0], ast.Constant) \
                 and isinstance(node.exc.args[0].value, int)
             if name not in INTERNAL and not is_int_exit:
-                self._add(_message(node.exc, self.function), node, f"raise {name}")
+                self._add(_message(node.exc, self.function), node, f"raise {name}", _key(node.exc))
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -110,7 +117,7 @@ class _Sites(ast.NodeVisitor):
 
 
 def refusals(package: Path = PACKAGE) -> dict[str, list[str]]:
-    """template -> the sites (path:line kind) that tell it."""
+    """template -> the sites (path:line kind [key=KEY]) that tell it."""
     found: dict[str, list[str]] = {}
     for path in sorted(package.rglob("*.py")):
         visitor = _Sites(str(path.relative_to(package.parent)))
@@ -118,6 +125,12 @@ def refusals(package: Path = PACKAGE) -> dict[str, list[str]]:
         for message, site, kind in visitor.sites:
             found.setdefault(message, []).append(f"{site} {kind}")
     return found
+
+
+def count(found: dict[str, list[str]]) -> int:
+    """The refusals: one per template, or one per distinct key where sites of a template name
+    different keys (two problems told in the same words)."""
+    return sum(max(1, len({site.split(" key=")[1] for site in sites if " key=" in site})) for sites in found.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(dict(sorted(found.items())), sys.stdout, indent=1)
         print()
     sites = sum(len(where) for where in found.values())
-    print(f"{len(found)} refusals ({sites} sites) in {args.package.name}/", file=sys.stderr if args.list else sys.stdout)
+    print(f"{count(found)} refusals ({sites} sites) in {args.package.name}/", file=sys.stderr if args.list else sys.stdout)
     return 0
 
 
