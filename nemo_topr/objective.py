@@ -62,6 +62,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nemo_topr.errors import UserError
+
 VARIANTS = ("topr", "sft_positive", "reinforce", "importance_sampling", "tis", "asymre", "ppo_clip")
 RATIO_LEVELS = ("sequence", "token", "geometric_mean")
 NORMALIZATIONS = ("sequence_mean", "token_sum", "batch_token_mean")
@@ -82,9 +84,15 @@ _VARIANT_BOUNDS: dict[str, tuple[float, float, float, float]] = {
 }
 
 
+class ObjectiveError(UserError, ValueError):
+    """An objective setting or a `policy_loss` input that cannot work: `key` names the problem
+    (``"objective.ppo_epsilon.outside_0_1"``), `where` the setting or input it is about."""
+
+
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        raise ObjectiveError(f"{name} must be one of {', '.join(choices)}; got {value!r}",
+                             key=f"objective.{name}.not_a_choice", where=f"objective.{name}")
 
 
 @dataclass(frozen=True)
@@ -130,24 +138,31 @@ class ObjectiveConfig:
         _check_choice("negative_rule", self.negative_rule, NEGATIVE_RULES)
         if self.variant == "ppo_clip":
             if any(bound is not None for bound in (self.pos_lower, self.pos_upper, self.neg_lower, self.neg_upper)):
-                raise ValueError("ppo_clip clips rho to [1 - ppo_epsilon, 1 + ppo_epsilon]; "
-                                 "pos_lower/pos_upper/neg_lower/neg_upper do not apply")
+                raise ObjectiveError("ppo_clip clips rho to [1 - ppo_epsilon, 1 + ppo_epsilon]; "
+                                     "pos_lower/pos_upper/neg_lower/neg_upper do not apply",
+                                     key="objective.weight_bounds.with_ppo_clip", where="objective.variant")
         else:
             pos_lower, pos_upper, neg_lower, neg_upper = self.weight_bounds
             for side, lower, upper in (("pos", pos_lower, pos_upper), ("neg", neg_lower, neg_upper)):
                 if not 0.0 <= lower <= upper:
-                    raise ValueError(f"need 0 <= {side}_lower <= {side}_upper; got {lower}, {upper}")
+                    raise ObjectiveError(f"need 0 <= {side}_lower <= {side}_upper; got {lower}, {upper}",
+                                         key=f"objective.{side}_bounds.out_of_order", where=f"objective.{side}_lower")
         if not math.isfinite(self.baseline):
-            raise ValueError(f"baseline must be finite; got {self.baseline}")
+            raise ObjectiveError(f"baseline must be finite; got {self.baseline}",
+                                 key="objective.baseline.not_finite", where="objective.baseline")
         if self.variant == "asymre" and self.baseline != 0.0:
-            raise ValueError("asymre uses the whole group's mean reward + asymre_delta_v as its baseline; "
-                             f"leave baseline at 0.0 (got {self.baseline})")
+            raise ObjectiveError("asymre uses the whole group's mean reward + asymre_delta_v as its baseline; "
+                                 f"leave baseline at 0.0 (got {self.baseline})",
+                                 key="objective.baseline.with_asymre", where="objective.baseline")
         if not math.isfinite(self.asymre_delta_v):
-            raise ValueError(f"asymre_delta_v must be finite; got {self.asymre_delta_v}")
+            raise ObjectiveError(f"asymre_delta_v must be finite; got {self.asymre_delta_v}",
+                                 key="objective.asymre_delta_v.not_finite", where="objective.asymre_delta_v")
         if not 0.0 < self.ppo_epsilon < 1.0:
-            raise ValueError(f"ppo_epsilon must be in (0, 1); got {self.ppo_epsilon}")
+            raise ObjectiveError(f"ppo_epsilon must be in (0, 1); got {self.ppo_epsilon}",
+                                 key="objective.ppo_epsilon.outside_0_1", where="objective.ppo_epsilon")
         if not 0.0 < self.max_log_ratio < math.inf:
-            raise ValueError(f"max_log_ratio must be positive and finite; got {self.max_log_ratio}")
+            raise ObjectiveError(f"max_log_ratio must be positive and finite; got {self.max_log_ratio}",
+                                 key="objective.max_log_ratio.not_positive_finite", where="objective.max_log_ratio")
 
     @property
     def weight_bounds(self) -> tuple[float, float, float, float]:
@@ -218,7 +233,9 @@ def policy_loss(
     if check_values:
         empty = torch.nonzero(lengths == 0).flatten().tolist()
         if empty:
-            raise ValueError(f"sequences at batch indices {empty} have no completion tokens (loss_mask row all zero)")
+            raise ObjectiveError(f"sequences at batch indices {empty} have no completion tokens "
+                                 "(loss_mask row all zero)", key="policy_loss.loss_mask.empty_row",
+                                 where=f"loss_mask rows {empty}")
     lengths = lengths.to(dtype)
     # where(), not a product: padding positions may hold -inf or NaN.
     logprobs = torch.where(mask, token_logprobs.to(dtype), 0.0)
@@ -253,10 +270,12 @@ def effective_positive_share(p: float, c: float) -> float:
     [0, 1] and c in [-1, 1]; c = -1 gives 1 (negatives discarded), c = 0 gives p.
     """
     if not (0.0 <= p <= 1.0 and -1.0 <= c <= 1.0):
-        raise ValueError(f"need p in [0, 1] and c in [-1, 1]; got p={p}, c={c}")
+        raise ObjectiveError(f"need p in [0, 1] and c in [-1, 1]; got p={p}, c={c}",
+                             key="effective_positive_share.outside_domain", where="p, c")
     denominator = 1.0 + c * (1.0 - 2.0 * p)
     if denominator == 0.0:
-        raise ValueError(f"p~ is undefined for p={p}, c={c}: neither side carries any weight")
+        raise ObjectiveError(f"p~ is undefined for p={p}, c={c}: neither side carries any weight",
+                             key="effective_positive_share.undefined", where="p, c")
     return p * (1.0 - c) / denominator
 
 
@@ -267,10 +286,12 @@ def baseline_for_share(p: float, target: float) -> float:
     target < p gives c > 0 (weigh negatives up), target > p gives c < 0.
     """
     if not (0.0 < p < 1.0 and 0.0 < target < 1.0):
-        raise ValueError(f"need p in (0, 1) and target in (0, 1); got p={p}, target={target}")
+        raise ObjectiveError(f"need p in (0, 1) and target in (0, 1); got p={p}, target={target}",
+                             key="baseline_for_share.outside_domain", where="p, target")
     c = (p - target) / (p + target * (1.0 - 2.0 * p))
     if not -1.0 < c < 1.0:  # guaranteed by the domains above; guards rounding at the edges
-        raise ValueError(f"no baseline in (-1, 1) reaches target={target} from p={p} (got c={c})")
+        raise ObjectiveError(f"no baseline in (-1, 1) reaches target={target} from p={p} (got c={c})",
+                             key="baseline_for_share.unreachable", where="p, target")
     return c
 
 
@@ -283,29 +304,38 @@ def _check_inputs(
     config: ObjectiveConfig,
 ) -> None:
     if token_logprobs.dim() != 2 or not token_logprobs.is_floating_point():
-        raise ValueError(f"token_logprobs must be a float [B, T] tensor; got {token_logprobs.dtype} "
-                         f"of shape {tuple(token_logprobs.shape)}")
+        raise ObjectiveError(f"token_logprobs must be a float [B, T] tensor; got {token_logprobs.dtype} "
+                             f"of shape {tuple(token_logprobs.shape)}",
+                             key="policy_loss.token_logprobs.not_float_2d", where="token_logprobs")
     batch, length = token_logprobs.shape
     if batch == 0:
-        raise ValueError("empty batch: token_logprobs has no rows")
+        raise ObjectiveError("empty batch: token_logprobs has no rows",
+                             key="policy_loss.token_logprobs.no_rows", where="token_logprobs")
     if loss_mask.shape != token_logprobs.shape:
-        raise ValueError(f"loss_mask shape {tuple(loss_mask.shape)} != token_logprobs shape {(batch, length)}")
+        raise ObjectiveError(f"loss_mask shape {tuple(loss_mask.shape)} != token_logprobs shape {(batch, length)}",
+                             key="policy_loss.loss_mask.wrong_shape", where="loss_mask")
     if behavior_logprobs.shape not in ((batch,), (batch, length)):
-        raise ValueError(f"behavior_logprobs must be [B] = ({batch},) sequence sums or [B, T] = "
-                         f"({batch}, {length}) per-token values; got {tuple(behavior_logprobs.shape)}")
+        raise ObjectiveError(f"behavior_logprobs must be [B] = ({batch},) sequence sums or [B, T] = "
+                             f"({batch}, {length}) per-token values; got {tuple(behavior_logprobs.shape)}",
+                             key="policy_loss.behavior_logprobs.wrong_shape", where="behavior_logprobs")
     if config.ratio_level == "token" and behavior_logprobs.dim() != 2:
-        raise ValueError("ratio_level='token' needs per-token behavior_logprobs of shape [B, T]; "
-                         f"got sequence sums of shape {tuple(behavior_logprobs.shape)}")
+        raise ObjectiveError("ratio_level='token' needs per-token behavior_logprobs of shape [B, T]; "
+                             f"got sequence sums of shape {tuple(behavior_logprobs.shape)}",
+                             key="policy_loss.behavior_logprobs.sums_at_token_level", where="behavior_logprobs")
     if rewards.shape != (batch,):
-        raise ValueError(f"rewards must be [B] = ({batch},); got {tuple(rewards.shape)}")
+        raise ObjectiveError(f"rewards must be [B] = ({batch},); got {tuple(rewards.shape)}",
+                             key="policy_loss.rewards.wrong_shape", where="rewards")
     if baseline is not None and baseline.shape != (batch,):
-        raise ValueError(f"baseline must be [B] = ({batch},) per-sequence values; got {tuple(baseline.shape)}")
+        raise ObjectiveError(f"baseline must be [B] = ({batch},) per-sequence values; got {tuple(baseline.shape)}",
+                             key="policy_loss.baseline.wrong_shape", where="baseline")
     if baseline is not None and config.baseline != 0.0:
-        raise ValueError(f"per-sequence baselines replace the scalar objective baseline; leave it at 0.0 "
-                         f"(got {config.baseline})")
+        raise ObjectiveError(f"per-sequence baselines replace the scalar objective baseline; leave it at 0.0 "
+                             f"(got {config.baseline})",
+                             key="policy_loss.baseline.with_scalar_baseline", where="objective.baseline")
     if config.variant == "asymre" and baseline is None:
-        raise ValueError("variant='asymre' needs per-sequence baselines: the mean reward of each "
-                         "sequence's whole prompt group (nemo_topr.data.packing.set_group_mean_rewards)")
+        raise ObjectiveError("variant='asymre' needs per-sequence baselines: the mean reward of each "
+                             "sequence's whole prompt group (nemo_topr.data.packing.set_group_mean_rewards)",
+                             key="policy_loss.baseline.missing_for_asymre", where="baseline")
 
 
 def _advantages(rewards: torch.Tensor, config: ObjectiveConfig, baseline: torch.Tensor | None,

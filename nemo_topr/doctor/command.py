@@ -80,13 +80,15 @@ def json_outside_work_dir(json_path: Path, work_dir: Path) -> None:
     and empties it when rerun (the table would be deleted)."""
     table, work = json_path.resolve(), work_dir.resolve()
     if table == work:
-        raise OutputError(f"--json {json_path} is --work-dir, a directory the doctor makes; give another file")
+        raise OutputError(f"--json {json_path} is --work-dir, a directory the doctor makes; give another file",
+                          key="--json.is_work_dir", where="--json")
     if work.is_relative_to(table):
         raise OutputError(f"--json {json_path} holds --work-dir {work_dir}, a directory the doctor makes; "
-                          "give another file")
+                          "give another file", key="--json.holds_work_dir", where="--json")
     if table.is_relative_to(work):
         raise OutputError(f"--json {json_path} is inside --work-dir {work_dir}, which the doctor fills with its own "
-                          "files and empties when rerun; give a file outside it")
+                          "files and empties when rerun; give a file outside it",
+                          key="--json.inside_work_dir", where="--json")
 
 
 def main(argv: list[str]) -> int:
@@ -110,7 +112,7 @@ def main(argv: list[str]) -> int:
         work = fresh_output_dir(args.work_dir, "nemo-topr doctor") if args.work_dir else \
             Path(tempfile.mkdtemp(prefix="nemo-topr-doctor-"))
     except OutputError as error:  # the error names the directory, not the option that gave it
-        raise OutputError(f"--work-dir {error}") from None
+        raise OutputError(f"--work-dir {error}", key="--work-dir.unusable", where="--work-dir") from None
     progress = (lambda so_far: write_json(args.json, report(so_far, False))) if args.json else None
     doctor = diagnose(device, work.resolve(), args.timeout, after_check=progress)
     failed = [c.name for c in doctor.checks if c.status == "fail"]

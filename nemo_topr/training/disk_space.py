@@ -59,7 +59,7 @@ def check_room(checkpoint_root: Path, needed: tuple[int, str]) -> None:
         raise RunStateError(
             f"{checkpoint_root}: {size_text(free)} free, and one checkpoint of this run takes {size_text(size)} "
             f"({how}): its first save would fail, after the iterations before it. Free space there, or choose a "
-            "run_dir on another filesystem")
+            "run_dir on another filesystem", key="run_dir.no_room_for_checkpoint", where="run_dir")
 
 
 class NoRoomError(UserError):

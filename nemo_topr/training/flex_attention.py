@@ -27,9 +27,15 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import divide
 
+from nemo_topr.errors import UserError
 from nemo_topr.model.attention_check import FLEX, AttentionKind, register_attention
 
 _compiled_flex_attention = None
+
+
+class FlexAttentionError(UserError, ValueError):
+    """Shared-prefix attention that cannot run as configured (`nemo_topr.training.config` reports it
+    as dataset.shared_prefix's problem)."""
 
 
 def _flex(device: torch.device):
@@ -76,8 +82,9 @@ class FlexCoreAttention(MegatronModule):
                        "window attention": config.window_size is not None}
         refused = [name for name, present in unsupported.items() if present]
         if refused:
-            raise ValueError(f"FlexCoreAttention (shared-prefix / segment-masked attention) does not support "
-                             f"{', '.join(refused)}")
+            raise FlexAttentionError(f"FlexCoreAttention (shared-prefix / segment-masked attention) does not "
+                                     f"support {', '.join(refused)}", key="model.flex_attention.unsupported_setting",
+                                     where="model")
         if pg_collection is None:
             from megatron.core.process_groups_config import ProcessGroupCollection
 
@@ -94,12 +101,14 @@ class FlexCoreAttention(MegatronModule):
                 attn_mask_type: AttnMaskType | None = None, attention_bias: torch.Tensor | None = None,
                 packed_seq_params: Any = None) -> torch.Tensor:
         if not isinstance(attention_mask, BlockMask):
-            raise ValueError("FlexCoreAttention needs the batch's segment_block_mask as attention_mask (got "
-                             f"{type(attention_mask).__name__}): run the model through "
-                             "nemo_topr.training.step.forward_packed")
+            raise FlexAttentionError("FlexCoreAttention needs the batch's segment_block_mask as attention_mask (got "
+                                     f"{type(attention_mask).__name__}): run the model through "
+                                     "nemo_topr.training.step.forward_packed",
+                                     key="flex_attention.attention_mask.not_a_block_mask", where="attention_mask")
         if packed_seq_params is not None or attention_bias is not None:
-            raise ValueError("FlexCoreAttention takes rows [s, b] with a block mask, not THD packed_seq_params "
-                             "or an attention bias")
+            raise FlexAttentionError("FlexCoreAttention takes rows [s, b] with a block mask, not THD "
+                                     "packed_seq_params or an attention bias",
+                                     key="flex_attention.inputs.thd_or_bias", where="packed_seq_params")
         sq, b = query.shape[:2]
         # [s, b, heads, hn] -> [b, heads, s, hn]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
@@ -158,9 +167,11 @@ def prepare_shared_prefix_attention(provider: Any) -> str:
     if provider.transformer_impl == "local" and not flex_in_spec:
         return "local"
     if provider.transformer_impl != "local" and provider.attention_backend == AttnBackend.local:
-        raise ValueError(f"shared-prefix rows with model.transformer_impl={provider.transformer_impl!r} run "
-                         "FlexCoreAttention, which model.attention_backend=local would replace by Megatron's "
-                         "DotProductAttention (whose TE path ignores the blocks); leave attention_backend at auto")
+        raise FlexAttentionError(f"shared-prefix rows with model.transformer_impl={provider.transformer_impl!r} "
+                                 "run FlexCoreAttention, which model.attention_backend=local would replace by "
+                                 "Megatron's DotProductAttention (whose TE path ignores the blocks); leave "
+                                 "attention_backend at auto",
+                                 key="model.attention_backend.local_under_flex", where="model.attention_backend")
     if not flex_in_spec:
         use_flex_attention(provider)
     return "flex"

@@ -62,7 +62,8 @@ def check_cpu_attention(model: Any, micro_batch: int, available: int | None, loc
         f"{_setting(names[0], model.seq_length)} with {_setting(names[1], micro_batch)} on the CPU: one layer's "
         f"attention takes at least {size_text(per_rank)} per rank (fp32 scores [{micro_batch}, {heads} heads, "
         f"L, L] twice, and the packed mask){on_host}, and this host has {size_text(available)} available. "
-        f"Lower {names[0]} or {names[1]}, or use a GPU")
+        f"Lower {names[0]} or {names[1]}, or use a GPU",
+        key=f"{names[0]}.attention_above_host_memory", where=names[0])
 
 
 def _setting(name: str, value: int) -> str:

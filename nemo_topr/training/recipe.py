@@ -94,7 +94,7 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
                    record_baselines=prepared.dataset.record_baselines)
     p_tilde = positive_share_in_use(run.objective, prepared)
     if p_tilde is None:  # every c as the step takes it, asymre's group means and the records' own included
-        raise ConfigError(f"dataset: {NO_ADVANTAGE}")
+        raise ConfigError(f"dataset: {NO_ADVANTAGE}", key="dataset.no_advantage", where="dataset")
     train.train_iters = prepared.num_rows // train.global_batch_size
     if rank_zero:
         idle = idle_schedule_warning(run.container.scheduler, run.container.optimizer.min_lr, train.train_iters)
@@ -173,11 +173,13 @@ def check_baseline(objective, rewards: set[float], *, warn: bool = True, record_
                                                                      objective.negative_rule)):
         print(f"[nemo-topr] WARNING: {warning}", flush=True)
     if baseline_source(objective.variant, record_baselines) == "scalar" and rewards == {objective.baseline}:
-        raise ConfigError(f"objective.baseline={objective.baseline}: {NO_ADVANTAGE}")  # before Megatron's import
+        raise ConfigError(f"objective.baseline={objective.baseline}: {NO_ADVANTAGE}",  # before Megatron's import
+                          key="objective.baseline.equals_every_reward", where="objective.baseline")
     if problem := sign_flipping_baseline(rewards, objective.baseline):
         raise ConfigError(f"objective.baseline={objective.baseline}: {problem}; choose a baseline between the "
                           f"smallest and the largest reward (baseline_for_share(p, target) computes c for a "
-                          "target positive share with +-1 rewards)")
+                          "target positive share with +-1 rewards)",
+                          key="objective.baseline.flips_signs", where="objective.baseline")
 
 
 # Exit status of a run stopped early by a signal with a checkpoint saved: EX_TEMPFAIL. 0 means
@@ -192,7 +194,8 @@ def resolve_exit_signal(train_config) -> signal.Signals:
     try:
         exit_signal = signal.Signals[value] if isinstance(value, str) else signal.Signals(value)
     except (KeyError, ValueError):
-        raise ConfigError(f"train.exit_signal={value!r} is not a signal name such as SIGUSR1 or SIGTERM") from None
+        raise ConfigError(f"train.exit_signal={value!r} is not a signal name such as SIGUSR1 or SIGTERM",
+                          key="train.exit_signal.not_a_signal", where="train.exit_signal") from None
     train_config.exit_signal = exit_signal
     return exit_signal
 
@@ -319,7 +322,7 @@ def _train_in(run: TrainingRun, console: RunConsole, lock: RunLock, forward_call
         except BaseException as error:
             if (not isinstance(error, (SystemExit, KeyboardInterrupt)) and _is_rank_zero()
                     and (hint := failure_hint(Path(run.container.checkpoint.save), one_checkpoint(run)))):
-                raise NoRoomError(hint) from error
+                raise NoRoomError(hint, key="run_dir.no_room_after_failure", where="run_dir") from error
             raise
     except SystemExit as stop:  # Bridge exits this way after a signal-triggered checkpoint
         if not _clean_stop(stop):
@@ -460,7 +463,7 @@ def _records_of(raw) -> RecordSet:  # noqa: ANN001
     """The validated records of `dataset:` (defaults as in ToprDatasetConfig)."""
     dataset = raw.get("dataset") or {}
     if not dataset.get("train_path"):
-        raise ConfigError("dataset.train_path is not set")
+        raise ConfigError("dataset.train_path is not set", key="dataset.train_path.unset", where="dataset.train_path")
     options = {name: OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
                for name in SOURCE_OPTIONS if (value := dataset.get(name)) is not None}
     return load_records(dataset.train_path, strict=dataset.get("strict", True), **options)

@@ -106,13 +106,15 @@ class RunLock:
                     continue
                 if holder is None:  # being written by the holder this instant
                     raise RunStateError(f"{self.path} exists but names no process; another training may be "
-                                        f"starting in this run directory (remove the file if none is)")
+                                        f"starting in this run directory (remove the file if none is)",
+                                        key="run_dir.lock.names_no_process", where="run_dir")
                 where = "this host" if holder.get("host") == mine["host"] else f"host {holder.get('host')}"
                 raise RunStateError(
                     f"another training holds {self.path.parent}: pid {holder.get('pid')} on {where}. "
                     f"Wait for it, stop it, or use another run_dir"
                     + ("" if holder.get("host") == mine["host"] else
-                       f" (if that process is gone, remove {self.path})"))
+                       f" (if that process is gone, remove {self.path})"),
+                    key="run_dir.lock.held", where="run_dir")
 
     def release(self) -> None:
         """Remove the lock, and the folders acquire made where nothing else was written in them:
@@ -212,15 +214,18 @@ def check_resume_from_base(base_model: Any, fingerprint: dict[str, Any], train_i
             f"{base_model.describe()}")
     fresh = "drop resume_from_base to train from its weights (a fresh optimizer and count)"
     if not (root / FINGERPRINT_FILE).is_file():
-        raise RunStateError(f"{what}; {root} has no {FINGERPRINT_FILE} to show the data they count: {fresh}")
+        raise RunStateError(f"{what}; {root} has no {FINGERPRINT_FILE} to show the data they count: {fresh}",
+                            key="resume_from_base.no_fingerprint", where="resume_from_base")
     recorded = json.loads((root / FINGERPRINT_FILE).read_text())
     kept = {key: value for key, value in recorded["config"].items() if key in RESUME_KEYS}
     if changes := _changes(recorded["data"], kept, fingerprint):
         raise RunStateError(f"{what}, which count the data and order it trained on; this run's differ. Changed: "
-                            f"{'; '.join(changes)}. To train on this data, {fresh}")
+                            f"{'; '.join(changes)}. To train on this data, {fresh}",
+                            key="resume_from_base.data_or_settings_changed", where="resume_from_base")
     if base_model.iteration >= train_iters:
         raise RunStateError(f"{what}: it is at iteration {base_model.iteration}, the end of this data's "
-                            f"{train_iters} iterations, so nothing is left to continue; {fresh}")
+                            f"{train_iters} iterations, so nothing is left to continue; {fresh}",
+                            key="resume_from_base.base_finished", where="resume_from_base")
 
 
 def check_queued_start(run_dir: Path, settings: dict[str, Any]) -> int | None:
@@ -232,13 +237,14 @@ def check_queued_start(run_dir: Path, settings: dict[str, Any]) -> int | None:
     try:
         resume_iteration = latest_iteration(run_dir / "checkpoints")
     except DamagedCheckpointError as error:
-        raise RunStateError(f"run_dir={run_dir}: {error}") from None
+        raise RunStateError(f"run_dir={run_dir}: {error}", key="run_dir.checkpoints.damaged", where="run_dir") from None
     if resume_iteration is None:
         return None
     if (run_dir / COMPLETED_MARKER).is_file():
         raise RunStateError(f"run_dir={run_dir} holds a finished run (its {COMPLETED_MARKER} marker; latest checkpoint "
                             f"at iteration {resume_iteration}): a job there would train nothing. Choose another "
-                            f"run_dir, with base_model={run_dir} to start from it")
+                            f"run_dir, with base_model={run_dir} to start from it",
+                            key="run_dir.finished", where="run_dir")
     path = run_dir / FINGERPRINT_FILE
     if path.is_file():
         recorded = json.loads(path.read_text())["config"]
@@ -268,12 +274,14 @@ def _not_the_same_run(run_dir: Path, before: dict[str, Any], now: dict[str, Any]
             f"{run_dir} holds checkpoints of a run that began from {before['base_model']}; a resume continues "
             f"from those checkpoints and never reads base_model, so {base_model} would not be trained. "
             f"Changed: {'; '.join(changes)}. To train from {base_model}, choose another run_dir; to resume "
-            f"this run, restore base_model={before['base_model']}")
+            f"this run, restore base_model={before['base_model']}",
+            key="run_dir.base_model_changed", where="base_model")
     return RunStateError(
         f"{run_dir} holds checkpoints of a run with other data or settings; a resume would not continue "
         f"it. Changed: {'; '.join(changes)}. Either restore them, or start a new run: another run_dir "
         f"with base_model={run_dir} (weights only, fresh optimizer and schedule); with the same data and order, "
-        f"also resume_from_base=true continues its optimizer state and iteration count")
+        f"also resume_from_base=true continues its optimizer state and iteration count",
+        key="run_dir.data_or_settings_changed", where="run_dir")
 
 
 def entries_of_others(run_dir: Path) -> list[str]:

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 import torch
 
+from nemo_topr.errors import UserError
 from nemo_topr.model.attention_check import FLEX, MASK, THD, check_model_attention, route_of
 from nemo_topr.objective import ObjectiveConfig, policy_loss
 
@@ -55,6 +56,11 @@ _LOGGED_METRICS = {
 _LOGGED_NAMES = ("topr_loss", *_LOGGED_METRICS)
 
 
+class BatchError(UserError, ValueError):
+    """A batch the step cannot train on: `key` names the problem (``"record.behavior_logprob.missing"``),
+    `where` the samples and field (``"sample_ids [0, 1] (2 of 8): behavior_logprob"``) or the setting."""
+
+
 @dataclass(frozen=True)
 class BatchSummary:
     """What the loss needs to know about a batch as Python values (read on the host)."""
@@ -73,7 +79,8 @@ def check_batch(batch: dict[str, torch.Tensor], objective: ObjectiveConfig) -> B
     Runs on CPU tensors only (a device batch would make every check a synchronisation).
     """
     if batch["rewards"].device.type != "cpu":
-        raise ValueError("check_batch runs on the collated CPU batch, before it moves to the device")
+        raise BatchError("check_batch runs on the collated CPU batch, before it moves to the device",
+                         key="batch.rewards.on_device", where="rewards")
     num_sequences = len(batch["rewards"])
     if num_sequences == 0:
         return BatchSummary(0, 0, False)
@@ -84,21 +91,26 @@ def check_batch(batch: dict[str, torch.Tensor], objective: ObjectiveConfig) -> B
 
     missing = torch.isnan(batch["behavior_logprobs"])
     if missing.any():
-        raise ValueError(f"{named(missing)}: behavior_logprob missing: score the data first "
-                         "(`nemo-topr score-logprobs`)")
+        raise BatchError(f"{named(missing)}: behavior_logprob missing: score the data first "
+                         "(`nemo-topr score-logprobs`)",
+                         key="record.behavior_logprob.missing", where=f"{named(missing)}: behavior_logprob")
     has_baseline = ~torch.isnan(batch["baselines"])
     if has_baseline.any() and not has_baseline.all():
-        raise ValueError(f"{named(~has_baseline)}: no baseline while other records have one: "
-                         "give every record a baseline or none")
+        raise BatchError(f"{named(~has_baseline)}: no baseline while other records have one: "
+                         "give every record a baseline or none",
+                         key="record.baseline.on_some_records", where=f"{named(~has_baseline)}: baseline")
     record_baselines = bool(has_baseline.all())
     if record_baselines and objective.baseline != 0.0:
-        raise ValueError(f"the records carry their own baseline field, which replaces objective.baseline; "
-                         f"leave objective.baseline at 0.0 (got {objective.baseline})")
+        raise BatchError(f"the records carry their own baseline field, which replaces objective.baseline; "
+                         f"leave objective.baseline at 0.0 (got {objective.baseline})",
+                         key="objective.baseline.with_record_baselines", where="objective.baseline")
     if objective.variant == "asymre" and not record_baselines:
         missing = torch.isnan(batch["group_mean_rewards"])
         if missing.any():
-            raise ValueError(f"{named(missing)}: no whole-group mean reward for asymre's baseline: build "
-                             "batches from the whole dataset (nemo_topr.data.packing.set_group_mean_rewards)")
+            raise BatchError(f"{named(missing)}: no whole-group mean reward for asymre's baseline: build "
+                             "batches from the whole dataset (nemo_topr.data.packing.set_group_mean_rewards)",
+                             key="record.group_mean_reward.missing_for_asymre",
+                             where=f"{named(missing)}: group_mean_reward")
     return BatchSummary(num_sequences, int(batch["seq_len"].max()), record_baselines)
 
 
@@ -262,9 +274,11 @@ def rotary_at_position_ids(model: torch.nn.Module, position_ids: torch.Tensor):
         yield
         return
     if config.position_embedding_type != "rope" or config.apply_rope_fusion:
-        raise ValueError("shared-prefix batches need model.position_embedding_type rope or learned_absolute, "
+        raise BatchError("shared-prefix batches need model.position_embedding_type rope or learned_absolute, "
                          f"unfused (got {config.position_embedding_type!r}, apply_rope_fusion="
-                         f"{config.apply_rope_fusion})")
+                         f"{config.apply_rope_fusion})",
+                         key="model.position_embedding_type.not_for_shared_prefix",
+                         where="model.position_embedding_type")
     rope = get_attr_wrapped_model(model, "rotary_pos_emb")
 
     def at_position_ids(module, args, angles):  # noqa: ANN001
@@ -282,8 +296,9 @@ def thd_cu_seqlens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     each sequence, and each row's padding tail, is its own segment. Computed from the collated
     CPU batch before it moves to the device, so the forward reads no device values."""
     if batch["seq_start"].device.type != "cpu":
-        raise ValueError("thd_cu_seqlens runs on the collated CPU batch (on the device it would synchronise); "
-                         "add it with with_thd_boundaries before the batch moves")
+        raise BatchError("thd_cu_seqlens runs on the collated CPU batch (on the device it would synchronise); "
+                         "add it with with_thd_boundaries before the batch moves",
+                         key="batch.seq_start.on_device", where="seq_start")
     rows, length = batch["tokens"].shape
     starts = set(batch["seq_start"].tolist()) | {r * length for r in range(rows)}
     ends = (batch["seq_start"] + batch["seq_len"]).tolist()
@@ -306,7 +321,8 @@ def packed_seq_params(batch: dict[str, torch.Tensor]):
     from megatron.core.packed_seq_params import PackedSeqParams
 
     if "cu_seqlens" not in batch:
-        raise ValueError("the batch has no cu_seqlens: add them on the host (with_thd_boundaries) before the move")
+        raise BatchError("the batch has no cu_seqlens: add them on the host (with_thd_boundaries) before the move",
+                         key="batch.cu_seqlens.missing", where="cu_seqlens")
     cu_seqlens, max_seqlen = batch["cu_seqlens"], batch["tokens"].shape[1]
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
                            max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)

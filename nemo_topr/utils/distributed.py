@@ -48,15 +48,17 @@ def check_rendezvous(environ=os.environ) -> None:  # noqa: B008 - the process en
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(name)]
     if missing:
         raise RendezvousError(f"WORLD_SIZE is set but {' and '.join(missing)} is not: the launcher (torchrun, "
-                              "slurm/topr_job.sh) sets both")
+                              "slurm/topr_job.sh) sets both", key="rendezvous.unset", where=" and ".join(missing))
     addr, port = environ["MASTER_ADDR"], environ["MASTER_PORT"]
     if not port.isdigit() or not 0 < int(port) < 65536:
-        raise RendezvousError(f"MASTER_PORT={port!r} is not a port number (1-65535)")
+        raise RendezvousError(f"MASTER_PORT={port!r} is not a port number (1-65535)", key="MASTER_PORT.not_a_port",
+                              where="MASTER_PORT")
     try:
         socket.getaddrinfo(addr, int(port), type=socket.SOCK_STREAM)
     except OSError as error:
         raise RendezvousError(f"MASTER_ADDR={addr!r} does not resolve on {socket.gethostname()} ({error}); "
-                              "slurm/topr_job.sh sets it to the job's first node") from None
+                              "slurm/topr_job.sh sets it to the job's first node",
+                              key="MASTER_ADDR.unresolvable", where="MASTER_ADDR") from None
 
 
 def check_local_gpu(environ=os.environ) -> None:  # noqa: B008 - the process environment by default
@@ -71,7 +73,8 @@ def check_local_gpu(environ=os.environ) -> None:  # noqa: B008 - the process env
         seen = f"{gpus} GPU(s)" + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
         raise RendezvousError(f"LOCAL_RANK={local_rank}, but torch sees {seen} on {socket.gethostname()}: one rank "
                               f"per GPU, so start at most {gpus} rank(s) on this node (torchrun --nproc-per-node, "
-                              "launchers/local.sh -n, nemo-topr submit --gpus-per-node)")
+                              "launchers/local.sh -n, nemo-topr submit --gpus-per-node)",
+                              key="LOCAL_RANK.beyond_gpus", where="LOCAL_RANK")
 
 
 def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, *, seed: int = 1234) -> None:
