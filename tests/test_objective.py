@@ -14,6 +14,7 @@ from nemo_topr.objective import (
     RATIO_LEVELS,
     VARIANTS,
     ObjectiveConfig,
+    ObjectiveError,
     baseline_for_share,
     dataset_positive_share,
     effective_positive_share,
@@ -337,16 +338,21 @@ def test_effective_positive_share_limits():
     assert effective_positive_share(0.3, 1.0) == 0.0
 
 
-@pytest.mark.parametrize("p, c", [(-0.1, 0.0), (1.1, 0.0), (0.5, 1.5), (0.5, -1.01), (0.0, -1.0), (1.0, 1.0)])
-def test_effective_positive_share_domain(p, c):
-    with pytest.raises(ValueError, match=r"need p in \[0, 1\] and c in \[-1, 1\]|undefined"):
+@pytest.mark.parametrize("p, c, problem", [
+    (-0.1, 0.0, "outside_domain"), (1.1, 0.0, "outside_domain"), (0.5, 1.5, "outside_domain"),
+    (0.5, -1.01, "outside_domain"), (0.0, -1.0, "undefined"), (1.0, 1.0, "undefined"),  # 1 + c (1 - 2p) = 0
+])
+def test_effective_positive_share_domain(p, c, problem):
+    with pytest.raises(ObjectiveError) as refused:
         effective_positive_share(p, c)
+    assert refused.value.key == f"effective_positive_share.{problem}"
 
 
 @pytest.mark.parametrize("p, target", [(0.0, 0.5), (1.0, 0.5), (0.5, 0.0), (0.5, 1.0), (1.5, 0.2)])
 def test_baseline_for_share_domain(p, target):
-    with pytest.raises(ValueError, match=r"p in \(0, 1\) and target in \(0, 1\)"):
+    with pytest.raises(ObjectiveError) as refused:
         baseline_for_share(p, target)
+    assert refused.value.key == "baseline_for_share.outside_domain"
 
 
 # --- metrics ------------------------------------------------------------------------------------
@@ -393,38 +399,7 @@ def test_metrics_of_empty_groups_are_zero():
     assert metrics["num_positive"] == 0 and metrics["weight_ess"] == 0.0
 
 
-# --- errors -------------------------------------------------------------------------------------
-
-def test_empty_completion_row_names_indices():
-    logp, mask, behavior, rewards, _ = random_batch(10, per_token_behavior=False)
-    mask[[1, 3]] = False
-    with pytest.raises(ValueError, match=r"indices \[1, 3\] have no completion tokens"):
-        policy_loss(logp, mask, behavior, rewards)
-
-
-@pytest.mark.parametrize("field, choices", [
-    ("variant", VARIANTS), ("ratio_level", RATIO_LEVELS),
-    ("normalization", NORMALIZATIONS), ("negative_rule", ("reward", "advantage")),
-])
-def test_bad_choice_lists_choices(field, choices):
-    with pytest.raises(ValueError, match=field) as error:
-        ObjectiveConfig(**{field: "bogus"})
-    assert all(choice in str(error.value) for choice in choices)
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"neg_lower": 2.0}, "neg_lower <= neg_upper"),
-    ({"pos_lower": -1.0, "pos_upper": 1.0}, "0 <= pos_lower"),
-    ({"variant": "ppo_clip", "neg_upper": 1.0}, "do not apply"),
-    ({"variant": "asymre", "baseline": 0.5}, "leave baseline"),
-    ({"ppo_epsilon": 1.5}, "ppo_epsilon"),
-    ({"max_log_ratio": 0.0}, "max_log_ratio"),
-    ({"baseline": math.nan}, "baseline must be finite"),
-])
-def test_bad_config_values(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        ObjectiveConfig(**kwargs)
-
+# --- weight bounds (the objective's refusals: rows of tests/test_refusals_train_run.py) -------
 
 def test_explicit_bounds_override_one_side_only():
     config = ObjectiveConfig(variant="topr", neg_upper=2.0, pos_lower=0.0)
@@ -441,26 +416,6 @@ def test_explicit_bounds_override_one_side_only():
 ])
 def test_weights_use_the_ratio_unless_both_sides_bounds_fix_them(kwargs, uses):
     assert ObjectiveConfig(**kwargs).weights_use_ratio is uses
-
-
-def test_shape_errors():
-    logp, mask, behavior, rewards, _ = random_batch(11, per_token_behavior=False)
-    with pytest.raises(ValueError, match="loss_mask shape"):
-        policy_loss(logp, mask[:, :-1], behavior, rewards)
-    with pytest.raises(ValueError, match="behavior_logprobs must be"):
-        policy_loss(logp, mask, behavior[:-1], rewards)
-    with pytest.raises(ValueError, match="rewards must be"):
-        policy_loss(logp, mask, behavior, rewards[:, None])
-    with pytest.raises(ValueError, match="token_logprobs must be"):
-        policy_loss(logp[0], mask[0], behavior[:1], rewards[:1])
-    with pytest.raises(ValueError, match=r"ratio_level='token' needs per-token behavior_logprobs"):
-        policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(ratio_level="token"))
-    with pytest.raises(ValueError, match="baseline must be"):
-        policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(variant="asymre"), torch.zeros(2))
-    with pytest.raises(ValueError, match="needs per-sequence baselines"):
-        policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(variant="asymre"))
-    with pytest.raises(ValueError, match="replace the scalar objective baseline"):
-        policy_loss(logp, mask, behavior, rewards, ObjectiveConfig(baseline=0.2), torch.zeros(len(rewards)))
 
 
 # --- boundaries, one row each (the random batches above rarely reach them) ------------------

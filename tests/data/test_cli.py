@@ -277,10 +277,9 @@ def test_train_refuses_a_baseline_that_gives_every_record_one_sign(rewards, refu
     from nemo_topr.training.recipe import check_baseline
 
     for baseline in refused:
-        side = "not below the largest" if baseline >= max(rewards) else "not above the smallest"
-        with pytest.raises(ConfigError, match=rf"^objective.baseline={baseline}: the baseline {baseline:g} is {side} "
-                                              r"reward -?[\d.]+: every record gets an advantage R - c [<>]= 0"):
+        with pytest.raises(ConfigError) as refusal:
             check_baseline(ObjectiveConfig(baseline=baseline), rewards, warn=False)
+        assert refusal.value.key == "objective.baseline.flips_signs"
     for baseline in accepted:
         check_baseline(ObjectiveConfig(baseline=baseline), rewards, warn=False)
 

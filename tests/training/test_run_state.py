@@ -35,15 +35,13 @@ def test_a_second_training_is_refused_with_the_first_ones_host_and_pid(tmp_path)
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (tmp_path / "LOCK").write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
-        with pytest.raises(RunStateError, match=f"pid {holder.pid} on this host"):
+        with pytest.raises(RunStateError) as refused:
             RunLock(tmp_path).acquire()
+        assert refused.value.key == "run_dir.lock.held"
+        assert json.loads((tmp_path / "LOCK").read_text())["pid"] == holder.pid  # the holder's lock stays
     finally:
         holder.kill()
         holder.wait()
-    # on another host the pid cannot be checked: refused, naming the file to remove if it is gone
-    (tmp_path / "LOCK").write_text(json.dumps({"host": "node-elsewhere", "pid": 1}))
-    with pytest.raises(RunStateError, match=r"pid 1 on host node-elsewhere.*remove .*LOCK"):
-        RunLock(tmp_path).acquire()
 
 
 def test_a_lock_left_by_a_dead_process_is_taken_over_and_released(tmp_path):
@@ -103,8 +101,9 @@ def test_a_run_recorded_with_the_first_data_hash_resumes_and_other_data_is_still
     assert data_as_recorded(tmp_path, now, lambda: first_data_fingerprint(sequences, rows)) == first
     other = _sequences([1.0, 1.0])
     assert data_as_recorded(tmp_path, now, lambda: first_data_fingerprint(other, rows)) == now
-    with pytest.raises(RunStateError, match="the training data"):
+    with pytest.raises(RunStateError) as refused:
         check_resume(tmp_path, resuming=True, fingerprint={"data": now, "config": {}})
+    assert refused.value.key == "run_dir.data_or_settings_changed"
 
 
 @pytest.mark.guards_resume
@@ -121,18 +120,6 @@ def test_a_resume_onto_other_data_or_schedule_is_refused_naming_what_changed(tmp
     # a fresh start (no checkpoint) of the run directory records the new fingerprint
     check_resume(tmp_path, resuming=False, fingerprint=changed)
     check_resume(tmp_path, resuming=True, fingerprint=changed)
-
-
-def test_a_resume_naming_another_base_model_is_refused_since_it_would_not_be_read(tmp_path):
-    recorded = {"data": "aaa", "config": {"base_model": "/models/a", "objective.baseline": 0.0}}
-    check_resume(tmp_path, resuming=False, fingerprint=recorded)
-    changed = {"data": "aaa", "config": {"base_model": "/models/b", "objective.baseline": 0.0}}
-    with pytest.raises(RunStateError, match=r"began from /models/a; a resume continues from those checkpoints and "
-                                            r"never reads base_model, so /models/b would not be trained\. Changed: "
-                                            r"base_model: '/models/a' -> '/models/b'\. To train from /models/b, "
-                                            r"choose another run_dir; to resume this run, restore "
-                                            r"base_model=/models/a$"):
-        check_resume(tmp_path, resuming=True, fingerprint=changed)
 
 
 @pytest.mark.parametrize("override, change", [

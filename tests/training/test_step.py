@@ -432,21 +432,24 @@ def test_record_baselines_take_precedence_over_group_means(tmp_path, megatron_wo
 def test_host_check_names_the_samples_of_a_bad_batch():
     from nemo_topr.data.packing import collate_padded
     from nemo_topr.objective import ObjectiveConfig
-    from nemo_topr.training.step import check_batch
+    from nemo_topr.training.step import BatchError, check_batch
 
     seqs = build_sequences([20, 30, 25], seed=1)  # no behaviour log-probs, no group means
     batch = collate_padded(seqs, range(3), SEQ_LENGTH, PAD_ID)
-    with pytest.raises(ValueError, match=r"sample_ids \[0, 1, 2\] \(3 of 3\): behavior_logprob missing"):
-        check_batch(batch, ObjectiveConfig())
+    def refusal(objective: ObjectiveConfig) -> tuple[str, str]:
+        with pytest.raises(BatchError) as refused:
+            check_batch(batch, objective)
+        return refused.value.key, refused.value.where
+
+    assert refusal(ObjectiveConfig()) == ("record.behavior_logprob.missing",
+                                          "sample_ids [0, 1, 2] (3 of 3): behavior_logprob")
     batch["behavior_logprobs"] = torch.full((3,), -5.0, dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"sample_ids \[0, 1, 2\].*no whole-group mean reward"):
-        check_batch(batch, ObjectiveConfig(variant="asymre"))
+    assert refusal(ObjectiveConfig(variant="asymre")) == ("record.group_mean_reward.missing_for_asymre",
+                                                          "sample_ids [0, 1, 2] (3 of 3): group_mean_reward")
     batch["baselines"] = torch.tensor([0.5, math.nan, 0.1], dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"sample_ids \[1\] \(1 of 3\): no baseline while other records"):
-        check_batch(batch, ObjectiveConfig())
+    assert refusal(ObjectiveConfig()) == ("record.baseline.on_some_records", "sample_ids [1] (1 of 3): baseline")
     batch["baselines"] = torch.tensor([0.5, 0.2, 0.1], dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"replaces objective.baseline; leave objective.baseline at 0.0 \(got 0.3\)"):
-        check_batch(batch, ObjectiveConfig(baseline=0.3))
+    assert refusal(ObjectiveConfig(baseline=0.3)) == ("objective.baseline.with_record_baselines", "objective.baseline")
     assert check_batch(batch, ObjectiveConfig()).record_baselines
 
 
