@@ -320,8 +320,9 @@ def test_config_puts_flex_attention_into_the_transformer_engine_spec_for_shared_
     # attention_backend=local would make Bridge put DotProductAttention back under TE's layers
     provider = types.SimpleNamespace(transformer_impl="transformer_engine", attention_backend=AttnBackend.local,
                                      apply_rope_fusion=True, transformer_layer_spec=lambda config: None)
-    with pytest.raises(ValueError, match="attention_backend=local"):
+    with pytest.raises(ValueError) as refused:
         prepare_shared_prefix_attention(provider)
+    assert refused.value.key == "model.attention_backend.local_under_flex"
 
 
 def test_score_logprobs_switch_gives_the_same_scores(tiny_hf, tmp_path, capsys):
