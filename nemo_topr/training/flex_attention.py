@@ -157,7 +157,7 @@ def prepare_shared_prefix_attention(provider: Any) -> str:
     The local spec keeps its attention. Any other spec (Transformer Engine's) gets
     `FlexCoreAttention` in place of its core attention, unless ``attention_backend=local``, with
     which Bridge puts DotProductAttention back into the spec at build time (gpt_provider.py,
-    provide) under TE's layers, whose THD path would ignore the blocks: refused (ValueError).
+    provide) under TE's layers, whose THD path would ignore the blocks: refused (FlexAttentionError).
     RoPE is switched to its unfused form, which takes the angles at each segment's position ids
     (`nemo_topr.training.step.rotary_at_position_ids`; same values, no fused kernel)."""
     from megatron.core.transformer.enums import AttnBackend

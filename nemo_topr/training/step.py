@@ -73,7 +73,7 @@ class BatchSummary:
 def check_batch(batch: dict[str, torch.Tensor], objective: ObjectiveConfig) -> BatchSummary:
     """Validate a collated batch on the host, before it moves to the device, once per batch.
 
-    Raises ValueError naming the sample ids for missing behaviour log-probs, a baseline field
+    Raises BatchError naming the sample ids for missing behaviour log-probs, a baseline field
     present on some records but not others, and asymre without whole-group mean rewards; and
     for record baselines together with a nonzero `objective.baseline`.
     Runs on CPU tensors only (a device batch would make every check a synchronisation).
