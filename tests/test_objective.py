@@ -399,7 +399,7 @@ def test_metrics_of_empty_groups_are_zero():
     assert metrics["num_positive"] == 0 and metrics["weight_ess"] == 0.0
 
 
-# --- weight bounds (the objective's refusals: rows of tests/test_refusals_train_run.py) -------
+# --- weight bounds (the objective's refusals: rows of tests/training/test_refusals_run.py) -------
 
 def test_explicit_bounds_override_one_side_only():
     config = ObjectiveConfig(variant="topr", neg_upper=2.0, pos_lower=0.0)

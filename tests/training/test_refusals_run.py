@@ -2,7 +2,7 @@
 its bad input → the problem's key and where.
 
 The rows assert the key and where only; the words are in tests/golden/refusals.txt (tests/refusal_table.py),
-compared here (``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_refusals_train_run.py``
+compared here (``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/training/test_refusals_run.py``
 rewrites this table's section). Every key of `SOURCES` has a row but the `NEEDS_MEGATRON` ones: a new refusal
 without one fails `test_the_table_covers_every_key_the_code_raises`.
 """
@@ -23,9 +23,9 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import REPO, checkout_env
+from tests.conftest import REPO, checkout_env
 from omegaconf import OmegaConf
-from refusal_table import assert_covers, assert_golden, raised, rendered
+from tests.refusal_table import assert_covers, assert_golden, raised, rendered
 
 from nemo_topr.doctor import command as doctor
 from nemo_topr.errors import UserError
@@ -51,7 +51,7 @@ NEEDS_MEGATRON = {
     "flex_attention.attention_mask.not_a_block_mask": "nemo_topr.training.flex_attention imports Megatron",
     "flex_attention.inputs.thd_or_bias": "nemo_topr.training.flex_attention imports Megatron",
     "model.attention_backend.local_under_flex": "nemo_topr.training.flex_attention imports Megatron "
-                                                "(tests/test_shared_prefix.py reaches it)"}
+                                                "(tests/data/test_shared_prefix.py reaches it)"}
 # the verb a user meets a refusal through, where it is not `train`
 VERBS = {"--json.is_work_dir": "doctor", "--json.holds_work_dir": "doctor", "--json.inside_work_dir": "doctor",
          "--work-dir.unusable": "doctor", "run_dir.checkpoints.damaged": "submit", "run_dir.finished": "submit"}
@@ -231,7 +231,7 @@ def test_the_table_covers_every_key_the_code_raises():
 
 def test_the_messages_are_the_golden_files(inputs, monkeypatch):
     monkeypatch.chdir(inputs)
-    assert_golden("tests/test_refusals_train_run.py",
+    assert_golden("tests/training/test_refusals_run.py",
                   [rendered(VERBS.get(key, "train"), key, where, *problem(), inputs)
                    for key, where, problem in ROWS])
 
@@ -240,12 +240,11 @@ def test_the_table_imports_no_megatron(tmp_path):
     """Each problem comes out of the pure checks: every row, run in a fresh interpreter, refuses without
     importing Megatron or Transformer Engine."""
     rows = "\n".join([
-        "import sys; from pathlib import Path; import test_refusals_train_run as table",
+        "import sys; from pathlib import Path; import tests.training.test_refusals_run as table",
         "table.make_inputs(Path.cwd())",
         "assert all(problem() for _, _, problem in table.ROWS)",
         "loaded = [name for name in sys.modules if name.split('.')[0] in ('megatron', 'transformer_engine')]",
         "assert not loaded, loaded"])
-    tests = os.pathsep.join([str(REPO / "tests"), checkout_env()["PYTHONPATH"]])
-    run = subprocess.run([sys.executable, "-c", rows], cwd=tmp_path, env=checkout_env(PYTHONPATH=tests),
+    run = subprocess.run([sys.executable, "-c", rows], cwd=tmp_path, env=checkout_env(),
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
