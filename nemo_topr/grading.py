@@ -47,6 +47,10 @@ class GraderError(RuntimeError):
 class GraderErrorRateExceeded(UserError, ValueError):
     """More grader errors than a command accepts."""
 
+
+class GradingError(UserError, ValueError):
+    """A task or a reference answer that no grader reads."""
+
 # math-verify bounds its sympy work with signal.alarm, which exists only in the main thread.
 MATH_VERIFY_TIMEOUT_S = 5
 
@@ -99,7 +103,8 @@ def gsm8k_reference_answer(reference_answer: str) -> str:
     """The canonical number of a reference: a GSM8K `answer` (its `#### N`) or a bare number."""
     answer = extract_gsm8k_answer(reference_answer)
     if answer is None:
-        raise ValueError(f"GSM8K reference has no number: {reference_answer[-80:]!r}")
+        raise GradingError(f"GSM8K reference has no number: {reference_answer[-80:]!r}",
+                           key="reference_answer.gsm8k.no_number", where="reference_answer")
     return answer
 
 
@@ -143,7 +148,8 @@ def math_reference_answer(reference_answer: str) -> str:
     """A MATH reference: the bare answer (MATH-500's `answer`) or a solution's last `\\boxed{}`."""
     answer = last_boxed(reference_answer) or reference_answer.strip()
     if not answer:
-        raise ValueError("MATH reference answer is empty")
+        raise GradingError("MATH reference answer is empty", key="reference_answer.math.empty",
+                           where="reference_answer")
     return answer
 
 
@@ -204,7 +210,7 @@ GRADERS: dict[str, TaskGrader] = {
 
 def grader_of(task: str) -> TaskGrader:
     if task not in GRADERS:
-        raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+        raise GradingError(f"unknown task {task!r}; expected one of {TASKS}", key="task.unknown", where="task")
     return GRADERS[task]
 
 
@@ -293,5 +299,5 @@ def check_grader_errors(results: Sequence[GradeResult], max_rate: float, flag: s
         raise GraderErrorRateExceeded(
             f"the grader failed on {len(errors)} of {len(results)} answers ({100 * rate:.2f}%), above {flag} "
             f"{max_rate}; these are grader failures, not wrong answers (check the math-verify install). "
-            f"First: {errors[0]}")
+            f"First: {errors[0]}", key="grader_error_rate.above_max", where=flag)
     return report

@@ -70,7 +70,8 @@ def _tokenize(args: argparse.Namespace, records: RecordSet, **limits):
 def _validate(args: argparse.Namespace) -> int:
     for option, value in (("--max-seq-length", args.max_seq_length), ("--too-long", args.too_long)):
         if value is not None and args.tokenizer is None:  # --too-long alone was ignored without a word
-            raise UsageError(f"{option} needs --tokenizer (lengths are counted in tokens)")
+            raise UsageError(f"{option} needs --tokenizer (lengths are counted in tokens)",
+                             key=f"{option}.without_tokenizer", where=option)
     records = _load(args)
     if args.tokenizer is not None:
         _say_loading("validate", f"{len(records.records)} records read; loading {args.tokenizer}'s tokenizer to "
@@ -125,7 +126,8 @@ def _say_loading(verb: str, what: str) -> None:
 
 def _stats(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise OutputError(f"--out {args.out} is a file; `data stats` writes stats.json and stats.png into a directory")
+        raise OutputError(f"--out {args.out} is a file; `data stats` writes stats.json and stats.png into a directory",
+                          key="--out.is_a_file", where="--out")
     records = _load(args)
     if args.out is not None:
         for name in ("stats.json", "stats.png"):

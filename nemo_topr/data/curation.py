@@ -39,16 +39,20 @@ class Curation:
     def __post_init__(self) -> None:
         modes = [self.target_p is not None, self.target_p_tilde is not None, self.anna_karenina]
         if sum(modes) > 1:
-            raise CurationError("choose at most one of target_p, target_p_tilde and anna_karenina")
+            raise CurationError("choose at most one of target_p, target_p_tilde and anna_karenina",
+                                key="curation.mode.several_chosen", where="target_p, target_p_tilde, anna_karenina")
         for name in ("target_p", "target_p_tilde"):
             target = getattr(self, name)
             if target is not None and not 0.0 <= target <= 1.0:
-                raise CurationError(f"{name} must be in [0, 1]; got {target}")
+                raise CurationError(f"{name} must be in [0, 1]; got {target}", key=f"curation.{name}.outside_0_1",
+                                    where=name)
         if not -1.0 < self.baseline < 1.0:
-            raise CurationError(f"baseline must be in (-1, 1); got {self.baseline}")
+            raise CurationError(f"baseline must be in (-1, 1); got {self.baseline}",
+                                key="curation.baseline.outside_open_minus_1_1", where="baseline")
         if self.per_prompt and self.target_p is None and self.target_p_tilde is None:  # was a silent no-op
             raise CurationError("per_prompt spreads the sub-sampling to target_p or target_p_tilde over the prompts: "
-                                "give one of them (anna_karenina is per prompt already)")
+                                "give one of them (anna_karenina is per prompt already)",
+                                key="curation.per_prompt.without_target", where="per_prompt")
 
 
 @dataclass
@@ -115,7 +119,8 @@ def subsample_to_share(
     negative = [i for i, r in enumerate(records) if not is_positive(r.reward)]
     n_pos, n_neg = len(positive), len(negative)
     if n_pos == 0 or n_neg == 0:
-        raise CurationError(f"sub-sampling changes p only when both sides exist ({n_pos} positives, {n_neg} negatives)")
+        raise CurationError(f"sub-sampling changes p only when both sides exist ({n_pos} positives, {n_neg} negatives)",
+                            key="curation.reward.one_side_only", where="reward")
     if share_of_p(n_pos / (n_pos + n_neg)) > target:  # keep k positives: p = k / (k + n_neg)
         name, side = "positive", positive
         keep = _closest_count(n_pos, lambda k: share_of_p(k / (k + n_neg)), target)
@@ -143,13 +148,14 @@ def _check_closed_form_holds(records: Sequence[Record]) -> None:
     another share than the one aimed at (the stats' p~ is computed from the records themselves)."""
     if records and records[0].baseline is not None:
         raise CurationError("target_p_tilde steers p~ at one baseline c, but these records carry their own baseline "
-                            "field, which training uses instead: curate with target_p and read p~ in the stats")
+                            "field, which training uses instead: curate with target_p and read p~ in the stats",
+                            key="curation.target_p_tilde.records_carry_baseline", where="baseline")
     others = sorted({r.reward for r in records} - {-1.0, 1.0})
     if others:
         shown = ", ".join(f"{reward:g}" for reward in others[:5]) + (", ..." if len(others) > 5 else "")
         raise CurationError(f"target_p_tilde steers p~ = p(1 - c) / (1 + c(1 - 2p)), which holds for rewards of +-1 "
                             f"only; these records also have rewards {shown}: curate with target_p and read p~ in the "
-                            "stats")
+                            "stats", key="curation.target_p_tilde.rewards_not_plus_minus_1", where="reward")
 
 
 def curate(records: Sequence[Record], curation: Curation) -> CurationResult:

@@ -31,6 +31,12 @@ from dataclasses import dataclass
 
 import torch
 
+from nemo_topr.errors import UserError
+
+
+class PackingError(UserError, ValueError):
+    """Sequences that cannot be packed or batched as they are (longer than a row, no completion)."""
+
 
 @dataclass
 class TokenizedSequence:
@@ -69,10 +75,10 @@ def group_mean_rewards(prompt_ids: Sequence[int], rewards: Sequence[float]) -> l
 def _check_lengths(seqs: Sequence[TokenizedSequence], seq_length: int) -> None:
     too_long = [i for i, seq in enumerate(seqs) if len(seq.input_ids) > seq_length]
     if too_long:
-        raise ValueError(
+        raise PackingError(
             f"{len(too_long)} sequences exceed seq_length {seq_length} (first: index {too_long[0]}, "
-            f"{len(seqs[too_long[0]].input_ids)} tokens); validate with max_seq_length to drop or reject them"
-        )
+            f"{len(seqs[too_long[0]].input_ids)} tokens); validate with max_seq_length to drop or reject them",
+            key="sequence.longer_than_seq_length", where="seq_length")
 
 
 def pack_sequences(seqs: Sequence[TokenizedSequence], seq_length: int, pad_id: int) -> list[list[int]]:
@@ -221,7 +227,8 @@ class PackedBatches:
         seed: int = 0,
     ):
         if rows_per_batch < 1:
-            raise ValueError(f"rows_per_batch must be >= 1; got {rows_per_batch}")
+            raise PackingError(f"rows_per_batch must be >= 1; got {rows_per_batch}", key="rows_per_batch.below_1",
+                               where="rows_per_batch")
         _check_lengths(seqs, seq_length)
         set_group_mean_rewards(seqs)
         self.seqs, self.seq_length, self.pad_id = seqs, seq_length, pad_id

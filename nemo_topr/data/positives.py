@@ -74,11 +74,13 @@ def require_signed_grades(records: RecordSet, consequence: str) -> None:
     if len(values) > 1 and min(values) >= 0:
         raise DataError(",".join(records.report.files), 0, "reward",
                         f"no reward is negative, yet the rewards take {len(values)} values ({min(values):g} to "
-                        f"{max(values):g}): {consequence}; {MAP_TO_SIGNS}")
+                        f"{max(values):g}): {consequence}; {MAP_TO_SIGNS}",
+                        key="reward.grades_without_sign", where=f"{','.join(records.report.files)}: reward")
     if values == {0.0}:  # `verifier build` made every wrong answer a "correct" judge example
         raise DataError(",".join(records.report.files), 0, "reward",
                         f"every reward is 0, which the sign reads as correct (0/1 grades with no correct answer?): "
-                        f"{consequence}; {MAP_TO_SIGNS}")
+                        f"{consequence}; {MAP_TO_SIGNS}",
+                        key="reward.all_zero", where=f"{','.join(records.report.files)}: reward")
 
 
 def sign_flipping_baseline(rewards: Iterable[float], baseline: float) -> str | None:

@@ -111,7 +111,8 @@ def data_files_digest(train_path: str) -> str:
         files = sorted((f, Path(f)) for f in glob.glob(train_path) if Path(f).is_file())
     if not files:
         raise DataError(train_path, 0, "path", "names no local data files to prepare (a prepared set is keyed by "
-                                               "the files' content)")
+                                               "the files' content)",
+                        key="dataset.train_path.no_local_files", where=f"{train_path}: path")
     digest = hashlib.sha256()
     for name, file in files:
         digest.update(f"{name}\0{_file_sha256(file)}\0".encode())
@@ -239,7 +240,8 @@ def find_or_prepare(spec: PrepareSpec, prepared_dir: str | Path, *, write: bool 
         while (problem := set_problem(final)) is not None:
             if time.monotonic() >= deadline:
                 raise PreparedSetError(f"the prepared data set {final} for {spec.train_path} was not written within "
-                                       f"{wait_timeout:.0f} s by the process preparing it (launcher rank 0): {problem}")
+                                       f"{wait_timeout:.0f} s by the process preparing it (launcher rank 0): {problem}",
+                                       key="prepared_set.not_written_in_time", where=str(final))
             time.sleep(poll)
         return open_set(final), False
     if final.exists():  # damaged: moved aside in one step, so a reader never sees it half-removed

@@ -42,6 +42,10 @@ class BenchmarkNotFound(UserError, FileNotFoundError):
     """No benchmark file where the data directory should hold it (the data is never downloaded)."""
 
 
+class BenchmarkError(UserError, ValueError):
+    """A benchmark split or answer that the prompts and graders cannot read."""
+
+
 class BenchmarkRows(list):
     """A benchmark file's rows and the file (`source`): a check made after reading, such as the
     exemplars' row count, names it."""
@@ -66,8 +70,8 @@ def _read_benchmark(benchmark: str, split: str, data_dir: str | Path | None) -> 
     if not path.is_file():
         raise BenchmarkNotFound(
             f"{path}: benchmark file not found; set {DATA_DIR_ENV} or pass --data-dir: a directory of the "
-            f"benchmark JSONL files or a save_to_disk dataset (the data is never downloaded)"
-        )
+            f"benchmark JSONL files or a save_to_disk dataset (the data is never downloaded)",
+            key="benchmark.file.not_found", where=str(path))
     rows = []
     for number, row in jsonl_rows(path):
         if isinstance(row, RejectedRow):
@@ -80,18 +84,22 @@ def benchmark_row(row: object, where: str | Path, number: int, benchmark: str) -
     """`row` with its question under `question` (QUESTION_COLUMNS), checked as the prompts and
     graders read it: a user's copy of a benchmark failed on its first odd row with a KeyError."""
     if not isinstance(row, dict):
-        raise DataError(where, number, "record", f"expected a JSON object, got {type(row).__name__}")
+        raise DataError(where, number, "record", f"expected a JSON object, got {type(row).__name__}",
+                        key="benchmark.record.not_an_object", where=f"{where}:{number}: record")
     question = next((column for column in QUESTION_COLUMNS if column in row), "question")
     for column in (question, "answer"):
         if not isinstance(row.get(column), str) or not row[column].strip():
             found = "missing" if column not in row else f"expected a non-empty string, got {row[column]!r:.40}"
-            raise DataError(where, number, column, f"{found} (fields: {', '.join(row)})")
+            raise DataError(where, number, column, f"{found} (fields: {', '.join(row)})",
+                            key=f"benchmark.{column}.not_text", where=f"{where}:{number}: {column}")
     if benchmark == "gsm8k":
         if "####" not in row["answer"]:
-            raise DataError(where, number, "answer", "a GSM8K answer ends with a '#### N' line; this one has none")
+            raise DataError(where, number, "answer", "a GSM8K answer ends with a '#### N' line; this one has none",
+                            key="benchmark.answer.no_final_line", where=f"{where}:{number}: answer")
         # eval grades against the text after '####' (gsm8k_final_answer): unchecked, a bad one failed after sampling
         if problem := reference_problem("gsm8k", gsm8k_final_answer(row["answer"])):
-            raise DataError(where, number, "answer", f"its '#### N' line: {problem}")
+            raise DataError(where, number, "answer", f"its '#### N' line: {problem}",
+                            key="benchmark.answer.final_line_unreadable", where=f"{where}:{number}: answer")
     return row if question == "question" else {"question": row.pop(question), **row}
 
 
@@ -101,12 +109,14 @@ def _saved_benchmark_rows(directory: Path, benchmark: str, split: str) -> Benchm
     single = saved_dataset_kind(directory) == "Dataset"
     if single and benchmark == "gsm8k":
         raise DataError(directory, 0, "split", "a saved Dataset holds one split; GSM8K needs a DatasetDict "
-                        "with 'train' (few-shot exemplars) and 'test' splits")
+                        "with 'train' (few-shot exemplars) and 'test' splits",
+                        key="benchmark.split.single_split_dataset", where=f"{directory}: split")
     dataset, name = load_saved_dataset(directory, None if single else split)
     question = next((column for column in QUESTION_COLUMNS if column in dataset.column_names), None)
     for field, column in (("question", question), ("answer", "answer")):
         if column not in dataset.column_names:
-            raise DataError(name, 0, field, f"missing column (columns: {', '.join(dataset.column_names)})")
+            raise DataError(name, 0, field, f"missing column (columns: {', '.join(dataset.column_names)})",
+                            key=f"benchmark.{field}.column_missing", where=f"{name}: {field}")
     return BenchmarkRows([benchmark_row(row, name, number, benchmark)
                           for number, row in enumerate(dataset.to_list(), start=1)], name)
 
@@ -114,7 +124,8 @@ def _saved_benchmark_rows(directory: Path, benchmark: str, split: str) -> Benchm
 def load_gsm8k(split: str = "train", data_dir: str | Path | None = None) -> list[dict]:
     """GSM8K rows {question, answer}; `answer` is the chain of thought ending in `#### N`."""
     if split not in GSM8K_SPLITS:
-        raise ValueError(f"GSM8K split must be one of {GSM8K_SPLITS}; got {split!r}")
+        raise BenchmarkError(f"GSM8K split must be one of {GSM8K_SPLITS}; got {split!r}",
+                             key="benchmark.split.unknown", where="split")
     return _read_benchmark("gsm8k", split, data_dir)
 
 
@@ -127,7 +138,8 @@ def gsm8k_final_answer(answer: str) -> str:
     """The number after `####` in a GSM8K answer."""
     _, separator, final = answer.rpartition("####")
     if not separator:
-        raise ValueError(f"GSM8K answer has no '####' line: {answer[-80:]!r}")
+        raise BenchmarkError(f"GSM8K answer has no '####' line: {answer[-80:]!r}",
+                             key="gsm8k_answer.no_final_line", where="answer")
     return final.strip()
 
 
@@ -149,13 +161,14 @@ def gsm8k_exemplars(train_rows: list[dict], shots: int = GSM8K_SHOTS, seed: int 
     source = getattr(train_rows, "source", "GSM8K train rows")
     if len(train_rows) < shots:  # random.sample's "Sample larger than population" names neither file nor need
         problem = f"the {shots}-shot prompt needs at least {shots} rows (its exemplars); it has {len(train_rows)}"
-        raise DataError(source, 0, "file", problem)
+        raise DataError(source, 0, "file", problem, key="benchmark.file.too_few_rows", where=f"{source}: file")
     draw = random.Random(seed)
     indices = draw.sample(range(len(train_rows)), shots)
     if leaving_out in indices:
         if len(train_rows) == shots:
             raise DataError(source, 0, "file", f"the {shots}-shot prompt of train row {leaving_out}, one of its "
-                                               f"exemplars, needs a row besides them: at least {shots + 1} rows")
+                                               f"exemplars, needs a row besides them: at least {shots + 1} rows",
+                            key="benchmark.file.only_the_exemplars", where=f"{source}: file")
         while (substitute := draw.randrange(len(train_rows))) in indices:
             pass
         indices[indices.index(leaving_out)] = substitute

@@ -11,16 +11,23 @@ OPTIONAL_FIELDS = ("behavior_logprob", "prompt_id", "sample_id", "baseline", "me
 FIELDS = REQUIRED_FIELDS + OPTIONAL_FIELDS
 
 
+def located(path: str | Path, line: int, field: str) -> str:
+    """Where a data problem is: ``path:line: field``, ``path: field`` for line 0, `field` for no path."""
+    location = f"{path}:{line}" if line else str(path)
+    return f"{location}: {field}" if location else field
+
+
 class DataError(UserError, ValueError):
     """A data problem located as `path:line: field: problem`; line 0 is the file or dataset as a
-    whole, written `path: field: problem` (editors read `path:0:` as a line that is not there). Its
-    `where` is that location, ``path:line: field``; `key` names the problem."""
+    whole, written `path: field: problem` (editors read `path:0:` as a line that is not there)."""
 
-    def __init__(self, path: str | Path, line: int, field: str, problem: str, *, key: str | None = None):
+    def __init__(self, path: str | Path, line: int, field: str, problem: str, *, key: str | None = None,
+                 where: str | None = None):
+        """`key` names the problem (``"record.reward.not_a_number"``); `where` is ``path:line: field``
+        (``path: field`` for line 0) unless given."""
         self.path, self.line, self.field, self.problem = str(path), line, field, problem
-        located = f"{self.path}:{line}" if line else self.path
-        where = f"{located}: {field}" if located else field
-        super().__init__(f"{where}: {problem}", key=key, where=where)
+        at = located(self.path, line, field)
+        super().__init__(f"{at}: {problem}", key=key, where=at if where is None else where)
 
 
 class RejectedRow(Exception):

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 import torch
 
-from nemo_topr.data.packing import TokenizedSequence, _check_lengths, collate_packed, padding_rows
+from nemo_topr.data.packing import PackingError, TokenizedSequence, _check_lengths, collate_packed, padding_rows
 
 Block = list[int]  # sequence indices with one prompt, in segment order
 Row = list[Block]
@@ -51,11 +51,13 @@ def prompt_length(seq: TokenizedSequence, index: int) -> int:
     (one prompt, one completion) with P >= 1, else the sequence cannot share its prompt."""
     mask = seq.loss_mask
     if 1 not in mask:
-        raise ValueError(f"sequence {index} (sample_id {seq.sample_id}) has no completion token")
+        raise PackingError(f"sequence {index} (sample_id {seq.sample_id}) has no completion token",
+                           key="shared_prefix.sequence.no_completion_token", where=f"sequence {index}")
     start = mask.index(1)
     if start == 0 or 0 in mask[start:]:
-        raise ValueError(f"sequence {index} (sample_id {seq.sample_id}): shared-prefix packing needs a "
-                         "prompt then one completion (loss mask 0...0 1...1 with at least one prompt token)")
+        raise PackingError(f"sequence {index} (sample_id {seq.sample_id}): shared-prefix packing needs a "
+                           "prompt then one completion (loss mask 0...0 1...1 with at least one prompt token)",
+                           key="shared_prefix.sequence.not_prompt_then_completion", where=f"sequence {index}")
     return start
 
 

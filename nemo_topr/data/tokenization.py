@@ -28,6 +28,7 @@ from nemo_topr.errors import UserError
 from nemo_topr.data.packing import TokenizedSequence
 from nemo_topr.data.records import (DataError, Messages, Record, RecordSet, RenderedPrompt, ValidationReport,
                                     load_records)
+from nemo_topr.data.schema import located
 
 TooLong = Literal["error", "drop"]
 
@@ -70,17 +71,20 @@ def load_tokenizer(path: str | Path):
         except model_source.ModelSourceError:
             pass  # not a model: the errors below say what the directory lacks
     if not directory.is_dir():
-        raise DataError(path, 0, "tokenizer", "directory does not exist")
+        raise DataError(path, 0, "tokenizer", "directory does not exist", key="tokenizer.directory_missing",
+                        where=f"{path}: tokenizer")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as error:
-        raise DataError(path, 0, "tokenizer", f"cannot load a tokenizer from this directory ({error})") from error
+        raise DataError(path, 0, "tokenizer", f"cannot load a tokenizer from this directory ({error})",
+                        key="tokenizer.unloadable", where=f"{path}: tokenizer") from error
     _check_fits_the_model(path, directory, len(tokenizer))
     if tokenizer.eos_token_id is None:  # here, for every verb: tokenize_records' own check was a traceback
         config = directory / "tokenizer_config.json"
         raise DataError(path, 0, "tokenizer", f"no EOS token, which ends every completion trained and scored: {config} "
                         f"{'names no eos_token' if config.is_file() else 'is missing'}; copy the model's own "
-                        "tokenizer_config.json there (it names eos_token)")
+                        "tokenizer_config.json there (it names eos_token)",
+                        key="tokenizer.no_eos_token", where=f"{path}: tokenizer")
     return tokenizer
 
 
@@ -96,7 +100,8 @@ def _check_fits_the_model(path: str | Path, directory: Path, tokens: int) -> Non
     if isinstance(vocab_size, int) and tokens > vocab_size:
         raise DataError(path, 0, "tokenizer", f"{tokens} tokens, but the model has {vocab_size} embedding rows "
                         f"(config.json vocab_size): ids from {vocab_size} on have no embedding; this tokenizer is not "
-                        "the model's (copy the model's own tokenizer files into its directory)")
+                        "the model's (copy the model's own tokenizer files into its directory)",
+                        key="tokenizer.more_tokens_than_embedding_rows", where=f"{path}: tokenizer")
 
 
 def pad_id_of(tokenizer) -> int:
@@ -165,7 +170,8 @@ def prompt_token_ids(tokenizer, prompts: Sequence[str | Messages]) -> list[list[
         ]
         return _encode(tokenizer, texts, add_special_tokens=False)  # special tokens come from the template
     if not all(isinstance(prompt, str) for prompt in prompts):
-        raise TokenizerError("chat-message prompts need a tokenizer with a chat template")
+        raise TokenizerError("chat-message prompts need a tokenizer with a chat template",
+                             key="prompt.chat_without_template", where="prompt")
     return _encode(tokenizer, list(prompts), add_special_tokens=True)
 
 
@@ -218,13 +224,16 @@ def tokenized_chunks(
     report's records_used is set after the last chunk, which raises when no record was kept."""
     too_long = too_long_policy(too_long, strict)
     if too_long not in get_args(TooLong):  # anything but "error" would drop
-        raise ValueError(f"too_long must be one of {get_args(TooLong)}; got {too_long!r}")
+        raise TokenizerError(f"too_long must be one of {get_args(TooLong)}; got {too_long!r}",
+                             key="too_long.unknown", where="too_long")
     if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no EOS token to end completions with")
+        raise TokenizerError("the tokenizer has no EOS token to end completions with",
+                             key="tokenize.tokenizer_without_eos", where="tokenizer")
     if not tokenizer.chat_template:
         chat = next((r for r in records.records if not isinstance(r.prompt, str)), None)
         if chat is not None:
-            raise chat.error("prompt", "chat-message prompts need a tokenizer with a chat template")
+            raise DataError(chat.path, chat.line, "prompt", "chat-message prompts need a tokenizer with a chat template",
+                            key="record.prompt.chat_without_template", where=located(chat.path, chat.line, "prompt"))
     report = records.report
     pattern = special_token_text(tokenizer)
     size = chunk_size or max(len(records.records), 1)
@@ -237,7 +246,8 @@ def tokenized_chunks(
     report.records_used = used
     if not used:
         problem = f"no completion tokens: all {report.records_in} records dropped {dict(report.dropped)}"
-        raise DataError(",".join(report.files), 0, "dataset", problem)
+        raise DataError(",".join(report.files), 0, "dataset", problem, key="dataset.no_completion_tokens",
+                        where=f"{','.join(report.files)}: dataset")
 
 
 def _tokenize_chunk(records: Sequence[Record], tokenizer, dense_prompt_id: dict[str, int], pattern, report, *,

@@ -37,6 +37,7 @@ from nemo_topr.data.shared_prefix import collate_shared, pack_shared, shared_pad
 from nemo_topr.data.sources import HUB_PREFIX, ExtraColumns
 from nemo_topr.data.tokenization import TokenizedDataset, TooLong, load_tokenizer, pad_id_of, tokenize_records
 from nemo_topr.utils.distributed import launcher_rank
+from nemo_topr.training.config_error import ConfigError
 from nemo_topr.training.run_state import data_fingerprint
 
 
@@ -141,11 +142,14 @@ class ToprDatasetConfig(DatasetProvider):
         if getattr(self, "_prepared", None) is not None:
             return self._prepared
         if not self.train_path:
-            raise ValueError("dataset.train_path is not set")
+            raise ConfigError("dataset.train_path is not set", key="dataset.train_path.unset",
+                              where="dataset.train_path")
         if self.epochs < 1:
-            raise ValueError(f"dataset.epochs must be >= 1; got {self.epochs}")
+            raise ConfigError(f"dataset.epochs must be >= 1; got {self.epochs}", key="dataset.epochs.below_1",
+                              where="dataset.epochs")
         if self.shared_prefix and not self.packed:
-            raise ValueError("dataset.shared_prefix=true packs rows; it cannot be combined with dataset.packed=false")
+            raise ConfigError("dataset.shared_prefix=true packs rows; it cannot be combined with dataset.packed=false",
+                              key="dataset.shared_prefix.unpacked", where="dataset.shared_prefix")
         written = None
         if self.prepared_dir and not self.train_path.startswith(HUB_PREFIX):  # a hub dataset has no local files
             dataset, written = self._prepared_set()
