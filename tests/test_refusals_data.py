@@ -29,10 +29,11 @@ from nemo_topr.data.positives import require_signed_grades
 from nemo_topr.data.prepared import PrepareSpec, data_files_digest, find_or_prepare
 from nemo_topr.data.records import Record, RecordSet, ValidationReport
 
-SOURCES = [REPO / "nemo_topr" / path for path in (
-    "data/prompts.py", "data/tokenization.py", "data/curation.py", "data/packing.py", "data/shared_prefix.py",
-    "data/sequence_table.py", "data/prepared.py", "data/positives.py", "data/cli.py", "grading.py",
-    "training/data.py")]
+SOURCES = [REPO / path for path in (
+    "nemo_topr/data/prompts.py", "nemo_topr/data/tokenization.py", "nemo_topr/data/curation.py",
+    "nemo_topr/data/packing.py", "nemo_topr/data/shared_prefix.py", "nemo_topr/data/sequence_table.py",
+    "nemo_topr/data/prepared.py", "nemo_topr/data/positives.py", "nemo_topr/data/cli.py", "nemo_topr/grading.py",
+    "nemo_topr/training/data.py")]
 ERRORS = {"DataError", "BenchmarkNotFound", "BenchmarkError", "TokenizerError", "CurationError", "PackingError",
           "PreparedSetError", "UsageError", "OutputError", "GradingError", "GraderErrorRateExceeded", "ConfigError"}
 # keys the table cannot reach without Megatron, and why
@@ -144,7 +145,8 @@ ROWS = [
      raised(packing.PackedBatches, [sequence(0, 1, 1)], seq_length=2, rows_per_batch=1, pad_id=0)),
     ("rows_per_batch.below_1", "rows_per_batch",
      raised(packing.PackedBatches, [sequence(0, 1)], seq_length=2, rows_per_batch=0, pad_id=0)),
-    ("shared_prefix.sequence.no_completion_token", "sequence 4", raised(shared_prefix.prompt_length, sequence(0, 0), 4)),
+    ("shared_prefix.sequence.no_completion_token", "sequence 4",
+     raised(shared_prefix.prompt_length, sequence(0, 0), 4)),
     ("shared_prefix.sequence.not_prompt_then_completion", "sequence 4",
      raised(shared_prefix.prompt_length, sequence(0, 1, 0, 1), 4)),
     ("dataset.train_path.no_local_files", "no_such/*.jsonl: path", raised(data_files_digest, "no_such/*.jsonl")),

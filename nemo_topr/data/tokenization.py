@@ -232,7 +232,8 @@ def tokenized_chunks(
     if not tokenizer.chat_template:
         chat = next((r for r in records.records if not isinstance(r.prompt, str)), None)
         if chat is not None:
-            raise DataError(chat.path, chat.line, "prompt", "chat-message prompts need a tokenizer with a chat template",
+            raise DataError(chat.path, chat.line, "prompt",
+                            "chat-message prompts need a tokenizer with a chat template",
                             key="record.prompt.chat_without_template", where=located(chat.path, chat.line, "prompt"))
     report = records.report
     pattern = special_token_text(tokenizer)

@@ -7,10 +7,13 @@ from pathlib import Path
 import pytest
 
 from nemo_topr.cli import main
-from nemo_topr.data.records import Record, load_records
+from nemo_topr.data import cli as data_cli
+from nemo_topr.data.records import DataError, Record, load_records
 from nemo_topr.data.stats import summarize
 from nemo_topr.objective import effective_positive_share
 from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
+from nemo_topr.utils.arguments import UsageError
+from nemo_topr.utils.outputs import OutputError
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "data"
 SCORED = FIXTURES / "gsm8k_scored.jsonl"
@@ -130,15 +133,20 @@ def test_validate_with_a_models_tokenizer_finds_records_beyond_its_context(capsy
 
 def test_validate_reports_a_missing_tokenizer(capsys, tmp_path):
     assert main(["data", "validate", str(SCORED), "--tokenizer", str(tmp_path / "none")]) == 1
-    assert "tokenizer: directory does not exist" in capsys.readouterr().err
+    with pytest.raises(DataError) as refused:
+        data_cli.main(["validate", str(SCORED), "--tokenizer", str(tmp_path / "none")])
+    assert (refused.value.key, refused.value.where) == ("tokenizer.directory_missing",
+                                                        f"{tmp_path / 'none'}: tokenizer")
 
 
 def test_stats_refuses_an_out_that_is_a_file_and_an_unwritable_out_is_one_line(tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
     assert main(["data", "stats", str(SCORED), "--out", str(notes)]) == 1
-    assert capsys.readouterr().err == (f"nemo-topr data stats: --out {notes} is a file; `data stats` writes "
-                                       "stats.json and stats.png into a directory\n")
+    capsys.readouterr()
+    with pytest.raises(OutputError) as refused:
+        data_cli.main(["stats", str(SCORED), "--out", str(notes)])
+    assert (refused.value.key, refused.value.where) == ("--out.is_a_file", "--out")
     assert notes.read_text() == "mine"
     assert main(["data", "stats", str(SCORED), "--out", str(notes / "stats")]) == 1  # a directory under a file
     assert capsys.readouterr().err == (f"nemo-topr data stats: --out {notes}/stats/stats.json: its directory cannot "
@@ -230,9 +238,11 @@ def test_curate_refuses_anna_karenina_on_zero_one_grades_and_warns_of_them(tmp_p
     out = tmp_path / "curated.jsonl"
     # no reward < 0: every record a "positive", so it would keep each prompt's first record, right or wrong
     assert main(["data", "curate", str(graded), "--anna-karenina", "--out", str(out)]) == 1
-    assert (f"nemo-topr data curate: {graded}: reward: no reward is negative, yet the rewards take 2 values "
-            "(0 to 1): --anna-karenina keeps every negative") in capsys.readouterr().err
+    with pytest.raises(DataError) as refused:
+        data_cli.main(["curate", str(graded), "--anna-karenina", "--out", str(out)])
+    assert (refused.value.key, refused.value.where) == ("reward.grades_without_sign", f"{graded}: reward")
     assert not out.exists()
+    capsys.readouterr()
     # de-duplication alone is kept, with the warning stats and validate give
     assert main(["data", "curate", str(graded), "--out", str(out)]) == 0
     assert "warning: no record is negative (reward < 0), and the records with the smallest reward 0" in (
@@ -310,5 +320,6 @@ def test_data_validate_warns_when_every_advantage_is_zero(tmp_path, capsys):
 def test_validate_length_options_without_a_tokenizer_are_a_usage_error(capsys, option):
     """--too-long without --tokenizer was ignored: nothing counts the tokens."""
     assert main(["data", "validate", str(SCORED), *option]) == 2
-    assert capsys.readouterr().err == (f"nemo-topr data validate: {option[0]} needs --tokenizer (lengths are counted "
-                                       "in tokens)\n")
+    with pytest.raises(UsageError) as refused:
+        data_cli.main(["validate", str(SCORED), *option])
+    assert (refused.value.key, refused.value.where) == (f"{option[0]}.without_tokenizer", option[0])

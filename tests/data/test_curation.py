@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from nemo_topr.data.curation import Curation, anna_karenina, curate, deduplicate
+from nemo_topr.data.curation import Curation, CurationError, anna_karenina, curate, deduplicate
 from nemo_topr.data.records import Record, is_positive
 from nemo_topr.objective import effective_positive_share
 
@@ -80,8 +80,9 @@ def test_per_prompt_balancing_caps_the_most_represented_prompts():
 def test_per_prompt_without_a_target_is_refused_not_ignored():
     """`data curate --per-prompt` (or with --anna-karenina) wrote every record, as without it."""
     for modes in ({}, {"anna_karenina": True}):
-        with pytest.raises(ValueError, match=r"^per_prompt spreads the sub-sampling to target_p or target_p_tilde "):
+        with pytest.raises(CurationError) as refused:
             Curation(per_prompt=True, **modes)
+        assert refused.value.key == "curation.per_prompt.without_target"
     Curation(target_p_tilde=0.2, per_prompt=True)
 
 
@@ -118,15 +119,15 @@ def test_same_seed_same_output(per_prompt):
 
 
 def test_invalid_settings_and_unreachable_targets():
-    with pytest.raises(ValueError, match="at most one"):
-        Curation(target_p=0.2, anna_karenina=True)
-    with pytest.raises(ValueError, match=r"target_p must be in \[0, 1\]"):
-        Curation(target_p=1.5)
-    with pytest.raises(ValueError, match=r"baseline must be in \(-1, 1\)"):
-        Curation(target_p_tilde=0.2, baseline=1.0)
     positives_only = [Record(prompt="q", completion=str(i), reward=1.0, index=i) for i in range(4)]
-    with pytest.raises(ValueError, match="both sides"):
-        curate(positives_only, Curation(target_p=0.5))
+    for refuse, key in ((lambda: Curation(target_p=0.2, anna_karenina=True), "curation.mode.several_chosen"),
+                        (lambda: Curation(target_p=1.5), "curation.target_p.outside_0_1"),
+                        (lambda: Curation(target_p_tilde=0.2, baseline=1.0),
+                         "curation.baseline.outside_open_minus_1_1"),
+                        (lambda: curate(positives_only, Curation(target_p=0.5)), "curation.reward.one_side_only")):
+        with pytest.raises(CurationError) as refused:
+            refuse()
+        assert refused.value.key == key
 
 
 def test_target_p_tilde_is_refused_where_its_closed_form_does_not_hold():
@@ -136,10 +137,11 @@ def test_target_p_tilde_is_refused_where_its_closed_form_does_not_hold():
         return [Record(prompt=f"q{i}", completion="a", reward=r, baseline=baseline, index=i)
                 for i, r in enumerate(rewards)]
 
-    with pytest.raises(ValueError, match=r"holds for rewards of \+-1 only; these records also have rewards 0, 0.5: "
-                                         r"curate with target_p"):
+    with pytest.raises(CurationError) as other_rewards:
         curate(records([1.0, -1.0, 0.5, 0.0]), Curation(target_p_tilde=0.2))
-    with pytest.raises(ValueError, match=r"carry their own baseline field.*curate with target_p"):
+    assert other_rewards.value.key == "curation.target_p_tilde.rewards_not_plus_minus_1"
+    with pytest.raises(CurationError) as own_baselines:
         curate(records([1.0, -1.0, -1.0], baseline=0.3), Curation(target_p_tilde=0.2))
+    assert own_baselines.value.key == "curation.target_p_tilde.records_carry_baseline"
     # target_p counts records: it holds for any rewards and baselines
     assert _counts(curate(records([1.0, 1.0, -1.0, 0.5], baseline=0.3), Curation(target_p=0.5)).records) == (1, 1)

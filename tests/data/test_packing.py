@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from nemo_topr.data.packing import (
     PackedBatches,
+    PackingError,
     TokenizedSequence,
     collate_packed,
     collate_padded,
@@ -113,10 +114,10 @@ def test_unpacking_returns_exactly_the_original_sequences(shapes, seq_length, ro
 
 def test_too_long_sequences_are_never_truncated():
     seqs = [_seq(5, 6, 0)]
-    with pytest.raises(ValueError, match="exceed seq_length 10"):
-        pack_sequences(seqs, 10, PAD)
-    with pytest.raises(ValueError, match="exceed seq_length 10"):
-        PackedBatches(seqs, 10, 1, PAD, packed=False)
+    for pack in (lambda: pack_sequences(seqs, 10, PAD), lambda: PackedBatches(seqs, 10, 1, PAD, packed=False)):
+        with pytest.raises(PackingError) as refused:
+            pack()
+        assert (refused.value.key, refused.value.where) == ("sequence.longer_than_seq_length", "seq_length")
 
 
 def test_sequences_must_start_with_a_prompt_token():

@@ -102,7 +102,8 @@ def test_a_truncated_set_is_rebuilt_and_a_waiting_rank_names_what_it_waits_for(t
     assert "tokens.bin holds" in set_problem(tokens.parent)
     with pytest.raises(PreparedSetError) as waited:  # a rank that does not write waits, then names the set
         find_or_prepare(_spec(tokenizer_dir), tmp_path, write=False, wait_timeout=0.3, poll=0.1)
-    assert str(tokens.parent) in str(waited.value) and "tokens.bin" in str(waited.value)
+    assert (waited.value.key, waited.value.where) == ("prepared_set.not_written_in_time", str(tokens.parent))
+    assert "tokens.bin" in str(waited.value)  # what it waits for
     tokenizer_calls.clear()
     rebuilt, written = find_or_prepare(_spec(tokenizer_dir), tmp_path)
     assert written and tokenizer_calls and rebuilt.path == tokens.parent

@@ -67,8 +67,6 @@ def test_gold_completion_strips_calculator_annotations(train_rows):
         " Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether in April and May.\nThe answer is 72."
     )
     assert not any("<<" in gsm8k_gold_completion(row["answer"]) for row in train_rows[:500])
-    with pytest.raises(ValueError, match="no '####'"):
-        gsm8k_final_answer("no final line")
 
 
 def test_gsm8k_eight_shot_prompt(train_rows):
@@ -112,12 +110,9 @@ def test_data_dir_is_configurable_and_never_downloaded(tmp_path, monkeypatch):
     assert default_data_dir() == tmp_path
     with pytest.raises(FileNotFoundError) as missing:
         load_gsm8k("train")
-    assert str(missing.value).startswith(f"{tmp_path / 'gsm8k_train.jsonl'}: benchmark file not found; set "
-                                         "NEMO_TOPR_DATA_DIR or pass --data-dir: ")  # the verbs' option
+    assert (missing.value.key, missing.value.where) == ("benchmark.file.not_found", str(tmp_path / "gsm8k_train.jsonl"))
     (tmp_path / "gsm8k_test.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
     assert load_gsm8k("test") == [{"question": "1 + 1?", "answer": "#### 2"}]
-    with pytest.raises(ValueError, match="split"):
-        load_gsm8k("validation")
 
 
 def _jsonl(path):
@@ -134,8 +129,9 @@ def test_a_save_to_disk_dataset_dict_stands_in_for_the_gsm8k_files(tmp_path):
     assert load_gsm8k("train", tmp_path / "gsm8k") == splits["train"]
 
     datasets.Dataset.from_list(splits["test"]).save_to_disk(tmp_path / "one_split")
-    with pytest.raises(prompts.DataError, match=r"one_split: split: a saved Dataset holds one split; GSM8K needs"):
+    with pytest.raises(prompts.DataError) as one_split:
         load_gsm8k("test", tmp_path / "one_split")
+    assert one_split.value.key == "benchmark.split.single_split_dataset"
     datasets.DatasetDict({"test": datasets.Dataset.from_list(splits["test"])}).save_to_disk(tmp_path / "no_train")
     with pytest.raises(prompts.DataError, match=r"no_train: split: no split 'train'; splits: \['test'\]"):
         load_gsm8k("train", tmp_path / "no_train")
@@ -156,8 +152,10 @@ def test_a_save_to_disk_dataset_in_the_hub_math500_layout(tmp_path):
     assert "problem" not in loaded[0]
 
     datasets.Dataset.from_list([{"problem": "1+1?", "solution": "2"}]).save_to_disk(tmp_path / "no_answer")
-    with pytest.raises(prompts.DataError, match=r"no_answer: answer: missing column \(columns: problem, solution\)"):
+    with pytest.raises(prompts.DataError) as no_answer:
         load_math500(tmp_path / "no_answer")
+    assert (no_answer.value.key, no_answer.value.where) == ("benchmark.answer.column_missing",
+                                                            f"{tmp_path / 'no_answer'}: answer")
 
 
 def test_a_users_benchmark_file_is_read_row_by_row_naming_file_line_and_field(tmp_path):
@@ -165,17 +163,19 @@ def test_a_users_benchmark_file_is_read_row_by_row_naming_file_line_and_field(tm
     a broken line in `Expecting value: line 2 column 1`, naming neither file nor line."""
     good = '{"question": "1 + 1?", "answer": "So 2.\\n#### 2"}\n'
     path = tmp_path / "gsm8k_test.jsonl"
-    for second, message in (
-            ('{"question": "2 + 2?", "answer": \n', r"gsm8k_test.jsonl:2: record: invalid JSON: Expecting value"),
-            ('{"q": "2 + 2?", "answer": "#### 4"}\n', r"gsm8k_test.jsonl:2: question: missing \(fields: q, answer\)"),
-            ('{"question": "2 + 2?", "answer": 4}\n', r"gsm8k_test.jsonl:2: answer: expected a non-empty string, got 4"),
-            ('{"question": " ", "answer": "#### 4"}\n', r"gsm8k_test.jsonl:2: question: expected a non-empty string"),
-            ('["2 + 2?", "4"]\n', r"gsm8k_test.jsonl:2: record: expected a JSON object, got list"),
-            ('{"question": "2 + 2?", "answer": "4"}\n', r"gsm8k_test.jsonl:2: answer: a GSM8K answer ends with a "
-                                                        r"'#### N' line; this one has none")):
+    path.write_text(good + '{"question": "2 + 2?", "answer": \n')
+    with pytest.raises(prompts.DataError, match=rf"^{path}:2: record: invalid JSON: Expecting value"):
+        load_gsm8k("test", tmp_path)
+    for second, key, field in (
+            ('{"q": "2 + 2?", "answer": "#### 4"}\n', "benchmark.question.not_text", "question"),
+            ('{"question": "2 + 2?", "answer": 4}\n', "benchmark.answer.not_text", "answer"),
+            ('{"question": " ", "answer": "#### 4"}\n', "benchmark.question.not_text", "question"),
+            ('["2 + 2?", "4"]\n', "benchmark.record.not_an_object", "record"),
+            ('{"question": "2 + 2?", "answer": "4"}\n', "benchmark.answer.no_final_line", "answer")):
         path.write_text(good + second)
-        with pytest.raises(prompts.DataError, match=rf"^{tmp_path}/{message}"):
+        with pytest.raises(prompts.DataError) as refused:
             load_gsm8k("test", tmp_path)
+        assert (refused.value.key, refused.value.where) == (key, f"{path}:2: {field}")
     # MATH-500 as the hub writes it (`problem`), in JSONL too, as a saved dataset already was read
     (tmp_path / "math500_test.jsonl").write_text('{"problem": "1 + 1?", "answer": "2", "unique_id": "a"}\n')
     assert load_math500(tmp_path) == [{"question": "1 + 1?", "answer": "2", "unique_id": "a"}]
@@ -194,25 +194,23 @@ def test_a_train_file_too_short_for_the_eight_shot_prompt_is_refused_naming_it(t
     train = tmp_path / "gsm8k_train.jsonl"
     _write_gsm8k(train, ["So 1.\n#### 1", "So 2.\n#### 2", "So 3.\n#### 3"])
     _write_gsm8k(tmp_path / "gsm8k_test.jsonl", ["So 4.\n#### 4"])
-    expected = f"{train}: file: the 8-shot prompt needs at least 8 rows (its exemplars); it has 3"
+    expected = ("benchmark.file.too_few_rows", f"{train}: file")
     with pytest.raises(prompts.DataError) as short:
         gsm8k_exemplars(load_gsm8k("train", tmp_path))
-    assert str(short.value) == expected
+    assert (short.value.key, short.value.where) == expected
     with pytest.raises(prompts.DataError) as via_eval:  # eval's and generate's reading, before any sampling
         load_problems("gsm8k-test", data_dir=tmp_path)
-    assert str(via_eval.value) == expected
+    assert (via_eval.value.key, via_eval.value.where) == expected
     with pytest.raises(prompts.DataError) as unnamed:  # rows not read from a file: no file to name
         gsm8k_exemplars([{"question": "Q?", "answer": "#### 1"}])
-    assert str(unnamed.value) == ("GSM8K train rows: file: the 8-shot prompt needs at least 8 rows (its exemplars); "
-                                  "it has 1")
+    assert (unnamed.value.key, unnamed.value.where) == ("benchmark.file.too_few_rows", "GSM8K train rows: file")
 
     _write_gsm8k(train, [f"So {i}.\n#### {i}" for i in range(8)])  # eight are enough: all of them, in a seeded order
     exemplars = gsm8k_exemplars(load_gsm8k("train", tmp_path))
     assert sorted(row["question"] for row in exemplars) == [f"Q{i}?" for i in range(8)]
     with pytest.raises(prompts.DataError) as own:  # but not for their own prompts, which would hold themselves
         load_problems("gsm8k-train", data_dir=tmp_path)
-    assert str(own.value) == (f"{train}: file: the 8-shot prompt of train row 0, one of its exemplars, needs a row "
-                              "besides them: at least 9 rows")
+    assert (own.value.key, own.value.where) == ("benchmark.file.only_the_exemplars", f"{train}: file")
 
 
 def test_a_gsm8k_answer_whose_final_line_has_no_number_is_refused_when_read(tmp_path):
@@ -222,11 +220,11 @@ def test_a_gsm8k_answer_whose_final_line_has_no_number_is_refused_when_read(tmp_
 
     _write_gsm8k(tmp_path / "gsm8k_train.jsonl", [f"So {i}.\n#### {i}" for i in range(8)])
     test = tmp_path / "gsm8k_test.jsonl"
-    for final, shown in (("#### ", "''"), ("#### n/a", "'n/a'")):
+    for final in ("#### ", "#### n/a"):
         _write_gsm8k(test, ["So 1,200.\n#### 1,200", f"so\n{final}"])
         with pytest.raises(prompts.DataError) as read:
             load_gsm8k("test", tmp_path)
-        assert str(read.value) == f"{test}:2: answer: its '#### N' line: GSM8K reference has no number: {shown}"
+        assert (read.value.key, read.value.where) == ("benchmark.answer.final_line_unreadable", f"{test}:2: answer")
         with pytest.raises(prompts.DataError) as via_eval:  # eval's and generate's reading, before any sampling
             load_problems("gsm8k-test", data_dir=tmp_path, limit=1)
         assert str(via_eval.value) == str(read.value)
@@ -235,4 +233,5 @@ def test_a_gsm8k_answer_whose_final_line_has_no_number_is_refused_when_read(tmp_
     _write_gsm8k(train, ["so\n#### ", *(f"So {i}.\n#### {i}" for i in range(8))])
     with pytest.raises(prompts.DataError) as exemplar:
         load_gsm8k("train", tmp_path)
-    assert str(exemplar.value) == f"{train}:1: answer: its '#### N' line: GSM8K reference has no number: ''"
+    assert (exemplar.value.key, exemplar.value.where) == ("benchmark.answer.final_line_unreadable",
+                                                          f"{train}:1: answer")
