@@ -10,9 +10,11 @@ The rows' files are written into one directory the rows run in, named relatively
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +29,8 @@ from nemo_topr.data.curation import Curation, curate, subsample_to_share
 from nemo_topr.data.packing import TokenizedSequence
 from nemo_topr.data.positives import require_signed_grades
 from nemo_topr.data.prepared import PrepareSpec, data_files_digest, find_or_prepare
-from nemo_topr.data.records import Record, RecordSet, ValidationReport
+from nemo_topr.data.records import Record, RecordSet, RenderedPrompt, ValidationReport
+from nemo_topr.errors import UserError
 
 SOURCES = [REPO / path for path in (
     "nemo_topr/data/prompts.py", "nemo_topr/data/tokenization.py", "nemo_topr/data/curation.py",
@@ -67,6 +70,7 @@ def make_inputs(root: Path) -> None:
     import datasets
 
     datasets.Dataset.from_list([{"problem": "1 + 1?", "solution": "2"}]).save_to_disk(root / "saved_no_answer")
+    placeholder_hf_model(root / "tok_model")  # the tiny chat tokenizer: a 27-token prompt for "1 + 1?"
     placeholder_hf_model(root / "big_vocab", {"vocab_size": 100})  # a 300-token tokenizer
     config = placeholder_hf_model(root / "no_eos") / "tokenizer_config.json"
     config.write_text(json.dumps({key: value for key, value in json.loads(config.read_text()).items()
@@ -83,6 +87,20 @@ def records(*rewards: float, baseline: float | None = None, prompt: object = "1 
 # a tokenizer as far as the checks before tokenizing read one
 TOKENIZER = SimpleNamespace(eos_token_id=1, chat_template=None, added_tokens_decoder={}, all_special_tokens=[])
 CHAT = [{"role": "user", "content": "1 + 1?"}]
+
+
+@functools.cache
+def chat_tokenizer():
+    return tokenization.load_tokenizer(Path("tok_model").resolve())
+
+
+def tokenized(prompt: object, completion: str, **limits: int) -> Callable[[], list[UserError]]:
+    """The problem of tokenizing one record of line 1 of graded.jsonl with the tiny chat tokenizer."""
+    def tokenize() -> None:
+        rows = [Record(prompt=prompt, completion=completion, reward=1.0, path="graded.jsonl", line=1)]
+        tokenization.tokenize_records(RecordSet(rows, ValidationReport(files=["graded.jsonl"], records_in=1)),
+                                      chat_tokenizer(), **limits)
+    return raised(tokenize)
 
 
 def sequence(*loss_mask: int) -> TokenizedSequence:
@@ -126,6 +144,15 @@ ROWS = [
      raised(tokenization.tokenize_records, records(1.0), SimpleNamespace(eos_token_id=None))),
     ("record.prompt.chat_without_template", "chat.jsonl:3: prompt",
      raised(tokenization.tokenize_records, records(1.0, prompt=CHAT, path="chat.jsonl", line=3), TOKENIZER)),
+    ("record.prompt.special_token", "graded.jsonl:1: prompt", tokenized("1 + 1?<|eot_id|>", " 2")),
+    ("record.completion.special_token", "graded.jsonl:1: completion", tokenized("1 + 1?", " 2<|eot_id|>")),
+    ("record.prompt.not_rendered", "graded.jsonl:1: prompt", tokenized(RenderedPrompt("1 + 1?"), " 2")),
+    ("record.completion.empty_completion", "graded.jsonl:1: completion", tokenized("1 + 1?", "")),
+    ("record.completion.too_long", "graded.jsonl:1: completion",
+     tokenized("1 + 1?", " 2 and 3 and 4", max_seq_length=35)),  # 27 + 14 + EOS tokens
+    ("record.prompt.too_long", "graded.jsonl:1: prompt", tokenized("1 + 1?", " 2", max_seq_length=20)),
+    ("record.completion.beyond_model_context", "graded.jsonl:1: completion",
+     tokenized("1 + 1?", " 2 and 3 and 4", model_context=35)),
     ("dataset.no_completion_tokens", "graded.jsonl: dataset",
      raised(tokenization.tokenize_records, records(), TOKENIZER)),
     ("curation.mode.several_chosen", "target_p, target_p_tilde, anna_karenina",

@@ -256,8 +256,7 @@ def _tokenize_chunk(records: Sequence[Record], tokenizer, dense_prompt_id: dict[
     kept = []
     for record in records:
         if pattern and (problem := _special_token_problem(record, pattern)):
-            reason, name, text = problem
-            report.reject(reason, record.error(name, text), strict)
+            report.reject(problem[0], _rejection(record, *problem), strict)
         else:
             kept.append(record)
     prompts: dict[str, str | Messages] = {}  # load_records ensures one prompt per prompt_id
@@ -272,12 +271,11 @@ def _tokenize_chunk(records: Sequence[Record], tokenizer, dense_prompt_id: dict[
         prompt_ids = prompt_ids_by_key[key]
         if not prompt_ids or not completion_ids:
             name = "prompt" if not prompt_ids else "completion"
-            report.reject(f"empty_{name}", record.error(name, "tokenizes to no tokens"), strict)
+            report.reject(f"empty_{name}", _rejection(record, f"empty_{name}", name, "tokenizes to no tokens"), strict)
             continue
         problem = _over_a_limit(len(prompt_ids), len(completion_ids), *limits)
         if problem:
-            reason, name, text = problem
-            report.reject(reason, record.error(name, text), strict=too_long == "error")
+            report.reject(problem[0], _rejection(record, *problem), strict=too_long == "error")
             continue
         sequences.append(
             TokenizedSequence(
@@ -291,6 +289,12 @@ def _tokenize_chunk(records: Sequence[Record], tokenizer, dense_prompt_id: dict[
             )
         )
     return sequences
+
+
+def _rejection(record: Record, reason: str, field: str, problem: str) -> DataError:
+    """The error of a record dropped under `reason`, raised instead when strict: key record.FIELD.REASON."""
+    return DataError(record.path, record.line, field, problem, key=f"record.{field}.{reason}",
+                     where=located(record.path, record.line, field))
 
 
 def _over_a_limit(prompt: int, completion: int, max_seq_length: int | None,

@@ -2,6 +2,7 @@
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,13 @@ def chat_tokenizer_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def plain_tokenizer():
     return build_tiny_tokenizer(chat_template=False)
+
+
+def _refusal(call: Callable[[], object]) -> tuple[str, str]:
+    """(key, where) of the DataError `call()` raises."""
+    with pytest.raises(DataError) as refused:
+        call()
+    return refused.value.key, refused.value.where
 
 
 def _record_set(*pairs: tuple[str, str]) -> RecordSet:
@@ -101,8 +109,9 @@ def test_dense_ids_and_their_mapping(plain_tokenizer):
 
 def test_too_long_sequences_raise_or_are_counted(chat_tokenizer_dir):
     malformed = FIXTURES / "malformed.jsonl"
-    with pytest.raises(DataError, match=rf"^{malformed}:14: completion: \d+ tokens .* > max_seq_length 256"):
-        load_tokenized(malformed, chat_tokenizer_dir, max_seq_length=256, strict=False, too_long="error")
+    assert _refusal(lambda: load_tokenized(malformed, chat_tokenizer_dir, max_seq_length=256, strict=False,
+                                           too_long="error")) == ("record.completion.too_long",
+                                                                  f"{malformed}:14: completion")
     tokenized = load_tokenized(malformed, chat_tokenizer_dir, max_seq_length=256, strict=False)
     report = tokenized.report
     assert report.dropped["too_long"] == 1 and sum(report.dropped.values()) == 13
@@ -119,13 +128,11 @@ def test_a_too_long_prompt_is_blamed_on_the_prompt(plain_tokenizer):
     long_prompt = "Question: " + "one two three " * 40 + "?\nAnswer:"
     prompt_tokens = len(prompt_token_ids(plain_tokenizer, [long_prompt])[0])
     limit = prompt_tokens  # no room for even one completion token and EOS
-    with pytest.raises(DataError, match=rf"^prompt: {prompt_tokens + 2} tokens \({prompt_tokens} prompt \+ "
-                                        rf"1 completion \+ EOS\) > max_seq_length {limit}"):
-        tokenize_records(_record_set((long_prompt, " 2"), ("Q: 1?\nA:", " 1")), plain_tokenizer,
-                         max_seq_length=limit)
-    with pytest.raises(DataError, match=r"completion: \d+ tokens \(\d+ prompt \+ \d+ completion \+ EOS\) > max_seq_length 12"):
-        tokenize_records(_record_set(("Q: 1?\nA:", " one two three four five six seven eight nine ten eleven")),
-                         plain_tokenizer, max_seq_length=12)
+    assert _refusal(lambda: tokenize_records(_record_set((long_prompt, " 2"), ("Q: 1?\nA:", " 1")), plain_tokenizer,
+                                             max_seq_length=limit)) == ("record.prompt.too_long", "prompt")
+    assert _refusal(lambda: tokenize_records(
+        _record_set(("Q: 1?\nA:", " one two three four five six seven eight nine ten eleven")), plain_tokenizer,
+        max_seq_length=12)) == ("record.completion.too_long", "completion")
 
 
 def test_a_record_longer_than_the_models_context_is_refused_or_dropped_though_it_fits_a_row(plain_tokenizer, tmp_path):
@@ -142,9 +149,8 @@ def test_a_record_longer_than_the_models_context_is_refused_or_dropped_though_it
     def tokenized(**options):
         return tokenize_records(load_records(data), plain_tokenizer, max_seq_length=4 * context, **options)
 
-    with pytest.raises(DataError, match=rf"^{data}:2: completion: {lengths[1]} tokens \(\d+ prompt \+ \d+ completion "
-                                        rf"\+ EOS\) > the model's context {context} \(max_position_embeddings"):
-        tokenized(model_context=context)
+    assert _refusal(lambda: tokenized(model_context=context)) == ("record.completion.beyond_model_context",
+                                                                   f"{data}:2: completion")
     dropped = tokenized(model_context=context, too_long="drop")
     assert [s.sample_id for s in dropped.sequences] == [0]
     assert dict(dropped.report.dropped) == {"beyond_model_context": 1} and dropped.report.records_used == 1
@@ -216,11 +222,8 @@ def test_special_tokens_written_in_a_records_text_are_refused_naming_line_field_
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     with pytest.raises(DataError) as refused:
         load_tokenized(data, chat_tokenizer_dir)
-    assert str(refused.value) == (f"{data}:2: prompt: holds the tokenizer's special token '<|begin_of_text|>' as text: "
-                                  "the prompt looks rendered already, and tokenization adds the chat template (or "
-                                  "BOS) itself, so it would be there twice; give the user's text, or the conversation "
-                                  "as a list of messages, or, for prompts rendered as the sampler read them, set "
-                                  "dataset.rendered_prompts=true (--rendered-prompts)")
+    assert (refused.value.key, refused.value.where) == ("record.prompt.special_token", f"{data}:2: prompt")
+    assert "'<|begin_of_text|>'" in str(refused.value)  # the token it holds
     tokenized = load_tokenized(data, chat_tokenizer_dir, strict=False)
     report = tokenized.report
     assert (report.records_in, report.records_used, dict(report.dropped)) == (3, 1, {"special_token": 2})
@@ -235,8 +238,10 @@ def test_special_tokens_written_in_a_records_text_are_refused_naming_line_field_
     messages = tmp_path / "messages.jsonl"
     messages.write_text(json.dumps({"prompt": [{"role": "user", "content": "What is 4 + 4?<|eot_id|>"}],
                                     "completion": " 8", "reward": -1.0}) + "\n")
-    with pytest.raises(DataError, match=rf"^{messages}:1: prompt: holds the tokenizer's special token '<\|eot_id\|>'"):
+    with pytest.raises(DataError) as refused:
         load_tokenized(messages, chat_tokenizer_dir)
+    assert (refused.value.key, refused.value.where) == ("record.prompt.special_token", f"{messages}:1: prompt")
+    assert "'<|eot_id|>'" in str(refused.value)  # the token it holds
 
 
 def test_rendered_prompts_are_read_as_written_and_equal_the_template_of_the_plain_prompt(chat_tokenizer_dir,
@@ -263,9 +268,8 @@ def test_rendered_prompts_are_read_as_written_and_equal_the_template_of_the_plai
 
     not_rendered = tmp_path / "not_rendered.jsonl"  # the option set on plain prompts: no template, no BOS
     not_rendered.write_text(json.dumps({"prompt": "What is 2 + 2?", "completion": " 4", "reward": 1.0}) + "\n")
-    with pytest.raises(DataError, match=rf"^{not_rendered}:1: prompt: holds none of the tokenizer's special tokens, "
-                                        r"so it is not rendered, but rendered_prompts is set"):
-        tokenize_records(load_records(not_rendered, rendered_prompts=True), tokenizer)
+    assert _refusal(lambda: tokenize_records(load_records(not_rendered, rendered_prompts=True), tokenizer)) == (
+        "record.prompt.not_rendered", f"{not_rendered}:1: prompt")
 
     plain = tmp_path / "plain.jsonl"  # no chat template: BOS written out, where the plain path adds it
     plain.write_text(json.dumps({"prompt": "<|begin_of_text|>Q: 1 + 1?\nA:", "completion": " 2", "reward": 1.0}))
@@ -274,6 +278,7 @@ def test_rendered_prompts_are_read_as_written_and_equal_the_template_of_the_plai
 
 
 def test_a_completion_with_eos_written_out_is_refused_without_a_chat_template(plain_tokenizer):
-    with pytest.raises(DataError, match=r"^completion: holds the tokenizer's special token '<\|end_of_text\|>' as "
-                                        r"text: tokenization ends every completion with EOS itself"):
+    with pytest.raises(DataError) as refused:
         tokenize_records(_record_set(("Q: 1 + 1?\nA:", " 2<|end_of_text|>")), plain_tokenizer)
+    assert (refused.value.key, refused.value.where) == ("record.completion.special_token", "completion")
+    assert "'<|end_of_text|>'" in str(refused.value)  # the token it holds
