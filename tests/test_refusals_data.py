@@ -44,7 +44,8 @@ NEEDS_MEGATRON = {
     "dataset.train_path.unset": "ToprDatasetConfig (nemo_topr.training.data) is a Megatron-Bridge DatasetProvider",
     "dataset.epochs.below_1": "ToprDatasetConfig (nemo_topr.training.data) is a Megatron-Bridge DatasetProvider",
     "dataset.shared_prefix.unpacked": "ToprDatasetConfig (nemo_topr.training.data) is a Megatron-Bridge "
-                                      "DatasetProvider; train's validate() refuses it first (test_refusals_train)"}
+                                      "DatasetProvider (tests/test_shared_prefix.py asserts this key); train's "
+                                      "validate() refuses it first (test_refusals_train)"}
 
 GOOD_GSM8K = '{"question": "1 + 1?", "answer": "So 2.\\n#### 2"}\n'
 # the prepared set of graded.jsonl and the empty tokenizer directory `tok` (make_inputs): its key, a digest of

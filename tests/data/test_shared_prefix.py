@@ -20,7 +20,7 @@ from tests.conftest import run_distributed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nemo_topr.data.packing import TokenizedSequence, collate_packed
+from nemo_topr.data.packing import PackingError, TokenizedSequence, collate_packed
 from nemo_topr.data.shared_prefix import (
     block_length,
     collate_shared,
@@ -28,6 +28,7 @@ from nemo_topr.data.shared_prefix import (
     shared_padding_share,
     unpack_shared,
 )
+from nemo_topr.training.config_error import ConfigError
 from nemo_topr.training.step import packed_attention_mask
 
 PAD = 0
@@ -135,10 +136,13 @@ def test_a_group_fills_the_rest_of_a_row_split_or_whole():
 
 def test_sequences_without_one_prompt_then_one_completion_are_refused():
     two_turns = TokenizedSequence([1, 2, 3, 4], [0, 1, 0, 1], 1.0, -1.0, 0, 7)
-    with pytest.raises(ValueError, match="sample_id 7.*0...0 1...1"):
+    with pytest.raises(PackingError) as two_completions:
         pack_shared([two_turns], 8)
-    with pytest.raises(ValueError, match="exceed seq_length 3"):
+    assert (two_completions.value.key, two_completions.value.where) == (
+        "shared_prefix.sequence.not_prompt_then_completion", "sequence 0")
+    with pytest.raises(PackingError) as too_long:
         pack_shared(_example(), 3)
+    assert too_long.value.key == "sequence.longer_than_seq_length"
 
 
 @settings(max_examples=40, deadline=None)
@@ -299,8 +303,9 @@ def test_dataset_switch_trains_on_shared_rows(tiny_hf, tmp_path):
     assert batch["group_mean_rewards"].tolist() == [sequences[k].group_mean_reward for k in batch["sample_ids"]]
     used = int((batch["prefix_index"] >= 0).sum())
     assert used < sum(len(seq.input_ids) for seq in sequences)  # fewer tokens than unshared
-    with pytest.raises(ValueError, match="dataset.shared_prefix=true.*dataset.packed=false"):
+    with pytest.raises(ConfigError) as unpacked:
         ToprDatasetConfig(**options, shared_prefix=True, packed=False).prepare(global_batch_size=2)
+    assert (unpacked.value.key, unpacked.value.where) == ("dataset.shared_prefix.unpacked", "dataset.shared_prefix")
 
 
 def test_config_puts_flex_attention_into_the_transformer_engine_spec_for_shared_prefix(tiny_hf, tmp_path):
