@@ -3,7 +3,7 @@ options, grading) as a table: one row per problem, its minimal bad input → the
 
 The rows assert the key and where only; the words are in tests/golden/refusals.txt (tests/refusal_table.py),
 so rewording a message changes that file and no test (``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest
-tests/test_refusals_data.py`` rewrites this table's section). Every key the SOURCES can raise has a row, but
+tests/data/test_refusals.py`` rewrites this table's section). Every key the SOURCES can raise has a row, but
 those NEEDS_MEGATRON names: a new refusal without one fails `test_the_table_covers_every_key_the_code_raises`.
 The rows' files are written into one directory the rows run in, named relatively, so the golden text is stable.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import REPO, placeholder_hf_model
-from refusal_table import assert_covers, assert_golden, raised, rendered
+from tests.conftest import REPO, placeholder_hf_model
+from tests.refusal_table import assert_covers, assert_golden, raised, rendered
 
 from nemo_topr import grading
 from nemo_topr.data import cli as data_cli
@@ -44,7 +44,7 @@ NEEDS_MEGATRON = {
     "dataset.train_path.unset": "ToprDatasetConfig (nemo_topr.training.data) is a Megatron-Bridge DatasetProvider",
     "dataset.epochs.below_1": "ToprDatasetConfig (nemo_topr.training.data) is a Megatron-Bridge DatasetProvider",
     "dataset.shared_prefix.unpacked": "ToprDatasetConfig (nemo_topr.training.data) is a Megatron-Bridge "
-                                      "DatasetProvider (tests/test_shared_prefix.py asserts this key); train's "
+                                      "DatasetProvider (tests/data/test_shared_prefix.py asserts this key); train's "
                                       "validate() refuses it first (test_refusals_train)"}
 
 GOOD_GSM8K = '{"question": "1 + 1?", "answer": "So 2.\\n#### 2"}\n'
@@ -233,7 +233,7 @@ def test_the_table_covers_every_key_the_code_raises():
 
 def test_the_messages_are_the_golden_files(inputs, monkeypatch):
     monkeypatch.chdir(inputs)
-    assert_golden("tests/test_refusals_data.py",
+    assert_golden("tests/data/test_refusals.py",
                   [rendered("data", key, where, *problem(), inputs) for key, where, problem in ROWS])
 
 
