@@ -81,7 +81,8 @@ def check_attention(attention_class: type | str, mask_type: Any, config: Any, *,
     where = f"model.transformer_impl={config.transformer_impl!r} with core attention {name}"
     if kind is None:
         raise AttentionError(f"{where}: not known to honour packed-sequence boundaries (known: "
-                             f"{sorted(ATTENTION_KINDS)}); use Bridge's layer spec for the transformer_impl")
+                             f"{sorted(ATTENTION_KINDS)}); use Bridge's layer spec for the transformer_impl",
+                             key="attention.unknown", where="model.transformer_impl")
     if route not in kind.routes:
         given = {MASK: "a dense block mask", THD: "cu_seqlens", FLEX: "a FlexAttention block mask"}[route]
         fix = ("build the provider's layer spec with nemo_topr.training.flex_attention.use_flex_attention"
@@ -89,15 +90,17 @@ def check_attention(attention_class: type | str, mask_type: Any, config: Any, *,
                f"set model.transformer_impl={'local' if MASK in kind.routes else 'transformer_engine'}")
         raise AttentionError(f"{where}: the step gives it {given}, which it does not read, so tokens would attend "
                              f"across sequences (or it fails); the layer spec must follow the setting "
-                             f"(nemo_topr.model.settings), or {fix}")
+                             f"(nemo_topr.model.settings), or {fix}",
+                             key="attention.mask_not_read", where="model.transformer_impl")
     if shared_prefix and not kind.shared_prefix:
         raise AttentionError(f"{where}: shared-prefix rows need an attention that reads the shared-prefix mask; "
                              "build the layers with FlexCoreAttention (nemo_topr.training.flex_attention."
                              "prepare_shared_prefix_attention, which dataset.shared_prefix=true runs), or set "
-                             "model.transformer_impl=local")
+                             "model.transformer_impl=local",
+                             key="attention.shared_prefix_mask_not_read", where="model.transformer_impl")
     reason = kind.refuses(config, mask_type)
     if reason:
-        raise AttentionError(f"{where}: {reason}")
+        raise AttentionError(f"{where}: {reason}", key="attention.refused", where="model.transformer_impl")
     return route
 
 

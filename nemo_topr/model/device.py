@@ -37,13 +37,14 @@ def resolve_device(requested: str, *, cuda_available: bool, where: str, choices:
     """"cuda" or "cpu" for `requested`, given whether CUDA is available; `where` names the config
     key or flag the value came from, for the error messages."""
     if requested not in choices:
-        raise DeviceError(f"{where} must be one of {', '.join(choices)}; got {requested!r}")
+        raise DeviceError(f"{where} must be one of {', '.join(choices)}; got {requested!r}",
+                          key="device.invalid", where=where)
     if requested == "auto":
         return "cuda" if cuda_available else "cpu"
     if requested == "cuda" and not cuda_available:
         raise DeviceError(f"{where} is cuda, but CUDA is not available on this machine (torch.cuda.is_available() "
                           f"is False: no GPU, no driver, or a CPU-only torch). To run on the CPU, choose it "
-                          f"explicitly: {_choose_cpu(where)}")
+                          f"explicitly: {_choose_cpu(where)}", key="device.cuda_unavailable", where=where)
     return requested
 
 
@@ -56,7 +57,8 @@ def select_device(requested: str, *, where: str, choices: tuple[str, ...] = CHOI
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         if torch.cuda.is_available():
             raise DeviceError(f"{where} is cpu, but CUDA had already started in this process, so its GPUs cannot "
-                              "be hidden; run the command with CUDA_VISIBLE_DEVICES= (empty)")
+                              "be hidden; run the command with CUDA_VISIBLE_DEVICES= (empty)",
+                              key="device.cuda_started", where=where)
     return resolve_device(requested, cuda_available=torch.cuda.is_available(), where=where, choices=choices)
 
 

@@ -57,17 +57,19 @@ def safetensors_shapes(path: Path) -> dict[str, list[int]]:
         prefix = file.read(8)
         length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
         if length is None or 8 + length > size:
-            raise WeightsError(f"{path}: not a safetensors file, or cut short ({size} bytes)")
+            raise WeightsError(f"{path}: not a safetensors file, or cut short ({size} bytes)",
+                               key="weights.not_safetensors", where=str(path))
         try:
             header = json.loads(file.read(length))
             entries = {name: entry for name, entry in header.items() if name != "__metadata__"}
             end = max((entry["data_offsets"][1] for entry in entries.values()), default=0)
             shapes = {name: list(entry["shape"]) for name, entry in entries.items()}
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
-            raise WeightsError(f"{path}: unreadable safetensors header ({type(error).__name__}: {error})") from None
+            raise WeightsError(f"{path}: unreadable safetensors header ({type(error).__name__}: {error})",
+                               key="weights.header_unreadable", where=str(path)) from None
     if 8 + length + end > size:
         raise WeightsError(f"{path}: cut short: {size} bytes where its header needs {8 + length + end}; "
-                           "copy it again")
+                           "copy it again", key="weights.cut_short", where=str(path))
     return shapes
 
 
@@ -80,9 +82,11 @@ def weight_files(directory: Path) -> list[Path]:
     try:
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     except (ValueError, TypeError, KeyError, AttributeError) as error:
-        raise WeightsError(f"{index}: unreadable ({type(error).__name__}: {error})") from None
+        raise WeightsError(f"{index}: unreadable ({type(error).__name__}: {error})",
+                           key="weights.index_unreadable", where=str(index)) from None
     if missing := [name for name in names if not (directory / name).is_file()]:
-        raise WeightsError(f"{index} names shards that are not there: {_some(missing)}, of {len(names)}")
+        raise WeightsError(f"{index} names shards that are not there: {_some(missing)}, of {len(names)}",
+                           key="weights.shards_missing", where=str(index))
     return [directory / name for name in names]
 
 
@@ -98,12 +102,13 @@ def check_llama_weights(directory: Path, config: dict) -> None:
     if not files:
         raise WeightsError("no *.safetensors (pytorch_model*.bin only?); Megatron-Bridge reads "
                            "safetensors only: save the model once with transformers' save_pretrained(DIR), "
-                           "which writes safetensors, and give DIR")
+                           "which writes safetensors, and give DIR", key="weights.no_safetensors", where=str(directory))
     try:
         expected = llama_weight_shapes(config)
     except KeyError as error:
         raise WeightsError(f"{directory / 'config.json'} has no {error.args[0]!r}, which a Llama config "
-                           "holds") from None
+                           "holds",
+                           key="weights.config_json.incomplete", where=str(directory / "config.json")) from None
     found: dict[str, list[int]] = {}
     for path in files:
         found |= safetensors_shapes(path)
@@ -119,4 +124,5 @@ def check_llama_weights(directory: Path, config: dict) -> None:
         layout = ", ".join(f"{key}={config.get(key)}" for key in ("num_hidden_layers", "hidden_size",
                                                                  "intermediate_size", "tie_word_embeddings"))
         raise WeightsError(f"its weights are not the model its config.json describes ({layout}): "
-                           f"{'; '.join(problems)}. Is config.json another model's, or a shard missing?")
+                           f"{'; '.join(problems)}. Is config.json another model's, or a shard missing?",
+                           key="weights.not_the_config", where=str(directory))

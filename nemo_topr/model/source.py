@@ -58,6 +58,12 @@ class ModelSourceError(UserError, ValueError):
     """A starting model that is missing, of no known kind, incomplete or inconsistent."""
 
 
+def _option(named: str) -> str:
+    """A refusal's `where`: the key or option a model was given by (`named`: "base_model=", "--model "),
+    HF_DIR for import's positional argument."""
+    return named.strip().rstrip("=") or "HF_DIR"
+
+
 @dataclass(frozen=True)
 class ModelSource:
     kind: str  # "huggingface" | "megatron" | "run"
@@ -81,7 +87,8 @@ class ModelSource:
     def at_iteration(self, iteration: int) -> ModelSource:
         """Another saved iteration of the same checkpoint (checked complete, like any source)."""
         if not self.is_megatron:
-            raise ModelSourceError(f"{self.path} is a Hugging Face directory: it has no iterations")
+            raise ModelSourceError(f"{self.path} is a Hugging Face directory: it has no iterations",
+                                   key="model.iterations.of_hugging_face", where=_option(self.named))
         return _megatron_source(self.checkpoint.parent, iteration, kind=self.kind, shown=self.path, named=self.named)
 
     def saved_iterations(self) -> list[int]:
@@ -94,10 +101,11 @@ class ModelSource:
             read = yaml.safe_load(path.read_text()) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as error:
             raise ModelSourceError(f"{self.named}{self.path}: {path} is not readable YAML "
-                                   f"({' '.join(str(error).split())})") from None
+                                   f"({' '.join(str(error).split())})",
+                                   key="model.run_config.not_yaml", where=_option(self.named)) from None
         if not isinstance(read, dict) or not isinstance(read.get("model", {}), dict):
             raise ModelSourceError(f"{self.named}{self.path}: {path} is not Bridge's run config (a mapping with a "
-                                   "`model` mapping)")
+                                   "`model` mapping)", key="model.run_config.not_a_mapping", where=_option(self.named))
         return read
 
 
@@ -146,10 +154,12 @@ def read_config(source: ModelSource) -> dict:
     try:
         read = json.loads(config.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ModelSourceError(f"{source.named}{source.path}: {config} is not a JSON object ({error})") from None
+        raise ModelSourceError(f"{source.named}{source.path}: {config} is not a JSON object ({error})",
+                               key="model.config_json.not_json", where=_option(source.named)) from None
     if not isinstance(read, dict):
         raise ModelSourceError(f"{source.named}{source.path}: {config} is not a JSON object (a JSON "
-                               f"{type(read).__name__})")
+                               f"{type(read).__name__})",
+                               key="model.config_json.not_an_object", where=_option(source.named))
     return read
 
 
@@ -160,7 +170,8 @@ def _check_supported(source: ModelSource) -> None:
         found = f"architecture {', '.join(architectures)}" if architectures else 'no architecture ("architectures")'
         raise ModelSourceError(f"{source.named}{source.path}: {config} names {found}; nemo-topr converts, trains and "
                                f"exports {ARCHITECTURE} models only (Llama 3 and 3.1 and their fine-tunes), the "
-                               "architecture its tests run")
+                               "architecture its tests run",
+                               key="model.architecture.unsupported", where=_option(source.named))
 
 
 def _resolve(spec: str | Path, named: str, expected: str) -> ModelSource:
@@ -171,13 +182,14 @@ def _resolve(spec: str | Path, named: str, expected: str) -> ModelSource:
     path = Path(text).resolve()
     if path.is_file():
         raise ModelSourceError(f"{named}{text}: a file, not a directory; give the directory that holds it "
-                               f"({path.parent}?) (expected {expected})")
+                               f"({path.parent}?) (expected {expected})", key="model.is_a_file", where=_option(named))
     if not path.is_dir():
-        raise ModelSourceError(f"{named}{text}: no such directory (expected {expected}){_hub_id_hint(text)}")
+        raise ModelSourceError(f"{named}{text}: no such directory (expected {expected}){_hub_id_hint(text)}",
+                               key="model.no_such_directory", where=_option(named))
     if (path / "context").is_dir() and (path / "weights").is_dir():
-        raise ModelSourceError(_nemo2_message(path, named))
+        raise ModelSourceError(_nemo2_message(path, named), key="model.nemo2_checkpoint", where=_option(named))
     if (path / "config.json").is_file() and _has_hf_weights(path):
-        _check_tokenizer(path, f"{named}{path}")
+        _check_tokenizer(path, f"{named}{path}", where=_option(named))
         return ModelSource("huggingface", path, path, named=named)
     if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
         return _run_source(path, None, given=text, named=named)
@@ -189,14 +201,18 @@ def _resolve(spec: str | Path, named: str, expected: str) -> ModelSource:
                   "--iteration/--all-iterations` writes")
         if "Hugging Face" not in expected:  # export: nothing in there to export
             raise ModelSourceError(f"{folder}, exported already; give the Megatron checkpoint they came from "
-                                   f"(expected {expected})")
-        raise ModelSourceError(f"{folder}; give one of them: {exports[-1]}")
+                                   f"(expected {expected})",
+                                   key="model.exports_folder.nothing_to_export", where=_option(named))
+        raise ModelSourceError(f"{folder}; give one of them: {exports[-1]}",
+                               key="model.exports_folder", where=_option(named))
     if _looks_like_checkpoint_root(path):
         return _megatron_source(path, None, kind="megatron", shown=path, named=named)
     if (path / "config.json").is_file():
         raise ModelSourceError(f"{named}{path}: has config.json but no weights "
-                               f"({' or '.join(HF_WEIGHT_PATTERNS)}); expected {expected}")
-    raise ModelSourceError(f"{named}{path}: not a model directory; expected {expected}")
+                               f"({' or '.join(HF_WEIGHT_PATTERNS)}); expected {expected}",
+                               key="model.weights.none", where=_option(named))
+    raise ModelSourceError(f"{named}{path}: not a model directory; expected {expected}",
+                           key="model.unknown_kind", where=_option(named))
 
 
 def _hub_id_hint(text: str) -> str:
@@ -219,10 +235,11 @@ def _has_hf_weights(path: Path) -> bool:
     return any(next(path.glob(pattern), None) for pattern in HF_WEIGHT_PATTERNS)
 
 
-def _check_tokenizer(directory: Path, what: str) -> None:
+def _check_tokenizer(directory: Path, what: str, *, where: str) -> None:
     if not any((directory / name).is_file() for name in TOKENIZER_FILES):
         raise ModelSourceError(f"{what}: no tokenizer ({' or '.join(TOKENIZER_FILES)} in {directory}); the data is "
-                               "tokenized with the model's own tokenizer, so it must be there")
+                               "tokenized with the model's own tokenizer, so it must be there",
+                               key="model.tokenizer.missing", where=where)
 
 
 def _looks_like_iteration(path: Path) -> bool:
@@ -243,7 +260,7 @@ def _looks_like_checkpoint_root(path: Path) -> bool:
 def _run_source(run_dir: Path, iteration: int | None, *, given: str, named: str) -> ModelSource:
     if not ((run_dir / "config.yaml").is_file() and (run_dir / "checkpoints").is_dir()):
         raise ModelSourceError(f"{named}{given}: {run_dir} is not a nemo-topr run directory (config.yaml and "
-                               f"checkpoints/ expected)")
+                               f"checkpoints/ expected)", key="model.not_a_run_directory", where=_option(named))
     return _megatron_source(run_dir / "checkpoints", iteration, kind="run", shown=run_dir, named=named)
 
 
@@ -253,16 +270,18 @@ def _megatron_source(root: Path, iteration: int | None, *, kind: str, shown: Pat
         try:
             iteration = latest_iteration(root)
         except DamagedCheckpointError as error:
-            raise ModelSourceError(f"{named}{shown}: {error}") from None
+            raise ModelSourceError(f"{named}{shown}: {error}",
+                                   key="model.checkpoint.tracker_damaged", where=_option(named)) from None
         if iteration is None:
             raise ModelSourceError(
                 f"{named}{shown}: unfinished or empty checkpoint: no {root / TRACKER} (Bridge writes it when "
                 f"a save completes); saved iterations: {saved_iterations(root)}; pick one as "
-                f"{'RUN@ITERATION' if kind == 'run' else 'DIR/iter_NNNNNNN'} only if you know it finished")
+                f"{'RUN@ITERATION' if kind == 'run' else 'DIR/iter_NNNNNNN'} only if you know it finished",
+                                   key="model.checkpoint.no_tracker", where=_option(named))
     checkpoint = root / iteration_dir_name(iteration)
     if not checkpoint.is_dir():
         raise ModelSourceError(f"{named}{shown}: no checkpoint {checkpoint}; saved iterations: "
-                               f"{saved_iterations(root)}")
+                               f"{saved_iterations(root)}", key="model.iteration.missing", where=_option(named))
     missing = _missing_files(checkpoint)
     if missing:
         complete = [other for other in saved_iterations(root)
@@ -273,17 +292,18 @@ def _megatron_source(root: Path, iteration: int | None, *, kind: str, shown: Pat
                 f"{named}{shown}: {checkpoint} has no run_config.yaml: a Megatron-Bridge save killed before its last "
                 "file, or a checkpoint Megatron-LM wrote (it writes none). nemo-topr reads Megatron-Bridge "
                 "checkpoints (its runs, `nemo-topr import`); convert a Megatron-LM one to a Hugging Face directory "
-                f"and pass that ({others})")
+                f"and pass that ({others})", key="model.run_config.missing", where=_option(named))
         raise ModelSourceError(f"{named}{shown}: unfinished save: {checkpoint} lacks {', '.join(missing)} "
-                               f"(written when a save completes); {others}")
+                               f"(written when a save completes); {others}",
+                               key="model.iteration.save_unfinished", where=_option(named))
     hf_dir = next((d / HF_ARTIFACTS for d in (checkpoint, root) if (d / HF_ARTIFACTS / "config.json").is_file()), None)
     if hf_dir is None:
         raise ModelSourceError(
             f"{named}{shown}: no Hugging Face config with the checkpoint ({root / HF_ARTIFACTS}/config.json "
             "expected). It holds the architecture and the tokenizer: create it with `nemo-topr import`, or copy "
             f"config.json, generation_config.json and the tokenizer files of the model it was trained from into "
-            f"{root / HF_ARTIFACTS}/")
-    _check_tokenizer(hf_dir, f"{named}{shown}")
+            f"{root / HF_ARTIFACTS}/", key="model.hf_artifacts.missing", where=_option(named))
+    _check_tokenizer(hf_dir, f"{named}{shown}", where=_option(named))
     source = ModelSource(kind, shown, hf_dir, checkpoint, iteration, named)
     check_architecture(source)
     return source
@@ -301,14 +321,16 @@ def check_intact(source: ModelSource) -> None:
         try:
             check_llama_weights(source.path, read_config(source))
         except WeightsError as error:
-            raise ModelSourceError(f"{source.named}{source.path}: {error}") from None
+            raise ModelSourceError(f"{source.named}{source.path}: {error}",
+                                   key="model.weights.not_the_config", where=_option(source.named)) from None
         return
     from nemo_topr.model.checkpoint_layout import truncated_files
 
     if short := truncated_files(source.checkpoint):
         raise ModelSourceError(f"{source.named}{source.path}: iteration {source.iteration} is damaged, cut short: "
                                f"{', '.join(short[:3])}; restore it from a copy, or choose another saved iteration "
-                               f"(saved: {source.saved_iterations()})")
+                               f"(saved: {source.saved_iterations()})",
+                               key="model.iteration.cut_short", where=_option(source.named))
 
 
 def _missing_files(checkpoint: Path) -> list[str]:
@@ -324,7 +346,8 @@ def check_architecture(source: ModelSource) -> None:
                   if megatron_key in saved and saved[megatron_key] != value]
     if mismatched:
         raise ModelSourceError(f"{source.named}{source.path}: architecture mismatch between {source.checkpoint} and "
-                               f"its HF config: {'; '.join(mismatched)}")
+                               f"its HF config: {'; '.join(mismatched)}",
+                               key="model.architecture.differs_from_checkpoint", where=_option(source.named))
 
 
 def _megatron_view(hf_config: dict) -> list[tuple[str, str, object]]:
@@ -356,7 +379,7 @@ def require_hugging_face(spec: str | Path, *, named: str = "--model ") -> Path:
         raise ModelSourceError(f"{source.describe()}: generate, eval and verifier run the model with transformers "
                                "or vLLM, which read Hugging Face weights only; export it once with "
                                f"`nemo-topr export --ckpt {spec} --hf-out HF_DIR` (with `--device cpu` on a machine "
-                               "without a GPU) and pass HF_DIR")
+                               "without a GPU) and pass HF_DIR", key="model.not_hugging_face", where=_option(named))
     return source.path
 
 
@@ -371,7 +394,7 @@ def fold_alias(cfg) -> None:
         cfg.base_model = alias
     elif alias not in (None, "", "???") and str(cfg.base_model) != str(alias):
         raise ModelSourceError(f"base_model={cfg.base_model} and hf_model={alias} disagree; hf_model is an alias of "
-                               "base_model: set one")
+                               "base_model: set one", key="base_model.alias_disagrees", where="hf_model")
 
 
 def alias_override(item: str) -> str:
@@ -407,7 +430,7 @@ def load_route(cfg: dict, *, must_exist: bool) -> tuple[ModelSource | None, str]
     spec = cfg.get("base_model")
     if spec in (None, "", "???"):
         if must_exist:
-            raise ModelSourceError("base_model is not set")
+            raise ModelSourceError("base_model is not set", key="base_model.unset", where="base_model")
         return None, "base_model not set: not checked"
     directory = Path(split_iteration(spec)[0])
     if not directory.exists() and not must_exist:

@@ -1,0 +1,238 @@
+"""The refusals of the model plumbing and its verbs as a table: one row per problem, its bad input → the
+problem's key and where.
+
+The rows assert the key and where only; the words are in tests/golden/refusals.txt (tests/refusal_table.py),
+read as a whole and compared here (``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest
+tests/test_refusals_model.py`` rewrites this table's section), so rewording a message changes that file and no
+test. Every key SOURCES can raise has a row, or is in UNREACHABLE with why: a new refusal without one fails
+`test_the_table_covers_every_key_the_code_raises`.
+
+A golden line names the verb a user most often meets the refusal through (VERBS, by the key's first part): a
+model source's problems `train` (base_model=), which `score-logprobs`, `export`, `import`, `generate` and
+`eval` tell too, naming their own option (a row given by one is that verb's); the weights', device's and
+attention's `train` as well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+from conftest import REPO, checkout_env, placeholder_hf_model
+from omegaconf import OmegaConf
+from refusal_table import assert_covers, assert_golden, raised, rendered
+
+from nemo_topr.errors import UserError
+from nemo_topr.model import attention_check, device, hf_weights
+from nemo_topr.model import source as model_source
+from nemo_topr.model.source import MEGATRON_KINDS, resolve
+
+MODEL = REPO / "nemo_topr" / "model"
+SOURCES = [MODEL / "source.py", MODEL / "hf_weights.py", MODEL / "device.py", MODEL / "attention_check.py"]
+ERRORS = {"ModelSourceError", "WeightsError", "DeviceError", "AttentionError"}
+UNREACHABLE: dict[str, str] = {}
+VERBS = {"model": "train", "base_model": "train", "weights": "train", "device": "train", "attention": "train"}
+# a model named by another verb's option is met through that verb
+OPTION_VERBS = {"--ckpt": "export", "--model": "score-logprobs", "HF_DIR": "import"}
+KEY_VERBS = {"model.not_hugging_face": "generate"}
+LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
+         "intermediate_size": 16, "vocab_size": 32}
+TE_ATTENTION = "megatron.core.extensions.transformer_engine.TEDotProductAttention"
+LOCAL_ATTENTION = "megatron.core.transformer.dot_product_attention.DotProductAttention"
+
+
+def hf_model(directory: Path, config: dict | str | None = None, *, tokenizer: bool = True) -> Path:
+    """A Hugging Face directory as model/source.py inspects it; its tokenizer a file that only has to exist."""
+    placeholder_hf_model(directory, config, tokenizer=False)
+    if tokenizer:
+        (directory / "tokenizer.json").write_text("{}\n")
+    return directory
+
+
+def checkpoint(root: Path, *, tracker: str | None = "1", files: tuple[str, ...] = (".metadata", "metadata.json"),
+               run_config: str | None = "model: {}\n", hf_config: dict | None = LLAMA, tokenizer: bool = True) -> Path:
+    """A Megatron checkpoint root with iteration 1 holding `files` (and `run_config`), its hf_artifacts/
+    holding `hf_config` (None: no hf_artifacts/)."""
+    iteration = root / "iter_0000001"
+    iteration.mkdir(parents=True)
+    for name in files:
+        (iteration / name).write_bytes(b"garbage")
+    if run_config is not None:
+        (iteration / "run_config.yaml").write_text(run_config)
+    if tracker is not None:
+        (root / "latest_checkpointed_iteration.txt").write_text(tracker)
+    if hf_config is not None:
+        hf_model(root / "hf_artifacts", hf_config, tokenizer=tokenizer)
+    return root
+
+
+def safetensors(path: Path, header: bytes, size: int | None = None) -> None:
+    """A safetensors file of `header` (its length first) and no data, or its first `size` bytes."""
+    data = len(header).to_bytes(8, "little") + header
+    path.write_bytes(data[:size])
+
+
+def make_inputs(root: Path) -> None:
+    """The files the rows name, relative to `root` (the rows run there)."""
+    hf_model(root / "hf")
+    hf_model(root / "hf_sized", LLAMA)
+    hf_model(root / "no_tokenizer", tokenizer=False)
+    hf_model(root / "not_json", "{")
+    hf_model(root / "json_list", "[]")
+    hf_model(root / "gpt2", {"architectures": ["GPT2LMHeadModel"]})
+    (root / "notes.txt").write_text("not a model\n")
+    (root / "config_only").mkdir()
+    (root / "config_only" / "config.json").write_text("{}")
+    (root / "empty").mkdir()
+    for part in ("context", "weights"):
+        (root / "nemo2" / part).mkdir(parents=True)
+    hf_model(root / "exports" / "iter_0000001", LLAMA)
+    checkpoint(root / "ckpt")
+    checkpoint(root / "tracker_release", tracker="release")
+    checkpoint(root / "no_tracker", tracker=None)
+    checkpoint(root / "tracker_2", tracker="2")
+    checkpoint(root / "no_run_config", run_config=None)
+    checkpoint(root / "no_metadata_json", files=(".metadata",))
+    checkpoint(root / "no_hf_artifacts", hf_config=None)
+    checkpoint(root / "artifacts_no_tokenizer", tokenizer=False)
+    checkpoint(root / "other_shape", run_config="model: {num_layers: 4}\n")
+    checkpoint(root / "run_config_bad_yaml", run_config="model: [\n")
+    checkpoint(root / "run_config_list", run_config="- 1\n")
+    weights = root / "w"
+    weights.mkdir()
+    (weights / "short.safetensors").write_bytes(b"123")
+    safetensors(weights / "bad_header.safetensors", b"not json")
+    safetensors(weights / "cut.safetensors",
+                json.dumps({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode())
+    for name, index in (("bad_index", "{"), ("lost_shard", json.dumps({"weight_map": {"x": "shard-2.safetensors"}}))):
+        (weights / name).mkdir()
+        (weights / name / hf_weights.INDEX).write_text(index)
+    (root / "no_safetensors").mkdir()
+
+
+def device_after_cuda_started() -> list[UserError]:
+    """`select_device("cpu")` in a process whose CUDA has started (stood in for: no GPU here)."""
+    with mock.patch.dict(os.environ), mock.patch.object(torch.cuda, "is_available", lambda: True):
+        return raised(device.select_device, "cpu", where="--device")()
+
+
+def attention(name: str, impl: str, *, shared_prefix: bool = False, **config: object) -> Callable[[], list]:
+    return raised(attention_check.check_attention, name, "causal",
+                  SimpleNamespace(transformer_impl=impl, **config), shared_prefix=shared_prefix)
+
+
+# (key, where, the problem's source: the pure function given the bad input)
+ROWS = [
+    ("model.is_a_file", "base_model", raised(resolve, "notes.txt")),
+    ("model.no_such_directory", "base_model", raised(resolve, "no_such_model")),
+    ("model.nemo2_checkpoint", "base_model", raised(resolve, "nemo2")),
+    ("model.exports_folder", "base_model", raised(resolve, "exports")),
+    ("model.exports_folder.nothing_to_export", "--ckpt",
+     raised(resolve, "exports", named="--ckpt ", expected=f"one of: {MEGATRON_KINDS}")),
+    ("model.weights.none", "base_model", raised(resolve, "config_only")),
+    ("model.unknown_kind", "base_model", raised(resolve, "empty")),
+    ("model.tokenizer.missing", "--model", raised(resolve, "no_tokenizer", named="--model ")),
+    ("model.config_json.not_json", "base_model", raised(resolve, "not_json")),
+    ("model.config_json.not_an_object", "base_model", raised(resolve, "json_list")),
+    ("model.architecture.unsupported", "HF_DIR", raised(resolve, "gpt2", named="")),
+    ("model.not_a_run_directory", "base_model", raised(resolve, "empty@5")),
+    ("model.checkpoint.tracker_damaged", "base_model", raised(resolve, "tracker_release")),
+    ("model.checkpoint.no_tracker", "base_model", raised(resolve, "no_tracker")),
+    ("model.iteration.missing", "base_model", raised(resolve, "tracker_2")),
+    ("model.run_config.missing", "base_model", raised(resolve, "no_run_config")),
+    ("model.iteration.save_unfinished", "base_model", raised(resolve, "no_metadata_json")),
+    ("model.hf_artifacts.missing", "base_model", raised(resolve, "no_hf_artifacts")),
+    ("model.architecture.differs_from_checkpoint", "base_model", raised(resolve, "other_shape")),
+    ("model.run_config.not_yaml", "base_model", raised(resolve, "run_config_bad_yaml")),
+    ("model.run_config.not_a_mapping", "base_model", raised(resolve, "run_config_list")),
+    ("model.iterations.of_hugging_face", "base_model", raised(lambda: resolve("hf").at_iteration(1))),
+    ("model.weights.not_the_config", "base_model", raised(lambda: model_source.check_intact(resolve("hf")))),
+    ("model.iteration.cut_short", "--ckpt",
+     raised(lambda: model_source.check_intact(resolve("ckpt", named="--ckpt ")))),
+    ("model.not_hugging_face", "--model", raised(model_source.require_hugging_face, "ckpt")),
+    ("base_model.alias_disagrees", "hf_model",
+     raised(lambda: model_source.fold_alias(OmegaConf.create({"base_model": "/a", "hf_model": "/b"})))),
+    ("base_model.unset", "base_model", raised(model_source.load_route, {"base_model": None}, must_exist=True)),
+    ("weights.not_safetensors", "w/short.safetensors",
+     raised(hf_weights.safetensors_shapes, Path("w/short.safetensors"))),
+    ("weights.header_unreadable", "w/bad_header.safetensors",
+     raised(hf_weights.safetensors_shapes, Path("w/bad_header.safetensors"))),
+    ("weights.cut_short", "w/cut.safetensors", raised(hf_weights.safetensors_shapes, Path("w/cut.safetensors"))),
+    ("weights.index_unreadable", f"w/bad_index/{hf_weights.INDEX}",
+     raised(hf_weights.weight_files, Path("w/bad_index"))),
+    ("weights.shards_missing", f"w/lost_shard/{hf_weights.INDEX}",
+     raised(hf_weights.weight_files, Path("w/lost_shard"))),
+    ("weights.no_safetensors", "no_safetensors", raised(hf_weights.check_llama_weights, Path("no_safetensors"), LLAMA)),
+    ("weights.config_json.incomplete", "hf_sized/config.json",
+     raised(hf_weights.check_llama_weights, Path("hf_sized"), {"hidden_size": 8})),
+    ("weights.not_the_config", "hf_sized",
+     raised(hf_weights.check_llama_weights, Path("hf_sized"), {**LLAMA, "num_hidden_layers": 2})),
+    ("device.invalid", "device", raised(device.resolve_device, "tpu", cuda_available=False, where="device")),
+    ("device.cuda_unavailable", "device",
+     raised(device.resolve_device, "cuda", cuda_available=False, where="device")),
+    ("device.cuda_started", "--device", device_after_cuda_started),
+    ("attention.unknown", "model.transformer_impl", attention("my.Attention", "local")),
+    ("attention.mask_not_read", "model.transformer_impl", attention(TE_ATTENTION, "local")),
+    ("attention.shared_prefix_mask_not_read", "model.transformer_impl",
+     attention(TE_ATTENTION, "transformer_engine", shared_prefix=True)),
+    ("attention.refused", "model.transformer_impl", attention(LOCAL_ATTENTION, "local", masked_softmax_fusion=True)),
+]
+
+
+def verb(key: str, where: str) -> str:
+    return KEY_VERBS.get(key) or OPTION_VERBS.get(where) or VERBS[key.split(".")[0]]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("refusal_inputs")
+    make_inputs(root)
+    return root
+
+
+@pytest.mark.parametrize("key, where, problem", ROWS, ids=[row[0] for row in ROWS])
+def test_each_bad_input_raises_its_problem(key, where, problem, inputs, monkeypatch):
+    monkeypatch.chdir(inputs)
+    assert [(error.key, error.where) for error in problem()] == [(key, where)]
+
+
+def test_the_rows_inputs_pass_but_for_their_change(inputs, monkeypatch):
+    """What each row changes is its problem: the model and the checkpoint it starts from are whole."""
+    monkeypatch.chdir(inputs)
+    assert resolve("hf").kind == "huggingface"
+    assert resolve("ckpt").iteration == 1
+    assert hf_weights.check_llama_weights(Path("hf_sized"), LLAMA) is None
+    assert device.resolve_device("cuda", cuda_available=True, where="device") == "cuda"
+    assert attention("megatron.core.transformer.dot_product_attention.DotProductAttention", "local")() == []
+
+
+def test_the_table_covers_every_key_the_code_raises():
+    assert_covers(ROWS, SOURCES, ERRORS, unreachable=UNREACHABLE)
+
+
+def test_the_messages_are_the_golden_files(inputs, monkeypatch):
+    monkeypatch.chdir(inputs)
+    assert_golden("tests/test_refusals_model.py",
+                  [rendered(verb(key, where), key, where, *problem(), inputs) for key, where, problem in ROWS])
+
+
+def test_the_table_imports_no_megatron(tmp_path):
+    """Each problem comes out of the pure checks: the whole table, run in a fresh interpreter, imports
+    neither Megatron nor Transformer Engine."""
+    code = ("import json, sys; from pathlib import Path; import test_refusals_model as table; "
+            "table.make_inputs(Path.cwd()); keys = [row[2]()[0].key for row in table.ROWS]; "
+            "print(json.dumps([len(keys), sorted(m for m in sys.modules "
+            "if m.startswith(('megatron', 'transformer_engine')))]))")
+    env = checkout_env(PYTHONPATH=os.pathsep.join([str(REPO / "tests"), checkout_env()["PYTHONPATH"]]))
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [len(ROWS), []]
