@@ -15,6 +15,7 @@ attention's `train` as well.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -34,12 +35,15 @@ from nemo_topr.errors import UserError
 from nemo_topr.model import attention_check, device, hf_weights
 from nemo_topr.model import source as model_source
 from nemo_topr.model.source import MEGATRON_KINDS, resolve
+from nemo_topr.utils import outputs
 
 MODEL = REPO / "nemo_topr" / "model"
-SOURCES = [MODEL / "source.py", MODEL / "hf_weights.py", MODEL / "device.py", MODEL / "attention_check.py"]
-ERRORS = {"ModelSourceError", "WeightsError", "DeviceError", "AttentionError"}
+SOURCES = [MODEL / "source.py", MODEL / "hf_weights.py", MODEL / "device.py", MODEL / "attention_check.py",
+           REPO / "nemo_topr" / "utils" / "outputs.py"]
+ERRORS = {"ModelSourceError", "WeightsError", "DeviceError", "AttentionError", "OutputError", "OutputWriteError"}
 UNREACHABLE: dict[str, str] = {}
-VERBS = {"model": "train", "base_model": "train", "weights": "train", "device": "train", "attention": "train"}
+VERBS = {"model": "train", "base_model": "train", "weights": "train", "device": "train", "attention": "train",
+         "output_dir": "demo", "output": "data"}
 # a model named by another verb's option is met through that verb
 OPTION_VERBS = {"--ckpt": "export", "--model": "score-logprobs", "HF_DIR": "import"}
 KEY_VERBS = {"model.not_hugging_face": "generate"}
@@ -116,6 +120,7 @@ def make_inputs(root: Path) -> None:
         (weights / name).mkdir()
         (weights / name / hf_weights.INDEX).write_text(index)
     (root / "no_safetensors").mkdir()
+    (root / "records.jsonl").write_text("{}\n")
 
 
 def device_after_cuda_started() -> list[UserError]:
@@ -127,6 +132,13 @@ def device_after_cuda_started() -> list[UserError]:
 def attention(name: str, impl: str, *, shared_prefix: bool = False, **config: object) -> Callable[[], list]:
     return raised(attention_check.check_attention, name, "causal",
                   SimpleNamespace(transformer_impl=impl, **config), shared_prefix=shared_prefix)
+
+
+def written_on_a_full_disk() -> None:
+    """A write that the filesystem refuses half-way (stood in for: the block raises ENOSPC)."""
+    with outputs.written_whole("written.json") as out:
+        out.write("{")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 # (key, where, the problem's source: the pure function given the bad input)
@@ -184,6 +196,18 @@ ROWS = [
     ("attention.shared_prefix_mask_not_read", "model.transformer_impl",
      attention(TE_ATTENTION, "transformer_engine", shared_prefix=True)),
     ("attention.refused", "model.transformer_impl", attention(LOCAL_ATTENTION, "local", masked_softmax_fusion=True)),
+    ("output_dir.not_a_directory", "notes.txt", raised(outputs.fresh_output_dir, "notes.txt", "nemo_topr.demo")),
+    ("output_dir.not_its_own", "hf", raised(outputs.fresh_output_dir, "hf", "nemo_topr.demo")),
+    ("output_dir.unmakeable", "notes.txt/out", raised(outputs.fresh_output_dir, "notes.txt/out", "nemo_topr.demo")),
+    ("output_dir.mkdir_failed", "notes.txt/out", raised(outputs._mark, Path("notes.txt/out"), "nemo_topr.demo")),
+    ("output.is_an_input", "records.jsonl",
+     raised(outputs.refuse_to_overwrite_an_input, "records.jsonl", ["records.jsonl"])),
+    ("output.same_path", "--stats", raised(outputs.distinct_outputs, {"--out": "out.jsonl", "--stats": "out.jsonl"})),
+    ("output.filesystem_full", "written.json", raised(written_on_a_full_disk)),
+    ("output.is_a_directory", "--out", raised(outputs.writable_output_file, "empty")),
+    ("output.exists", "--out", raised(outputs.writable_output_file, "records.jsonl")),
+    ("output.directory_unmakeable", "--out", raised(outputs.writable_output_file, "notes.txt/out.json")),
+    ("output.records.not_jsonl", "--out", raised(outputs.writable_records_file, "scored.json")),
 ]
 
 
@@ -212,6 +236,19 @@ def test_the_rows_inputs_pass_but_for_their_change(inputs, monkeypatch):
     assert hf_weights.check_llama_weights(Path("hf_sized"), LLAMA) is None
     assert device.resolve_device("cuda", cuda_available=True, where="device") == "cuda"
     assert attention("megatron.core.transformer.dot_product_attention.DotProductAttention", "local")() == []
+
+
+def test_no_row_writes_anything(inputs, monkeypatch):
+    """A refusal leaves the files as they were: no output made, emptied or left half-written."""
+    monkeypatch.chdir(inputs)
+    before = tree(inputs)
+    for _, _, problem in ROWS:
+        problem()
+    assert tree(inputs) == before
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    return {str(path.relative_to(root)): path.read_bytes() if path.is_file() else None for path in root.rglob("*")}
 
 
 def test_the_table_covers_every_key_the_code_raises():

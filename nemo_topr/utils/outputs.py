@@ -38,18 +38,20 @@ class OutputError(UserError, ValueError):
 def _own_directory(path: str | Path, command: str, refusal: str) -> Path:
     """`path` resolved, when it is new, empty or marked as `command`'s; raises OutputError
     (ending in `refusal`: why and what to do) for a file or another directory with contents."""
-    path = Path(path).resolve()
+    given, path = str(path), Path(path).resolve()
     if path.exists() and not path.is_dir():
         raise OutputError(f"{path} exists and is not a directory: {command} writes a directory there; "
-                          "choose another path")
+                          "choose another path", key="output_dir.not_a_directory", where=given)
     if path.is_dir() and any(path.iterdir()):
         mark = path / MARK
         made_by = mark.read_text(encoding="utf-8").strip() if mark.is_file() else None
         if made_by != command:
             origin = f"was made by {made_by}" if made_by else f"has no {MARK} file from a nemo-topr command"
-            raise OutputError(f"{path} is not empty and {origin}: {command} {refusal}")
+            raise OutputError(f"{path} is not empty and {origin}: {command} {refusal}",
+                              key="output_dir.not_its_own", where=given)
     if unmakeable := _why_unmakeable(path):  # checked in a dry run too, where nothing is made
-        raise OutputError(f"{path}: {command} cannot make this directory ({unmakeable}); choose another path")
+        raise OutputError(f"{path}: {command} cannot make this directory ({unmakeable}); choose another path",
+                          key="output_dir.unmakeable", where=given)
     return path
 
 
@@ -59,7 +61,7 @@ def _mark(path: Path, command: str) -> Path:
         (path / MARK).write_text(command + "\n", encoding="utf-8")
     except OSError as error:  # what access() cannot tell: root under /sys, a read-only mount
         raise OutputError(f"{path}: {command} cannot make this directory ({error.strerror}); choose another "
-                          "path") from None
+                          "path", key="output_dir.mkdir_failed", where=str(path)) from None
     return path
 
 
@@ -90,7 +92,7 @@ def refuse_to_overwrite_an_input(out: str | Path, inputs: Iterable[str | Path]) 
     target = Path(out).resolve()
     if any(Path(name).resolve() == target for name in inputs):
         raise OutputError(f"{out} is also this command's input: writing the output there would replace what it "
-                          "reads; choose another output path")
+                          "reads; choose another output path", key="output.is_an_input", where=str(out))
 
 
 def distinct_outputs(outputs: dict[str, str | Path | None]) -> None:
@@ -103,7 +105,7 @@ def distinct_outputs(outputs: dict[str, str | Path | None]) -> None:
         resolved = Path(path).resolve()
         if resolved in seen:
             raise OutputError(f"{flag} {path} is also {seen[resolved]}: the command writes both; give them "
-                              "different paths")
+                              "different paths", key="output.same_path", where=flag)
         seen[resolved] = flag
 
 
@@ -147,7 +149,7 @@ def written_whole(path: str | Path, *, binary: bool = False) -> Iterator[IO]:
             raise
         before = "left as it was" if path.exists() else "not written"
         raise OutputWriteError(f"writing {path}: {error.strerror} ({path.name} {before}); {remedy} "
-                               "or choose another path") from error
+                               "or choose another path", key="output.filesystem_full", where=str(path)) from error
     finally:
         partial.unlink(missing_ok=True)
         if not path.exists():
@@ -178,12 +180,15 @@ def writable_output_file(path: str | Path, flag: str = "--out", *, inputs: Itera
     refuse_to_overwrite_an_input(path, inputs)
     path = Path(path)
     if path.is_dir():
-        raise OutputError(f"{flag} {path} is a directory; a file is written there: name the file")
+        raise OutputError(f"{flag} {path} is a directory; a file is written there: name the file",
+                          key="output.is_a_directory", where=flag)
     if path.exists() and not overwrite:
-        raise OutputError(f"{flag} {path} exists: pass --overwrite to replace it, or choose another path")
+        raise OutputError(f"{flag} {path} exists: pass --overwrite to replace it, or choose another path",
+                          key="output.exists", where=flag)
     unmakeable = _why_unmakeable(path.absolute().parent)
     if unmakeable:
-        raise OutputError(f"{flag} {path}: its directory cannot be made ({unmakeable})")
+        raise OutputError(f"{flag} {path}: its directory cannot be made ({unmakeable})",
+                          key="output.directory_unmakeable", where=flag)
     return path
 
 
@@ -226,5 +231,6 @@ def writable_records_file(path: str | Path, flag: str = "--out", *, inputs: Iter
     once the scoring or sampling had run)."""
     if Path(path).suffix != ".jsonl":
         raise OutputError(f"{flag} {path}: records are written as JSONL, which is read back only from a name ending "
-                          f"in .jsonl: name it {Path(path).with_suffix('.jsonl')}")
+                          f"in .jsonl: name it {Path(path).with_suffix('.jsonl')}",
+                          key="output.records.not_jsonl", where=flag)
     return writable_output_file(path, flag, inputs=inputs, overwrite=overwrite)
