@@ -16,6 +16,7 @@ attention's `train` as well.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import subprocess
@@ -35,18 +36,28 @@ from nemo_topr.errors import UserError
 from nemo_topr.model import attention_check, device, hf_weights
 from nemo_topr.model import source as model_source
 from nemo_topr.model.source import MEGATRON_KINDS, resolve
+from nemo_topr.training import export, scoring
+from nemo_topr.training.export import EXPORT_RECORD
+from nemo_topr.training.import_checkpoint import import_hf
 from nemo_topr.utils import outputs
 
 MODEL = REPO / "nemo_topr" / "model"
+TRAINING = REPO / "nemo_topr" / "training"
 SOURCES = [MODEL / "source.py", MODEL / "hf_weights.py", MODEL / "device.py", MODEL / "attention_check.py",
-           REPO / "nemo_topr" / "utils" / "outputs.py"]
-ERRORS = {"ModelSourceError", "WeightsError", "DeviceError", "AttentionError", "OutputError", "OutputWriteError"}
-UNREACHABLE: dict[str, str] = {}
+           REPO / "nemo_topr" / "utils" / "outputs.py", TRAINING / "import_checkpoint.py", TRAINING / "export.py",
+           TRAINING / "scoring.py"]
+ERRORS = {"ModelSourceError", "WeightsError", "DeviceError", "AttentionError", "OutputError", "OutputWriteError",
+          "ExportWriteError", "ConfigError"}
+# keys the table cannot reach cheaply, and what reaching them needs
+UNREACHABLE = {
+    "import.out.no_space": "Megatron-Bridge's model, loaded before the space it takes is known",
+    "import.out.write_failed": "Megatron-Bridge's save of a loaded model failing on a full disk"}
 VERBS = {"model": "train", "base_model": "train", "weights": "train", "device": "train", "attention": "train",
-         "output_dir": "demo", "output": "data"}
+         "output_dir": "demo", "output": "data", "import": "import", "export": "export",
+         "train_config": "score-logprobs", "tp_pp": "score-logprobs", "world_size": "score-logprobs"}
 # a model named by another verb's option is met through that verb
 OPTION_VERBS = {"--ckpt": "export", "--model": "score-logprobs", "HF_DIR": "import"}
-KEY_VERBS = {"model.not_hugging_face": "generate"}
+KEY_VERBS = {"model.not_hugging_face": "generate", "model.fp8.without_transformer_engine": "score-logprobs"}
 LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
          "intermediate_size": 16, "vocab_size": 32}
 TE_ATTENTION = "megatron.core.extensions.transformer_engine.TEDotProductAttention"
@@ -121,6 +132,13 @@ def make_inputs(root: Path) -> None:
         (weights / name / hf_weights.INDEX).write_text(index)
     (root / "no_safetensors").mkdir()
     (root / "records.jsonl").write_text("{}\n")
+    (root / "shape.yaml").write_text("defaults:\n  - topr\n  - _self_\nmodel:\n  num_layers: 7\n")
+    export = root / "export"  # an export of ckpt's iteration 1, and one of another checkpoint's
+    export.mkdir()
+    (export / EXPORT_RECORD).write_text("{}")
+    other = root / "mixed" / "iter_0000003"
+    other.mkdir(parents=True)
+    (other / EXPORT_RECORD).write_text(json.dumps({"checkpoint": "/elsewhere/iter_0000003"}))
 
 
 def device_after_cuda_started() -> list[UserError]:
@@ -139,6 +157,52 @@ def written_on_a_full_disk() -> None:
     with outputs.written_whole("written.json") as out:
         out.write("{")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def locked_by_another_export() -> list[UserError]:
+    """`export`'s lock on HF_OUT's partial directory while another export holds it."""
+    (partial := Path("locked.partial")).mkdir(exist_ok=True)
+    held = os.open(partial, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return raised(export._locked, partial, Path("locked"))()
+    finally:
+        os.close(held)
+        partial.rmdir()
+
+
+class FullDiskBridge:
+    """Bridge's exporter on a full disk."""
+
+    def export_ckpt(self, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def exported_on_a_full_disk() -> list[UserError]:
+    return raised(export.write_export, FullDiskBridge(), resolve("ckpt"), Path("full.partial"), Path("full"))()
+
+
+def targets(ckpt: str, hf_out: str) -> dict:
+    return {resolve(ckpt): Path(hf_out).resolve()}
+
+
+def scoring_fp8_without_te() -> list[UserError]:
+    """--train-config's FP8 on a GPU without Transformer Engine (the provider's settling stood in for)."""
+    with mock.patch.object(scoring, "device_model_settings", lambda provider, **kwargs: provider):
+        return raised(scoring.scoring_model_settings, SimpleNamespace(fp8="hybrid", transformer_impl="local"),
+                      "llama31_8b_fp8")()
+
+
+def shape_keys_in_train_config() -> list[UserError]:
+    """A --train-config whose model section sets the weights' shapes (its schema check, which reads Bridge's
+    dataclasses, stood in for)."""
+    with mock.patch.object(scoring, "check_values", lambda config: None):
+        return raised(scoring.training_model_section, "shape.yaml", SimpleNamespace(num_layers=2))()
+
+
+def world(tp: int, pp: int, world_size: int) -> Callable[[], list]:
+    return raised(scoring.check_scoring_world, SimpleNamespace(tensor_model_parallel_size=tp,
+                                                               pipeline_model_parallel_size=pp), world_size, None)
 
 
 # (key, where, the problem's source: the pure function given the bad input)
@@ -208,6 +272,35 @@ ROWS = [
     ("output.exists", "--out", raised(outputs.writable_output_file, "records.jsonl")),
     ("output.directory_unmakeable", "--out", raised(outputs.writable_output_file, "notes.txt/out.json")),
     ("output.records.not_jsonl", "--out", raised(outputs.writable_records_file, "scored.json")),
+    ("import.hf_dir.megatron", "HF_DIR", raised(import_hf, "ckpt", "out")),
+    ("import.out.not_empty", "OUT", raised(import_hf, "hf_sized", "hf")),
+    ("import.out.unmakeable", "OUT", raised(import_hf, "hf_sized", "notes.txt/out")),
+    ("export.ckpt.hugging_face", "--ckpt", raised(lambda: export.export_targets(resolve("hf"), Path("out"), None))),
+    ("export.ckpt.iteration_chosen_twice", "--ckpt",
+     raised(lambda: export.check_one_choice_of_iterations("ckpt/iter_0000001", resolve("ckpt/iter_0000001"),
+                                                          "--iteration"))),
+    ("export.hf_out.in_the_checkpoint", "--hf-out",
+     raised(lambda: export.check_outputs(targets("ckpt", "ckpt/hf_artifacts"), overwrite=True))),
+    ("export.hf_out.not_empty", "--hf-out", raised(lambda: export.check_outputs(targets("ckpt", "hf"), False))),
+    ("export.hf_out.not_an_export", "--hf-out", raised(lambda: export.check_outputs(targets("ckpt", "hf"), True))),
+    ("export.hf_out.another_checkpoints", "--hf-out",
+     raised(lambda: export.check_one_checkpoint_per_folder(resolve("ckpt"), Path("mixed")))),
+    ("export.hf_out.under_a_file", "--hf-out", raised(export.check_parents, Path("notes.txt/out"))),
+    ("export.hf_out.inside_an_export", "--hf-out", raised(export.check_parents, Path("export/iter_0000001"))),
+    ("export.hf_out.unmakeable", "--hf-out", raised(export.claim_partial, Path("notes.txt/out.partial"),
+                                                    Path("notes.txt/out"))),
+    ("export.hf_out.locked", "--hf-out", locked_by_another_export),
+    ("export.write_failed", "--hf-out", exported_on_a_full_disk),
+    ("export.move_failed", "--hf-out", raised(export.move_into_place, Path("no.partial"), Path("moved"),
+                                              Path("moved.replaced"))),
+    ("train_config.model.shape_keys", "--train-config",
+     shape_keys_in_train_config),
+    ("train_config.with_layout_flags", "--train-config",
+     raised(scoring.apply_scoring_layout, SimpleNamespace(), "cuda", train_config="llama31_8b_bf16", precision="bf16",
+            tensor_parallel=None, pipeline_parallel=None)),
+    ("tp_pp.below_1", "--tp, --pp", world(0, 1, 1)),
+    ("world_size.not_multiple_of_tp_pp", "WORLD_SIZE", world(2, 1, 3)),
+    ("model.fp8.without_transformer_engine", "--train-config", scoring_fp8_without_te),
 ]
 
 

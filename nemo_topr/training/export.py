@@ -68,7 +68,8 @@ def export_targets(source: ModelSource, hf_out: Path, iterations: list[int] | No
     """{checkpoint: HF directory}: `source` itself to HF_OUT (iterations None), or each given
     iteration to HF_OUT/iter_NNNNNNN."""
     if not source.is_megatron:
-        raise ModelSourceError(f"{source.path}: already a Hugging Face directory; export reads Megatron checkpoints")
+        raise ModelSourceError(f"{source.path}: already a Hugging Face directory; export reads Megatron checkpoints",
+                               key="export.ckpt.hugging_face", where="--ckpt")
     if iterations is None:
         return {source: hf_out}
     return {source.at_iteration(i): hf_out / iteration_dir_name(i) for i in iterations}
@@ -126,7 +127,8 @@ def check_outputs(targets: dict[ModelSource, Path], overwrite: bool, kept: set[M
             if target == read or target in read.parents or inside:
                 where = "is" if target == read else "holds" if target in read.parents else "is inside"
                 raise ModelSourceError(f"{out}: {where} {read}, part of the checkpoint being exported; writing "
-                                       f"there would replace or corrupt it: choose an --hf-out outside {root}")
+                                       f"there would replace or corrupt it: choose an --hf-out outside {root}",
+                                       key="export.hf_out.in_the_checkpoint", where="--hf-out")
     for source, out in targets.items():
         check_parents(out)
         if source in kept or not out.exists() or (out.is_dir() and not any(out.iterdir())):
@@ -136,10 +138,12 @@ def check_outputs(targets: dict[ModelSource, Path], overwrite: bool, kept: set[M
             raise ModelSourceError(f"{out}: " + ("holds an export of this checkpoint whose files, or the "
                                                  "checkpoint's, changed since; pass --overwrite to export it again"
                                                  if earlier else "exists and is not empty; export writes a new "
-                                                 "directory (pass --overwrite to replace it)"))
+                                                 "directory (pass --overwrite to replace it)"),
+                                   key="export.hf_out.not_empty", where="--hf-out")
         if not (out / EXPORT_RECORD).is_file():
             raise ModelSourceError(f"{out}: exists and holds no {EXPORT_RECORD}, so it is no earlier export; "
-                                   "--overwrite replaces only those: remove it yourself or choose another --hf-out")
+                                   "--overwrite replaces only those: remove it yourself or choose another --hf-out",
+                                   key="export.hf_out.not_an_export", where="--hf-out")
 
 
 def check_one_checkpoint_per_folder(source: ModelSource, folder: Path) -> None:
@@ -152,7 +156,8 @@ def check_one_checkpoint_per_folder(source: ModelSource, folder: Path) -> None:
         if isinstance(exported_from, str) and str(Path(exported_from).parent) != root:
             raise ModelSourceError(f"{folder}: holds {record.parent.name}, exported from {exported_from}, another "
                                    f"checkpoint than {root}: its iterations and these would sit in one folder as one "
-                                   "run's; choose another --hf-out")
+                                   "run's; choose another --hf-out",
+                                   key="export.hf_out.another_checkpoints", where="--hf-out")
 
 
 def check_parents(out: Path) -> None:
@@ -162,11 +167,12 @@ def check_parents(out: Path) -> None:
     for parent in out.parents:
         if parent.exists() and not parent.is_dir():
             raise ModelSourceError(f"{out}: {parent} is not a directory, so nothing can be written under it: "
-                                   "choose another --hf-out")
+                                   "choose another --hf-out", key="export.hf_out.under_a_file", where="--hf-out")
         if (parent / EXPORT_RECORD).is_file():
             raise ModelSourceError(f"{out}: inside {parent}, an earlier export (it holds {EXPORT_RECORD}): a model "
                                    "written there would nest in that model's directory; choose an --hf-out outside "
-                                   "it (--iteration and --all-iterations write HF_OUT/iter_NNNNNNN)")
+                                   "it (--iteration and --all-iterations write HF_OUT/iter_NNNNNNN)",
+                                   key="export.hf_out.inside_an_export", where="--hf-out")
 
 
 def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = None,
@@ -227,7 +233,8 @@ def claim_partial(partial: Path, out: Path) -> int:
                 os.close(left)
             continue
         except OSError as error:  # a read-only folder
-            raise ExportWriteError(f"writing {out}: {error.strerror or error} ({error.filename})") from error
+            raise ExportWriteError(f"writing {out}: {error.strerror or error} ({error.filename})",
+                                   key="export.hf_out.unmakeable", where="--hf-out") from error
         held = _locked(partial, out)
         try:
             if held is not None and os.fstat(held).st_ino == partial.stat().st_ino:
@@ -250,7 +257,7 @@ def _locked(directory: Path, out: Path) -> int | None:
     except BlockingIOError:
         os.close(held)
         raise ExportWriteError(f"{out}: another export is writing it now ({directory} is locked): wait for it to end, "
-                               "or choose another --hf-out") from None
+                               "or choose another --hf-out", key="export.hf_out.locked", where="--hf-out") from None
     except OSError:  # no flock here: as before, unlocked
         pass
     return held
@@ -269,7 +276,8 @@ def write_export(bridge, checkpoint: ModelSource, partial: Path, out: Path) -> N
     except BaseException as error:  # a full disk, say: what was written would only take more room
         shutil.rmtree(partial, ignore_errors=True)
         if isinstance(error, (OSError, _safetensors_error())):
-            raise ExportWriteError(f"writing {out}: {error} (the partial export is removed)") from error
+            raise ExportWriteError(f"writing {out}: {error} (the partial export is removed)",
+                                   key="export.write_failed", where="--hf-out") from error
         raise
 
 
@@ -297,7 +305,8 @@ def move_into_place(partial: Path, out: Path, replaced: Path) -> None:
             replaced.rename(out)
         shutil.rmtree(partial, ignore_errors=True)
         raise ExportWriteError(f"moving the export into {out}: {error.strerror or error} ({error.filename}); the "
-                               f"partial export is removed and {out} left as it was") from error
+                               f"partial export is removed and {out} left as it was",
+                               key="export.move_failed", where="--hf-out") from error
     shutil.rmtree(replaced, ignore_errors=True)
 
 
@@ -308,7 +317,8 @@ def check_one_choice_of_iterations(ckpt: str, source: ModelSource, option: str) 
     if at or source.path == source.checkpoint:
         whole = directory if at else source.checkpoint.parent
         raise ModelSourceError(f"--ckpt {ckpt} names one iteration and {option} chooses the iterations too: give "
-                               f"--ckpt {whole} with {option}, or drop {option}")
+                               f"--ckpt {whole} with {option}, or drop {option}",
+                               key="export.ckpt.iteration_chosen_twice", where="--ckpt")
 
 
 def main(argv: list[str]) -> int:

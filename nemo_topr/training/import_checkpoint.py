@@ -69,7 +69,8 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
     started = time.monotonic()
     source = resolve(hf_dir, named="", expected=HF_KIND)
     if source.is_megatron:
-        raise ModelSourceError(f"{hf_dir}: already a Megatron checkpoint ({source.describe()}); nothing to import")
+        raise ModelSourceError(f"{hf_dir}: already a Megatron checkpoint ({source.describe()}); nothing to import",
+                               key="import.hf_dir.megatron", where="HF_DIR")
     check_intact(source)  # weights config.json does not describe were imported as they were, exit 0
     out = Path(out).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -77,13 +78,14 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
         hint = (f"; it holds an import cut short ({HF_ARTIFACTS}/ without {TRACKER}, which the save writes last): "
                 "remove it and import again") if cut_short else ""
         raise ModelSourceError(f"{out}: exists and is not an empty directory; import writes a new checkpoint "
-                               f"directory{hint}")
+                               f"directory{hint}", key="import.out.not_empty", where="OUT")
     # the highest directory the import makes (OUT, or a parent of it), None for an empty OUT of the user's
     made = next((path for path in reversed((out, *out.parents)) if not path.exists()), None)
     try:  # now, not after minutes of loading: a path that cannot be made stops the import here
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ModelSourceError(f"{out}: cannot be made ({error.strerror}: {error.filename})") from None
+        raise ModelSourceError(f"{out}: cannot be made ({error.strerror}: {error.filename})",
+                               key="import.out.unmakeable", where="OUT") from None
     needed = None  # the checkpoint's size, once the weights are loaded and it is being written
     try:
         dtype = dtype or hf_dtype(source.hf_dir)
@@ -109,7 +111,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
             if (free := free_bytes(out)) < needed:
                 raise ModelSourceError(f"{out}: {size_text(free)} free, and the checkpoint takes "
                                        f"{size_text(needed)} ({parameters:,} parameters in {dtype}): free space "
-                                       "there, or choose another OUT")
+                                       "there, or choose another OUT", key="import.out.no_space", where="OUT")
             # the HF files first: the tracker Bridge writes last then marks the whole import complete
             write_hf_artifacts(source, out)
             # Megatron's own writer-queue process outlived a killed import, holding its stdout and stderr
@@ -126,7 +128,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) 
             if (free := free_bytes(out)) < needed + TOKENIZER_AND_METADATA_BYTES:
                 problem += (f"; {size_text(free)} free for {size_text(needed)} of weights plus the tokenizer "
                             "and metadata: free space there, or choose another OUT")
-            raise ModelSourceError(problem) from error
+            raise ModelSourceError(problem, key="import.out.write_failed", where="OUT") from error
         raise
     summary = {"hf_dir": str(source.hf_dir), "out": str(out), "dtype": dtype, "parameters": parameters,
                "seconds": round(time.monotonic() - started, 1), "peak_host_memory_gib": peak_host_memory_gib()}

@@ -97,7 +97,7 @@ def training_model_section(train_config: str, provider) -> dict:
     if changed := shape_changes(section, provider, "the scored model"):
         raise ConfigError(f"--train-config {train_config}: {changed}: scoring reads --model's weights, whose "
                           "shapes these keys set; drop them from the config's model section (the architecture "
-                          "comes from --model)")
+                          "comes from --model)", key="train_config.model.shape_keys", where="--train-config")
     return section
 
 
@@ -127,7 +127,8 @@ def apply_scoring_layout(provider, device: str, *, train_config: str | None, pre
                                           ("--pp", pipeline_parallel)) if value is not None]
         if given:
             raise ConfigError(f"--train-config {train_config} takes the precision and TP/PP from its model section; "
-                              f"drop {', '.join(given)}, or drop --train-config to score with the flags")
+                              f"drop {', '.join(given)}, or drop --train-config to score with the flags",
+                              key="train_config.with_layout_flags", where="--train-config")
         apply_training_model_section(provider, train_config)
         return train_config
     if train_config:  # the CPU runtime computes in fp32 with local layers whatever the preset says
@@ -147,11 +148,13 @@ def check_scoring_world(provider, world_size: int, train_config: str | None) -> 
     tp, pp = provider.tensor_model_parallel_size, provider.pipeline_model_parallel_size
     named = f"--train-config {train_config}'s TP x PP" if train_config else "--tp x --pp"
     if tp < 1 or pp < 1:
-        raise ConfigError(f"{named} must be at least 1 each; got {tp} x {pp}")
+        raise ConfigError(f"{named} must be at least 1 each; got {tp} x {pp}",
+                          key="tp_pp.below_1", where="--train-config" if train_config else "--tp, --pp")
     if world_size % (tp * pp):
         raise ConfigError(f"{named} = {tp} x {pp} = {tp * pp} ranks per model, but WORLD_SIZE is {world_size}: "
                           f"launch a multiple of {tp * pp} processes (torchrun --nproc_per_node {tp * pp} -m "
-                          "nemo_topr.cli score-logprobs ...)")
+                          "nemo_topr.cli score-logprobs ...)",
+                          key="world_size.not_multiple_of_tp_pp", where="WORLD_SIZE")
 
 
 def scoring_model_settings(provider, train_config: str | None) -> None:
@@ -163,7 +166,8 @@ def scoring_model_settings(provider, train_config: str | None) -> None:
         try:
             check_fp8(provider, "cuda", without_fp8="score in BF16 on purpose: --precision bf16 without --train-config")
         except ConfigError as error:
-            raise ConfigError(f"--train-config {train_config}: {error}") from None
+            raise ConfigError(f"--train-config {train_config}: {error}",
+                              key=error.key, where="--train-config") from None
 
 
 def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
