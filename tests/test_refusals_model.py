@@ -39,25 +39,28 @@ from nemo_topr.model.source import MEGATRON_KINDS, resolve
 from nemo_topr.training import export, scoring
 from nemo_topr.training.export import EXPORT_RECORD
 from nemo_topr.training.import_checkpoint import import_hf
-from nemo_topr.utils import outputs
+from nemo_topr.utils import arguments, outputs
 
 MODEL = REPO / "nemo_topr" / "model"
 TRAINING = REPO / "nemo_topr" / "training"
 SOURCES = [MODEL / "source.py", MODEL / "hf_weights.py", MODEL / "device.py", MODEL / "attention_check.py",
            REPO / "nemo_topr" / "utils" / "outputs.py", TRAINING / "import_checkpoint.py", TRAINING / "export.py",
-           TRAINING / "scoring.py"]
+           TRAINING / "scoring.py", REPO / "nemo_topr" / "utils" / "arguments.py"]
 ERRORS = {"ModelSourceError", "WeightsError", "DeviceError", "AttentionError", "OutputError", "OutputWriteError",
-          "ExportWriteError", "ConfigError"}
+          "ExportWriteError", "ConfigError", "OptionValueError"}
 # keys the table cannot reach cheaply, and what reaching them needs
 UNREACHABLE = {
     "import.out.no_space": "Megatron-Bridge's model, loaded before the space it takes is known",
     "import.out.write_failed": "Megatron-Bridge's save of a loaded model failing on a full disk"}
 VERBS = {"model": "train", "base_model": "train", "weights": "train", "device": "train", "attention": "train",
          "output_dir": "demo", "output": "data", "import": "import", "export": "export",
-         "train_config": "score-logprobs", "tp_pp": "score-logprobs", "world_size": "score-logprobs"}
+         "train_config": "score-logprobs", "tp_pp": "score-logprobs", "world_size": "score-logprobs",
+         "option": "score-logprobs"}
 # a model named by another verb's option is met through that verb
 OPTION_VERBS = {"--ckpt": "export", "--model": "score-logprobs", "HF_DIR": "import"}
-KEY_VERBS = {"model.not_hugging_face": "generate", "model.fp8.without_transformer_engine": "score-logprobs"}
+KEY_VERBS = {"model.not_hugging_face": "generate", "model.fp8.without_transformer_engine": "score-logprobs",
+             "option.below_0": "export", "option.not_finite": "data", "option.not_above_0": "doctor",
+             "option.not_a_share": "eval"}
 LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
          "intermediate_size": 16, "vocab_size": 32}
 TE_ATTENTION = "megatron.core.extensions.transformer_engine.TEDotProductAttention"
@@ -301,6 +304,11 @@ ROWS = [
     ("tp_pp.below_1", "--tp, --pp", world(0, 1, 1)),
     ("world_size.not_multiple_of_tp_pp", "WORLD_SIZE", world(2, 1, 3)),
     ("model.fp8.without_transformer_engine", "--train-config", scoring_fp8_without_te),
+    ("option.below_1", "OPTION", raised(arguments.at_least_one, "0")),
+    ("option.below_0", "OPTION", raised(arguments.non_negative, "-1")),
+    ("option.not_finite", "OPTION", raised(arguments.finite, "nan")),
+    ("option.not_above_0", "OPTION", raised(arguments.positive_seconds, "0")),
+    ("option.not_a_share", "OPTION", raised(arguments.share, "1.5")),
 ]
 
 
@@ -328,7 +336,9 @@ def test_the_rows_inputs_pass_but_for_their_change(inputs, monkeypatch):
     assert resolve("ckpt").iteration == 1
     assert hf_weights.check_llama_weights(Path("hf_sized"), LLAMA) is None
     assert device.resolve_device("cuda", cuda_available=True, where="device") == "cuda"
-    assert attention("megatron.core.transformer.dot_product_attention.DotProductAttention", "local")() == []
+    assert attention(LOCAL_ATTENTION, "local")() == []
+    assert [arguments.at_least_one("1"), arguments.non_negative("0"), arguments.finite("-1e9"),
+            arguments.positive_seconds("0.5"), arguments.share("1")] == [1, 0, -1e9, 0.5, 1.0]
 
 
 def test_no_row_writes_anything(inputs, monkeypatch):

@@ -20,6 +20,11 @@ class UsageError(UserError):
     exit_code = 2
 
 
+class OptionValueError(UsageError, argparse.ArgumentTypeError):
+    """A value an option's type refuses: argparse prints it after the option it was given to
+    (``argument --batch-size: must be at least 1; got 0``), which the type does not know (`where`: OPTION)."""
+
+
 # the run configs and presets (`train`, `plan`, `submit`, `iterate`); NEMO_TOPR_CONF_DIR for another set
 CONF_DIR = Path(os.environ.get("NEMO_TOPR_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
 
@@ -122,7 +127,7 @@ def at_least_one(text: str) -> int:
     usage error, not a `range()` that runs no batch and writes an empty output."""
     value = int(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
+        raise OptionValueError(f"must be at least 1; got {value}", key="option.below_1", where="OPTION")
     return value
 
 
@@ -130,7 +135,7 @@ def non_negative(text: str) -> int:
     """A saved iteration's number: a negative one named a directory like iter_-000001."""
     value = int(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0; got {value}")
+        raise OptionValueError(f"must be at least 0; got {value}", key="option.below_0", where="OPTION")
     return value
 
 
@@ -139,7 +144,7 @@ def finite(text: str) -> float:
     without a word."""
     value = float(text)
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number; got {text}")
+        raise OptionValueError(f"must be a finite number; got {text}", key="option.not_finite", where="OPTION")
     return value
 
 
@@ -148,7 +153,8 @@ def positive_seconds(text: str) -> float:
     a limit every check fails (after the model is built) or none meets."""
     value = float(text)
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0; got {text}")
+        raise OptionValueError(f"must be a number of seconds above 0; got {text}", key="option.not_above_0",
+                               where="OPTION")
     return value
 
 
@@ -157,7 +163,7 @@ def share(text: str) -> float:
     negative one failed every run after its sampling, NaN compared false and never failed."""
     value = float(text)
     if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a share in [0, 1]; got {text}")
+        raise OptionValueError(f"must be a share in [0, 1]; got {text}", key="option.not_a_share", where="OPTION")
     return value
 
 
