@@ -58,7 +58,8 @@ VERBS = {"model": "train", "base_model": "train", "weights": "train", "device": 
          "option": "score-logprobs"}
 # a model named by another verb's option is met through that verb
 OPTION_VERBS = {"--ckpt": "export", "--model": "score-logprobs", "HF_DIR": "import"}
-KEY_VERBS = {"model.not_hugging_face": "generate", "model.fp8.without_transformer_engine": "score-logprobs",
+KEY_VERBS = {"model.not_hugging_face": "generate",
+             "train_config.model.fp8.without_transformer_engine": "score-logprobs",
              "option.below_0": "export", "option.not_finite": "data", "option.not_above_0": "doctor",
              "option.not_a_share": "eval"}
 LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
@@ -233,7 +234,7 @@ ROWS = [
     ("model.run_config.not_yaml", "base_model", raised(resolve, "run_config_bad_yaml")),
     ("model.run_config.not_a_mapping", "base_model", raised(resolve, "run_config_list")),
     ("model.iterations.of_hugging_face", "base_model", raised(lambda: resolve("hf").at_iteration(1))),
-    ("model.weights.not_the_config", "base_model", raised(lambda: model_source.check_intact(resolve("hf")))),
+    ("model.weights.config_json.incomplete", "base_model", raised(lambda: model_source.check_intact(resolve("hf")))),
     ("model.iteration.cut_short", "--ckpt",
      raised(lambda: model_source.check_intact(resolve("ckpt", named="--ckpt ")))),
     ("model.not_hugging_face", "--model", raised(model_source.require_hugging_face, "ckpt")),
@@ -303,7 +304,7 @@ ROWS = [
             tensor_parallel=None, pipeline_parallel=None)),
     ("tp_pp.below_1", "--tp, --pp", world(0, 1, 1)),
     ("world_size.not_multiple_of_tp_pp", "WORLD_SIZE", world(2, 1, 3)),
-    ("model.fp8.without_transformer_engine", "--train-config", scoring_fp8_without_te),
+    ("train_config.model.fp8.without_transformer_engine", "--train-config", scoring_fp8_without_te),
     ("option.below_1", "OPTION", raised(arguments.at_least_one, "0")),
     ("option.below_0", "OPTION", raised(arguments.non_negative, "-1")),
     ("option.not_finite", "OPTION", raised(arguments.finite, "nan")),

@@ -322,7 +322,7 @@ def check_intact(source: ModelSource) -> None:
             check_llama_weights(source.path, read_config(source))
         except WeightsError as error:
             raise ModelSourceError(f"{source.named}{source.path}: {error}",
-                                   key="model.weights.not_the_config", where=_option(source.named)) from None
+                                   key=f"model.{error.key}", where=_option(source.named)) from None
         return
     from nemo_topr.model.checkpoint_layout import truncated_files
 

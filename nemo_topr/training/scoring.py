@@ -167,7 +167,7 @@ def scoring_model_settings(provider, train_config: str | None) -> None:
             check_fp8(provider, "cuda", without_fp8="score in BF16 on purpose: --precision bf16 without --train-config")
         except ConfigError as error:
             raise ConfigError(f"--train-config {train_config}: {error}",
-                              key=error.key, where="--train-config") from None
+                              key=f"train_config.{error.key}", where="--train-config") from None
 
 
 def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
