@@ -50,8 +50,9 @@ def test_a_non_empty_hf_out_is_refused_and_left_as_it_was(checkpoint, tmp_path, 
     base = tmp_path / "Llama-3.1-8B"
     base.mkdir()
     (base / "model.safetensors").write_text("the base weights")
-    with pytest.raises(UserError, match=rf"{base}: exists and is not empty; .*--overwrite"):
+    with pytest.raises(UserError) as refused:
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(base), "--device", "cpu"])
+    assert refused.value.key == "export.hf_out.not_empty"
     assert [p.name for p in base.iterdir()] == ["model.safetensors"]
     assert (base / "model.safetensors").read_text() == "the base weights"
 
@@ -60,22 +61,21 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("hf_out, flags, where", [
-    ("ckpt", [], "is {ckpt}"),  # --ckpt X --hf-out X: the checkpoint itself
-    (".", [], "holds {ckpt}"),  # a directory above it
-    ("ckpt/hf_artifacts/model", [], "is inside {ckpt}"),
-    ("ckpt", ["--all-iterations"], "is inside {ckpt}"),  # ckpt/iter_0000001: the Megatron iteration itself
+@pytest.mark.parametrize("hf_out, flags", [
+    ("ckpt", []),  # --ckpt X --hf-out X: the checkpoint itself
+    (".", []),  # a directory above it
+    ("ckpt/hf_artifacts/model", []),
+    ("ckpt", ["--all-iterations"]),  # ckpt/iter_0000001: the Megatron iteration itself
 ], ids=["itself", "above", "inside", "all-iterations"])
 def test_the_checkpoint_being_exported_is_refused_as_its_output_even_with_overwrite(checkpoint, tmp_path, hf_out,
-                                                                                    flags, where):
+                                                                                    flags):
     """With --overwrite, export replaces --hf-out: naming the checkpoint (or a directory holding it)
     would delete the weights being exported."""
     before = _tree(tmp_path)
     out = tmp_path / hf_out
-    with pytest.raises(UserError, match=rf"^{out}.*: {where.format(ckpt=checkpoint)}.*, part of the "
-                                         rf"checkpoint being exported; writing there would replace or corrupt it: "
-                                         rf"choose an --hf-out outside {checkpoint}$"):
+    with pytest.raises(UserError) as refused:
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(out), *flags, "--device", "cpu", "--overwrite"])
+    assert refused.value.key == "export.hf_out.in_the_checkpoint"
     assert _tree(tmp_path) == before
 
 
@@ -128,15 +128,15 @@ def test_overwrite_never_replaces_what_export_did_not_make(checkpoint, tmp_path,
     target.mkdir(parents=True)
     (target / "model.safetensors").write_text("the base weights")
     before = _tree(tmp_path)
-    with pytest.raises(UserError, match=rf"^{target}: exists and holds no nemo_topr_export.json, "
-                                         r"so it is no earlier export; --overwrite replaces only those: remove it "
-                                         r"yourself or choose another --hf-out$"):
+    with pytest.raises(UserError) as refused:
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(base), *flags, "--device", "cpu", "--overwrite"])
+    assert refused.value.key == "export.hf_out.not_an_export"
     assert _tree(tmp_path) == before
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
-    with pytest.raises(UserError, match=rf"^{a_file}: exists and holds no nemo_topr_export.json"):
+    with pytest.raises(UserError) as refused:
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(a_file), "--device", "cpu", "--overwrite"])
+    assert refused.value.key == "export.hf_out.not_an_export"
     assert a_file.read_text() == "mine"
 
 
@@ -148,12 +148,9 @@ def test_an_export_inside_an_earlier_export_is_refused(checkpoint, tmp_path, fla
     earlier = tmp_path / "earlier"
     assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(earlier), "--device", "cpu"]) == 0
     before = _tree(tmp_path)
-    out = earlier / "iter_0000001" if flags else tmp_path / hf_out
-    with pytest.raises(UserError, match=rf"^{out}: inside {earlier}, an earlier export \(it holds "
-                                         r"nemo_topr_export.json\): a model written there would nest in that model's "
-                                         r"directory; choose an --hf-out outside it \(--iteration and "
-                                         r"--all-iterations write HF_OUT/iter_NNNNNNN\)$"):
+    with pytest.raises(UserError) as refused:
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / hf_out), *flags, "--device", "cpu"])
+    assert refused.value.key == "export.hf_out.inside_an_export"
     assert _tree(tmp_path) == before
 
 
@@ -174,9 +171,9 @@ def test_an_interrupted_export_leaves_nothing_under_the_target_name(checkpoint, 
 ], ids=["safetensors", "oserror"])
 def test_an_export_that_cannot_be_written_is_removed_and_named_in_one_line(checkpoint, tmp_path, monkeypatch, error):
     monkeypatch.setattr("nemo_topr.model.providers.config_only_bridge", lambda hf_dir: _FakeBridge(error=error))
-    with pytest.raises(UserError, match=rf"^writing {tmp_path / 'model'}: .*No space left on "
-                                         r"device.* \(the partial export is removed\)$"):
+    with pytest.raises(UserError) as refused:
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "model"), "--device", "cpu"])
+    assert refused.value.key == "export.write_failed"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ckpt"]  # no model, no partial directory
 
 
@@ -225,11 +222,9 @@ def test_an_iteration_named_twice_is_refused_not_one_of_the_two_dropped(tmp_path
     (checkpoints / "latest_checkpointed_iteration.txt").write_text("2")
     (run / "config.yaml").write_text("run_dir: run\n")
     monkeypatch.chdir(tmp_path)
-    whole = "run" if "@" in named else str(checkpoints)
-    with pytest.raises(UserError, match=rf"^--ckpt {named} names one iteration and {flags[0]} "
-                                         rf"chooses the iterations too: give --ckpt {whole} with {flags[0]}, or drop "
-                                         rf"{flags[0]}$"):
+    with pytest.raises(UserError) as refused:
         export.main(["--ckpt", named, "--hf-out", "hf", *flags, "--device", "cpu"])
+    assert refused.value.key == "export.ckpt.iteration_chosen_twice"
     assert not (tmp_path / "hf").exists()
     assert export.main(["--ckpt", "run", "--hf-out", "hf", "--iteration", "1", "--device", "cpu"]) == 0
     assert (tmp_path / "hf/iter_0000001/model.safetensors").read_text() == f"exported from {checkpoints}/iter_0000001"
@@ -313,9 +308,9 @@ def test_an_export_changed_since_or_of_a_checkpoint_changed_since_is_not_kept(ch
         touched.write_text(touched.read_text()[:-3])
     else:
         touched.write_text(touched.read_text() + "\n")
-    with pytest.raises(UserError, match=rf"^{hf}: holds an export of this checkpoint whose files, "
-                                         r"or the checkpoint's, changed since; pass --overwrite to export it again$"):
+    with pytest.raises(UserError) as refused:
         export.main(args)
+    assert refused.value.key == "export.hf_out.not_empty"
     capsys.readouterr()
     assert export.main([*args, "--overwrite"]) == 0
     assert capsys.readouterr().out.startswith("exported ")
@@ -381,9 +376,9 @@ def test_a_read_only_folder_keeps_its_current_exports_and_refuses_new_ones_in_on
     capsys.readouterr()
     assert export.main(args) == 0
     assert capsys.readouterr().out.startswith("kept ")
-    with pytest.raises(UserError, match=rf"^writing {tmp_path / 'new'}: Read-only file system "
-                                         rf"\({tmp_path / '.new.partial'}\)$"):
+    with pytest.raises(UserError) as refused:
         export.main(["--ckpt", str(checkpoint), "--hf-out", str(tmp_path / "new"), "--device", "cpu"])
+    assert refused.value.key == "export.hf_out.unmakeable"
 
 
 def test_an_overwrite_stopped_while_replacing_leaves_a_whole_model_or_none(checkpoint, tmp_path, monkeypatch):
@@ -467,10 +462,9 @@ def test_an_empty_hf_out_that_refuses_renames_is_filled_by_copying_or_refused_in
         assert export.main(args) == 0
         assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "nemo_topr_export.json"]
     else:
-        with pytest.raises(UserError, match=rf"^moving the export into {out}: Read-only file "
-                                             rf"system \(.*\); the partial export is removed and {out} left as it "
-                                             r"was$"):
+        with pytest.raises(UserError) as refused:
             export.main(args)
+        assert refused.value.key == "export.move_failed"
         assert list(out.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "mounted"]  # no .mounted.partial
 
@@ -488,8 +482,8 @@ def test_iterations_of_another_checkpoint_in_the_folder_are_refused(checkpoint, 
     hf = tmp_path / "exports"
     assert export.main(["--ckpt", str(checkpoint), "--hf-out", str(hf), "--all-iterations", "--device", "cpu"]) == 0
     for flags in ([], ["--overwrite"]):
-        with pytest.raises(UserError, match=rf"^{hf}: holds iter_0000001, exported from "
-                                             rf"{checkpoint}/iter_0000001, another checkpoint than {other}: "):
+        with pytest.raises(UserError) as refused:
             export.main(["--ckpt", str(other), "--hf-out", str(hf), "--all-iterations", "--device", "cpu", *flags])
+        assert refused.value.key == "export.hf_out.another_checkpoints"
     assert json.loads((hf / "iter_0000001" / "nemo_topr_export.json").read_text())["checkpoint"] == \
         str(checkpoint / "iter_0000001")
