@@ -7,10 +7,14 @@ tests/test_refusals_model.py`` rewrites this table's section), so rewording a me
 test. Every key SOURCES can raise has a row, or is in UNREACHABLE with why: a new refusal without one fails
 `test_the_table_covers_every_key_the_code_raises`.
 
-A golden line names the verb a user most often meets the refusal through (VERBS, by the key's first part): a
-model source's problems `train` (base_model=), which `score-logprobs`, `export`, `import`, `generate` and
-`eval` tell too, naming their own option (a row given by one is that verb's); the weights', device's and
-attention's `train` as well.
+SOURCES: the model plumbing (nemo_topr/model: source, hf_weights, device, attention_check), the verbs `import`,
+`export` and `score-logprobs`, and the outputs and option types every verb shares (nemo_topr/utils: outputs,
+arguments). A golden line names the verb a user most often meets the refusal through (VERBS, by the key's first
+part): a model source's problems `train` (base_model=), which `score-logprobs`, `export`, `import`, `generate`
+and `eval` tell too, naming their own option (a row given by one is that verb's: OPTION_VERBS); the weights',
+device's and attention's `train` as well; an output file's `data`, an emptied output directory's `demo`. An
+option type's refusal (OPTION) is printed by argparse after the option's name, exit 2; its line here is the
+type's own words.
 """
 
 from __future__ import annotations
