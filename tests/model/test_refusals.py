@@ -3,7 +3,7 @@ problem's key and where.
 
 The rows assert the key and where only; the words are in tests/golden/refusals.txt (tests/refusal_table.py),
 read as a whole and compared here (``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest
-tests/test_refusals_model.py`` rewrites this table's section), so rewording a message changes that file and no
+tests/model/test_refusals.py`` rewrites this table's section), so rewording a message changes that file and no
 test. Every key SOURCES can raise has a row, or is in UNREACHABLE with why: a new refusal without one fails
 `test_the_table_covers_every_key_the_code_raises`.
 
@@ -32,9 +32,9 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import REPO, checkout_env, placeholder_hf_model
+from tests.conftest import REPO, checkout_env, placeholder_hf_model
 from omegaconf import OmegaConf
-from refusal_table import assert_covers, assert_golden, raised, rendered
+from tests.refusal_table import assert_covers, assert_golden, raised, rendered
 
 from nemo_topr.errors import UserError
 from nemo_topr.model import attention_check, device, hf_weights
@@ -365,7 +365,7 @@ def test_the_table_covers_every_key_the_code_raises():
 
 def test_the_messages_are_the_golden_files(inputs, monkeypatch):
     monkeypatch.chdir(inputs)
-    assert_golden("tests/test_refusals_model.py",
+    assert_golden("tests/model/test_refusals.py",
                   [rendered(verb(key, where), key, where, *problem(), inputs) for key, where, problem in ROWS])
 
 
@@ -380,8 +380,8 @@ def megatron_after_the_rows(root: Path) -> list[str]:
 
 def test_the_table_imports_no_megatron(tmp_path):
     """Each problem comes out of the pure checks: no row needs Megatron or Transformer Engine."""
-    code = "import pathlib, test_refusals_model as t; print(t.megatron_after_the_rows(pathlib.Path.cwd()))"
-    env = checkout_env(PYTHONPATH=os.pathsep.join([str(REPO / "tests"), checkout_env()["PYTHONPATH"]]))
+    code = "import pathlib, tests.model.test_refusals as t; print(t.megatron_after_the_rows(pathlib.Path.cwd()))"
+    env = checkout_env()
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)
     assert (run.returncode, run.stdout.strip().splitlines()[-1:]) == (0, ["[]"]), run.stderr[-2000:]
