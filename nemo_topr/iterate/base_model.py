@@ -44,4 +44,5 @@ def check_same_base_model(record: Path, spec: str, *, write: bool = True) -> Non
         changed = sorted(name for name in files_then | files_now if files_then.get(name) != files_now.get(name))
         raise IterateError(f"base_model={spec} is not what {record.parent} started from ({then['base_model']}): "
                            f"{', '.join(changed[:5]) or 'its path'} changed since (size or time; {record}). Its "
-                           "stages were built on the earlier model: use a new `out`")
+                           "stages were built on the earlier model: use a new `out`",
+                           key="base_model.changed_since_out_started", where="base_model")

@@ -116,20 +116,23 @@ def read_config(source: str, overrides: list[str] = ()) -> IterateConfig:
     if not path.is_file():
         path = CONF_DIR / f"{source}.yaml"
     if not path.is_file():
-        raise IterateError(f"{source}: no such driver config (a YAML path, or a name in {CONF_DIR})")
+        raise IterateError(f"{source}: no such driver config (a YAML path, or a name in {CONF_DIR})",
+                           key="config.not_found", where="config")
     try:
         loaded = OmegaConf.load(path)
     except yaml.YAMLError as error:
-        raise IterateError(unparsed_yaml(str(path), error)) from None
+        raise IterateError(unparsed_yaml(str(path), error), key="config.not_yaml", where="config") from None
     if {"defaults", "objective", "dataset"} & set(loaded):  # e.g. tiny_cpu for iterate_tiny_cpu
         raise IterateError(f"{path}: a training config (for `nemo-topr train`); iterate takes a driver config, such "
-                           "as iterate_tiny_cpu, whose train.config_name names the training config")
+                           "as iterate_tiny_cpu, whose train.config_name names the training config",
+                           key="config.a_training_config", where="config")
     check_driver_overrides(overrides)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(IterateConfig), loaded, OmegaConf.from_dotlist(list(overrides)))
         config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
-        raise IterateError(f"{path}{' with overrides' if overrides else ''}: {_key_problem(error)}") from None
+        raise IterateError(f"{path}{' with overrides' if overrides else ''}: {_key_problem(error)}",
+                           key="config.key_refused", where=getattr(error, "full_key", None) or "config") from None
     return config
 
 
@@ -159,12 +162,15 @@ def check_driver_overrides(overrides: list[str]) -> None:
         if equals and not value:
             none = (f", or {key}=[] for none" if is_list else
                     f", or {key}=null for none" if admits_none(hint) else "")
-            raise IterateError(f"{item}: an empty value (an unset shell variable?); give one{none}")
+            raise IterateError(f"{item}: an empty value (an unset shell variable?); give one{none}",
+                               key="overrides.empty_value", where=key)
         if is_list and equals and value in ("null", "~"):
-            raise IterateError(f"{item}: {key} is a list; for none write {key}=[]")
+            raise IterateError(f"{item}: {key} is a list; for none write {key}=[]", key="overrides.list_set_to_null",
+                               where=key)
         if is_list and equals and not value.startswith("["):
             raise IterateError(f"{item}: {key} is a list; write it in brackets, one item per comma: "
-                               f"{key}=[{','.join(value.split())}] (quoted for the shell)")
+                               f"{key}=[{','.join(value.split())}] (quoted for the shell)",
+                               key="overrides.list_without_brackets", where=key)
 
 
 def _key_problem(error: OmegaConfBaseException) -> str:

@@ -74,28 +74,32 @@ def check_launch(config: IterateConfig, environ=os.environ) -> None:  # noqa: B0
     gpus = torch.cuda.device_count()
     if config.device == "cuda" and config.nproc_per_node > gpus:
         raise IterateError(f"nproc_per_node={config.nproc_per_node}, but torch sees {gpus} GPU(s) on this node: "
-                           "score and train run one rank per GPU")
+                           "score and train run one rank per GPU", key="nproc_per_node.above_gpus",
+                           where="nproc_per_node")
     tasks = int(environ.get("SLURM_STEP_NUM_TASKS", "1"))
     if tasks > 1:
         raise IterateError(f"this driver is one of the {tasks} tasks of an srun step, each of which would run every "
-                           "stage into the same out: run it once, as the batch script (not under srun) or in a shell")
+                           "stage into the same out: run it once, as the batch script (not under srun) or in a shell",
+                           key="driver.under_srun_tasks", where="SLURM_STEP_NUM_TASKS")
     if config.nodes == 1:
         return
     if "SLURM_STEP_ID" in environ:  # the stages' srun would wait for this step's own resources
         raise IterateError(f"nodes={config.nodes} runs score and train as srun steps of the allocation, and this driver "
                            f"runs under srun itself (step {environ['SLURM_STEP_ID']}), whose resources those steps "
-                           "would wait for: run it as the batch script")
+                           "would wait for: run it as the batch script", key="nodes.driver_in_srun_step",
+                           where="SLURM_STEP_ID")
     allocated = environ.get("SLURM_JOB_NUM_NODES")
     if "SLURM_JOB_ID" not in environ or allocated is None:
         raise IterateError(f"nodes={config.nodes} runs score and train under srun across a Slurm allocation, and "
                            "this driver is not in one (no SLURM_JOB_ID): run it in an sbatch script of "
-                           f"#SBATCH --nodes={config.nodes} (docs/verifier_iterate.md)")
+                           f"#SBATCH --nodes={config.nodes} (docs/verifier_iterate.md)", key="nodes.not_in_allocation",
+                           where="nodes")
     if int(allocated) < config.nodes:
         raise IterateError(f"nodes={config.nodes}, but this Slurm allocation (job {environ['SLURM_JOB_ID']}) has "
-                           f"{allocated} node(s)")
+                           f"{allocated} node(s)", key="nodes.above_allocation", where="nodes")
     if not TASK_SCRIPT.is_file():
         raise IterateError(f"nodes={config.nodes} starts each rank with {TASK_SCRIPT}, which is missing: run the "
-                           "driver from a checkout of nemo_topr")
+                           "driver from a checkout of nemo_topr", key="nodes.task_script_missing", where="nodes")
 
 
 class Stopped(IterateError):
@@ -108,7 +112,8 @@ class Stopped(IterateError):
         ended = ("it finished first and is marked done: the same command goes on after it" if code == 0 else
                  f"it was stopped too ({f'killed by {signal.Signals(-code).name}' if code < 0 else f'exit {code}'}) "
                  "and is not marked done: the same command resumes")
-        super().__init__(f"stopped by {signal.Signals(signum).name} while `nemo-topr {verb}` ran; {ended}")
+        super().__init__(f"stopped by {signal.Signals(signum).name} while `nemo-topr {verb}` ran; {ended}",
+                         key="stage.stopped", where=verb)
 
     @property
     def exit_code(self) -> int:
@@ -154,5 +159,6 @@ def run_command(args: tuple[str, ...], log: Path, ranks: Ranks) -> list[int]:
         raise Stopped(received[0], args[0], code)
     if code != 0:
         tail = "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])
-        raise IterateError(f"`nemo-topr {args[0]}` failed (exit {code}); full log: {log}\n{tail}")
+        raise IterateError(f"`nemo-topr {args[0]}` failed (exit {code}); full log: {log}\n{tail}",
+                           key="stage.failed", where=str(log))
     return received

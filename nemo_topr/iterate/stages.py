@@ -52,10 +52,12 @@ class Stage:
             return False
         if recorded == list(self.args):
             raise IterateError(f"{self.marker}: this stage finished, but its output {changed}; later stages use it: "
-                               f"put it back, or delete {self.directory} to redo the stages there")
+                               f"put it back, or delete {self.directory} to redo the stages there",
+                               key="stage.output.changed", where=str(self.marker))
         raise IterateError(f"{self.marker}: this stage finished with other arguments, and later stages used its "
                            f"outputs; use a new `out`, or delete {self.directory} to redo it\n"
-                           f"  then: {' '.join(recorded)}\n  now:  {' '.join(self.args)}")
+                           f"  then: {' '.join(recorded)}\n  now:  {' '.join(self.args)}",
+                           key="stage.arguments.changed", where=str(self.marker))
 
     @property
     def checked_outputs(self) -> tuple[Path, ...]:

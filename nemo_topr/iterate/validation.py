@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import dataclasses
 import io
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,61 +29,96 @@ def load_config(source: str, overrides: list[str] = ()) -> IterateConfig:
     """The driver config (`read_config`) that the run and `--dry-run` start from: a config with any
     problem (`validate`) is refused, every problem in one IterateError."""
     config = read_config(source, overrides)
-    if problems := validate(config):
-        raise IterateError("; ".join(problems))
+    if len(problems := validate(config)) == 1:
+        raise problems[0]
+    if problems:
+        raise IterateError("; ".join(str(problem) for problem in problems), key="config.several_problems",
+                           where=", ".join(str(problem.where) for problem in problems))
     return config
 
 
-def validate(config: IterateConfig) -> list[str]:
+class Problems(list):
+    """The problems found, each an IterateError: `check()` is a block whose IterateError is kept,
+    and the checks after it still run."""
+
+    @contextlib.contextmanager
+    def check(self) -> Iterator[None]:
+        try:
+            yield
+        except IterateError as found:
+            self.append(found)
+
+
+def validate(config: IterateConfig) -> list[IterateError]:
     """Every problem of `config`, in the order of its keys; none: it can run."""
     from nemo_topr.evaluation.evaluate import EVAL_BENCHMARKS
 
-    problems = []
-    if config.rounds < 1:
-        problems.append(f"rounds must be at least 1; got {config.rounds}")
+    problems = Problems()
+    with problems.check():
+        if config.rounds < 1:
+            raise IterateError(f"rounds must be at least 1; got {config.rounds}", key="rounds.below_1", where="rounds")
     for name in ("nproc_per_node", "nodes"):
-        if getattr(config, name) < 1:
-            problems.append(f"{name} must be at least 1; got {getattr(config, name)}")
-    if config.device not in DEVICES:
-        problems.append(f"device must be one of {', '.join(DEVICES)}; got {config.device!r}")
-    if config.curate.mode not in CURATION_MODES:
-        problems.append(f"curate.mode must be one of {CURATION_MODES}; got {config.curate.mode!r}")
-    if (config.curate.mode in SUBSAMPLING_MODES) != (config.curate.target is not None):
-        problems.append("curate.target is needed by, and only by, curate.mode target_p / target_p_tilde")
-    if config.curate.target is not None and not 0 <= config.curate.target <= 1:  # NaN too
-        problems.append(f"curate.target must be a share in [0, 1]; got {config.curate.target}")
-    if config.curate.per_prompt and config.curate.mode not in SUBSAMPLING_MODES:
-        problems.append("curate.per_prompt spreads the sub-sampling of curate.mode target_p / target_p_tilde over "
-                        f"the prompts; curate.mode {config.curate.mode} has none")
-    if config.generate.zero_shot and config.generate.prompts not in ("gsm8k-train", "gsm8k-test"):
-        problems.append(f"generate.zero_shot needs GSM8K benchmark prompts; got {config.generate.prompts!r}")
-    if config.eval.benchmark not in EVAL_BENCHMARKS:
-        problems.append(f"eval.benchmark must be one of {sorted(EVAL_BENCHMARKS)}; got {config.eval.benchmark!r}")
-    if config.eval.zero_shot and config.eval.prompts:
-        problems.append("eval.zero_shot and eval.prompts both choose eval's prompts: set eval.zero_shot=false to "
-                        "sample eval.prompts")
-    elif config.eval.zero_shot and config.eval.benchmark != "gsm8k":
-        problems.append("eval.zero_shot writes GSM8K's test questions zero-shot: it needs eval.benchmark gsm8k; got "
-                        f"{config.eval.benchmark!r}")
-    if config.eval.rendered_prompts and not config.eval.prompts:
-        problems.append("eval.rendered_prompts is for eval.prompts, a prompt file of rendered prompts")
+        with problems.check():
+            if getattr(config, name) < 1:
+                raise IterateError(f"{name} must be at least 1; got {getattr(config, name)}", key=f"{name}.below_1",
+                                   where=name)
+    with problems.check():
+        if config.device not in DEVICES:
+            raise IterateError(f"device must be one of {', '.join(DEVICES)}; got {config.device!r}",
+                               key="device.invalid", where="device")
+    with problems.check():
+        if config.curate.mode not in CURATION_MODES:
+            raise IterateError(f"curate.mode must be one of {CURATION_MODES}; got {config.curate.mode!r}",
+                               key="curate.mode.invalid", where="curate.mode")
+    with problems.check():
+        if (config.curate.mode in SUBSAMPLING_MODES) != (config.curate.target is not None):
+            raise IterateError("curate.target is needed by, and only by, curate.mode target_p / target_p_tilde",
+                               key="curate.target.not_for_mode", where="curate.target")
+    with problems.check():
+        if config.curate.target is not None and not 0 <= config.curate.target <= 1:  # NaN too
+            raise IterateError(f"curate.target must be a share in [0, 1]; got {config.curate.target}",
+                               key="curate.target.not_a_share", where="curate.target")
+    with problems.check():
+        if config.curate.per_prompt and config.curate.mode not in SUBSAMPLING_MODES:
+            raise IterateError("curate.per_prompt spreads the sub-sampling of curate.mode target_p / target_p_tilde "
+                               f"over the prompts; curate.mode {config.curate.mode} has none",
+                               key="curate.per_prompt.without_subsampling", where="curate.per_prompt")
+    with problems.check():
+        if config.generate.zero_shot and config.generate.prompts not in ("gsm8k-train", "gsm8k-test"):
+            raise IterateError(f"generate.zero_shot needs GSM8K benchmark prompts; got {config.generate.prompts!r}",
+                               key="generate.zero_shot.not_gsm8k", where="generate.zero_shot")
+    with problems.check():
+        if config.eval.benchmark not in EVAL_BENCHMARKS:
+            raise IterateError(f"eval.benchmark must be one of {sorted(EVAL_BENCHMARKS)}; got "
+                               f"{config.eval.benchmark!r}", key="eval.benchmark.invalid", where="eval.benchmark")
+    with problems.check():
+        if config.eval.zero_shot and config.eval.prompts:
+            raise IterateError("eval.zero_shot and eval.prompts both choose eval's prompts: set eval.zero_shot=false "
+                               "to sample eval.prompts", key="eval.zero_shot.with_prompts", where="eval.zero_shot")
+        if config.eval.zero_shot and config.eval.benchmark != "gsm8k":
+            raise IterateError("eval.zero_shot writes GSM8K's test questions zero-shot: it needs eval.benchmark gsm8k; "
+                               f"got {config.eval.benchmark!r}", key="eval.zero_shot.not_gsm8k", where="eval.zero_shot")
+    with problems.check():
+        if config.eval.rendered_prompts and not config.eval.prompts:
+            raise IterateError("eval.rendered_prompts is for eval.prompts, a prompt file of rendered prompts",
+                               key="eval.rendered_prompts.without_prompts", where="eval.rendered_prompts")
     problems += sampling_problems(config, eval_benchmark_known=config.eval.benchmark in EVAL_BENCHMARKS)
     problems += verifier_problems(config)
-    try:
-        root = model_root(model_source.resolve(config.base_model))
+    with problems.check():
+        try:
+            root = model_root(model_source.resolve(config.base_model))
+        except model_source.ModelSourceError as error:
+            raise IterateError(str(error), key="base_model.unusable", where="base_model") from None
         if Path(config.out).resolve().is_relative_to(root):
-            problems.append(f"out={config.out} is inside base_model's {root}: a rerun would read the rounds as files "
-                            "of the model, changed since it started, and refuse to resume; choose an out outside it")
-    except model_source.ModelSourceError as error:
-        problems.append(str(error))
-    try:
+            raise IterateError(f"out={config.out} is inside base_model's {root}: a rerun would read the rounds as "
+                               "files of the model, changed since it started, and refuse to resume; choose an out "
+                               "outside it", key="out.inside_base_model", where="out")
+    with problems.check():
         problems += curation_problems(config.curate, training_config(config.train, Ranks.of(config).total)[1])
-    except IterateError as error:
-        problems.append(str(error))
     return problems
 
 
-def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> list[str]:
+def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> list[IterateError]:
     """`generate`'s and `eval`'s options (the config's and `args`) and generate's prompts, read by
     those commands' own parsers and checks, at the start: a typo in `args`, a count of 0 or a missing
     prompt file would otherwise fail the round's `generate` after the starting model's evaluation, or
@@ -98,7 +134,7 @@ def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> l
         prompt_flags = dataclasses.replace(config.eval, zero_shot=False).prompt_flags("")
         commands.append(("eval", evaluate.build_parser(), prompt_flags,
                          lambda args: evaluate.usage_problem(args) or (read_prompts(args) if args.prompts else None)))
-    problems = []
+    problems = Problems()
     for section, parser, argv, more_checks in commands:
         sampling = getattr(config, section)
         if driver_set := driver_set_in_args(section, parser, sampling):  # parsed with them, they would clash too
@@ -113,8 +149,10 @@ def sampling_problems(config: IterateConfig, *, eval_benchmark_known: bool) -> l
                 problem = more_checks(args)  # a problem, or None; a ValueError from generate's
         except (OSError, ValueError) as error:
             problem = str(error)
-        if problem:
-            problems.append(f"{section}: {problem} ({section}'s options and {section}.args)")
+        with problems.check():
+            if problem:
+                raise IterateError(f"{section}: {problem} ({section}'s options and {section}.args)",
+                                   key=f"{section}.options.refused", where=section)
     return problems
 
 
@@ -124,26 +162,28 @@ DRIVER_SET = ("model", "prompts", "task", "rendered_prompts", "benchmark", "reco
               "num_samples", "max_new_tokens", "seed", "device", "out", "samples_out", "label", "overwrite")
 
 
-def driver_set_in_args(section: str, parser: argparse.ArgumentParser, sampling: SamplingOptions) -> list[str]:
+def driver_set_in_args(section: str, parser: argparse.ArgumentParser,
+                       sampling: SamplingOptions) -> list[IterateError]:
     """A problem for each option in `SECTION.args` that the driver sets, naming the key that sets it."""
-    problems = []
+    problems = Problems()
     for token in (token for token in sampling.args if token.startswith("--")):
         name = token.split("=", 1)[0]
         # the option argparse would take it for: its own, or the one option it abbreviates
         actions = parser._actions
         dests = ({action.dest for action in actions if name in action.option_strings}
                  or {action.dest for action in actions if any(o.startswith(name) for o in action.option_strings)})
-        if len(dests) > 1 and dests & set(DRIVER_SET):
-            options = sorted(o for a in actions if a.dest in dests for o in a.option_strings if o.startswith(name))
-            problems.append(f"{section}.args holds {name}, which abbreviates {' and '.join(options)}: write one in full")
-            continue
         dest = dests.pop() if len(dests) == 1 else None
-        if dest not in DRIVER_SET:
-            continue
-        remedy = (f"set {section}.{dest} instead" if hasattr(sampling, dest) else "set device instead"
-                  if dest == "device" else "the rounds sample base_model, then each round's export"
-                  if dest == "model" else "it names the round's own files")
-        problems.append(f"{section}.args holds {name}, which the driver sets for every round: {remedy}")
+        with problems.check():
+            if len(dests) > 1 and dests & set(DRIVER_SET):
+                options = sorted(o for a in actions if a.dest in dests for o in a.option_strings if o.startswith(name))
+                raise IterateError(f"{section}.args holds {name}, which abbreviates {' and '.join(options)}: write "
+                                   "one in full", key=f"{section}.args.ambiguous", where=f"{section}.args")
+            if dest in DRIVER_SET:
+                remedy = (f"set {section}.{dest} instead" if hasattr(sampling, dest) else "set device instead"
+                          if dest == "device" else "the rounds sample base_model, then each round's export"
+                          if dest == "model" else "it names the round's own files")
+                raise IterateError(f"{section}.args holds {name}, which the driver sets for every round: {remedy}",
+                                   key=f"{section}.args.set_by_the_driver", where=f"{section}.args")
     return problems
 
 
@@ -173,22 +213,24 @@ def test_split_warning(config: IterateConfig) -> str | None:
             f"the rounds train on the test problems, so eval's scores say nothing of unseen problems; sample {instead}")
 
 
-def verifier_problems(config: IterateConfig) -> list[str]:
+def verifier_problems(config: IterateConfig) -> list[IterateError]:
     """`verifier.model` and `verifier.args` as `verifier score` reads them, at the start rather
     than after the starting model's evaluation."""
     from nemo_topr.evaluation import verifier
 
     if config.verifier.model is None:
-        return [f"verifier.args {config.verifier.args} are options of `verifier score`, which runs only with "
-                "verifier.model"] if config.verifier.args else []
+        return [IterateError(f"verifier.args {config.verifier.args} are options of `verifier score`, which runs only "
+                             "with verifier.model", key="verifier.args.without_model",
+                             where="verifier.args")] if config.verifier.args else []
     try:
         model_source.require_hugging_face(config.verifier.model, named="verifier.model=")
     except ValueError as error:  # ModelSourceError
-        return [str(error)]
+        return [IterateError(str(error), key="verifier.model.not_hugging_face", where="verifier.model")]
     _, problem = parsed_or_usage_error(verifier.build_parser(), [
         "score", "--model", config.verifier.model, "--records", "R", "--out", "O", *config.verifier.args,
         "--device", config.device])
-    return [f"verifier: {problem} (verifier.args)"] if problem else []
+    return [IterateError(f"verifier: {problem} (verifier.args)", key="verifier.args.refused",
+                         where="verifier.args")] if problem else []
 
 
 def parsed_or_usage_error(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace | None,
@@ -224,28 +266,34 @@ def training_config(train: TrainOptions, ranks: int) -> tuple[dict[str, Any], An
     # these come before the driver's own on train's command line, whose value then won without a word
     if set_here := [item for item in train.overrides if item.split("=", 1)[0] in ROUND_KEYS]:
         raise IterateError(f"train.overrides holds {set_here[0]}, which the driver sets for every round (the round's "
-                           "model, run directory and data; device is the driver's device key): remove it")
+                           "model, run directory and data; device is the driver's device key): remove it",
+                           key="train.overrides.set_by_the_driver", where="train.overrides")
     try:
         values, _ = compose_config(train.config_name, list(train.overrides), None)  # with check_values
         check_batch_division(values, max(ranks, 1))
         if values.get("resume_from_base"):  # round 0 starts from base_model, later rounds on new data
             raise IterateError("train: resume_from_base=true continues one run on its own data, and each round "
                                "trains a new run on new samples from the previous round's model (round 0's from a "
-                               "Hugging Face base_model, which has no optimizer state): remove it")
+                               "Hugging Face base_model, which has no optimizer state): remove it",
+                               key="train.resume_from_base.true", where="train.overrides")
         return values, objective_from(values.get("objective") or {})
     except ConfigError as error:
-        raise IterateError(f"train ({train.config_name} with train.overrides): {error}") from None
+        raise IterateError(f"train ({train.config_name} with train.overrides): {error}", key="train.config.refused",
+                           where="train.overrides") from None
 
 
-def curation_problems(curate: CurateOptions, objective) -> list[str]:  # noqa: ANN001
+def curation_problems(curate: CurateOptions, objective) -> list[IterateError]:  # noqa: ANN001
     """target_p_tilde curates to p~ at one scalar c: it must be the c training uses."""
     if curate.mode != "target_p_tilde":
         return []
     if objective.variant == "asymre":
-        return ["curate.mode target_p_tilde aims p~ at one baseline c, and asymre's c is each prompt's group mean "
-                "reward + asymre_delta_v: curate with target_p or anna_karenina (the run's data_report.json gives "
-                "the p~ training saw)"]
+        return [IterateError("curate.mode target_p_tilde aims p~ at one baseline c, and asymre's c is each prompt's "
+                             "group mean reward + asymre_delta_v: curate with target_p or anna_karenina (the run's "
+                             "data_report.json gives the p~ training saw)",
+                             key="curate.mode.target_p_tilde_with_asymre", where="curate.mode")]
     if curate.baseline is not None and curate.baseline != objective.baseline:
-        return [f"curate.baseline={curate.baseline} and the training's objective.baseline={objective.baseline} differ: "
-                "the curated p~ would not be the one training sees; leave curate.baseline out (it is the training's)"]
+        return [IterateError(f"curate.baseline={curate.baseline} and the training's objective.baseline="
+                             f"{objective.baseline} differ: the curated p~ would not be the one training sees; leave "
+                             "curate.baseline out (it is the training's)", key="curate.baseline.differs_from_training",
+                             where="curate.baseline")]
     return []
