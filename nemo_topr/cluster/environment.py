@@ -7,9 +7,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from nemo_topr.errors import UserError
+
 ENVIRONMENT_SCRIPT = Path(__file__).resolve().parents[2] / "slurm" / "environment.sh"
 # every export keeps a value set already: `export NAME=${NAME:-value}`
 _EXPORT = re.compile(r"export (\w+)=\$\{\1:-([^}]*)\}")
+
+
+class EnvironmentScriptError(UserError, ValueError):
+    """A line of the environment script that does not keep a value set already."""
 
 
 def training_environment(script: Path = ENVIRONMENT_SCRIPT) -> dict[str, str]:
@@ -20,6 +26,8 @@ def training_environment(script: Path = ENVIRONMENT_SCRIPT) -> dict[str, str]:
             continue
         match = _EXPORT.fullmatch(line)
         if match is None:
-            raise ValueError(f"{script}:{number}: {line!r} is not of the form `export NAME=${{NAME:-value}}`")
+            raise EnvironmentScriptError(f"{script}:{number}: {line!r} is not of the form "
+                                         "`export NAME=${NAME:-value}`", key="environment.export.overrides_a_set_value",
+                                         where=f"{script}:{number}")
         values[match[1]] = match[2]
     return values

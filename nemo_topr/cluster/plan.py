@@ -49,13 +49,14 @@ def resolve_architecture(cfg: dict[str, Any], config_name: str, arch_key: str | 
         try:
             arch = architecture_from_hf_config(config_json, source.path.name)
         except ValueError as error:  # a config.json without a Llama's sizes: the user's to fix
-            raise ConfigError(str(error)) from None
+            raise ConfigError(str(error), key="base_model.config_json.not_llama", where="base_model") from None
         return with_model_overrides(arch, cfg.get("model") or {}), str(config_json)
     why = "--arch" if arch_key else route
     key = arch_key or _reference_key_from_name(config_name)
     if key is None:
         raise ConfigError(f"cannot tell the architecture of {config_name!r} ({why}): set base_model to a local "
-                         f"model or pass --arch {{{','.join(REFERENCE_ARCHITECTURES)}}}")
+                         f"model or pass --arch {{{','.join(REFERENCE_ARCHITECTURES)}}}",
+                         key="architecture.unknown", where="base_model")
     arch = REFERENCE_ARCHITECTURES[key]
     return with_model_overrides(arch, cfg.get("model") or {}), f"built-in reference {key}; {why}"
 
@@ -66,7 +67,7 @@ def _load_route(cfg: dict[str, Any]) -> tuple[Any, str]:
     try:
         return load_route(cfg, must_exist=False)
     except ModelSourceError as error:
-        raise ConfigError(str(error)) from None
+        raise ConfigError(str(error), key="base_model.unusable", where="base_model") from None
 
 
 def _reference_key_from_name(config_name: str) -> str | None:

@@ -380,8 +380,8 @@ def submit(job: ClusterJob, script_text: str) -> str:
     script.chmod(0o755)
     answer = subprocess.run(["sbatch", str(script)], capture_output=True, text=True)
     if answer.returncode != 0:
-        raise UserError(f"sbatch {script} failed (exit {answer.returncode}): "
-                         f"{answer.stderr.strip()}")
+        raise UserError(f"sbatch {script} failed (exit {answer.returncode}): {answer.stderr.strip()}",
+                        key="sbatch.failed", where=str(script))
     return answer.stdout.strip()
 
 
@@ -396,17 +396,19 @@ def job_run_dir(run_dir_option: Path | None, overrides: list[str]) -> tuple[Path
              if override.split("=", 1)[0].lstrip("+") == "run_dir"}
     rest = [override for override in overrides if override not in named]
     if "" in named.values():  # REPO / "" is the checkout itself
-        raise UserError("run_dir= is empty: give the run directory (or --run-dir)")
+        raise UserError("run_dir= is empty: give the run directory (or --run-dir)", key="run_dir.empty",
+                        where="run_dir")
     from_override = {(REPO / value).resolve() for value in named.values()}
     if len(from_override) > 1:
-        raise UserError(f"{' and '.join(named)} name two run directories: give one")
+        raise UserError(f"{' and '.join(named)} name two run directories: give one", key="run_dir.twice",
+                        where="run_dir")
     if run_dir_option is None:
         return (from_override.pop() if from_override else None), rest
     run_dir = run_dir_option.resolve()
     if from_override and from_override != {run_dir}:
         raise UserError(f"--run-dir {run_dir_option} and {next(iter(named))} name different run "
                          "directories: the job keeps its logs and requeue marker in --run-dir and train would "
-                         "write into the other; give one of them")
+                         "write into the other; give one of them", key="run_dir.differs_from_option", where="--run-dir")
     return run_dir, rest
 
 
@@ -427,7 +429,7 @@ def own_run_dir(config_file: Path, overrides: list[str]) -> Path | None:
     try:
         return (REPO / compose_config(str(config_file), overrides, None)[0]["run_dir"]).resolve()
     except ConfigError as error:  # not replaced by runs/JOB_NAME, which would hide it from pre-flight
-        raise ConfigError(f"not queued: run config: {error}") from None
+        raise ConfigError(f"not queued: run config: {error}", key="config.refused", where="--config") from None
 
 
 def main(argv: list[str]) -> int:
@@ -465,7 +467,7 @@ def main(argv: list[str]) -> int:
     config = name if config_dir == CONF_DIR.resolve() else str(config_dir / f"{name}.yaml")
     job_name = f"topr-{name}" if args.job_name is None else args.job_name  # `--job-name ""` is refused
     if problem := job_name_problem(job_name):  # before it names a default run directory, runs/JOB_NAME
-        raise UserError(problem)
+        raise UserError(problem, key="--job-name.not_a_file_name", where="--job-name")
     run_dir, overrides = job_run_dir(args.run_dir, args.overrides)
     if run_dir is None and config_dir != CONF_DIR.resolve():
         run_dir = own_run_dir(config_dir / f"{name}.yaml", overrides)

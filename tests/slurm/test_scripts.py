@@ -502,14 +502,9 @@ def test_a_relative_input_found_only_in_the_working_directory_is_explained(tmp_p
                              f"{tmp_path / name} exists: give that)"), line
 
 
-@pytest.mark.parametrize("name, why", [("../../mine", "holds a '/'"), ("../evil", "holds a '/'"),
-                                       ("a/b", "holds a '/'"), ("-x", "starts with '-', as an option does"),
-                                       (".", "is not a file name"), ("..", "is not a file name"), ("", "is empty"),
-                                       ("é" * 121, "is 242 bytes, over the 240 that leave the log's -JOBID.out room "
-                                                   "in a file name")],
+@pytest.mark.parametrize("name", ["../../mine", "../evil", "a/b", "-x", ".", "..", "", "é" * 121],
                          ids=["up-two", "up-one", "subdirectory", "dash", "dot", "dot-dot", "empty", "over-255-bytes"])
-def test_submit_refuses_a_job_name_that_is_no_file_name_before_writing_anything(name, why, tmp_path, capsys,
-                                                                                monkeypatch):
+def test_submit_refuses_a_job_name_that_is_no_file_name_before_writing_anything(name, tmp_path, capsys, monkeypatch):
     """`--job-name ../../mine` wrote the script to RUN_DIR/submit/../../mine.sbatch, over the user's
     own file there, and queued it; a dry run took it, `a/b`, `-x`, `.` and `..` too. A name of 121
     two-byte letters ended in OSError: [Errno 36] File name too long (255 bytes, less "-JOBID.out")."""
@@ -519,13 +514,11 @@ def test_submit_refuses_a_job_name_that_is_no_file_name_before_writing_anything(
     mine.parent.mkdir()
     mine.write_text("mine\n")
     before = sorted(tmp_path.rglob("*"))
-    message = (f"--job-name {name!r} {why}: it names the job's script RUN_DIR/submit/NAME.sbatch "
-               "and Slurm's log RUN_DIR/NAME-JOBID.out; choose a plain file name")
     run_dir = tmp_path / "x" / "sj"
     for dry_run in (["--dry-run"], []):
         with pytest.raises(UserError) as stop:
             _submit(capsys, *common, "--run-dir", str(run_dir), f"--job-name={name}", *dry_run)
-        assert str(stop.value) == message, dry_run
+        assert (stop.value.key, stop.value.where) == ("--job-name.not_a_file_name", "--job-name"), dry_run
         assert capsys.readouterr().out == ""
     assert sorted(tmp_path.rglob("*")) == before and not called.exists()
     assert mine.read_text() == "mine\n"
@@ -555,9 +548,7 @@ def test_submit_and_the_job_script_keep_one_run_dir(tmp_path, capsys):
               f"base_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}")
     with pytest.raises(UserError) as stop:
         _submit(capsys, *common, "--run-dir", str(tmp_path / "a"), f"run_dir={tmp_path / 'b'}")
-    assert str(stop.value) == (f"--run-dir {tmp_path / 'a'} and run_dir={tmp_path / 'b'} name "
-                               "different run directories: the job keeps its logs and requeue marker in --run-dir "
-                               "and train would write into the other; give one of them")
+    assert stop.value.key == "run_dir.differs_from_option"
     b, in_checkout = tmp_path / "b", REPO.resolve() / "runs" / "submit_test_never_made"
     for run_dir_args, run_dir in (([f"run_dir={b}"], b), (["--run-dir", str(b), f"run_dir={b}"], b),
                                   (["++run_dir=runs/submit_test_never_made"], in_checkout)):  # as the job reads it
@@ -569,7 +560,7 @@ def test_submit_and_the_job_script_keep_one_run_dir(tmp_path, capsys):
     assert not in_checkout.exists()  # a dry run
     with pytest.raises(UserError) as stop:  # not the checkout (REPO / "")
         _submit(capsys, *common, "run_dir=")
-    assert str(stop.value) == "run_dir= is empty: give the run directory (or --run-dir)"
+    assert stop.value.key == "run_dir.empty"
     # the job script refuses one too (the shipped sbatch scripts pass their arguments to it)
     proc = subprocess.run(["bash", str(REPO / "slurm" / "topr_job.sh"), "llama31_8b_bf16", "run_dir=/elsewhere"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)

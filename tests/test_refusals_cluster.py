@@ -1,0 +1,110 @@
+"""`nemo-topr plan`'s and `nemo-topr submit`'s refusals as a table: one row per problem, its bad input → the
+problem's key and where.
+
+The rows assert the key and where only; the words are in tests/golden/refusals.txt (tests/refusal_table.py),
+whose section for this table ``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_refusals_cluster.py``
+rewrites. Every key nemo_topr/cluster raises has a row: a new refusal without one fails
+`test_the_table_covers_every_key_the_code_raises`. The problems `submit`'s pre-flight lists (`preflight`: not
+queued, the job would fail) are lines of one report, not refusals with a key; tests/test_slurm.py tests them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import REPO, checkout_env, placeholder_hf_model
+from refusal_table import assert_covers, assert_golden, raised, rendered
+
+from nemo_topr.cluster import submit
+from nemo_topr.cluster.environment import training_environment
+from nemo_topr.cluster.plan import resolve_architecture
+from nemo_topr.errors import UserError
+
+SOURCES = sorted((REPO / "nemo_topr" / "cluster").glob("*.py"))
+ERRORS = {"ConfigError", "UserError", "EnvironmentScriptError"}
+# keys the table cannot reach without a subprocess, and what needs it
+NEEDS_A_SUBPROCESS = {"sbatch.failed": "sbatch itself (tests/test_slurm.py's fake sbatch)"}
+
+
+def make_inputs(root: Path) -> None:
+    """The files the rows name, relative to `root` (the rows run there)."""
+    placeholder_hf_model(root / "hf_model")  # a config.json without a Llama's sizes
+    (root / "notes.txt").write_text("not a model\n")
+    (root / "own_run_dir.yaml").write_text("defaults:\n  - tiny_cpux\nrun_dir: mine\n")
+    (root / "environment.sh").write_text("export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}\nexport NCCL_DEBUG=INFO\n")
+
+
+# (verb, key, where, the problem's source: the pure function given the bad input)
+ROWS = [
+    ("plan", "base_model.config_json.not_llama", "base_model",
+     raised(resolve_architecture, {"base_model": "hf_model"}, "exp", None)),
+    ("plan", "architecture.unknown", "base_model", raised(resolve_architecture, {}, "my_experiment", None)),
+    ("plan", "base_model.unusable", "base_model", raised(resolve_architecture, {"base_model": "notes.txt"}, "exp", None)),
+    ("submit", "run_dir.empty", "run_dir", raised(submit.job_run_dir, None, ["run_dir="])),
+    ("submit", "run_dir.twice", "run_dir", raised(submit.job_run_dir, None, ["run_dir=a", "++run_dir=b"])),
+    ("submit", "run_dir.differs_from_option", "--run-dir", raised(submit.job_run_dir, Path("a"), ["run_dir=b"])),
+    ("submit", "config.refused", "--config", raised(submit.own_run_dir, Path("own_run_dir.yaml"), [])),
+    ("submit", "--job-name.not_a_file_name", "--job-name",
+     raised(submit.main, ["--config", "tiny_cpu", "--job-name", "../mine", "--dry-run"])),
+    # the ranks' environment, which `nemo-topr iterate` reads for the ranks it starts
+    ("iterate", "environment.export.overrides_a_set_value", "environment.sh:2",
+     raised(training_environment, Path("environment.sh"))),
+]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("refusal_inputs")
+    make_inputs(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def found(inputs) -> Callable[[str], tuple[list[UserError], list[Path]]]:
+    """A row's (problems, files it wrote in the inputs), found once for the row and golden tests."""
+    rows, results = {key: problem for _, key, _, problem in ROWS}, {}
+
+    def of(key: str) -> tuple[list[UserError], list[Path]]:
+        if key not in results:
+            with contextlib.chdir(inputs):
+                before = set(inputs.rglob("*"))
+                results[key] = rows[key](), sorted(set(inputs.rglob("*")) - before)
+        return results[key]
+    return of
+
+
+@pytest.mark.parametrize("key, where", [row[1:3] for row in ROWS], ids=[row[1] for row in ROWS])
+def test_each_bad_input_raises_its_problem(key, where, found):
+    problems, written = found(key)
+    assert [(error.key, error.where) for error in problems] == [(key, where)]
+    assert written == []
+
+
+def test_the_table_covers_every_key_the_code_raises():
+    assert_covers([row[1:] for row in ROWS], SOURCES, ERRORS, unreachable=NEEDS_A_SUBPROCESS)
+
+
+def test_the_messages_are_the_golden_files(inputs, found):
+    assert_golden("tests/test_refusals_cluster.py",
+                  [rendered(verb, key, where, *found(key)[0], inputs) for verb, key, where, _ in ROWS])
+
+
+def test_the_table_imports_no_megatron(tmp_path):
+    """Each problem comes out of the pure checks: the whole table, run in a fresh interpreter, imports
+    neither Megatron nor Transformer Engine."""
+    code = ("import json, sys; from pathlib import Path; import test_refusals_cluster as table; "
+            "table.make_inputs(Path.cwd()); keys = [row[3]()[0].key for row in table.ROWS]; "
+            "print(json.dumps([len(keys), sorted(m for m in sys.modules "
+            "if m.startswith(('megatron', 'transformer_engine')))]))")
+    env = checkout_env(PYTHONPATH=os.pathsep.join([str(REPO / "tests"), checkout_env()["PYTHONPATH"]]))
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [len(ROWS), []]
