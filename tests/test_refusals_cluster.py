@@ -4,23 +4,20 @@ problem's key and where.
 The rows assert the key and where only; the words are in tests/golden/refusals.txt (tests/refusal_table.py),
 whose section for this table ``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_refusals_cluster.py``
 rewrites. Every key nemo_topr/cluster raises has a row: a new refusal without one fails
-`test_the_table_covers_every_key_the_code_raises`. The problems `submit`'s pre-flight lists (`preflight`: not
+`test_the_table_covers_every_key_the_code_raises`. tests/test_refusals_iterate.py runs these rows with its own
+in a fresh interpreter that must not import Megatron. The problems `submit`'s pre-flight lists (`preflight`: not
 queued, the job would fail) are lines of one report, not refusals with a key; tests/test_slurm.py tests them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REPO, checkout_env, placeholder_hf_model
+from conftest import REPO, placeholder_hf_model
 from refusal_table import assert_covers, assert_golden, raised, rendered
+from test_refusals_iterate import found_once
 
 from nemo_topr.cluster import submit
 from nemo_topr.cluster.environment import training_environment
@@ -46,7 +43,8 @@ ROWS = [
     ("plan", "base_model.config_json.not_llama", "base_model",
      raised(resolve_architecture, {"base_model": "hf_model"}, "exp", None)),
     ("plan", "architecture.unknown", "base_model", raised(resolve_architecture, {}, "my_experiment", None)),
-    ("plan", "base_model.unusable", "base_model", raised(resolve_architecture, {"base_model": "notes.txt"}, "exp", None)),
+    ("plan", "base_model.unusable", "base_model",
+     raised(resolve_architecture, {"base_model": "notes.txt"}, "exp", None)),
     ("submit", "run_dir.empty", "run_dir", raised(submit.job_run_dir, None, ["run_dir="])),
     ("submit", "run_dir.twice", "run_dir", raised(submit.job_run_dir, None, ["run_dir=a", "++run_dir=b"])),
     ("submit", "run_dir.differs_from_option", "--run-dir", raised(submit.job_run_dir, Path("a"), ["run_dir=b"])),
@@ -68,16 +66,7 @@ def inputs(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def found(inputs) -> Callable[[str], tuple[list[UserError], list[Path]]]:
-    """A row's (problems, files it wrote in the inputs), found once for the row and golden tests."""
-    rows, results = {key: problem for _, key, _, problem in ROWS}, {}
-
-    def of(key: str) -> tuple[list[UserError], list[Path]]:
-        if key not in results:
-            with contextlib.chdir(inputs):
-                before = set(inputs.rglob("*"))
-                results[key] = rows[key](), sorted(set(inputs.rglob("*")) - before)
-        return results[key]
-    return of
+    return found_once({key: problem for _, key, _, problem in ROWS}, inputs)
 
 
 @pytest.mark.parametrize("key, where", [row[1:3] for row in ROWS], ids=[row[1] for row in ROWS])
@@ -94,17 +83,3 @@ def test_the_table_covers_every_key_the_code_raises():
 def test_the_messages_are_the_golden_files(inputs, found):
     assert_golden("tests/test_refusals_cluster.py",
                   [rendered(verb, key, where, *found(key)[0], inputs) for verb, key, where, _ in ROWS])
-
-
-def test_the_table_imports_no_megatron(tmp_path):
-    """Each problem comes out of the pure checks: the whole table, run in a fresh interpreter, imports
-    neither Megatron nor Transformer Engine."""
-    code = ("import json, sys; from pathlib import Path; import test_refusals_cluster as table; "
-            "table.make_inputs(Path.cwd()); keys = [row[3]()[0].key for row in table.ROWS]; "
-            "print(json.dumps([len(keys), sorted(m for m in sys.modules "
-            "if m.startswith(('megatron', 'transformer_engine')))]))")
-    env = checkout_env(PYTHONPATH=os.pathsep.join([str(REPO / "tests"), checkout_env()["PYTHONPATH"]]))
-    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout.strip().splitlines()[-1]) == [len(ROWS), []]

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
@@ -171,18 +172,24 @@ def inputs(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def found(inputs) -> Callable[[str], tuple[list[UserError], list[Path]]]:
-    """A row's (problems, files it wrote in the inputs), found once for the row and golden tests."""
-    rows, results = {key: problem for key, _, problem in ROWS}, {}
+def found_once(problems: dict[str, Callable[[], list[UserError]]],
+               inputs: Path) -> Callable[[str], tuple[list[UserError], list[Path]]]:
+    """Each key's (problems, files its problem wrote in `inputs`), run there once for a table's row
+    and golden tests (tests/test_refusals_cluster.py's too)."""
+    results = {}
 
     def of(key: str) -> tuple[list[UserError], list[Path]]:
         if key not in results:
             with contextlib.chdir(inputs):
                 before = set(inputs.rglob("*"))
-                results[key] = rows[key](), sorted(set(inputs.rglob("*")) - before)
+                results[key] = problems[key](), sorted(set(inputs.rglob("*")) - before)
         return results[key]
     return of
+
+
+@pytest.fixture(scope="module")
+def found(inputs) -> Callable[[str], tuple[list[UserError], list[Path]]]:
+    return found_once({key: problem for key, _, problem in ROWS}, inputs)
 
 
 @pytest.mark.parametrize("key, where", [row[:2] for row in ROWS], ids=[row[0] for row in ROWS])
@@ -216,14 +223,26 @@ def test_the_messages_are_the_golden_files(inputs, found):
 
 
 def test_the_table_imports_no_megatron(tmp_path):
-    """Each problem comes out of the pure checks: the whole table, run in a fresh interpreter, imports
-    neither Megatron nor Transformer Engine."""
-    code = ("import json, sys; from pathlib import Path; import test_refusals_iterate as table; "
-            "table.make_inputs(Path.cwd()); keys = [row[2]()[0].key for row in table.ROWS]; "
-            "print(json.dumps([len(keys), sorted(m for m in sys.modules "
-            "if m.startswith(('megatron', 'transformer_engine')))]))")
+    """Each problem comes out of the pure checks: the whole table and tests/test_refusals_cluster.py's
+    (`plan`, `submit`: the layer below), run in one fresh interpreter, import neither Megatron nor
+    Transformer Engine."""
+    from test_refusals_cluster import ROWS as CLUSTER_ROWS  # it imports this module: not at the top
+
+    code = textwrap.dedent("""
+        import json, os, sys
+        from pathlib import Path
+        import test_refusals_cluster, test_refusals_iterate
+        keys = []
+        for table in (test_refusals_iterate, test_refusals_cluster):
+            root = Path(table.__name__).resolve()
+            table.make_inputs(root)
+            os.chdir(root)
+            keys += [row[-1]()[0].key for row in table.ROWS]
+        imported = sorted(m for m in sys.modules if m.startswith(("megatron", "transformer_engine")))
+        print(json.dumps([len(keys), imported]))
+    """)
     env = checkout_env(PYTHONPATH=os.pathsep.join([str(REPO / "tests"), checkout_env()["PYTHONPATH"]]))
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout.strip().splitlines()[-1]) == [len(ROWS), []]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [len(ROWS) + len(CLUSTER_ROWS), []]
