@@ -1,7 +1,7 @@
 """`nemo-topr iterate`'s refusals as a table: one row per problem, its bad input → the problem's key and where.
 
 The rows assert the key and where only; the words are in tests/golden/refusals.txt (tests/refusal_table.py),
-whose section for this table ``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_refusals_iterate.py``
+whose section for this table ``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/iterate/test_refusals.py``
 rewrites. Every key the driver's modules (nemo_topr/iterate) can raise has a row: a new refusal without one fails
 `test_the_table_covers_every_key_the_code_raises`. The validation rows stand in for the training config's
 composition (`training_config`, which imports Bridge for its schema); its own rows stand in for the composed
@@ -22,8 +22,8 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from conftest import REPO, checkout_env, placeholder_hf_model
-from refusal_table import assert_covers, assert_golden, raised, rendered
+from tests.conftest import REPO, checkout_env, placeholder_hf_model
+from tests.refusal_table import assert_covers, assert_golden, raised, rendered
 
 from nemo_topr.errors import UserError
 from nemo_topr.iterate import processes
@@ -37,7 +37,7 @@ from nemo_topr.training.validation import objective_from
 SOURCES = sorted((REPO / "nemo_topr" / "iterate").glob("*.py"))
 # keys the table cannot reach without a subprocess, and what needs it
 NEEDS_A_SUBPROCESS = {
-    "stage.failed": "a stage's `nemo-topr` command that fails (tests/test_iterate.py "
+    "stage.failed": "a stage's `nemo-topr` command that fails (tests/iterate/test_iterate.py "
                     "test_a_failed_stage_leaves_no_marker_and_a_done_stage_is_not_rerun)"}
 
 
@@ -175,7 +175,7 @@ def inputs(tmp_path_factory) -> Path:
 def found_once(problems: dict[str, Callable[[], list[UserError]]],
                inputs: Path) -> Callable[[str], tuple[list[UserError], list[Path]]]:
     """Each key's (problems, files its problem wrote in `inputs`), run there once for a table's row
-    and golden tests (tests/test_refusals_cluster.py's too)."""
+    and golden tests (tests/cluster/test_refusals.py's too)."""
     results = {}
 
     def of(key: str) -> tuple[list[UserError], list[Path]]:
@@ -218,22 +218,22 @@ def test_the_table_covers_every_key_the_code_raises():
 
 
 def test_the_messages_are_the_golden_files(inputs, found):
-    assert_golden("tests/test_refusals_iterate.py",
+    assert_golden("tests/iterate/test_refusals.py",
                   [rendered("iterate", key, where, *found(key)[0], inputs) for key, where, _ in ROWS])
 
 
 def test_the_table_imports_no_megatron(tmp_path):
-    """Each problem comes out of the pure checks: the whole table and tests/test_refusals_cluster.py's
+    """Each problem comes out of the pure checks: the whole table and tests/cluster/test_refusals.py's
     (`plan`, `submit`: the layer below), run in one fresh interpreter, import neither Megatron nor
     Transformer Engine."""
-    from test_refusals_cluster import ROWS as CLUSTER_ROWS  # it imports this module: not at the top
+    from tests.cluster.test_refusals import ROWS as CLUSTER_ROWS  # it imports this module: not at the top
 
     code = textwrap.dedent("""
         import json, os, sys
         from pathlib import Path
-        import test_refusals_cluster, test_refusals_iterate
+        import tests.cluster.test_refusals as cluster, tests.iterate.test_refusals as iterate
         keys = []
-        for table in (test_refusals_iterate, test_refusals_cluster):
+        for table in (iterate, cluster):
             root = Path(table.__name__).resolve()
             table.make_inputs(root)
             os.chdir(root)
@@ -241,7 +241,7 @@ def test_the_table_imports_no_megatron(tmp_path):
         imported = sorted(m for m in sys.modules if m.startswith(("megatron", "transformer_engine")))
         print(json.dumps([len(keys), imported]))
     """)
-    env = checkout_env(PYTHONPATH=os.pathsep.join([str(REPO / "tests"), checkout_env()["PYTHONPATH"]]))
+    env = checkout_env()
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr

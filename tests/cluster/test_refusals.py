@@ -2,11 +2,11 @@
 problem's key and where.
 
 The rows assert the key and where only; the words are in tests/golden/refusals.txt (tests/refusal_table.py),
-whose section for this table ``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_refusals_cluster.py``
+whose section for this table ``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/cluster/test_refusals.py``
 rewrites. Every key nemo_topr/cluster raises has a row: a new refusal without one fails
-`test_the_table_covers_every_key_the_code_raises`. tests/test_refusals_iterate.py runs these rows with its own
+`test_the_table_covers_every_key_the_code_raises`. tests/iterate/test_refusals.py runs these rows with its own
 in a fresh interpreter that must not import Megatron. The problems `submit`'s pre-flight lists (`preflight`: not
-queued, the job would fail) are lines of one report, not refusals with a key; tests/test_slurm.py tests them.
+queued, the job would fail) are lines of one report, not refusals with a key; tests/slurm/test_scripts.py tests them.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REPO, placeholder_hf_model
-from refusal_table import assert_covers, assert_golden, raised, rendered
-from test_refusals_iterate import found_once
+from tests.conftest import REPO, placeholder_hf_model
+from tests.refusal_table import assert_covers, assert_golden, raised, rendered
+from tests.iterate.test_refusals import found_once
 
 from nemo_topr.cluster import submit
 from nemo_topr.cluster.environment import training_environment
@@ -27,7 +27,7 @@ from nemo_topr.errors import UserError
 SOURCES = sorted((REPO / "nemo_topr" / "cluster").glob("*.py"))
 ERRORS = {"ConfigError", "UserError", "EnvironmentScriptError"}
 # keys the table cannot reach without a subprocess, and what needs it
-NEEDS_A_SUBPROCESS = {"sbatch.failed": "sbatch itself (tests/test_slurm.py's fake sbatch)"}
+NEEDS_A_SUBPROCESS = {"sbatch.failed": "sbatch itself (tests/slurm/test_scripts.py's fake sbatch)"}
 
 
 def make_inputs(root: Path) -> None:
@@ -81,5 +81,5 @@ def test_the_table_covers_every_key_the_code_raises():
 
 
 def test_the_messages_are_the_golden_files(inputs, found):
-    assert_golden("tests/test_refusals_cluster.py",
+    assert_golden("tests/cluster/test_refusals.py",
                   [rendered(verb, key, where, *found(key)[0], inputs) for verb, key, where, _ in ROWS])
