@@ -78,8 +78,8 @@ class Record:
         """The prompt as an error names it: its prompt_id, else "(prompt text)"."""
         return self.prompt_id if self.prompt_id is not None else "(prompt text)"
 
-    def error(self, field: str, problem: str) -> DataError:
-        return DataError(self.path, self.line, field, problem)
+    def error(self, field: str, problem: str, *, key: str | None = None, where: str | None = None) -> DataError:
+        return DataError(self.path, self.line, field, problem, key=key, where=where)
 
     def rejected(self, reason: str, problem: str, *, key: str, where: str) -> RejectedRow:
         """Problem `key` of this record's field `where`: raised when strict, else dropped under `reason`."""

@@ -72,11 +72,12 @@ def benchmark_results(problems: Sequence[Sequence[SampleOutcome]], task: str, ks
     """The results document: counts, metrics (see `benchmark_metrics`; plus `grader_error_rate`
     from `grader_errors`, a `check_grader_errors` report, when given) and `details`."""
     if not problems:
-        raise EvalError("no problems to evaluate")
+        raise EvalError("no problems to evaluate", key="problems.none", where="problems")
     fewest = min(len(samples) for samples in problems)
     ks = list(ks or default_ks(fewest))
     if max(ks) > fewest:
-        raise EvalError(f"k = {max(ks)} exceeds the {fewest} samples of some problem")
+        raise EvalError(f"k = {max(ks)} exceeds the {fewest} samples of some problem",
+                        key="--k.above_samples", where="--k")
     metrics = benchmark_metrics(problems, ks, same=partial(same_answer, task))
     if grader_errors is not None:
         metrics["grader_error_rate"] = grader_errors["grader_error_rate"]
@@ -91,6 +92,11 @@ def outcomes_of_completions(graded: Sequence[Sequence[GradedCompletion]]) -> lis
     outcomes = [[SampleOutcome(s.answer, s.grade == "correct") for s in samples if s.grade != "error"]
                 for samples in graded]
     return [samples for samples in outcomes if samples]
+
+
+def _at(record: Record, field: str) -> str:
+    """A record's field as a refusal's `where` names it: FILE:LINE: FIELD."""
+    return f"{record.path}:{record.line}: {field}"
 
 
 def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_error_rate: float
@@ -112,22 +118,28 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
         meta = record.meta or {}
         if task and meta.get("task") not in (None, task):  # another grader than the one it was graded with
             raise record.error("meta.task", f"is {meta['task']!r} but --task is {task!r}: --task is for records "
-                                            "without a task; drop it, or evaluate records of that task")
+                                            "without a task; drop it, or evaluate records of that task",
+                               key="record.meta.task.not_--task", where=_at(record, "meta.task"))
         record_task = task or meta.get("task")
         if record_task not in TASKS or "reference_answer" not in meta:
-            raise record.error("meta", f"needs reference_answer and a task ({'|'.join(TASKS)}; or pass --task)")
+            raise record.error("meta", f"needs reference_answer and a task ({'|'.join(TASKS)}; or pass --task)",
+                               key="record.meta.unset", where=_at(record, "meta"))
         reference = str(meta["reference_answer"])
         if problem := reference_problem(record_task, reference):
-            raise record.error("meta.reference_answer", problem)
+            raise record.error("meta.reference_answer", problem,
+                               key="record.meta.reference_answer.invalid", where=_at(record, "meta.reference_answer"))
         # one problem has one answer: grading each sample against its own would score two problems as one
         first_reference, first = first_of_prompt.setdefault(record.prompt_key, (reference, record))
         if reference != first_reference:
             raise record.error("meta.reference_answer", f"{reference!r}, but {first_reference!r} for prompt "
-                                                        f"{record.prompt_name!r} at {first.path}:{first.line}")
+                                                        f"{record.prompt_name!r} at {first.path}:{first.line}",
+                               key="record.meta.reference_answer.differs_within_prompt",
+                               where=_at(record, "meta.reference_answer"))
         score = meta.get("verifier_score")
         if score is not None and not (is_number(score) and 0 <= score < math.inf):  # NaN lost every comparison
             raise record.error("meta.verifier_score", f"expected a finite number >= 0, the sample's weight in the "
-                                                      f"vote (`nemo-topr verifier score` writes P(Yes)); got {score!r}")
+                                                      f"vote (`nemo-topr verifier score` writes P(Yes)); got {score!r}",
+                               key="record.meta.verifier_score.not_a_weight", where=_at(record, "meta.verifier_score"))
         result = graded_answer(record_task, record.completion, reference)
         results.append(result)
         samples = by_prompt.setdefault(record.prompt_key, [])
@@ -137,11 +149,13 @@ def outcomes_of_records(records: Sequence[Record], task: str | None, max_grader_
         if not (isinstance(empty, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in empty)
                 and (not empty or isinstance(record.sample_id, int))):
             raise record.error("meta.empty_sample_ids", "expected a list of the prompt's integer sample ids, on a "
-                                                        "record with an integer sample_id (as `generate` writes)")
+                                                        "record with an integer sample_id (as `generate` writes)",
+                               key="record.meta.empty_sample_ids.invalid", where=_at(record, "meta.empty_sample_ids"))
         empty_ids.setdefault(record.prompt_key, set()).update(empty)
         tasks.add(record_task)
     if len(tasks) > 1:
-        raise DataError(records[0].path, 0, "meta.task", f"mixes tasks {sorted(tasks)}; evaluate them separately")
+        raise DataError(records[0].path, 0, "meta.task", f"mixes tasks {sorted(tasks)}; evaluate them separately",
+                        key="records.meta.task.mixed", where=str(records[0].path))
     report = check_grader_errors(results, max_grader_error_rate)
     outcomes = []
     for key, samples in by_prompt.items():
@@ -189,14 +203,15 @@ def plotted_metrics(results: Sequence[dict[str, Any]], paths: Sequence[Path], ch
         names = [name for name in ("pass@1", f"maj@{k}", f"weighted_maj@{k}", "invalid_rate") if name in common]
         if not names:
             raise EvalError("--plot: no headline metric (pass@1, maj@k, invalid_rate) is in every result: "
-                            "--metrics all draws the ones they share")
+                            "--metrics all draws the ones they share", key="--plot.no_headline_metric", where="--plot")
         return names
     if list(chosen) == ["all"]:
         return common
     for name in chosen:
         for path, result in zip(paths, results):
             if name not in result["metrics"]:
-                raise EvalError(f"--metrics {name}: not a metric of {path} (it has {', '.join(result['metrics'])})")
+                raise EvalError(f"--metrics {name}: not a metric of {path} (it has {', '.join(result['metrics'])})",
+                                key="--metrics.not_in_result", where="--metrics")
     return list(dict.fromkeys(chosen))
 
 
@@ -209,24 +224,29 @@ def read_round_results(result_paths: Sequence[Path]) -> list[dict[str, Any]]:
         try:
             result = json.loads(path.read_text(encoding="utf-8"))
         except OSError as error:
-            raise EvalError(f"{path}: cannot be read ({error.strerror})") from None
+            raise EvalError(f"{path}: cannot be read ({error.strerror})",
+                            key="--plot.unreadable", where=str(path)) from None
         except json.JSONDecodeError as error:
             raise EvalError(f"{path}: not JSON ({error}): give the results JSON `nemo-topr eval --out` "
-                            "wrote") from None
+                            "wrote", key="--plot.not_json", where=str(path)) from None
         if not (isinstance(result, dict) and isinstance(result.get("metrics"), dict) and "task" in result):
             raise EvalError(f"{path}: not a result of `nemo-topr eval` (no task and metrics): give the results "
-                            "JSON its --out wrote")
+                            "JSON its --out wrote", key="--plot.not_a_result", where=str(path))
         if result["task"] not in TASKS:
-            raise EvalError(f"{path}: task: {result['task']!r} is no task of `nemo-topr eval` ({'|'.join(TASKS)})")
+            raise EvalError(f"{path}: task: {result['task']!r} is no task of `nemo-topr eval` ({'|'.join(TASKS)})",
+                            key="--plot.task.unknown", where=f"{path}: task")
         for name, value in result["metrics"].items():  # a null or a string ended in a TypeError, or was drawn
             if not (is_number(value) and 0 <= value <= 1):
-                raise EvalError(f"{path}: metrics.{name}: {value!r} is no rate in [0, 1] as `nemo-topr eval` writes")
+                raise EvalError(f"{path}: metrics.{name}: {value!r} is no rate in [0, 1] as `nemo-topr eval` writes",
+                                key="--plot.metrics.not_a_rate", where=f"{path}: metrics.{name}")
         results.append(result)
     if len({result["task"] for result in results}) > 1:
         raise EvalError("--plot: the results are of different tasks (" + ", ".join(
-            f"{path}: {result['task']}" for path, result in zip(result_paths, results)) + "): plot each task apart")
+            f"{path}: {result['task']}" for path, result in zip(result_paths, results)) + "): plot each task apart",
+                        key="--plot.tasks.mixed", where="--plot")
     if not common_metrics(results):
-        raise EvalError(f"--plot: no metric is in every result ({', '.join(map(str, result_paths))}): nothing to draw")
+        raise EvalError(f"--plot: no metric is in every result ({', '.join(map(str, result_paths))}): nothing to draw",
+                        key="--plot.no_common_metric", where="--plot")
     return results
 
 
@@ -383,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     # a model or file that cannot be loaded (OSError) and the ValueErrors of the libraries that read
     # them: refusals of this command all the same
     except (OSError, ValueError) as error:
-        raise EvalError(str(error)) from error
+        raise EvalError(str(error), key="eval.input_unreadable", where="--model, --records, --prompts") from error
     markdown = write_results(results, args.out)
     print(results_markdown(results))
     written = [str(args.out), str(markdown), *([str(args.samples_out)] if args.samples_out else []),

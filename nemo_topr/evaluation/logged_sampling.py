@@ -66,7 +66,7 @@ def logged_sample_and_grade(args: argparse.Namespace, problems: list[Problem], s
         if not (source.startswith("gsm8k") and args.num_shots):
             raise
         raise SamplingError(f"{error}; fewer exemplars shorten GSM8K's prompt: --num-shots N (now {args.num_shots}; "
-                         "0: zero-shot)") from None
+                         "0: zero-shot)", key="--num-shots.prompt_beyond_model_context", where="--num-shots") from None
     log = SampleLog(log_path(out), options, problems)
     if log.done:
         print(f"{what}: resuming: {len(log.done)} of {len(problems)} prompts already sampled in {log.path}",
@@ -84,4 +84,5 @@ def logged_sample_and_grade(args: argparse.Namespace, problems: list[Problem], s
     except GraderErrorRateExceeded as error:
         raise GraderErrorRateExceeded(f"{error}. Every sample is kept in {log.path} (the failed ones with grade "
                                       "\"error\" and what the grader raised); rerun with a higher "
-                                      "--max-grader-error-rate to use them without sampling again") from None
+                                      "--max-grader-error-rate to use them without sampling again",
+                                      key=error.key, where=error.where) from None

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import fmean
 
+from nemo_topr.errors import UserError
+
 Same = Callable[[str, str], bool]
 
 
@@ -38,6 +40,10 @@ class SampleOutcome:
     verifier_score: float | None = None
 
 
+class MetricsError(UserError, ValueError):
+    """Counts no metric is defined for (`eval` refuses the ones a user can give first)."""
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """1 - C(n - c, k) / C(n, k), the chance that k of the n samples drawn without replacement
     include a correct one.
@@ -46,7 +52,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     without forming them (they overflow floats for n in the hundreds).
     """
     if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+        raise MetricsError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}",
+                           key="pass@k.out_of_range", where="k")
     if n - c < k:
         return 1.0
     none_correct = 1.0
@@ -105,7 +112,8 @@ def benchmark_metrics(problems: Sequence[Sequence[SampleOutcome]], ks: Sequence[
     each k > 1, and the invalid rate; each k must be at most the smallest number of samples of a
     problem."""
     if not problems or not all(problems):
-        raise ValueError("metrics need at least one problem, each with at least one sample")
+        raise MetricsError("metrics need at least one problem, each with at least one sample",
+                           key="problems.none_sampled", where="problems")
     weighted = has_verifier_scores(problems)
     metrics: dict[str, float] = {}
     for k in ks:

@@ -94,7 +94,8 @@ class SampleLog:
         if logged != options:
             details = "; ".join(_differences(logged, options))
             raise SampleLogError(f"{self.path} holds samples drawn with other options ({details}): rerun with the "
-                                 "logged options to resume, or choose another --out (or delete the log to start over)")
+                                 "logged options to resume, or choose another --out (or delete the log to start over)",
+                                 key="sample_log.options.differ", where=f"{self.path}:1: options")
         rows = [json.loads(line) for line in lines[1:]]
         for number, row in enumerate(rows, start=2):
             index = row["index"]
@@ -116,18 +117,23 @@ class SampleLog:
         """Line `number` of the log holds prompt `index`'s samples: the same prompt id, text and reference."""
         if problem.prompt_id != row["prompt_id"]:
             raise SampleLogError(f"{self.path}:{number}: prompt {index} is {row['prompt_id']!r} in the log but "
-                                 f"{problem.prompt_id!r} now: the prompts changed; choose another --out")
+                                 f"{problem.prompt_id!r} now: the prompts changed; choose another --out",
+                                 key="sample_log.prompt_id.changed", where=f"{self.path}:{number}: prompt_id")
         where, now = f"{self.path}:{number}: prompt {problem.prompt_id!r}", _identity(problem)
         remedy = "choose another --out, or delete the log to sample again"
         if "prompt_sha256" not in row:
             raise SampleLogError(f"{where} was logged by an earlier nemo-topr without its text's digest, so whether "
-                                 f"the prompts changed cannot be told: {remedy}")
+                                 f"the prompts changed cannot be told: {remedy}",
+                                 key="sample_log.prompt_sha256.missing", where=f"{self.path}:{number}: prompt_sha256")
         if row["prompt_sha256"] != now["prompt_sha256"]:
             raise SampleLogError(f"{where} has other text than when it was sampled: the logged samples answer "
-                                 f"another question; {remedy}")
+                                 f"another question; {remedy}",
+                                 key="sample_log.prompt_sha256.changed", where=f"{self.path}:{number}: prompt_sha256")
         if row["reference_answer"] != now["reference_answer"]:
             raise SampleLogError(f"{where}: reference answer {row['reference_answer']!r} in the log, "
-                                 f"{now['reference_answer']!r} now: the logged grades follow the old one; {remedy}")
+                                 f"{now['reference_answer']!r} now: the logged grades follow the old one; {remedy}",
+                                 key="sample_log.reference_answer.changed",
+                                 where=f"{self.path}:{number}: reference_answer")
 
     def append(self, index: int, problem: Problem, samples: list[GradedCompletion]) -> None:
         try:
@@ -138,5 +144,6 @@ class SampleLog:
             if not (remedy := filesystem_remedy(error)):
                 raise
             raise OutputWriteError(f"writing {self.path}: {error.strerror}; the {len(self.done)} prompts logged so far "
-                                   f"are kept: {remedy} and rerun the same command to resume") from error
+                                   f"are kept: {remedy} and rerun the same command to resume",
+                                   key="sample_log.write_failed", where=str(self.path)) from error
         self.done[index] = samples

@@ -64,9 +64,11 @@ def choose_backend(backend: str, device: str) -> str:
     where vLLM is not installed, or with --device cpu, is refused (SamplingError)."""
     if backend == "vllm" and not importlib.util.find_spec("vllm"):
         raise SamplingError("--backend vllm: vLLM is not installed in this environment (pip install -r "
-                         "requirements-vllm.txt); --backend transformers, or auto, samples without it")
+                         "requirements-vllm.txt); --backend transformers, or auto, samples without it",
+                            key="--backend.vllm_not_installed", where="--backend")
     if backend == "vllm" and device == "cpu":
-        raise SamplingError("--backend vllm samples on GPUs: it needs --device cuda (or auto on a machine with one)")
+        raise SamplingError("--backend vllm samples on GPUs: it needs --device cuda (or auto on a machine with one)",
+                            key="--backend.vllm_on_cpu", where="--backend")
     if backend != "auto":
         return backend
     return "vllm" if importlib.util.find_spec("vllm") and device == "cuda" else "transformers"
@@ -108,7 +110,8 @@ def _sample_with_transformers(model_dir: Path, prompt_ids: dict[int, list[int]],
     from nemo_topr.data.tokenization import pad_id_of
 
     if settings.tensor_parallel_size != 1:
-        raise SamplingError(TRANSFORMERS_ON_ONE_DEVICE)
+        raise SamplingError(TRANSFORMERS_ON_ONE_DEVICE,
+                            key="--tensor-parallel-size.transformers_backend", where="--tensor-parallel-size")
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval().to(device)
     eos = model.generation_config.eos_token_id
     eos_ids, pad_id = set(eos if isinstance(eos, list) else [eos]), pad_id_of(tokenizer)
@@ -127,7 +130,8 @@ def _sample_with_transformers(model_dir: Path, prompt_ids: dict[int, list[int]],
         except (RuntimeError, MemoryError) as error:
             if not out_of_memory(error):
                 raise
-            raise SamplingError(sampling_out_of_memory(settings, device, len(ids) + budgets[index], error)) from None
+            raise SamplingError(sampling_out_of_memory(settings, device, len(ids) + budgets[index], error),
+                                key="sampling.out_of_memory", where="--device") from None
         new_tokens = output.sequences[:, input_ids.shape[1]:]
         texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         logprobs = [None] * len(texts)
@@ -208,7 +212,8 @@ def prompt_ids_checked(tokenizer, problems: dict[int, Problem], source: str = "p
                  if (found := prompt_text_problem(problem.prompt, pattern))]
         if wrong:
             (first, (_, why)), count = wrong[0], len(wrong)
-            raise SamplingError(f"{source}: prompt {first.prompt_id}: {why} ({count} of {len(problems)} prompts)")
+            raise SamplingError(f"{source}: prompt {first.prompt_id}: {why} ({count} of {len(problems)} prompts)",
+                                key="prompts.prompt.read_otherwise", where=f"{source}: prompt {first.prompt_id}")
     return dict(zip(problems, prompt_token_ids(tokenizer, [problem.prompt for problem in problems.values()])))
 
 
@@ -232,7 +237,8 @@ def new_token_budgets(model_dir: str | Path, problems: dict[int, Problem], max_n
         first = full[0]
         raise SamplingError(f"prompt {problems[first].prompt_id}: {len(prompt_ids[first])} tokens leave no room for a "
                          f"completion token and EOS in the model's context of {context} (max_position_embeddings in "
-                         f"{Path(model_dir) / 'config.json'}); {len(full)} of {len(prompt_ids)} prompts are that long")
+                         f"{Path(model_dir) / 'config.json'}); {len(full)} of {len(prompt_ids)} prompts are that long",
+                            key="prompts.prompt.beyond_model_context", where=f"prompt {problems[first].prompt_id}")
     return {index: min(max_new_tokens, context - len(ids) - 1) for index, ids in prompt_ids.items()}
 
 

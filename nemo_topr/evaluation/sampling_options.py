@@ -61,29 +61,36 @@ def check_sampling_args(args: argparse.Namespace) -> None:
     check_limit(args.limit)
     for flag in ("num_samples", "max_new_tokens", "top_k", "tensor_parallel_size"):
         if getattr(args, flag) < 1:
-            raise SamplingError(f"--{flag.replace('_', '-')} must be at least 1; got {getattr(args, flag)}")
+            raise SamplingError(f"--{flag.replace('_', '-')} must be at least 1; got {getattr(args, flag)}",
+                                key=f"--{flag.replace('_', '-')}.below_1", where=f"--{flag.replace('_', '-')}")
     # checked before the model loads (transformers refused a temperature of 0 only after loading it)
     if not 0 <= args.temperature < math.inf:  # inf: uniform over top-k, and `Infinity` in the settings' JSON
-        raise SamplingError(f"--temperature must be at least 0 (0: greedy decoding) and finite; got {args.temperature}")
+        raise SamplingError(f"--temperature must be at least 0 (0: greedy decoding) and finite; got {args.temperature}",
+                            key="--temperature.negative_or_infinite", where="--temperature")
     if 0 < args.temperature < MIN_TEMPERATURE:  # 1e-300 is 0 in float32: logits / 0 ended in torch's NaN traceback
         raise SamplingError(f"--temperature {args.temperature}: below {MIN_TEMPERATURE} sampling is greedy decoding in "
-                         "effect (vLLM switches to it) and overflows the logits; give 0 for greedy decoding")
+                         "effect (vLLM switches to it) and overflows the logits; give 0 for greedy decoding",
+                            key="--temperature.below_min", where="--temperature")
     if not 0 <= args.seed < 2**63:  # torch's generators take 64 bits; -1 would be a fixed seed, not "random"
-        raise SamplingError(f"--seed must be in [0, 2^63): the same seed draws the same samples; got {args.seed}")
+        raise SamplingError(f"--seed must be in [0, 2^63): the same seed draws the same samples; got {args.seed}",
+                            key="--seed.out_of_range", where="--seed")
     if not 0 < args.top_p <= 1:
-        raise SamplingError(f"--top-p must be in (0, 1]; got {args.top_p}")
+        raise SamplingError(f"--top-p must be in (0, 1]; got {args.top_p}", key="--top-p.out_of_range", where="--top-p")
     if args.stop and "" in args.stop:  # the sampler matches it before the first token
         raise SamplingError("--stop '': an empty stop string ends every completion before its first token (all "
-                         "samples empty); give non-empty stop strings, or --no-stop for none")
+                         "samples empty); give non-empty stop strings, or --no-stop for none",
+                            key="--stop.empty", where="--stop")
     if args.temperature == 0 and args.num_samples != 1:
         raise SamplingError(f"--temperature 0 is greedy decoding, one completion per prompt: --num-samples 1 "
-                         f"(got {args.num_samples})")
+                         f"(got {args.num_samples})", key="--num-samples.above_1_when_greedy", where="--num-samples")
     backend = choose_backend(args.backend, args.device)  # vLLM missing or on the CPU: refused before anything loads
-    if args.tensor_parallel_size != 1 and backend == "transformers":
-        raise SamplingError(TRANSFORMERS_ON_ONE_DEVICE)  # before the sample log records a size no sampling used
+    if args.tensor_parallel_size != 1 and backend == "transformers":  # before the sample log records a size no
+        raise SamplingError(TRANSFORMERS_ON_ONE_DEVICE,  # sampling used
+                            key="--tensor-parallel-size.transformers_backend", where="--tensor-parallel-size")
     if args.temperature == 0 and args.sampler_logprobs:
         raise SamplingError("--sampler-logprobs with --temperature 0: greedy decoding samples from no distribution "
-                         "(its log-prob is 0); score the completions with `nemo-topr score-logprobs`")
+                         "(its log-prob is 0); score the completions with `nemo-topr score-logprobs`",
+                            key="--sampler-logprobs.greedy", where="--sampler-logprobs")
 
 
 def settings_from_args(args: argparse.Namespace, task: str) -> SamplingSettings:

@@ -76,14 +76,16 @@ def judge_prompt(record: Record) -> str:
     if not isinstance(record.prompt, str) and not any(message["role"] == "user" for message in record.prompt):
         roles = [message["role"] for message in record.prompt]
         raise record.error("prompt", f"has no user message (roles {roles}), whose text the verifier's judge reads as "
-                                     "the problem: give the problem as a message with role \"user\"")
+                                     "the problem: give the problem as a message with role \"user\"",
+                           key="record.prompt.no_user_message", where=f"{record.path}:{record.line}: prompt")
     problem = judged_problem(record.prompt)
     for field, text in (("prompt", problem), ("completion", record.completion)):
         if match := LLAMA3_SPECIAL_TOKEN.search(text):
             raise record.error(field, f"holds Llama 3's special token {match[0]!r} as text, which the verifier's "
                                       "judge prompt cannot hold: give the prompt as plain text, as messages, or "
                                       "rendered by the chat template with its user turn (read as that turn's text), "
-                                      "and the completion without special tokens")
+                                      "and the completion without special tokens",
+                               key=f"record.{field}.special_token", where=f"{record.path}:{record.line}: {field}")
     return f"{problem}\n\nProposed solution:\n{record.completion.strip()}\n\n{JUDGE_QUESTION}"
 
 
