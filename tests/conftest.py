@@ -128,6 +128,16 @@ def cli_verb(verb: str):
     return lambda argv: cli.main([verb, *argv])
 
 
+def refusal(check, *args, **kwargs) -> tuple[int, str | None, str | None]:
+    """(exit code, key, where) of the refusal (`UserError`) `check(*args, **kwargs)` raises: a verb's `main`,
+    whose refusal `cli.main` prints and ends with that code, or a pure check. Its words are the golden file's."""
+    from nemo_topr.errors import UserError
+
+    with pytest.raises(UserError) as error:
+        check(*args, **kwargs)
+    return error.value.exit_code, error.value.key, error.value.where
+
+
 def checkout_env(**extra: str) -> dict[str, str]:
     """``os.environ`` with this checkout first on PYTHONPATH, plus ``extra``."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))

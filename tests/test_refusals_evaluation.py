@@ -12,7 +12,6 @@ records, results and metrics `eval`'s, the judge prompt `verifier`'s.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,9 +39,11 @@ SOURCES = [EVALUATION / f"{name}.py" for name in ("problems", "evaluate", "sampl
 ERRORS = {"PromptsError", "EvalError", "SamplingError", "SampleLogError", "MetricsError", "DataError", "error",
           "GraderErrorRateExceeded", "OutputWriteError"}
 UNREACHABLE = {
-    "sampling.out_of_memory": "transformers' generate running out of memory on a real model",
+    "sampling.out_of_memory": "transformers' generate running out of memory on a model (tests/test_generate_eval.py "
+                              "test_only_a_failed_allocation_while_sampling_is_read_as_out_of_memory)",
     "--num-shots.prompt_beyond_model_context": "logged_sample_and_grade, which loads the model's tokenizer and "
-                                               "fingerprints its weights before it budgets the prompts",
+                                               "fingerprints its weights before it budgets the prompts "
+                                               "(tests/test_generate_eval.py test_gsm8k_on_a_short_context_model_...)",
     "{}": "logged_sample_and_grade's re-raise of grading's grader-error-rate refusal (its key and where), met "
           "after sampling a model",
     "sample_log.write_failed": "a filesystem that refuses the sample log's line half-way (full, over quota)",
@@ -147,6 +148,16 @@ def graded(name: str, task: str | None = None):
     return raised(lambda: outcomes_of_records(records(name), task, 1.0))
 
 
+def prompt_file_row(key: str, name: str, field: str, line: int = 1, **options: bool):
+    """The row of prompt file `name`'s problem with `field` on `line`, read for gsm8k with `options`."""
+    return "generate", key, data(name, field, line), raised(jsonl_problems, name, "gsm8k", **options)
+
+
+def records_row(key: str, name: str, field: str, line: int = 1, task: str | None = None):
+    """The row of records file `name`'s problem with `field` on `line`, evaluated with `--task`."""
+    return "eval", key, data(name, field, line), graded(name, task)
+
+
 def judged(record: Record):
     return raised(judge_prompt, record)
 
@@ -194,47 +205,32 @@ ROWS = [
     ("generate", "--task.not_the_benchmarks", "--task", problems_of("gsm8k-test", "math")),
     ("generate", "--prompts.directory", "--prompts", raised(load_problems, "adir")),
     ("generate", "--prompts.no_such_file", "--prompts", raised(load_problems, "gsm8k-tst")),
-    ("generate", "--num-shots.prompt_file", "--num-shots", raised(load_problems, "prompts.jsonl", task="gsm8k", shots=3)),
+    ("generate", "--num-shots.prompt_file", "--num-shots",
+     raised(load_problems, "prompts.jsonl", task="gsm8k", shots=3)),
     ("generate", "--task.unset_for_prompt_file", "--task", raised(load_problems, "prompts.jsonl")),
-    ("generate", "prompts.prompt_id.duplicate", data("duplicate_ids.jsonl", "prompt_id", 2),
-     raised(jsonl_problems, "duplicate_ids.jsonl", "gsm8k")),
+    prompt_file_row("prompts.prompt_id.duplicate", "duplicate_ids.jsonl", "prompt_id", line=2),
     ("generate", "prompts.file.empty", "empty.jsonl", raised(jsonl_problems, "empty.jsonl", "gsm8k")),
-    ("generate", "prompts.row.not_an_object", data("list_row.jsonl", "row"),
-     raised(jsonl_problems, "list_row.jsonl", "gsm8k")),
-    ("generate", "prompts.prompt.missing", data("no_prompt.jsonl", "prompt"),
-     raised(jsonl_problems, "no_prompt.jsonl", "gsm8k")),
-    ("generate", "prompts.reference_answer.missing", data("no_reference.jsonl", "reference_answer"),
-     raised(jsonl_problems, "no_reference.jsonl", "gsm8k")),
-    ("generate", "prompts.field.unknown", data("misspelt.jsonl", "promptid"),
-     raised(jsonl_problems, "misspelt.jsonl", "gsm8k")),
-    ("generate", "prompts.prompt.messages_when_rendered", data("messages.jsonl", "prompt"),
-     raised(jsonl_problems, "messages.jsonl", "gsm8k", rendered_prompts=True)),
-    ("generate", "prompts.prompt.not_text", data("number_prompt.jsonl", "prompt"),
-     raised(jsonl_problems, "number_prompt.jsonl", "gsm8k")),
-    ("generate", "prompts.prompt.lone_surrogate", data("surrogate.jsonl", "prompt"),
-     raised(jsonl_problems, "surrogate.jsonl", "gsm8k")),
-    ("generate", "prompts.reference_answer.not_text", data("true_reference.jsonl", "reference_answer"),
-     raised(jsonl_problems, "true_reference.jsonl", "gsm8k")),
-    ("generate", "prompts.prompt_id.not_an_id", data("list_id.jsonl", "prompt_id"),
-     raised(jsonl_problems, "list_id.jsonl", "gsm8k")),
-    ("generate", "prompts.prompt.empty", data("empty_prompt.jsonl", "prompt"),
-     raised(jsonl_problems, "empty_prompt.jsonl", "gsm8k")),
-    ("generate", "prompts.reference_answer.empty", data("blank_reference.jsonl", "reference_answer"),
-     raised(jsonl_problems, "blank_reference.jsonl", "gsm8k")),
-    ("generate", "prompts.reference_answer.invalid", data("word_reference.jsonl", "reference_answer"),
-     raised(jsonl_problems, "word_reference.jsonl", "gsm8k")),
+    prompt_file_row("prompts.row.not_an_object", "list_row.jsonl", "row"),
+    prompt_file_row("prompts.prompt.missing", "no_prompt.jsonl", "prompt"),
+    prompt_file_row("prompts.reference_answer.missing", "no_reference.jsonl", "reference_answer"),
+    prompt_file_row("prompts.field.unknown", "misspelt.jsonl", "promptid"),
+    prompt_file_row("prompts.prompt.messages_when_rendered", "messages.jsonl", "prompt", rendered_prompts=True),
+    prompt_file_row("prompts.prompt.not_text", "number_prompt.jsonl", "prompt"),
+    prompt_file_row("prompts.prompt.lone_surrogate", "surrogate.jsonl", "prompt"),
+    prompt_file_row("prompts.reference_answer.not_text", "true_reference.jsonl", "reference_answer"),
+    prompt_file_row("prompts.prompt_id.not_an_id", "list_id.jsonl", "prompt_id"),
+    prompt_file_row("prompts.prompt.empty", "empty_prompt.jsonl", "prompt"),
+    prompt_file_row("prompts.reference_answer.empty", "blank_reference.jsonl", "reference_answer"),
+    prompt_file_row("prompts.reference_answer.invalid", "word_reference.jsonl", "reference_answer"),
     ("eval", "problems.none", "problems", raised(benchmark_results, [], "gsm8k", None)),
     ("eval", "--k.above_samples", "--k", raised(benchmark_results, [[SampleOutcome("5", True)]], "gsm8k", [2])),
-    ("eval", "record.meta.task.not_--task", data("math_record.jsonl", "meta.task"), graded("math_record.jsonl", "gsm8k")),
-    ("eval", "record.meta.unset", data("bare_record.jsonl", "meta"), graded("bare_record.jsonl")),
-    ("eval", "record.meta.reference_answer.invalid", data("bad_reference.jsonl", "meta.reference_answer"),
-     graded("bad_reference.jsonl")),
-    ("eval", "record.meta.reference_answer.differs_within_prompt",
-     data("two_references.jsonl", "meta.reference_answer", 2), graded("two_references.jsonl")),
-    ("eval", "record.meta.verifier_score.not_a_weight", data("nan_score.jsonl", "meta.verifier_score"),
-     graded("nan_score.jsonl")),
-    ("eval", "record.meta.empty_sample_ids.invalid", data("empty_ids.jsonl", "meta.empty_sample_ids"),
-     graded("empty_ids.jsonl")),
+    records_row("record.meta.task.not_--task", "math_record.jsonl", "meta.task", task="gsm8k"),
+    records_row("record.meta.unset", "bare_record.jsonl", "meta"),
+    records_row("record.meta.reference_answer.invalid", "bad_reference.jsonl", "meta.reference_answer"),
+    records_row("record.meta.reference_answer.differs_within_prompt", "two_references.jsonl", "meta.reference_answer",
+                line=2),
+    records_row("record.meta.verifier_score.not_a_weight", "nan_score.jsonl", "meta.verifier_score"),
+    records_row("record.meta.empty_sample_ids.invalid", "empty_ids.jsonl", "meta.empty_sample_ids"),
     ("eval", "records.meta.task.mixed", "two_tasks.jsonl", graded("two_tasks.jsonl")),
     ("eval", "--plot.no_headline_metric", "--plot",
      raised(plotted_metrics, [{"metrics": {"pass@4": 0.5}}], [Path("pass4.json")], None)),
@@ -297,16 +293,18 @@ def test_the_messages_are_the_golden_files(inputs, monkeypatch):
                   [rendered(verb, key, where, *problem(), inputs) for verb, key, where, problem in ROWS])
 
 
-def test_the_table_imports_no_megatron(tmp_path):
-    """Each problem comes out of the pure checks: the whole table, run in a fresh interpreter, imports
-    neither Megatron nor Transformer Engine."""
-    code = ("import json, sys; from pathlib import Path; import test_refusals_evaluation as table; "
-            "table.make_inputs(Path.cwd()); keys = [row[3]()[0].key for row in table.ROWS]; "
-            "print(json.dumps([len(keys), sorted(m for m in sys.modules "
-            "if m.startswith(('megatron', 'transformer_engine')))]))")
-    env = checkout_env(PYTHONPATH=os.pathsep.join([str(REPO / "tests"), checkout_env()["PYTHONPATH"]]))
-    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout.strip().splitlines()[-1]) == [len(ROWS), []]
+MEGATRON = ("megatron", "transformer_engine")
+
+
+def test_the_table_imports_no_megatron(inputs, monkeypatch):
+    """Each problem comes out of the pure checks: no row's check imports Megatron or Transformer Engine on the
+    way to its refusal, and neither do the modules that hold the checks (imported in a fresh interpreter)."""
+    monkeypatch.chdir(inputs)
+    before = set(sys.modules)
+    assert all(problem() for *_, problem in ROWS)
+    assert sorted(name for name in set(sys.modules) - before if name.startswith(MEGATRON)) == []
+    modules = ", ".join(f"nemo_topr.evaluation.{source.stem}" for source in SOURCES)
+    code = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.startswith({MEGATRON})))"
+    run = subprocess.run([sys.executable, "-c", code], env=checkout_env(), capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stdout) == (0, "[]\n"), run.stderr
 

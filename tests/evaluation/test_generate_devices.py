@@ -9,8 +9,8 @@ import importlib.util
 import json
 
 import pytest
+from conftest import refusal
 
-from nemo_topr import cli
 from nemo_topr.evaluation import generate
 from nemo_topr.evaluation.sampling_options import settings_from_args
 
@@ -29,15 +29,13 @@ def prompt_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("backend", ["transformers", "auto"])
-def test_tensor_parallel_needs_vllm(prompt_run, tmp_path, capsys, backend):
+def test_tensor_parallel_needs_vllm(prompt_run, tmp_path, backend):
     """Refused before anything is read or logged: had the sample log recorded the size, the
     corrected rerun would be refused as one "with other options"."""
     out = tmp_path / "o.jsonl"
     args = [*prompt_run, "--backend", backend, "--tensor-parallel-size", "4", "--device", "cpu", "--out", str(out)]
-    assert cli.main(["generate", *args]) == 1
-    assert capsys.readouterr().err == ("nemo-topr generate: the transformers backend runs on one device; "
-                                       "--tensor-parallel-size needs --backend vllm (--backend auto chooses it on "
-                                       "cuda when vLLM is installed)\n")
+    assert refusal(generate.main, args) == (
+        1, "--tensor-parallel-size.transformers_backend", "--tensor-parallel-size")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -59,19 +57,14 @@ def vllm_importable(monkeypatch):
                         lambda name, *rest: object() if name == "vllm" else real_find_spec(name, *rest))
 
 
-def test_the_vllm_backend_is_refused_where_it_cannot_sample(prompt_run, tmp_path, capsys, request):
+def test_the_vllm_backend_is_refused_where_it_cannot_sample(prompt_run, tmp_path, request):
     """Before anything is read or logged: without vLLM the import failed in a traceback once the
     sample log was written; on the CPU, with vLLM installed, it would not sample at all."""
     out = tmp_path / "o.jsonl"
     args = [*prompt_run, "--backend", "vllm", "--device", "cpu", "--out", str(out)]
-    assert cli.main(["generate", *args]) == 1
-    assert capsys.readouterr().err == ("nemo-topr generate: --backend vllm: vLLM is not installed in this environment "
-                                       "(pip install -r requirements-vllm.txt); --backend transformers, or auto, "
-                                       "samples without it\n")
+    assert refusal(generate.main, args) == (1, "--backend.vllm_not_installed", "--backend")
     request.getfixturevalue("vllm_importable")
-    assert cli.main(["generate", *args]) == 1
-    assert capsys.readouterr().err == ("nemo-topr generate: --backend vllm samples on GPUs: it needs --device cuda (or "
-                                       "auto on a machine with one)\n")
+    assert refusal(generate.main, args) == (1, "--backend.vllm_on_cpu", "--backend")
     assert list(tmp_path.iterdir()) == []
 
 

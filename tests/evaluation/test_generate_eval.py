@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import checkout_env, cli_verb, placeholder_hf_model
+from tests.conftest import checkout_env, cli_verb, placeholder_hf_model, refusal
 
 from nemo_topr.data.records import DataError, load_records
 from nemo_topr import cli
@@ -22,7 +22,6 @@ from nemo_topr.evaluation.sampling import (
 from nemo_topr.grading import grade
 
 eval_main = cli_verb("eval")
-
 TINY_SAMPLING = ["--num-samples", "2", "--max-new-tokens", "16", "--device", "cpu"]
 
 
@@ -183,8 +182,8 @@ def test_gsm8k_on_a_short_context_model_is_refused_naming_num_shots_and_runs_wit
     short = build_tiny_hf_llama(tmp_path / "short", build_tiny_tokenizer(), max_position_embeddings=1024)
     sampling = ["--benchmark", "gsm8k", "--model", str(short), "--limit", "1", "--max-new-tokens", "4",
                 "--device", "cpu"]
-    assert eval_main([*sampling, "--out", str(tmp_path / "eight.json")]) == 1
-    assert "--num-shots" in capsys.readouterr().err
+    assert refusal(evaluate.main, [*sampling, "--out", str(tmp_path / "eight.json")]) == (
+        1, "--num-shots.prompt_beyond_model_context", "--num-shots")
     assert not (tmp_path / "eight.json").exists()
     assert eval_main([*sampling, "--num-shots", "0", "--out", str(tmp_path / "zero.json")]) == 0
     zero = json.loads((tmp_path / "zero.json").read_text())
@@ -193,24 +192,20 @@ def test_gsm8k_on_a_short_context_model_is_refused_naming_num_shots_and_runs_wit
     for shots in (0, 2):
         prompt = load_problems("gsm8k-test", limit=1, shots=shots)[0].prompt
         assert prompt.count("Question: ") == shots + 1 and prompt.count("The answer is ") == shots
-    with pytest.raises(ValueError, match="--num-shots"):  # a prompt file's prompts are sampled as written
-        load_problems("math500", shots=0)
+    assert refusal(load_problems, "math500", shots=0)[1] == "--num-shots.math500"  # zero-shot already
 
 
 @pytest.mark.parametrize("verb, options", [
-    (cli_verb("generate"), ["--prompts", "gsm8k-test", "--task", "math", "--out", "g.jsonl"]),
-    (eval_main, ["--benchmark", "gsm8k", "--task", "math", "--out", "r.json"]),
-    (eval_main, ["--prompts", "math500", "--task", "gsm8k", "--out", "r.json"]),
+    (generate.main, ["--prompts", "gsm8k-test", "--task", "math", "--out", "g.jsonl"]),
+    (evaluate.main, ["--benchmark", "gsm8k", "--task", "math", "--out", "r.json"]),
+    (evaluate.main, ["--prompts", "math500", "--task", "gsm8k", "--out", "r.json"]),
 ], ids=["generate", "eval-benchmark", "eval-prompts"])
-def test_a_task_that_contradicts_the_benchmark_is_refused(verb, options, tmp_path, monkeypatch, capsys):
+def test_a_task_that_contradicts_the_benchmark_is_refused(verb, options, tmp_path, monkeypatch):
     """It was ignored: GSM8K's problems graded by GSM8K's grader under `--task math`, unsaid."""
     monkeypatch.chdir(tmp_path)
     model = placeholder_hf_model(tmp_path / "model")
-    assert verb([*options, "--model", str(model), "--limit", "1", "--device", "cpu"]) == 1
-    source, task = ("math500", "gsm8k") if "math500" in options else ("gsm8k-test", "math")
-    graded_as = "math" if source == "math500" else "gsm8k"
-    assert capsys.readouterr().err.endswith(f"--task {task}: {source}'s problems are graded as {graded_as}; drop "
-                                            "--task (a benchmark sets its own)\n")
+    assert refusal(verb, [*options, "--model", str(model), "--limit", "1", "--device", "cpu"]) == (
+        1, "--task.not_the_benchmarks", "--task")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
@@ -230,36 +225,31 @@ def test_records_eval_grades_each_record_for_its_own_task(tmp_path, capsys):
         scored = tmp_path / "scored.jsonl"
         scored.write_text("\n".join([record(0, " The answer is 250.", verifier_score=0.9),
                                      record(1, " The answer is 12.", verifier_score=score)]) + "\n")
-        assert eval_main(["--records", str(scored), "--out", str(tmp_path / "s.json")]) == 1
-        assert capsys.readouterr().err == (f"nemo-topr eval: {scored}:2: meta.verifier_score: expected a finite "
-                                           "number >= 0, the sample's weight in the vote (`nemo-topr verifier score` "
-                                           f"writes P(Yes)); got {score!r}\n")
+        assert refusal(evaluate.main, ["--records", str(scored), "--out", str(tmp_path / "s.json")]) == (
+            1, "record.meta.verifier_score.not_a_weight", f"{scored}:2: meta.verifier_score")
     for limit in ("-1", "0"):  # `--limit -1` evaluated all but the last problem without a word
-        assert eval_main(["--records", str(graded), "--limit", limit, "--out", str(tmp_path / "l.json")]) == 1
-        assert capsys.readouterr().err == f"nemo-topr eval: --limit must be at least 1; got {limit}\n"
+        assert refusal(evaluate.main, ["--records", str(graded), "--limit", limit, "--out",
+                                       str(tmp_path / "l.json")]) == (1, "--limit.below_1", "--limit")
     assert not (tmp_path / "l.json").exists()
     # --task that contradicts a record: MATH's grader on GSM8K samples, never unsaid
-    assert eval_main(["--records", str(graded), "--task", "math", "--out", str(tmp_path / "m.json")]) == 1
-    assert capsys.readouterr().err == (f"nemo-topr eval: {graded}:1: meta.task: is 'gsm8k' but --task is 'math': "
-                                       "--task is for records without a task; drop it, or evaluate records of that "
-                                       "task\n")
+    assert refusal(evaluate.main, ["--records", str(graded), "--task", "math", "--out", str(tmp_path / "m.json")]) == (
+        1, "record.meta.task.not_--task", f"{graded}:1: meta.task")
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text("\n".join([record(0, " 250"), record(1, " 250", task="math")]) + "\n")
-    assert eval_main(["--records", str(mixed), "--out", str(tmp_path / "x.json")]) == 1
-    assert "meta.task: mixes tasks ['gsm8k', 'math']; evaluate them separately" in capsys.readouterr().err
+    assert refusal(evaluate.main, ["--records", str(mixed), "--out", str(tmp_path / "x.json")]) == (
+        1, "records.meta.task.mixed", str(mixed))
     bare = tmp_path / "bare.jsonl"  # no task: --task supplies it; no reference answer: named
     bare.write_text(json.dumps({"prompt": "Q", "completion": " 250", "reward": 1.0, "prompt_id": "p0", "sample_id": 0,
                                 "meta": {"reference_answer": "250"}}) + "\n")
-    assert eval_main(["--records", str(bare), "--out", str(tmp_path / "b.json")]) == 1
-    assert f"{bare}:1: meta: needs reference_answer and a task (gsm8k|math; or pass --task)" in capsys.readouterr().err
+    assert refusal(evaluate.main, ["--records", str(bare), "--out", str(tmp_path / "b.json")]) == (
+        1, "record.meta.unset", f"{bare}:1: meta")
     assert eval_main(["--records", str(bare), "--task", "gsm8k", "--out", str(tmp_path / "b.json")]) == 0
     # a reference GSM8K's grader cannot read: refused, not an unanswered sample counted merely invalid
     unreadable = tmp_path / "unreadable.jsonl"
     unreadable.write_text(json.dumps({"prompt": "Q", "completion": " I do not know.", "reward": -1.0, "prompt_id": "p0",
                                       "sample_id": 0, "meta": {"task": "gsm8k", "reference_answer": "twelve"}}) + "\n")
-    assert eval_main(["--records", str(unreadable), "--out", str(tmp_path / "u.json")]) == 1
-    assert capsys.readouterr().err == (f"nemo-topr eval: {unreadable}:1: meta.reference_answer: GSM8K reference has "
-                                       "no number: 'twelve'\n")
+    assert refusal(evaluate.main, ["--records", str(unreadable), "--out", str(tmp_path / "u.json")]) == (
+        1, "record.meta.reference_answer.invalid", f"{unreadable}:1: meta.reference_answer")
     assert not (tmp_path / "m.json").exists() and not (tmp_path / "x.json").exists()
     assert not (tmp_path / "u.json").exists()
 
@@ -289,19 +279,16 @@ def _graded_record(prompt_id, sample_id, answer, reference, **fields):
                        "meta": {"task": "gsm8k", "reference_answer": reference}, **fields}) + "\n"
 
 
-def test_records_of_one_prompt_with_two_reference_answers_are_refused_naming_both(tmp_path, capsys):
+def test_records_of_one_prompt_with_two_reference_answers_are_refused_naming_both(tmp_path):
     """Each record was graded against its own reference: prompt 'a' with references 5 and 6 and
     answers 5 and 6 scored pass@2 and maj@2 100 % as one problem, without a word."""
     conflicting = tmp_path / "conflicting.jsonl"
     conflicting.write_text(_graded_record("a", 0, 5, "5") + _graded_record("a", 1, 6, "6"))
-    assert eval_main(["--records", str(conflicting), "--out", str(tmp_path / "c.json")]) == 1
-    assert capsys.readouterr().err == (f"nemo-topr eval: {conflicting}:2: meta.reference_answer: '6', but '5' for "
-                                       f"prompt 'a' at {conflicting}:1\n")
     no_ids = tmp_path / "no_ids.jsonl"  # the prompt text groups them
     no_ids.write_text(_graded_record(None, 0, 5, "5") + _graded_record(None, 1, 6, 6))
-    assert eval_main(["--records", str(no_ids), "--out", str(tmp_path / "n.json")]) == 1
-    assert f"{no_ids}:2: meta.reference_answer: '6', but '5' for prompt '(prompt text)' at {no_ids}:1" in (
-        capsys.readouterr().err)
+    for records, out in ((conflicting, "c.json"), (no_ids, "n.json")):
+        assert refusal(evaluate.main, ["--records", str(records), "--out", str(tmp_path / out)]) == (
+            1, "record.meta.reference_answer.differs_within_prompt", f"{records}:2: meta.reference_answer")
     assert not (tmp_path / "c.json").exists() and not (tmp_path / "n.json").exists()
     same = tmp_path / "same.jsonl"  # the number 5 and the string "5" are one reference
     same.write_text(_graded_record("a", 0, 5, "5") + _graded_record("a", 1, 6, 5))
@@ -344,10 +331,8 @@ def test_the_plot_draws_the_headline_metrics_unless_told_otherwise(tmp_path, cap
         "pass@1", "invalid_rate"]
 
     out = tmp_path / "rounds.png"
-    assert eval_main(["--plot", *map(str, paths), "--metrics", "maj@16", "--out", str(out)]) == 1
-    assert capsys.readouterr().err == (f"nemo-topr eval: --metrics maj@16: not a metric of {paths[1]} (it has "
-                                       "pass@1, pass@2, pass@4, pass@8, maj@2, maj@4, maj@8, weighted_maj@2, "
-                                       "weighted_maj@4, weighted_maj@8, invalid_rate, grader_error_rate)\n")
+    assert refusal(evaluate.main, ["--plot", *map(str, paths), "--metrics", "maj@16", "--out", str(out)]) == (
+        1, "--metrics.not_in_result", "--metrics")
     assert eval_main(["--records", str(paths[0]), "--metrics", "all", "--out", str(tmp_path / "r.json")]) == 2
     assert capsys.readouterr().err == "nemo-topr eval: --metrics is for --plot (results JSONs list every metric)\n"
     assert not out.exists()
@@ -535,17 +520,11 @@ def test_a_sample_log_of_prompts_edited_since_is_not_resumed(monkeypatch, tmp_pa
     rows = [json.loads(line) for line in original.splitlines()]
     sampler = FixedSampler()
     monkeypatch.setattr("nemo_topr.evaluation.sampling.iter_completions", sampler)
-    remedy = "choose another --out, or delete the log to sample again"
-    for field, value, message in (
-            ("prompt", "What is 1+50-1?", "has other text than when it was sampled: the logged samples answer "
-                                          "another question"),
-            ("reference_answer", "50", ": reference answer '5' in the log, '50' now: the logged grades follow the "
-                                       "old one")):
+    for field, value, key in (("prompt", "What is 1+50-1?", "sample_log.prompt_sha256.changed"),
+                              ("reference_answer", "50", "sample_log.reference_answer.changed")):
         edited = [dict(row, **({field: value} if row["prompt_id"] == "q1" else {})) for row in rows]
         prompts.write_text("".join(json.dumps(row) + "\n" for row in edited))
-        assert cli.main(["generate", *args]) == 1
-        separator = "" if message.startswith(":") else " "
-        assert capsys.readouterr().err == f"nemo-topr generate: {log}:3: prompt 'q1'{separator}{message}; {remedy}\n"
+        assert refusal(generate.main, args) == (1, key, f"{log}:3: {key.split('.')[1]}")
         assert sampler.asked == [] and not out.exists()
     prompts.write_text(original)  # as logged: resumed
     assert generate.main(args) == 0 and sampler.asked == [2]
@@ -597,13 +576,11 @@ def test_a_sample_log_line_without_its_task_is_graded_again(tmp_path):
 
 def test_a_sample_log_whose_lines_cannot_show_the_prompts_is_not_resumed(tmp_path):
     """A log written before its lines held the prompt's digest cannot prove the prompts unchanged."""
-    from nemo_topr.evaluation.sample_log import SampleLog, SampleLogError
+    from nemo_topr.evaluation.sample_log import SampleLog
 
     problem, log = Problem("q0", "What is 2+3?", "5", "math"), tmp_path / "graded.jsonl.samples"
     log.write_text('{"options": {}}\n{"index": 0, "prompt_id": "q0", "samples": []}\n')
-    with pytest.raises(SampleLogError, match=rf"^{log}:2: prompt 'q0' was logged by an earlier nemo-topr without its "
-                                             r"text's digest, so whether the prompts changed cannot be told"):
-        SampleLog(log, {}, [problem])
+    assert refusal(SampleLog, log, {}, [problem]) == (1, "sample_log.prompt_sha256.missing", f"{log}:2: prompt_sha256")
     log.write_text('{"options": {}}\n')
     SampleLog(log, {}, [problem]).append(0, problem, [])
     assert SampleLog(log, {}, [problem]).done == {0: []}
@@ -804,15 +781,9 @@ def test_eval_refuses_a_k_it_cannot_compute_before_sampling(ks, message, tmp_pat
 
 def test_a_misspelled_benchmark_or_a_bad_prompt_file_is_named(tmp_path, capsys):
     model, out = placeholder_hf_model(tmp_path / "model"), tmp_path / "g.jsonl"
-    assert cli.main(["generate", "--prompts", "gsm8k-tst", "--model", str(model), "--device", "cpu", "--out",
-                     str(out)]) == 1
-    assert capsys.readouterr().err == ("nemo-topr generate: gsm8k-tst: no such prompt file, and not a benchmark "
-                                       "(gsm8k-train, gsm8k-test, math500); did you mean gsm8k-test?\n")
-    assert cli.main(["generate", "--prompts", str(tmp_path), "--model", str(model), "--device", "cpu", "--out",
-                     str(out)]) == 1
-    assert capsys.readouterr().err.startswith(f"nemo-topr generate: {tmp_path}: a directory; --prompts takes a JSONL "
-                                              "file or a benchmark name (gsm8k-train, gsm8k-test, math500), whose "
-                                              "local copy")
+    for prompts, key in (("gsm8k-tst", "--prompts.no_such_file"), (str(tmp_path), "--prompts.directory")):
+        assert refusal(generate.main, ["--prompts", prompts, "--model", str(model), "--device", "cpu", "--out",
+                                       str(out)]) == (1, key, "--prompts")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Q: 1+1?", "reference_answer": "2"}\n{"prompt": "Q: 2+2?", reference_answer: 4}\n')
     assert cli.main(["generate", "--prompts", str(prompts), "--task", "gsm8k", "--model", str(model), "--device", "cpu",
@@ -822,51 +793,45 @@ def test_a_misspelled_benchmark_or_a_bad_prompt_file_is_named(tmp_path, capsys):
     assert not out.exists() and not list(tmp_path.glob("*.samples"))
 
 
+@pytest.mark.parametrize("row, key, field", [
+    ({"question": "Q: 1+1?", "answer": "2"}, "prompts.prompt.missing", "prompt"),
+    ({"prompt": "Q: 1+1?"}, "prompts.reference_answer.missing", "reference_answer"),
+    ({"prompt": 7, "reference_answer": "2"}, "prompts.prompt.not_text", "prompt"),
+    ({"prompt": "", "reference_answer": "2"}, "prompts.prompt.empty", "prompt"),
+    ({"prompt": [], "reference_answer": "2"}, "prompts.prompt.empty", "prompt"),
+    ({"prompt": "Q: 1+1?", "reference_answer": " "}, "prompts.reference_answer.empty", "reference_answer"),
+    ({"prompt": "Q: 1+1?", "reference_answer": True}, "prompts.reference_answer.not_text", "reference_answer"),
+    # read before sampling: the grader reads a reference only for a sample with an answer, hours later
+    ({"prompt": "Q: 1+1?", "reference_answer": "two"}, "prompts.reference_answer.invalid", "reference_answer"),
+    ({"prompt": "Q: 1+1?", "reference_answer": "2", "prompt_id": 1.5}, "prompts.prompt_id.not_an_id", "prompt_id"),
+    (["Q: 1+1?", "2"], "prompts.row.not_an_object", "row"),
+    # the id was lost to the line number, the other key to nothing, without a word
+    ({"prompt": "Q: 1+1?", "reference_answer": "2", "promptid": "q17"}, "prompts.field.unknown", "promptid"),
+    ({"prompt": "Q: 1+1?", "reference_answer": "2", "source": "web"}, "prompts.field.unknown", "source"),
+    # an emoji cut in two: the tokenizer's TypeError traceback after the model loaded
+    ({"prompt": "Q: 1+1? \ud83d", "reference_answer": "2"}, "prompts.prompt.lone_surrogate", "prompt"),
+])
+def test_a_prompt_files_bad_row_is_named_by_line_and_field(tmp_path, row, key, field):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Q: 2+2?", "reference_answer": "4"}) + "\n" + json.dumps(row) + "\n")
+    assert refusal(load_problems, str(prompts), task="gsm8k") == (1, key, f"{prompts}:2: {field}")
+
+
+# a prompt's messages are checked as a record's (nemo_topr.data.records.check_messages, its keys its table's)
 @pytest.mark.parametrize("row, message", [
-    ({"question": "Q: 1+1?", "answer": "2"}, "prompt: missing; the row has 'question', 'answer'"),
-    ({"prompt": "Q: 1+1?"}, "reference_answer: missing; the row has 'prompt'"),
-    ({"prompt": 7, "reference_answer": "2"}, "prompt: expected a string or a list of {role, content} messages"),
     ({"prompt": [{"role": "user"}], "reference_answer": "2"}, "prompt[0].content: expected a string, got null"),
     ({"prompt": [{"content": "Q: 1+1?"}], "reference_answer": "2"}, "prompt[0].role: expected a string, got null"),
     ({"prompt": ["Q: 1+1?"], "reference_answer": "2"}, "prompt[0]: expected a message object, got string"),
-    ({"prompt": [], "reference_answer": "2"}, "prompt: empty"),
-    ({"prompt": "", "reference_answer": "2"}, "prompt: empty"),
-    ({"prompt": "Q: 1+1?", "reference_answer": " "}, "reference_answer: empty"),
-    ({"prompt": "Q: 1+1?", "reference_answer": True}, "reference_answer: expected a string or a number, got True"),
-    # read before sampling: the grader reads a reference only for a sample with an answer, hours later
-    ({"prompt": "Q: 1+1?", "reference_answer": "two"}, "reference_answer: GSM8K reference has no number: 'two'"),
-    ({"prompt": "Q: 1+1?", "reference_answer": "2", "prompt_id": 1.5},
-     "prompt_id: expected a string or an integer, got 1.5"),
-    (["Q: 1+1?", "2"], "row: expected a JSON object, got list"),
-    # the id was lost to the line number, the other key to nothing, without a word
-    ({"prompt": "Q: 1+1?", "reference_answer": "2", "promptid": "q17"},
-     "promptid: unknown field (a prompt file's rows hold prompt, reference_answer and prompt_id); did you mean "
-     "'prompt_id'?"),
-    ({"prompt": "Q: 1+1?", "reference_answer": "2", "source": "web"}, "source: unknown field (a prompt file's rows "
-                                                                      "hold prompt, reference_answer and prompt_id)"),
-    # an emoji cut in two: the tokenizer's TypeError traceback after the model loaded
-    ({"prompt": "Q: 1+1? \ud83d", "reference_answer": "2"},
-     "prompt: holds a lone UTF-16 surrogate \\ud83d (e.g. a truncated emoji), which cannot be encoded as UTF-8; fix "
-     "the text or drop the record"),
     ({"prompt": [{"role": "usr", "content": "Q: 1+1?"}], "reference_answer": "2"},
      "prompt[0].role: unknown role 'usr'; the chat template knows system, user, assistant, ipython, tool; did you "
      "mean 'user'?"),
 ])
-def test_a_prompt_files_bad_row_is_named_by_line_and_field(tmp_path, row, message):
+def test_a_prompt_files_bad_messages_are_named_by_line_and_field(tmp_path, row, message):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "Q: 2+2?", "reference_answer": "4"}) + "\n" + json.dumps(row) + "\n")
     with pytest.raises(DataError) as error:
         load_problems(str(prompts), task="gsm8k")
     assert str(error.value).startswith(f"{prompts}:2: {message}")
-
-
-def test_messages_in_a_file_of_rendered_prompts_are_refused(tmp_path):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"prompt": [{"role": "user", "content": "Q: 1+1?"}], "reference_answer": "2"}) + "\n")
-    with pytest.raises(DataError) as error:
-        load_problems(str(prompts), task="gsm8k", rendered_prompts=True)
-    assert str(error.value) == (f"{prompts}:1: prompt: a list of messages, but --rendered-prompts is set: a rendered "
-                                "prompt is one string, as the sampler read it")
 
 
 def test_a_prompt_files_numeric_answers_zero_included_and_its_ids_are_read_as_given(tmp_path):
@@ -883,8 +848,8 @@ def test_a_prompt_files_numeric_answers_zero_included_and_its_ids_are_read_as_gi
     assert grade("gsm8k", "5 - 5 = 0. The answer is 0", problems[0].reference_answer) == "correct"
     prompts.write_text("".join(json.dumps(row) + "\n" for row in [*rows, {"prompt": "Q: 4+4?", "reference_answer": 8,
                                                                           "prompt_id": "four"}]))
-    with pytest.raises(DataError, match=r":5: prompt_id: 'four' is also line 3's; each prompt needs its own$"):
-        load_problems(str(prompts), task="gsm8k")
+    assert refusal(load_problems, str(prompts), task="gsm8k") == (1, "prompts.prompt_id.duplicate",
+                                                                  f"{prompts}:5: prompt_id")
 
 
 def test_eval_leaves_grader_errors_out_of_the_metrics(monkeypatch, tmp_path):
@@ -1066,5 +1031,4 @@ def test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when
     assert (f"{files['plain']}: prompt q0: holds none of the tokenizer's special tokens, so it is not rendered"
             in capsys.readouterr().err)
     assert not refused.exists() and len(sampled) == 2
-    with pytest.raises(ValueError, match="--rendered-prompts is for a prompt file of rendered prompts; gsm8k-test's"):
-        load_problems("gsm8k-test", rendered_prompts=True)
+    assert refusal(load_problems, "gsm8k-test", rendered_prompts=True)[1] == "--rendered-prompts.benchmark"

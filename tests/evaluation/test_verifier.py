@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO, cli_verb
+from tests.conftest import REPO, cli_verb, refusal
 from nemo_topr.data.records import Record, load_records
 from nemo_topr.evaluation import evaluate, verifier
 from nemo_topr.evaluation.verifier import NO, YES, judge_accuracy, judge_prompt, judge_records, judged_problem
@@ -111,8 +111,7 @@ def test_a_prompt_rendered_by_the_chat_template_is_judged_as_its_plain_problem()
     assert judged_problem("<|begin_of_text|>" + eight_shot) == judged_problem(eight_shot) == "Question: What is 2+3?"
 
 
-def test_build_and_score_refuse_special_tokens_the_judge_prompt_would_hold_naming_row_and_field(model_dir, tmp_path,
-                                                                                                  capsys):
+def test_build_and_score_refuse_special_tokens_the_judge_prompt_would_hold_naming_row_and_field(model_dir, tmp_path):
     only_system = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nWhat is 2+3?<|eot_id|>"
     cases = [(graded(only_system, " 5", 1.0), "prompt", "<|start_header_id|>"),
              (graded("What is 2+3?", " 5<|eot_id|>", 1.0), "completion", "<|eot_id|>")]
@@ -120,34 +119,32 @@ def test_build_and_score_refuse_special_tokens_the_judge_prompt_would_hold_namin
         rows = [graded("What is 1+1?", " 2", 1.0, prompt_id="p"), record]
         data = write_records(rows, tmp_path / f"graded{number}.jsonl")
         out = tmp_path / f"judge{number}.jsonl"
+        problem = (1, f"record.{field}.special_token", f"{data}:2: {field}")
         with pytest.raises(ValueError) as error:
             judge_records(load_records(data).records)
-        assert str(error.value).startswith(f"{data}:2: {field}: holds Llama 3's special token {token!r} as text")
-        assert verifier_main(["build", "--graded", str(data), "--out", str(out)]) == 1 and not out.exists()
-        assert verifier_main(["score", "--model", str(model_dir), "--records", str(data), "--out", str(out),
-                              "--device", "cpu"]) == 1
+        assert (error.value.key, error.value.where) == problem[1:]
+        assert token in str(error.value)  # the token it found, whichever it is
+        assert refusal(verifier.main, ["build", "--graded", str(data), "--out", str(out)]) == problem
+        assert not out.exists()
+        assert refusal(verifier.main, ["score", "--model", str(model_dir), "--records", str(data), "--out", str(out),
+                                       "--device", "cpu"]) == problem
         assert not out.exists() and not out.with_suffix(".report.json").exists()
-        assert capsys.readouterr().err.count(f"{data}:2: {field}: holds Llama 3's special token {token!r}") == 2
 
 
 @pytest.mark.parametrize("messages", [[{"role": "system", "content": "Solve: 2+2"}],
                                       [{"role": "system", "content": "Solve:"}, {"role": "tool", "content": "2+2"}]],
                          ids=["system-only", "system-and-tool"])  # a misspelt role ("User") is refused on reading
-def test_build_and_score_refuse_messages_without_a_user_turn_naming_row_and_field(model_dir, tmp_path, capsys,
-                                                                                messages):
+def test_build_and_score_refuse_messages_without_a_user_turn_naming_row_and_field(model_dir, tmp_path, messages):
     """The judge reads the last user message as the problem; without one, both verbs ended in an
     IndexError traceback."""
     first = [{"role": "user", "content": "What is 1+1?"}]
     data = write_records([graded(first, " 2", 1.0, prompt_id="p"), graded(messages, " 4", -1.0)],
                          tmp_path / "graded.jsonl")
     out = tmp_path / "judge.jsonl"
-    assert verifier_main(["build", "--graded", str(data), "--out", str(out)]) == 1
-    assert verifier_main(["score", "--model", str(model_dir), "--records", str(data), "--out", str(out),
-                          "--device", "cpu"]) == 1
-    roles = [message["role"] for message in messages]
-    assert capsys.readouterr().err == 2 * (f"nemo-topr verifier: {data}:2: prompt: has no user message (roles "
-                                           f"{roles}), whose text the verifier's judge reads as the problem: give the "
-                                           "problem as a message with role \"user\"\n")
+    problem = (1, "record.prompt.no_user_message", f"{data}:2: prompt")
+    assert refusal(verifier.main, ["build", "--graded", str(data), "--out", str(out)]) == problem
+    assert refusal(verifier.main, ["score", "--model", str(model_dir), "--records", str(data), "--out", str(out),
+                                   "--device", "cpu"]) == problem
     assert sorted(p.name for p in tmp_path.iterdir()) == ["graded.jsonl"]
 
 
