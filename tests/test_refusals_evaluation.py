@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO, checkout_env
 from refusal_table import assert_covers, assert_golden, raised, rendered
 
-from nemo_topr.data.records import Record, load_records
+from nemo_topr.data.records import Record, RenderedPrompt, load_records
 from nemo_topr.evaluation import generate, problems, sample_log, sampling
 from nemo_topr.evaluation.evaluate import benchmark_results, outcomes_of_records, plotted_metrics, read_round_results
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics, pass_at_k
@@ -46,7 +46,8 @@ UNREACHABLE = {
                                                "(tests/test_generate_eval.py test_gsm8k_on_a_short_context_model_...)",
     "{}": "logged_sample_and_grade's re-raise of grading's grader-error-rate refusal (its key and where), met "
           "after sampling a model",
-    "sample_log.write_failed": "a filesystem that refuses the sample log's line half-way (full, over quota)",
+    "sample_log.write_failed": "a filesystem that refuses the sample log's line half-way (tests/test_generate_eval.py "
+                               "test_a_sample_log_the_disk_cannot_take_..., through /dev/full)",
     "eval.input_unreadable": "eval's main translating a library's OSError or ValueError met loading a model or "
                              "file (tests/test_generate_eval.py asserts it end to end)",
 }
@@ -182,8 +183,11 @@ ROWS = [
      raised(check_sampling_args, options("--temperature", "0", "--num-samples", "1", "--sampler-logprobs"))),
     ("generate", "--backend.vllm_not_installed", "--backend", where_vllm(False, choose_backend, "vllm", "cuda")),
     ("generate", "--backend.vllm_on_cpu", "--backend", where_vllm(True, choose_backend, "vllm", "cpu")),
-    ("generate", "prompts.prompt.read_otherwise", "prompts.jsonl: prompt q0",
+    ("generate", "prompts.prompt.special_token", "prompts.jsonl: prompt q0",
      raised(prompt_ids_checked, SPECIAL_TOKENS, {0: Problem("q0", "<|begin_of_text|>What?", "5", "gsm8k")},
+            "prompts.jsonl")),
+    ("generate", "prompts.prompt.not_rendered", "prompts.jsonl: prompt q0",
+     raised(prompt_ids_checked, SPECIAL_TOKENS, {0: Problem("q0", RenderedPrompt("What?"), "5", "gsm8k")},
             "prompts.jsonl")),
     ("generate", "prompts.prompt.beyond_model_context", "prompt q0",
      raised(new_token_budgets, "small_model", {0: GSM8K}, 8, {0: [1, 2, 3]})),

@@ -211,9 +211,9 @@ def prompt_ids_checked(tokenizer, problems: dict[int, Problem], source: str = "p
         wrong = [(problem, found) for problem in problems.values()
                  if (found := prompt_text_problem(problem.prompt, pattern))]
         if wrong:
-            (first, (_, why)), count = wrong[0], len(wrong)
+            (first, (reason, why)), count = wrong[0], len(wrong)
             raise SamplingError(f"{source}: prompt {first.prompt_id}: {why} ({count} of {len(problems)} prompts)",
-                                key="prompts.prompt.read_otherwise", where=f"{source}: prompt {first.prompt_id}")
+                                key=f"prompts.prompt.{reason}", where=f"{source}: prompt {first.prompt_id}")
     return dict(zip(problems, prompt_token_ids(tokenizer, [problem.prompt for problem in problems.values()])))
 
 

@@ -351,20 +351,19 @@ def test_plot_refuses_what_it_cannot_draw_naming_the_file(tmp_path, capsys):
     (tmp_path / "doctor.json").write_text('{"passed": true}')
     plot = tmp_path / "rounds.png"
     cases = [  # before: a plot titled "gsm8k" holding MATH's rate, an empty plot, tracebacks, no file name
-        ([gsm8k, math], f"--plot: the results are of different tasks ({gsm8k}: gsm8k, {math}: math)"),
-        ([gsm8k, other], "--plot: no metric is in every result"),
-        ([str(records)], f"{records}: not JSON (Extra data: line 2 column 1"),
-        ([str(tmp_path / "doctor.json")], f"{tmp_path / 'doctor.json'}: not a result of `nemo-topr eval`"),
-        ([str(tmp_path / "r9.json")], f"{tmp_path / 'r9.json'}: cannot be read (No such file or directory)"),
+        ([gsm8k, math], "--plot.tasks.mixed", "--plot"),
+        ([gsm8k, other], "--plot.no_common_metric", "--plot"),
+        ([str(records)], "--plot.not_json", str(records)),
+        ([str(tmp_path / "doctor.json")], "--plot.not_a_result", str(tmp_path / "doctor.json")),
+        ([str(tmp_path / "r9.json")], "--plot.unreadable", str(tmp_path / "r9.json")),
         # a null ended in a TypeError, a string was drawn as a point, a list as task in a TypeError
-        ([result("n.json", "gsm8k", **{"pass@1": None})], f"{tmp_path / 'n.json'}: metrics.pass@1: None is no rate"),
-        ([result("s.json", "gsm8k", **{"pass@1": "0.5"})], f"{tmp_path / 's.json'}: metrics.pass@1: '0.5' is no rate"),
-        ([result("p.json", "gsm8k", **{"pass@1": 35.0})], f"{tmp_path / 'p.json'}: metrics.pass@1: 35.0 is no rate"),
-        ([result("t.json", ["gsm8k"], **{"pass@1": 0.1})], f"{tmp_path / 't.json'}: task: ['gsm8k'] is no task"),
+        *[([result(name, "gsm8k", **{"pass@1": value})], "--plot.metrics.not_a_rate",
+           f"{tmp_path / name}: metrics.pass@1")
+          for name, value in (("n.json", None), ("s.json", "0.5"), ("p.json", 35.0))],
+        ([result("t.json", ["gsm8k"], **{"pass@1": 0.1})], "--plot.task.unknown", f"{tmp_path / 't.json'}: task"),
     ]
-    for paths, message in cases:
-        assert eval_main(["--plot", *paths, "--out", str(plot)]) == 1
-        assert f"nemo-topr eval: {message}" in capsys.readouterr().err
+    for paths, key, where in cases:
+        assert refusal(evaluate.main, ["--plot", *paths, "--out", str(plot)]) == (1, key, where)
     # matplotlib saves "rounds" as rounds.png (the file said written was not there, and another
     # rounds.png was replaced without --overwrite), and fails on ".txt" after the reading
     for out in ("rounds", "rounds.txt"):
@@ -620,10 +619,7 @@ def test_a_sample_log_the_disk_cannot_take_ends_in_one_line_and_the_rerun_resume
 
     monkeypatch.setattr(Path, "open", full_after_two_prompts)
     log = tmp_path / "graded.jsonl.samples"
-    assert cli.main(["generate", *args]) == 1
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"nemo-topr generate: writing {log}: No space left on device; the 2 prompts logged so far are kept: free "
-        "space there and rerun the same command to resume")
+    assert refusal(generate.main, args) == (1, "sample_log.write_failed", str(log))
     assert not (tmp_path / "graded.jsonl").exists()
     monkeypatch.setattr(Path, "open", real_open)  # room again
     resumed = FixedSampler()
@@ -702,38 +698,33 @@ def test_eval_and_generate_refuse_zero_samples_or_tokens(flag, tmp_path, capsys)
     assert not (tmp_path / "r.json").exists() and not list(tmp_path.glob("*.samples"))
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--temperature", "-1"], "--temperature must be at least 0 (0: greedy decoding) and finite; got -1.0"),
-    (["--temperature", "nan"], "--temperature must be at least 0 (0: greedy decoding) and finite; got nan"),
+@pytest.mark.parametrize("options, key", [
+    (["--temperature", "-1"], "--temperature.negative_or_infinite"),
+    (["--temperature", "nan"], "--temperature.negative_or_infinite"),
     # inf sampled uniformly from the top-k and wrote `Infinity` (no JSON) in the settings line
-    (["--temperature", "inf"], "--temperature must be at least 0 (0: greedy decoding) and finite; got inf"),
+    (["--temperature", "inf"], "--temperature.negative_or_infinite"),
     # 1e-300 is 0 in float32: the logits divided by it ended in torch's "probability tensor contains inf, nan"
-    (["--temperature", "1e-300"], "--temperature 1e-300: below 1e-05 sampling is greedy decoding in effect (vLLM "
-                                  "switches to it) and overflows the logits; give 0 for greedy decoding"),
+    (["--temperature", "1e-300"], "--temperature.below_min"),
     # -1, a "random seed" in some tools, was one fixed seed here
-    (["--seed", "-1"], "--seed must be in [0, 2^63): the same seed draws the same samples; got -1"),
-    (["--seed", str(2**63)], f"--seed must be in [0, 2^63): the same seed draws the same samples; got {2**63}"),
-    (["--top-p", "0"], "--top-p must be in (0, 1]; got 0.0"),
-    (["--top-p", "1.5"], "--top-p must be in (0, 1]; got 1.5"),
+    (["--seed", "-1"], "--seed.out_of_range"),
+    (["--seed", str(2**63)], "--seed.out_of_range"),
+    (["--top-p", "0"], "--top-p.out_of_range"),
+    (["--top-p", "1.5"], "--top-p.out_of_range"),
     # an empty stop string (meant as "no stop string"?) made every sample empty, reported as such
-    (["--stop", "\n\nQuestion:", "--stop", ""], "--stop '': an empty stop string ends every completion before its "
-                                                "first token (all samples empty); give non-empty stop strings, or "
-                                                "--no-stop for none"),
-    (["--temperature", "0", "--num-samples", "4"], "--temperature 0 is greedy decoding, one completion per prompt: "
-                                                   "--num-samples 1 (got 4)"),
-    (["--temperature", "0", "--sampler-logprobs"], "--sampler-logprobs with --temperature 0: greedy decoding samples "
-                                                   "from no distribution (its log-prob is 0); score the completions "
-                                                   "with `nemo-topr score-logprobs`"),
+    (["--stop", "\n\nQuestion:", "--stop", ""], "--stop.empty"),
+    (["--temperature", "0", "--num-samples", "4"], "--num-samples.above_1_when_greedy"),
+    (["--temperature", "0", "--sampler-logprobs"], "--sampler-logprobs.greedy"),
 ])
-def test_sampling_options_are_checked_before_the_model_loads(options, message, tmp_path, capsys):
+def test_sampling_options_are_checked_before_the_model_loads(options, key, tmp_path):
     """transformers refused a temperature of 0 or below only after loading the weights, and left a
     sample log behind; the placeholder weights here would fail to load, so no load happened."""
     model = placeholder_hf_model(tmp_path / "model")
-    assert eval_main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", "--device", "cpu",
-                          *options, "--out", str(tmp_path / "r.json")]) == 1
-    assert cli.main(["generate", "--prompts", "gsm8k-test", "--model", str(model), "--limit", "1", "--device", "cpu",
-                          "--num-samples", "1", *options, "--out", str(tmp_path / "g.jsonl")]) == 1
-    assert capsys.readouterr().err.splitlines() == [f"nemo-topr eval: {message}", f"nemo-topr generate: {message}"]
+    problem = (1, key, key.partition(".")[0])
+    assert refusal(evaluate.main, ["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", "--device", "cpu",
+                                   *options, "--out", str(tmp_path / "r.json")]) == problem
+    assert refusal(generate.main, ["--prompts", "gsm8k-test", "--model", str(model), "--limit", "1", "--device",
+                                   "cpu", "--num-samples", "1", *options, "--out", str(tmp_path / "g.jsonl")]
+                   ) == problem
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
 
@@ -969,12 +960,10 @@ def test_sampling_leaves_room_in_the_models_context_and_refuses_a_full_prompt(tm
 
     tight = build_tiny_hf_llama(tmp_path / "tight", tokenizer, max_position_embeddings=max(lengths) + 1)
     refused = tmp_path / "refused.jsonl"
-    assert cli.main(["generate", "--model", str(tight), "--prompts", str(prompts), "--task", "math", "--device", "cpu",
-                          "--out", str(refused)]) == 1
     longest = problems[lengths.index(max(lengths))].prompt_id
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        f"nemo-topr generate: prompt {longest}: {max(lengths)} tokens leave no room for a completion token and EOS "
-        f"in the model's context of {max(lengths) + 1} (max_position_embeddings in {tight / 'config.json'})")
+    assert refusal(generate.main, ["--model", str(tight), "--prompts", str(prompts), "--task", "math", "--device",
+                                   "cpu", "--out", str(refused)]) == (
+        1, "prompts.prompt.beyond_model_context", f"prompt {longest}")
     assert not refused.exists() and not Path(f"{refused}.samples").exists()
 
 
@@ -1012,11 +1001,8 @@ def test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when
     args = ["--model", str(model), "--task", "math", "--num-samples", "1", "--max-new-tokens", "4", "--device", "cpu",
             "--max-grader-error-rate", "1", "--out", str(out)]
 
-    assert cli.main(["generate", "--prompts", str(files["rendered"]), *args]) == 1
-    err = capsys.readouterr().err
-    assert (f"nemo-topr generate: {files['rendered']}: prompt q0: holds the tokenizer's special token "
-            "'<|begin_of_text|>' as text: the prompt looks rendered already") in err
-    assert "(--rendered-prompts) (2 of 2 prompts)" in err
+    assert refusal(generate.main, ["--prompts", str(files["rendered"]), *args]) == (
+        1, "prompts.prompt.special_token", f"{files['rendered']}: prompt q0")
     assert sampled == [] and not out.exists() and not Path(f"{out}.samples").exists()
 
     assert generate.main(["--prompts", str(files["rendered"]), "--rendered-prompts", *args]) == 0
@@ -1027,8 +1013,7 @@ def test_rendered_prompts_are_refused_before_sampling_or_sampled_as_written_when
 
     # the option on plain prompts, which read as written would lose the template and BOS
     refused = tmp_path / "refused.jsonl"
-    assert cli.main(["generate", "--prompts", str(files["plain"]), "--rendered-prompts", *args[:-1], str(refused)]) == 1
-    assert (f"{files['plain']}: prompt q0: holds none of the tokenizer's special tokens, so it is not rendered"
-            in capsys.readouterr().err)
+    assert refusal(generate.main, ["--prompts", str(files["plain"]), "--rendered-prompts", *args[:-1], str(refused)]
+                   ) == (1, "prompts.prompt.not_rendered", f"{files['plain']}: prompt q0")
     assert not refused.exists() and len(sampled) == 2
     assert refusal(load_problems, "gsm8k-test", rendered_prompts=True)[1] == "--rendered-prompts.benchmark"
