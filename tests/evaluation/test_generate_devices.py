@@ -9,7 +9,7 @@ import importlib.util
 import json
 
 import pytest
-from conftest import refusal
+from tests.conftest import refusal
 
 from nemo_topr.evaluation import generate
 from nemo_topr.evaluation.sampling_options import settings_from_args

@@ -2,7 +2,7 @@
 problem's key and where.
 
 The rows assert the key and where only; the words are in tests/golden/refusals.txt (tests/refusal_table.py),
-compared here (``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_refusals_evaluation.py``
+compared here (``NEMO_TOPR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/evaluation/test_refusals.py``
 rewrites this table's section). Every key `SOURCES` can raise has a row or a reason in `UNREACHABLE`: a new
 refusal without one fails `test_the_table_covers_every_key_the_code_raises`. A row's verb is the one a user
 meets it through first: the sampling options and prompts are `generate`'s (and `eval --prompts`'s), the
@@ -19,8 +19,8 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-from conftest import REPO, checkout_env
-from refusal_table import assert_covers, assert_golden, raised, rendered
+from tests.conftest import REPO, checkout_env
+from tests.refusal_table import assert_covers, assert_golden, raised, rendered
 
 from nemo_topr.data.records import Record, RenderedPrompt, load_records
 from nemo_topr.evaluation import generate, problems, sample_log, sampling
@@ -39,17 +39,17 @@ SOURCES = [EVALUATION / f"{name}.py" for name in ("problems", "evaluate", "sampl
 ERRORS = {"PromptsError", "EvalError", "SamplingError", "SampleLogError", "MetricsError", "DataError", "error",
           "GraderErrorRateExceeded", "OutputWriteError"}
 UNREACHABLE = {
-    "sampling.out_of_memory": "transformers' generate running out of memory on a model (tests/test_generate_eval.py "
+    "sampling.out_of_memory": "transformers' generate running out of memory on a model (tests/evaluation/test_generate_eval.py "
                               "test_only_a_failed_allocation_while_sampling_is_read_as_out_of_memory)",
     "--num-shots.prompt_beyond_model_context": "logged_sample_and_grade, which loads the model's tokenizer and "
                                                "fingerprints its weights before it budgets the prompts "
-                                               "(tests/test_generate_eval.py test_gsm8k_on_a_short_context_model_...)",
+                                               "(tests/evaluation/test_generate_eval.py test_gsm8k_on_a_short_context_model_...)",
     "{}": "logged_sample_and_grade's re-raise of grading's grader-error-rate refusal (its key and where), met "
           "after sampling a model",
-    "sample_log.write_failed": "a filesystem that refuses the sample log's line half-way (tests/test_generate_eval.py "
+    "sample_log.write_failed": "a filesystem that refuses the sample log's line half-way (tests/evaluation/test_generate_eval.py "
                                "test_a_sample_log_the_disk_cannot_take_..., through /dev/full)",
     "eval.input_unreadable": "eval's main translating a library's OSError or ValueError met loading a model or "
-                             "file (tests/test_generate_eval.py asserts it end to end)",
+                             "file (tests/evaluation/test_generate_eval.py asserts it end to end)",
 }
 
 GSM8K = Problem("q0", "What is 2 + 3?", "5", "gsm8k")
@@ -293,7 +293,7 @@ def test_the_table_covers_every_key_the_code_raises():
 
 def test_the_messages_are_the_golden_files(inputs, monkeypatch):
     monkeypatch.chdir(inputs)
-    assert_golden("tests/test_refusals_evaluation.py",
+    assert_golden("tests/evaluation/test_refusals.py",
                   [rendered(verb, key, where, *problem(), inputs) for verb, key, where, problem in ROWS])
 
 
