@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import pytest
 from tests.conftest import REPO
 
 from nemo_topr.errors import UserError, run_refusing
@@ -37,6 +38,24 @@ def raised(check: Callable[..., object], *args: object, **kwargs: object) -> Cal
             return [error]
         return []
     return problem
+
+
+def row_tests(rows: list[Row], make_inputs: Callable[[Path], None]):
+    """The `inputs` fixture (a folder holding `make_inputs`'s files, built once per table) and the test
+    that each row's problem is its (key, where), run in that folder. A table binds both by their names:
+    ``inputs, test_each_bad_input_raises_its_problem = row_tests(ROWS, make_inputs)``."""
+    @pytest.fixture(scope="module")
+    def inputs(tmp_path_factory) -> Path:
+        root = tmp_path_factory.mktemp("refusal_inputs")
+        make_inputs(root)
+        return root
+
+    @pytest.mark.parametrize("key, where, problem", rows, ids=[row[0] for row in rows])
+    def test_each_bad_input_raises_its_problem(key, where, problem, inputs, monkeypatch):
+        monkeypatch.chdir(inputs)
+        assert [(error.key, error.where) for error in problem()] == [(key, where)]
+
+    return inputs, test_each_bad_input_raises_its_problem
 
 
 def key_templates(sources: Iterable[Path], errors: set[str]) -> dict[str, str]:

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 from tests.conftest import REPO, placeholder_hf_model
-from tests.refusal_table import assert_covers, assert_golden, raised, rendered
+from tests.refusal_table import assert_covers, assert_golden, raised, rendered, row_tests
 
 from nemo_topr import grading
 from nemo_topr.data import cli as data_cli
@@ -191,17 +191,7 @@ ROWS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("refusal_inputs")
-    make_inputs(root)
-    return root
-
-
-@pytest.mark.parametrize("key, where, problem", ROWS, ids=[row[0] for row in ROWS])
-def test_each_bad_input_raises_its_problem(key, where, problem, inputs, monkeypatch):
-    monkeypatch.chdir(inputs)
-    assert [(error.key, error.where) for error in problem()] == [(key, where)]
+inputs, test_each_bad_input_raises_its_problem = row_tests(ROWS, make_inputs)
 
 
 def test_nothing_is_written_where_a_refusal_says_nothing_is(inputs, monkeypatch):
