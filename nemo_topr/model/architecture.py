@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_topr.errors import UserError
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -105,6 +107,10 @@ HF_CONFIG_KEYS = {
 HF_CONFIG_DEFAULTED = ("num_key_value_heads", "head_dim", "tie_word_embeddings")  # LlamaConfig's defaults apply
 
 
+class ArchitectureError(UserError, ValueError):
+    """A config.json without a Llama's sizes, or with one that is no positive integer."""
+
+
 def architecture_from_hf_config(config_json: Path, name: str) -> Architecture:
     """Architecture of a local HF Llama ``config.json`` (GQA and head_dim defaults as in HF); one
     without a size, or with one that is no positive integer, is an error naming the keys."""
@@ -116,7 +122,9 @@ def architecture_from_hf_config(config_json: Path, name: str) -> Architecture:
     problems = ([f"no {', '.join(missing)}"] if missing else []) + (
         [f"{', '.join(wrong)}: not a positive integer"] if wrong else [])
     if problems:
-        raise ValueError(f"{config_json}: {'; '.join(problems)} (a Llama's config.json has them)")
+        raise ArchitectureError(f"{config_json}: {'; '.join(problems)} (a Llama's config.json has them)",
+                                key=f"model.config_json.sizes.{'missing' if missing else 'not_positive_integers'}",
+                                where=str(config_json))
     values = {HF_CONFIG_KEYS[key]: value for key, value in given.items()}
     values.setdefault("num_query_groups", values["num_attention_heads"])
     values.setdefault("kv_channels", values["hidden_size"] // values["num_attention_heads"])

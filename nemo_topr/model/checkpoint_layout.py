@@ -57,7 +57,7 @@ def latest_iteration(checkpoint_dir: Path) -> int | None:
         raise DamagedCheckpointError(
             f"{tracker} names no iteration ({text[:40]!r}), where the last complete save writes its number; saved "
             f"iterations: {saved_iterations(Path(checkpoint_dir))}: write the one to load there (or give "
-            "RUN@ITERATION, or DIR/iter_NNNNNNN)")
+            "RUN@ITERATION, or DIR/iter_NNNNNNN)", key="checkpoint.tracker.names_no_iteration", where=str(tracker))
     return int(text)
 
 

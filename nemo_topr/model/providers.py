@@ -12,8 +12,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from nemo_topr.errors import UserError
 from nemo_topr.model.settings import device_model_settings
 from nemo_topr.model.source import ModelSource
+
+
+class ModelDirectoryError(UserError, FileNotFoundError):
+    """A Hugging Face model directory without its config.json."""
 
 
 def tiny_llama_provider(
@@ -59,11 +64,12 @@ def hf_llama_provider(hf_dir: str | Path, *, load_weights: bool = True, seq_leng
     Returns ``(auto_bridge, provider)``; keep the bridge to export trained weights back to HF.
     With ``load_weights=False`` only config.json is read (an `hf_artifacts/` directory will do).
     """
-    from megatron.bridge import AutoBridge
-
     hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{hf_dir}: not a Hugging Face model directory (no config.json)")
+        raise ModelDirectoryError(f"{hf_dir}: not a Hugging Face model directory (no config.json)",
+                                  key="model.config_json.missing", where=str(hf_dir))
+    from megatron.bridge import AutoBridge
+
     if load_weights:
         bridge = AutoBridge.from_hf_pretrained(str(hf_dir), torch_dtype=torch.float32, local_files_only=True)
     else:

@@ -28,12 +28,17 @@ from pathlib import Path
 
 import torch
 
+from nemo_topr.errors import UserError
 from nemo_topr.model import cpu_runtime
 
 logger = logging.getLogger(__name__)
 
 # fusions whose kernels come from Transformer Engine or Apex: off on a GPU without TE
 _FUSIONS_NEEDING_TE_OR_APEX = ("apply_rope_fusion", "masked_softmax_fusion", "persist_layer_norm")
+
+
+class ModelSettingsError(UserError, ValueError):
+    """A model setting this installation cannot run."""
 
 
 def _importable(name: str) -> bool:
@@ -159,7 +164,9 @@ def follow_transformer_impl(provider):
         provider.masked_softmax_fusion = False
     else:
         if not transformer_engine_available():
-            raise ValueError(f"model.transformer_impl={provider.transformer_impl!r} needs Transformer Engine, which "
-                             "is not installed; use model.transformer_impl=local (or install requirements-gpu.txt)")
+            raise ModelSettingsError(f"model.transformer_impl={provider.transformer_impl!r} needs Transformer "
+                                     "Engine, which is not installed; use model.transformer_impl=local (or install "
+                                     "requirements-gpu.txt)", key="model.transformer_impl.without_transformer_engine",
+                                     where="model.transformer_impl")
         provider.transformer_layer_spec = default_layer_spec
     return provider

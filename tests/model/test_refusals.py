@@ -38,6 +38,9 @@ from tests.refusal_table import assert_covers, assert_golden, raised, rendered
 
 from nemo_topr.errors import UserError
 from nemo_topr.model import attention_check, device, hf_weights
+from nemo_topr.model.architecture import architecture_from_hf_config
+from nemo_topr.model.checkpoint_layout import latest_iteration
+from nemo_topr.model.providers import hf_llama_provider
 from nemo_topr.model import source as model_source
 from nemo_topr.model.source import MEGATRON_KINDS, resolve
 from nemo_topr.training import export, scoring
@@ -48,15 +51,19 @@ from nemo_topr.utils import arguments, outputs
 MODEL = REPO / "nemo_topr" / "model"
 TRAINING = REPO / "nemo_topr" / "training"
 SOURCES = [MODEL / "source.py", MODEL / "hf_weights.py", MODEL / "device.py", MODEL / "attention_check.py",
+           MODEL / "architecture.py", MODEL / "settings.py", MODEL / "checkpoint_layout.py", MODEL / "providers.py",
            REPO / "nemo_topr" / "utils" / "outputs.py", TRAINING / "import_checkpoint.py", TRAINING / "export.py",
            TRAINING / "scoring.py", REPO / "nemo_topr" / "utils" / "arguments.py"]
 ERRORS = {"ModelSourceError", "WeightsError", "DeviceError", "AttentionError", "OutputError", "OutputWriteError",
-          "ExportWriteError", "ConfigError", "OptionValueError"}
+          "ExportWriteError", "ConfigError", "OptionValueError", "ArchitectureError", "ModelSettingsError",
+          "DamagedCheckpointError", "ModelDirectoryError"}
 # keys the table cannot reach cheaply, and what reaching them needs
 UNREACHABLE = {
     "import.out.no_space": "Megatron-Bridge's model, loaded before the space it takes is known",
-    "import.out.write_failed": "Megatron-Bridge's save of a loaded model failing on a full disk"}
-VERBS = {"model": "train", "base_model": "train", "weights": "train", "device": "train", "attention": "train",
+    "import.out.write_failed": "Megatron-Bridge's save of a loaded model failing on a full disk",
+    "model.transformer_impl.without_transformer_engine": "follow_transformer_impl sets Megatron-Bridge's layer spec, "
+                                                         "imported first"}
+VERBS = {"model": "train", "checkpoint": "train", "base_model": "train", "weights": "train", "device": "train", "attention": "train",
          "output_dir": "demo", "output": "data", "import": "import", "export": "export",
          "train_config": "score-logprobs", "tp_pp": "score-logprobs", "world_size": "score-logprobs",
          "option": "score-logprobs"}
@@ -111,6 +118,7 @@ def make_inputs(root: Path) -> None:
     hf_model(root / "not_json", "{")
     hf_model(root / "json_list", "[]")
     hf_model(root / "gpt2", {"architectures": ["GPT2LMHeadModel"]})
+    hf_model(root / "zero_size", {**LLAMA, "hidden_size": 0}, tokenizer=False)
     (root / "notes.txt").write_text("not a model\n")
     (root / "config_only").mkdir()
     (root / "config_only" / "config.json").write_text("{}")
@@ -245,6 +253,13 @@ ROWS = [
     ("base_model.alias_disagrees", "hf_model",
      raised(lambda: model_source.fold_alias(OmegaConf.create({"base_model": "/a", "hf_model": "/b"})))),
     ("base_model.unset", "base_model", raised(model_source.load_route, {"base_model": None}, must_exist=True)),
+    ("model.config_json.sizes.missing", "config_only/config.json",
+     raised(architecture_from_hf_config, Path("config_only/config.json"), "config_only")),
+    ("model.config_json.sizes.not_positive_integers", "zero_size/config.json",
+     raised(architecture_from_hf_config, Path("zero_size/config.json"), "zero_size")),
+    ("model.config_json.missing", "empty", raised(hf_llama_provider, "empty")),
+    ("checkpoint.tracker.names_no_iteration", "tracker_release/latest_checkpointed_iteration.txt",
+     raised(latest_iteration, Path("tracker_release"))),
     ("weights.not_safetensors", "w/short.safetensors",
      raised(hf_weights.safetensors_shapes, Path("w/short.safetensors"))),
     ("weights.header_unreadable", "w/bad_header.safetensors",
