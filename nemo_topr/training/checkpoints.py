@@ -93,4 +93,5 @@ def _check_intact(checkpoint_dir: Path, latest: int, latest_dir: Path) -> None:
            f"no earlier intact checkpoint exists: restore the file(s) from a copy, or set iter {latest} aside "
            f"({aside}) and rerun to start again from the base model")
     raise DamagedCheckpointError(f"checkpoint iter {latest} is damaged, cut short: {'; '.join(damaged)}. Its "
-                                 f"iteration cannot be resumed; {fix}")
+                                 f"iteration cannot be resumed; {fix}", key="checkpoint.latest.cut_short",
+                                 where=str(latest_dir))

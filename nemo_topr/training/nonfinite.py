@@ -27,11 +27,13 @@ def check_finite(iteration: int, loss: torch.Tensor | None, grad_norm: float | N
                  sample_ids: list[int]) -> None:
     """Raise `NonFiniteTrainingError` naming the 1-based `iteration` and the samples this rank
     trained on in it when `loss` (a device scalar; one host sync) or `grad_norm` is not finite."""
-    bad = []
+    bad, names = [], []
     if loss is not None and not bool(torch.isfinite(loss)):
         bad.append(f"loss {float(loss)}")
+        names.append("loss")
     if grad_norm is not None and not math.isfinite(grad_norm):
         bad.append(f"gradient norm {grad_norm}")
+        names.append("grad_norm")
     if bad:
         shown = ", ".join(map(str, sample_ids[:64])) + (f", ... ({len(sample_ids)} in all)" if len(sample_ids) > 64
                                                         else "")
@@ -39,7 +41,7 @@ def check_finite(iteration: int, loss: torch.Tensor | None, grad_norm: float | N
             f"iteration {iteration}: {' and '.join(bad)} is not finite; stopped before saving it (the last "
             f"checkpoint is earlier). Samples of this iteration on this rank (sample_id = record index in the "
             f"data; the ledger's \"iteration\": {iteration - 1}): [{shown}]. Check their rewards and behavior_logprob (`nemo-topr data stats`), "
-            f"or lower optimizer.lr")
+            f"or lower optimizer.lr", key=f"iteration.{'_and_'.join(names)}.not_finite", where=f"iteration {iteration}")
 
 
 def stop_on_non_finite(forward_step):  # noqa: ANN001

@@ -27,7 +27,7 @@ def spec_of_config(raw) -> tuple[PrepareSpec, Path]:  # noqa: ANN001
     values, base_model, _ = check_config(raw)
     dataset = values.get("dataset") or {}
     if not dataset.get("train_path"):
-        raise ConfigError("dataset.train_path is not set")
+        raise ConfigError("dataset.train_path is not set", key="dataset.train_path.unset", where="dataset.train_path")
     settings = {name: dataset[name] for name in ("seq_length", "strict", "too_long", *SOURCE_OPTIONS)
                 if dataset.get(name) is not None}
     spec = PrepareSpec(train_path=str(dataset["train_path"]),

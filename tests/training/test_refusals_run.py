@@ -31,6 +31,8 @@ from nemo_topr.doctor import command as doctor
 from nemo_topr.errors import UserError
 from nemo_topr.objective import ObjectiveConfig, baseline_for_share, effective_positive_share, policy_loss
 from nemo_topr.training import disk_space, recipe
+from nemo_topr.training.checkpoints import ensure_latest_complete
+from nemo_topr.training.nonfinite import check_finite
 from nemo_topr.training.host_memory import check_cpu_attention
 from nemo_topr.training.run_state import RunLock, check_queued_start, check_resume, check_resume_from_base
 from nemo_topr.training.step import check_batch, thd_cu_seqlens
@@ -38,9 +40,10 @@ from nemo_topr.utils import distributed
 
 SOURCES = [REPO / "nemo_topr" / path for path in (
     "objective.py", "training/run_state.py", "training/step.py", "training/recipe.py", "training/flex_attention.py",
-    "training/host_memory.py", "training/disk_space.py", "utils/distributed.py", "doctor/command.py")]
+    "training/host_memory.py", "training/disk_space.py", "utils/distributed.py", "doctor/command.py",
+    "training/checkpoints.py", "training/nonfinite.py", "training/prepare.py")]
 ERRORS = {"ObjectiveError", "BatchError", "RunStateError", "ConfigError", "NoRoomError", "FlexAttentionError",
-          "RendezvousError", "OutputError"}
+          "RendezvousError", "OutputError", "DamagedCheckpointError", "NonFiniteTrainingError"}
 # keys the table cannot reach without Megatron, and what needs it
 NEEDS_MEGATRON = {
     "dataset.no_advantage": "recipe.prepare, on a TrainingRun that build_training_run makes with Bridge",
@@ -75,6 +78,22 @@ def make_inputs(root: Path) -> None:
         (root / name / "checkpoints").mkdir(parents=True)
         (root / name / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(tracker)
     (root / "finished" / "COMPLETED").write_text("")
+    cut_short_checkpoint(root / "cut_short" / "checkpoints", 2)
+
+
+def cut_short_checkpoint(root: Path, iteration: int) -> None:
+    """A torch_dist checkpoint (as Megatron writes it, with Bridge's train state and run config) at
+    `iteration`, the latest, whose data file lost all but its first 100 bytes after the save."""
+    from torch.distributed.checkpoint import save
+
+    path = root / f"iter_{iteration:07d}"
+    save({"weight": torch.arange(4096, dtype=torch.float32)}, checkpoint_id=str(path), no_dist=True)
+    torch.save({"step": iteration}, path / "train_state.pt")
+    (path / "run_config.yaml").write_text("model: {tensor_model_parallel_size: 1, pipeline_model_parallel_size: 1}\n"
+                                          "checkpoint: {save_rng: true, save_optim: true, fully_parallel_save: false}\n")
+    (root / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    for shard in path.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])
 
 
 def patched(check: Callable[..., object], *args: object, patches: dict[tuple[object, str], object]
@@ -195,6 +214,12 @@ ROWS = [
     ("--json.holds_work_dir", "--json", raised(doctor.json_outside_work_dir, Path("doctor"), Path("doctor/work"))),
     ("--json.inside_work_dir", "--json",
      raised(doctor.json_outside_work_dir, Path("doctor/table.json"), Path("doctor"))),
+    ("checkpoint.latest.cut_short", "cut_short/checkpoints/iter_0000002",
+     raised(ensure_latest_complete, Path("cut_short/checkpoints"))),
+    ("iteration.loss.not_finite", "iteration 7", raised(check_finite, 7, torch.tensor(math.nan), 1.0, [3, 14, 15])),
+    ("iteration.grad_norm.not_finite", "iteration 7", raised(check_finite, 7, torch.tensor(0.5), math.inf, [3])),
+    ("iteration.loss_and_grad_norm.not_finite", "iteration 1",
+     raised(check_finite, 1, torch.tensor(math.inf), math.nan, list(range(70)))),
     ("--work-dir.unusable", "--work-dir", raised(doctor.main, ["--device", "cpu", "--work-dir", "notes.txt"])),
 ]
 
