@@ -246,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     design = design_class(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
     unknown = sorted({*getattr(design, "variants", ()), *getattr(design, "token_sum_variants", ())} - set(VARIANTS))
     if unknown:
-        raise UserError(f"unknown --variants {unknown}; known: {list(VARIANTS)}")
+        raise UserError(f"unknown --variants {unknown}; known: {list(VARIANTS)}", key="--variants.unknown",
+                        where="--variants")
     print(plan(design), flush=True)
     if not dry_run:
         run(design, out, Path(docs) if docs else None, resume=resume)

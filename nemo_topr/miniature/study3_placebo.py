@@ -21,10 +21,9 @@ class PlaceboError(UserError, ValueError):
     """The registered construction is impossible for this dataset: the study stops, naming the seed
     and, where one is at fault, the record (its index in the file)."""
 
-    def __init__(self, seed: int, record: int | None, problem: str):
+    def __init__(self, seed: int, record: int | None, problem: str, *, key: str, where: str):
         self.seed, self.record = seed, record
-        where = f"seed {seed}" + (f", record {record}" if record is not None else "")
-        super().__init__(f"placebo dataset of {where}: {problem}")
+        super().__init__(f"placebo dataset of {where}: {problem}", key=key, where=where)
 
 
 def _train_index(prompt_id: str) -> int:
@@ -50,7 +49,8 @@ def placebo_rows(rows: list[dict], seed: int, k: int) -> tuple[list[dict], dict]
     sequence = [index for prompt_id in order for index in negatives_of[prompt_id]]  # n_0 ... n_{K-1}
     size, widest = len(sequence), max((len(v) for v in negatives_of.values()), default=0)
     if size < 2 * widest or size == 0:
-        raise PlaceboError(seed, None, f"K = {size} negatives, G = {widest} on one prompt: the rotation needs K >= 2G > 0")
+        raise PlaceboError(seed, None, f"K = {size} negatives, G = {widest} on one prompt: the rotation needs K >= 2G > 0",
+                           key="placebo.negatives.too_few_for_rotation", where=f"seed {seed}")
     source = [rows[index]["prompt_id"] for index in sequence]
     assigned = [source[(position + widest) % size] for position in range(size)]
 
@@ -69,7 +69,9 @@ def placebo_rows(rows: list[dict], seed: int, k: int) -> tuple[list[dict], dict]
         partner = next((j for j in partners if valid(position, assigned[j]) and valid(j, assigned[position])), None)
         if partner is None:
             raise PlaceboError(seed, sequence[position], "no negative to swap prompts with: every swap would leave "
-                               "one of the two with its own prompt or stating its new prompt's answer")
+                               "one of the two with its own prompt or stating its new prompt's answer",
+                               key="placebo.negative.no_swap_partner",
+                               where=f"seed {seed}, record {sequence[position]}")
         assigned[position], assigned[partner] = assigned[partner], assigned[position]
         swaps += 1
 

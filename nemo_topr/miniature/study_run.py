@@ -66,18 +66,20 @@ def resumable_results(out: Path, design: SharedDesign) -> dict:
     """The results.json of an interrupted study in `out`, checked to be of this design."""
     path = out / "results.json"
     if not path.is_file():
-        raise UserError(f"--resume: {path} does not exist; start the study without --resume")
+        raise UserError(f"--resume: {path} does not exist; start the study without --resume",
+                        key="--resume.no_results", where="--resume")
     results = json.loads(path.read_text())
     registered = json.loads(json.dumps(dataclasses.asdict(design)))  # tuples -> lists, as stored
     differing = sorted(k for k in registered.keys() | results["design"].keys()
                        if registered.get(k) != results["design"].get(k))
     if differing:
         raise UserError(f"--resume: {path} is a study with other options ({', '.join(differing)}); "
-                         "resume it with the options it started with")
+                         "resume it with the options it started with", key="--resume.other_options", where="--resume")
     mus = [results["mu"]] if "mu" in results else list(results.get("mus", {}).values())  # study 1 / study 2
     for mu in mus:
         if not Path(mu["path"]).is_dir():
-            raise UserError(f"--resume: mu {mu['path']} recorded in {path} is missing")
+            raise UserError(f"--resume: mu {mu['path']} recorded in {path} is missing", key="--resume.mu_missing",
+                            where="--resume")
     return results
 
 

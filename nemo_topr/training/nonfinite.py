@@ -41,7 +41,8 @@ def check_finite(iteration: int, loss: torch.Tensor | None, grad_norm: float | N
             f"iteration {iteration}: {' and '.join(bad)} is not finite; stopped before saving it (the last "
             f"checkpoint is earlier). Samples of this iteration on this rank (sample_id = record index in the "
             f"data; the ledger's \"iteration\": {iteration - 1}): [{shown}]. Check their rewards and behavior_logprob (`nemo-topr data stats`), "
-            f"or lower optimizer.lr", key=f"iteration.{'_and_'.join(names)}.not_finite", where=f"iteration {iteration}")
+            f"or lower optimizer.lr",
+            key=f"iteration.{'_and_'.join(names)}.not_finite", where=f"iteration {iteration}")
 
 
 def stop_on_non_finite(forward_step):  # noqa: ANN001

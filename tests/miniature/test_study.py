@@ -157,8 +157,9 @@ def test_dry_run_prints_the_plan_and_trains_nothing(tmp_path, capsys):
     assert not out.exists()
     assert study.main(["--dry-run", "--seeds", "1", "2", "--out", str(out)]) == 0
     assert capsys.readouterr().out.startswith("NOT the pre-registered design; differs in: seeds")
-    with pytest.raises(UserError, match="unknown --variants"):
+    with pytest.raises(UserError) as unknown:
         study.main(["--dry-run", "--variants", "topr", "grpo"])
+    assert unknown.value.key == "--variants.unknown"
 
 
 def synthetic_results(sft: float) -> dict:
@@ -305,8 +306,9 @@ def test_resume_keeps_mu_datasets_and_finished_runs(tmp_path, monkeypatch):
     assert calls == {"build": 1, "pretrain": 1, "dataset": 8, "train": 19} and len(kept["runs"]) == 19
     assert kept["selected"] == {"lr": 3e-5, "warmup": 12}  # every tuning run tied: smallest lr, then warm-up
 
-    with pytest.raises(UserError, match="other options \\(seeds\\)"):
+    with pytest.raises(UserError) as other:
         study.main([*options, "--resume", "--seeds", "1", "2"])
+    assert other.value.key == "--resume.other_options"
     calls.clear()
     fake_pipeline(monkeypatch, tmp_path, calls)
     assert study.main([*options, "--resume"]) == 0
@@ -316,11 +318,6 @@ def test_resume_keeps_mu_datasets_and_finished_runs(tmp_path, monkeypatch):
     assert {k: results["runs"][k] for k in kept["runs"]} == kept["runs"]
     assert list(results["stage_seconds"]) == ["pretraining", "datasets", "tuning", "study"]
     assert "Resumed (`--resume`)" in (tmp_path / "study" / "results.md").read_text()
-
-
-def test_resume_needs_a_started_study(tmp_path):
-    with pytest.raises(UserError, match="does not exist; start the study without --resume"):
-        study.main(["--out", str(tmp_path / "none"), "--docs", "", "--resume"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -79,13 +79,14 @@ def test_placebo_refusals_name_the_seed_and_the_record():
         row("train-10", says(2), -1.0, i, "wrong") for i in range(2)]
     with pytest.raises(study3_placebo.PlaceboError) as refused:
         study3_placebo.placebo_rows(few, seed=4, k=16)
-    assert (refused.value.seed, refused.value.record) == (4, None) and "K = 5" in str(refused.value)
+    assert (refused.value.seed, refused.value.record, refused.value.key) == (
+        4, None, "placebo.negatives.too_few_for_rotation")
     # two prompts, each negative states the other's answer: seed 8 orders [train-10, train-2], so n0 = row 1
     # lands on train-2 and says 12; the only partner would give it back its own prompt
     crossed = [row("train-2", says(20), -1.0, 0, "wrong"), row("train-10", says(12), -1.0, 0, "wrong")]
     with pytest.raises(study3_placebo.PlaceboError) as refused:
         study3_placebo.placebo_rows(crossed, seed=8, k=16)
-    assert (refused.value.seed, refused.value.record) == (8, 1)
+    assert (refused.value.seed, refused.value.record, refused.value.key) == (8, 1, "placebo.negative.no_swap_partner")
 
 
 def test_percentiles_interpolate_between_order_statistics():
@@ -339,8 +340,9 @@ def test_driver_trains_the_plan_and_resumes(tmp_path, monkeypatch):
     assert data["placebo_ptilde0.8_lr5e-05_s1"][0] == "seed1_placebo" and data["topr_lr5e-05_s1"][0] == "seed1"
     assert data["topr_ptilde0.8_lr5e-05_s1"] == ("seed1", data["placebo_ptilde0.8_lr5e-05_s1"][1])
     assert "objective.normalization=token_sum" in data["sft_positive_token_sum_lr5e-05_s1"][1]
-    with pytest.raises(UserError, match="other options \\(seeds\\)"):
+    with pytest.raises(UserError) as other:
         study.main([*options, "--seeds", "1", "--resume"])
+    assert other.value.key == "--resume.other_options"
 
     calls.clear()
     fake_study3(monkeypatch, tmp_path, calls, fail="topr_lr0.0002_s2")
