@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import REPO
 from tests.miniature.test_study3 import row, says
 from tests.refusal_table import assert_covers, assert_golden, raised, rendered
+from tests.training.test_refusals_run import tree
 
 from nemo_topr.miniature import study, study3_placebo
 from nemo_topr.miniature.study_run import SharedDesign, resumable_results
@@ -66,17 +67,19 @@ def inputs(tmp_path_factory) -> Path:
     return root
 
 
-def tree(root: Path) -> dict[str, bytes | None]:
-    return {str(path.relative_to(root)): path.read_bytes() if path.is_file() else None for path in root.rglob("*")}
-
-
 @pytest.mark.parametrize("key, where, problem", ROWS, ids=[row[0] for row in ROWS])
-def test_each_bad_input_raises_its_problem(key, where, problem, inputs, monkeypatch, capsys):
+def test_each_bad_input_raises_its_problem(key, where, problem, inputs, monkeypatch):
+    monkeypatch.chdir(inputs)
+    assert [(error.key, error.where) for error in problem()] == [(key, where)]
+
+
+def test_no_row_writes_or_prints_anything(inputs, monkeypatch, capsys):
+    """A refused study writes nothing, and is refused before its plan is printed."""
     monkeypatch.chdir(inputs)
     before = tree(inputs)
-    assert [(error.key, error.where) for error in problem()] == [(key, where)]
-    assert tree(inputs) == before  # a refused study writes nothing
-    assert capsys.readouterr().out == ""  # refused before its plan is printed
+    for _, _, problem in ROWS:
+        problem()
+    assert (tree(inputs), capsys.readouterr().out) == (before, "")
 
 
 def test_the_rows_inputs_pass_but_for_their_change(inputs, monkeypatch):
