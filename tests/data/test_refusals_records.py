@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from tests.conftest import REPO, checkout_env
-from tests.refusal_table import assert_covers, assert_golden, raised, rendered
+from tests.refusal_table import assert_covers, assert_golden, raised, rendered, row_tests
 
 from nemo_topr.data.records import DataError, load_records, require_scored
 from nemo_topr.data.sources import ColumnMapping, open_sources
@@ -211,17 +211,7 @@ ROWS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("refusal_inputs")
-    make_inputs(root)
-    return root
-
-
-@pytest.mark.parametrize("key, where, problem", ROWS, ids=[row[0] for row in ROWS])
-def test_each_bad_input_raises_its_problem(key, where, problem, inputs, monkeypatch):
-    monkeypatch.chdir(inputs)
-    assert [(error.key, error.where) for error in problem()] == [(key, where)]
+inputs, test_each_bad_input_raises_its_problem = row_tests(ROWS, make_inputs)
 
 
 def test_the_rows_inputs_pass_but_for_their_change(inputs, monkeypatch):

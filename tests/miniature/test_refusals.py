@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tests.conftest import REPO
 from tests.miniature.test_study3 import row, says
-from tests.refusal_table import assert_covers, assert_golden, raised, rendered
+from tests.refusal_table import assert_covers, assert_golden, raised, rendered, row_tests
 from tests.training.test_refusals_run import tree
 
 from nemo_topr.miniature import study, study3_placebo
@@ -60,17 +60,7 @@ ROWS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("refusal_inputs")
-    make_inputs(root)
-    return root
-
-
-@pytest.mark.parametrize("key, where, problem", ROWS, ids=[row[0] for row in ROWS])
-def test_each_bad_input_raises_its_problem(key, where, problem, inputs, monkeypatch):
-    monkeypatch.chdir(inputs)
-    assert [(error.key, error.where) for error in problem()] == [(key, where)]
+inputs, test_each_bad_input_raises_its_problem = row_tests(ROWS, make_inputs)
 
 
 def test_no_row_writes_or_prints_anything(inputs, monkeypatch, capsys):

@@ -34,7 +34,7 @@ import pytest
 import torch
 from tests.conftest import REPO, checkout_env, placeholder_hf_model
 from omegaconf import OmegaConf
-from tests.refusal_table import assert_covers, assert_golden, raised, rendered
+from tests.refusal_table import assert_covers, assert_golden, raised, rendered, row_tests
 
 from nemo_topr.errors import UserError
 from nemo_topr.model import attention_check, device, hf_weights
@@ -336,17 +336,7 @@ def verb(key: str, where: str) -> str:
     return KEY_VERBS.get(key) or OPTION_VERBS.get(where) or VERBS[key.split(".")[0]]
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("refusal_inputs")
-    make_inputs(root)
-    return root
-
-
-@pytest.mark.parametrize("key, where, problem", ROWS, ids=[row[0] for row in ROWS])
-def test_each_bad_input_raises_its_problem(key, where, problem, inputs, monkeypatch):
-    monkeypatch.chdir(inputs)
-    assert [(error.key, error.where) for error in problem()] == [(key, where)]
+inputs, test_each_bad_input_raises_its_problem = row_tests(ROWS, make_inputs)
 
 
 def test_the_rows_inputs_pass_but_for_their_change(inputs, monkeypatch):
