@@ -352,36 +352,50 @@ def sampling_option_given(args: argparse.Namespace) -> str | None:
     return None
 
 
-def usage_problem(args: argparse.Namespace) -> str | None:
-    """What makes these options unusable together, found before the sampling (not after it)."""
+def check_usage(args: argparse.Namespace) -> None:
+    """Refuse options unusable together (UsageError, its key and where the option), before the sampling
+    (not after it)."""
     sampled = args.benchmark or args.prompts
     if sampled and args.model is None:
-        return f"{'--benchmark' if args.benchmark else '--prompts'} needs --model"
+        option = "--benchmark" if args.benchmark else "--prompts"
+        raise UsageError(f"{option} needs --model", key="--model.missing", where=option)
     for option, given in (("--model", args.model), ("--samples-out", args.samples_out)):
         if given and not sampled:  # --records and --plot read no model and sample nothing
-            return f"{option} is for --benchmark and --prompts, which sample a model"
+            raise UsageError(f"{option} is for --benchmark and --prompts, which sample a model",
+                             key=f"{option}.without_sampling", where=option)
     if not sampled and (option := sampling_option_given(args)):
-        return (f"{option} is for --benchmark and --prompts, which sample a model; "
-                f"{'--records grades records sampled already' if args.records else '--plot draws results'}")
+        raise UsageError(f"{option} is for --benchmark and --prompts, which sample a model; "
+                         f"{'--records grades records sampled already' if args.records else '--plot draws results'}",
+                         key="sampling_option.without_sampling", where=option)
     if args.metrics and not args.plot:
-        return "--metrics is for --plot (results JSONs list every metric)"
+        raise UsageError("--metrics is for --plot (results JSONs list every metric)", key="--metrics.without_plot",
+                         where="--metrics")
     if args.rendered_prompts and not args.prompts:
-        return "--rendered-prompts is for --prompts, a prompt file of rendered prompts"
+        raise UsageError("--rendered-prompts is for --prompts, a prompt file of rendered prompts",
+                         key="--rendered-prompts.without_prompts", where="--rendered-prompts")
     if args.plot and args.out.suffix[1:].lower() not in PLOT_FORMATS:
-        return (f"--out {args.out}: a plot is written as " + ", ".join(f".{f}" for f in PLOT_FORMATS) +
-                " (by its suffix)")
+        raise UsageError(f"--out {args.out}: a plot is written as " + ", ".join(f".{f}" for f in PLOT_FORMATS) +
+                         " (by its suffix)", key="--out.not_a_plot_format", where="--out")
     if args.k and min(args.k) < 1:
-        return f"--k {min(args.k)}: k must be at least 1"
+        raise UsageError(f"--k {min(args.k)}: k must be at least 1", key="--k.below_1", where="--k")
     if sampled and args.k and max(args.k) > args.num_samples:
-        return (f"--k {max(args.k)} exceeds --num-samples {args.num_samples}: pass@k and maj@k need at least k "
-                "samples of each problem")
+        raise UsageError(f"--k {max(args.k)} exceeds --num-samples {args.num_samples}: pass@k and maj@k need at "
+                         "least k samples of each problem", key="--k.above_num_samples", where="--k")
+
+
+def usage_problem(args: argparse.Namespace) -> str | None:
+    """`check_usage`'s refusal as its message (for a driver that collects the problems of several
+    commands), or None."""
+    try:
+        check_usage(args)
+    except UsageError as error:
+        return str(error)
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if problem := usage_problem(args):
-        raise UsageError(problem)
+    check_usage(args)
     try:  # the outputs now, not after the sampling
         records = load_records(args.records) if args.records else None
         prompt_file = [args.prompts] if args.prompts and args.prompts not in BENCHMARKS else []

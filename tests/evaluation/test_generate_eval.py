@@ -148,28 +148,24 @@ def test_eval_on_a_prompt_file_grades_what_generate_samples_from_it(model_dir, t
     assert split["metrics"] == benchmark["metrics"] and split["num_samples"] == benchmark["num_samples"] == 4
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--prompts", "p.jsonl", "--task", "gsm8k"], "--prompts needs --model"),
-    (["--records", "r.jsonl", "--model", "M"], "--model is for --benchmark and --prompts, which sample a model"),
-    (["--records", "r.jsonl", "--samples-out", "s.jsonl"],
-     "--samples-out is for --benchmark and --prompts, which sample a model"),
-    (["--benchmark", "gsm8k", "--model", "M", "--rendered-prompts"],
-     "--rendered-prompts is for --prompts, a prompt file of rendered prompts"),
-    *[(["--records", "r.jsonl", *flags], f"{flags[0]} is for --benchmark and --prompts, which sample a model; "
-                                         "--records grades records sampled already")
+@pytest.mark.parametrize("options, key, where", [
+    (["--prompts", "p.jsonl", "--task", "gsm8k"], "--model.missing", "--prompts"),
+    (["--records", "r.jsonl", "--model", "M"], "--model.without_sampling", "--model"),
+    (["--records", "r.jsonl", "--samples-out", "s.jsonl"], "--samples-out.without_sampling", "--samples-out"),
+    (["--benchmark", "gsm8k", "--model", "M", "--rendered-prompts"], "--rendered-prompts.without_prompts",
+     "--rendered-prompts"),
+    *[(["--records", "r.jsonl", *flags], "sampling_option.without_sampling", flags[0])
       for flags in (["--temperature", "0"], ["--num-samples", "8"], ["--seed", "1"], ["--max-new-tokens", "64"],
                     ["--no-stop"], ["--stop", "###"], ["--device", "cpu"], ["--backend", "vllm"],
                     ["--sampler-logprobs"], ["--data-dir", "d"], ["--top-p", "0.9"], ["--top-k", "5"],
                     ["--tensor-parallel-size", "2"], ["--num-shots", "0"])],
-    (["--plot", "a.json", "--temperature", "0.6"],
-     "--temperature is for --benchmark and --prompts, which sample a model; --plot draws results"),
+    (["--plot", "a.json", "--temperature", "0.6"], "sampling_option.without_sampling", "--temperature"),
 ])
-def test_eval_refuses_options_its_mode_would_ignore(options, message, tmp_path, monkeypatch, capsys):
+def test_eval_refuses_options_its_mode_would_ignore(options, key, where, tmp_path, monkeypatch):
     """`--records` with `--model` or `--samples-out` ran and ignored them: no samples were written.
     So were the sampling options (`--records r.jsonl --num-samples 8` graded the records' own samples)."""
     monkeypatch.chdir(tmp_path)
-    assert eval_main([*options, "--out", "r.json"]) == 2
-    assert capsys.readouterr().err == f"nemo-topr eval: {message}\n"
+    assert refusal(evaluate.main, [*options, "--out", "r.json"]) == (2, key, where)
     assert not list(tmp_path.iterdir())
 
 
@@ -309,7 +305,7 @@ def test_the_markdown_title_of_uneven_sample_counts_says_so(tmp_path, capsys):
     assert out.with_suffix(".md").read_text().startswith("**uneven** (gsm8k): 2 problems, 1 samples each\n")
 
 
-def test_the_plot_draws_the_headline_metrics_unless_told_otherwise(tmp_path, capsys):
+def test_the_plot_draws_the_headline_metrics_unless_told_otherwise(tmp_path):
     """16 samples give 11 metrics; a round plot of all of them was unreadable. By default it draws
     pass@1, the votes at the largest k every round has, and the invalid rate."""
     def result(name, ks, weighted=False):
@@ -333,13 +329,13 @@ def test_the_plot_draws_the_headline_metrics_unless_told_otherwise(tmp_path, cap
     out = tmp_path / "rounds.png"
     assert refusal(evaluate.main, ["--plot", *map(str, paths), "--metrics", "maj@16", "--out", str(out)]) == (
         1, "--metrics.not_in_result", "--metrics")
-    assert eval_main(["--records", str(paths[0]), "--metrics", "all", "--out", str(tmp_path / "r.json")]) == 2
-    assert capsys.readouterr().err == "nemo-topr eval: --metrics is for --plot (results JSONs list every metric)\n"
+    records_with_metrics = ["--records", str(paths[0]), "--metrics", "all", "--out", str(tmp_path / "r.json")]
+    assert refusal(evaluate.main, records_with_metrics) == (2, "--metrics.without_plot", "--metrics")
     assert not out.exists()
     assert eval_main(["--plot", *map(str, paths), "--metrics", "all", "--out", str(out)]) == 0
 
 
-def test_plot_refuses_what_it_cannot_draw_naming_the_file(tmp_path, capsys):
+def test_plot_refuses_what_it_cannot_draw_naming_the_file(tmp_path):
     def result(name, task, **metrics):
         (tmp_path / name).write_text(json.dumps({"task": task, "label": name, "metrics": metrics}))
         return str(tmp_path / name)
@@ -367,8 +363,8 @@ def test_plot_refuses_what_it_cannot_draw_naming_the_file(tmp_path, capsys):
     # matplotlib saves "rounds" as rounds.png (the file said written was not there, and another
     # rounds.png was replaced without --overwrite), and fails on ".txt" after the reading
     for out in ("rounds", "rounds.txt"):
-        assert eval_main(["--plot", gsm8k, "--out", str(tmp_path / out)]) == 2
-        assert f"--out {tmp_path / out}: a plot is written as .png, .pdf, .svg" in capsys.readouterr().err
+        assert refusal(evaluate.main, ["--plot", gsm8k, "--out", str(tmp_path / out)]) == (
+            2, "--out.not_a_plot_format", "--out")
     assert not plot.exists() and not (tmp_path / "rounds.txt").exists()
     assert eval_main(["--plot", gsm8k, other, "--out", str(tmp_path / "rounds.svg")]) == 1  # nothing in common
     assert eval_main(["--plot", gsm8k, gsm8k, "--out", str(tmp_path / "rounds.svg")]) == 0
@@ -758,15 +754,12 @@ def test_temperature_zero_is_greedy_decoding_whatever_the_models_generation_conf
         assert (index, completion.text) == (0, expected)
 
 
-@pytest.mark.parametrize("ks, message", [(["1", "8"], "--k 8 exceeds --num-samples 4: pass@k and maj@k need at "
-                                                        "least k samples of each problem"),
-                                          (["0", "2"], "--k 0: k must be at least 1")])
-def test_eval_refuses_a_k_it_cannot_compute_before_sampling(ks, message, tmp_path, capsys):
+@pytest.mark.parametrize("ks, key", [(["1", "8"], "--k.above_num_samples"), (["0", "2"], "--k.below_1")])
+def test_eval_refuses_a_k_it_cannot_compute_before_sampling(ks, key, tmp_path):
     """It sampled every problem first and failed only at the metrics."""
     model = placeholder_hf_model(tmp_path / "model")
-    assert eval_main(["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", "--num-samples", "4",
-                          "--k", *ks, "--device", "cpu", "--out", str(tmp_path / "r.json")]) == 2
-    assert capsys.readouterr().err == f"nemo-topr eval: {message}\n"
+    assert refusal(evaluate.main, ["--benchmark", "gsm8k", "--model", str(model), "--limit", "1", "--num-samples", "4",
+                                   "--k", *ks, "--device", "cpu", "--out", str(tmp_path / "r.json")]) == (2, key, "--k")
     assert sorted(p.name for p in tmp_path.iterdir()) == [model.name]  # no sample log, no results
 
 

@@ -24,7 +24,8 @@ from tests.refusal_table import assert_covers, assert_golden, raised, rendered
 
 from nemo_topr.data.records import Record, RenderedPrompt, load_records
 from nemo_topr.evaluation import generate, problems, sample_log, sampling
-from nemo_topr.evaluation.evaluate import benchmark_results, outcomes_of_records, plotted_metrics, read_round_results
+from nemo_topr.evaluation.evaluate import (benchmark_results, build_parser, check_usage, outcomes_of_records,
+                                           plotted_metrics, read_round_results)
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics, pass_at_k
 from nemo_topr.evaluation.problems import check_limit, jsonl_problems, load_problems
 from nemo_topr.evaluation.sample_log import SampleLog
@@ -36,8 +37,8 @@ from nemo_topr.evaluation.verifier import judge_prompt
 EVALUATION = REPO / "nemo_topr" / "evaluation"
 SOURCES = [EVALUATION / f"{name}.py" for name in ("problems", "evaluate", "sampling_options", "sampling",
                                                    "sample_log", "logged_sampling", "verifier", "metrics")]
-ERRORS = {"PromptsError", "EvalError", "SamplingError", "SampleLogError", "MetricsError", "DataError", "error",
-          "GraderErrorRateExceeded", "OutputWriteError"}
+ERRORS = {"PromptsError", "EvalError", "UsageError", "SamplingError", "SampleLogError", "MetricsError", "DataError",
+          "error", "GraderErrorRateExceeded", "OutputWriteError"}
 UNREACHABLE = {
     "sampling.out_of_memory": "transformers' generate running out of memory on a model (tests/evaluation/test_generate_eval.py "
                               "test_only_a_failed_allocation_while_sampling_is_read_as_out_of_memory)",
@@ -59,6 +60,13 @@ def options(*given: str) -> SimpleNamespace:
     """`generate`'s arguments as its parser reads them, with the sampling options `given`."""
     return generate.build_parser().parse_args(["--prompts", "p.jsonl", "--model", "m", "--out", "o.jsonl",
                                                "--device", "cpu", *given])
+
+
+def usage(*argv: str):
+    """A row's problem: `eval`'s options `argv` (and --out r.json), which `check_usage` refuses before anything
+    is read."""
+    out = [] if "--out" in argv else ["--out", "r.json"]
+    return raised(lambda: check_usage(build_parser().parse_args([*argv, *out])))
 
 
 def records(name: str) -> list[Record]:
@@ -226,6 +234,18 @@ ROWS = [
     prompt_file_row("prompts.prompt.empty", "empty_prompt.jsonl", "prompt"),
     prompt_file_row("prompts.reference_answer.empty", "blank_reference.jsonl", "reference_answer"),
     prompt_file_row("prompts.reference_answer.invalid", "word_reference.jsonl", "reference_answer"),
+    ("eval", "--model.missing", "--prompts", usage("--prompts", "p.jsonl", "--task", "gsm8k")),
+    ("eval", "--model.without_sampling", "--model", usage("--records", "r.jsonl", "--model", "m")),
+    ("eval", "--samples-out.without_sampling", "--samples-out",
+     usage("--records", "r.jsonl", "--samples-out", "s.jsonl")),
+    ("eval", "sampling_option.without_sampling", "--temperature", usage("--plot", "a.json", "--temperature", "0.6")),
+    ("eval", "--metrics.without_plot", "--metrics", usage("--records", "r.jsonl", "--metrics", "all")),
+    ("eval", "--rendered-prompts.without_prompts", "--rendered-prompts",
+     usage("--benchmark", "gsm8k", "--model", "m", "--rendered-prompts")),
+    ("eval", "--out.not_a_plot_format", "--out", usage("--plot", "a.json", "--out", "rounds.txt")),
+    ("eval", "--k.below_1", "--k", usage("--records", "r.jsonl", "--k", "0", "2")),
+    ("eval", "--k.above_num_samples", "--k",
+     usage("--benchmark", "gsm8k", "--model", "m", "--num-samples", "4", "--k", "1", "8")),
     ("eval", "problems.none", "problems", raised(benchmark_results, [], "gsm8k", None)),
     ("eval", "--k.above_samples", "--k", raised(benchmark_results, [[SampleOutcome("5", True)]], "gsm8k", [2])),
     records_row("record.meta.task.not_--task", "math_record.jsonl", "meta.task", task="gsm8k"),
@@ -277,6 +297,9 @@ def test_the_rows_inputs_pass_but_for_their_change(inputs, monkeypatch):
     """What each row changes is its problem: the same calls on the inputs without it refuse nothing."""
     monkeypatch.chdir(inputs)
     check_sampling_args(options())
+    check_usage(build_parser().parse_args(["--benchmark", "gsm8k", "--model", "m", "--num-samples", "4", "--k", "1",
+                                           "4", "--out", "r.json"]))
+    check_usage(build_parser().parse_args(["--plot", "a.json", "--metrics", "all", "--out", "rounds.svg"]))
     assert [problem.prompt_id for problem in jsonl_problems("prompts.jsonl", "gsm8k")] == ["1"]
     assert outcomes_of_records(records("two_references.jsonl")[:1], None, 1.0)[0] == "gsm8k"
     assert new_token_budgets("small_model", {0: GSM8K}, 8, {0: [1, 2]}) == {0: 1}
