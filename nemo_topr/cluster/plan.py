@@ -30,7 +30,8 @@ import re
 import sys
 from typing import Any
 
-from nemo_topr.utils.arguments import Parser, run_settings
+from nemo_topr.errors import run_refusing
+from nemo_topr.utils.arguments import Parser, UsageError, run_settings
 from nemo_topr.model.architecture import (REFERENCE_ARCHITECTURES, Architecture, architecture_from_hf_config,
                                             with_model_overrides)
 from nemo_topr.cluster.checks import check_layout
@@ -104,10 +105,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--arch", choices=sorted(REFERENCE_ARCHITECTURES),
                         help="use a built-in architecture instead of base_model's config.json")
     parser.add_argument("--config-path", default=None, help="config directory (default: the repository's conf/)")
-    return parser.parse_intermixed_args(_config_first(argv, parser))
+    return parser.parse_intermixed_args(_config_first(argv))
 
 
-def _config_first(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+def _config_first(argv: list[str]) -> list[str]:
     """`--config NAME` (as `submit` spells it) or `--config-name NAME` (as `train` does) made the
     first word: argparse read `--config` as an abbreviation of --config-path, and then asked for
     a config. A second one is refused: argparse took it as --config-path, and the first config
@@ -119,25 +120,28 @@ def _config_first(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
         if not equals:
             value = argv[index + 1] if index + 1 < len(argv) else ""
         if not value or value.startswith("-") or ("=" in value and not equals):
-            parser.error(f"{option} needs a config: a name in the config dir or a YAML path")
+            raise UsageError(f"{option} needs a config: a name in the config dir or a YAML path",
+                             key="--config.value.missing", where=option)
         rest = [*argv[:index], *argv[index + (1 if equals else 2):]]
         if again := [word for word in rest if word.partition("=")[0] in ("--config", "--config-name")]:
-            parser.error(f"{again[0]} after {option} {value}: plan one config at a time")
+            raise UsageError(f"{again[0]} after {option} {value}: plan one config at a time", key="--config.twice",
+                             where=again[0].partition("=")[0])
         return [value, *rest]
     return argv
 
 
-def machine_problem(args: argparse.Namespace) -> str | None:
-    """Why the machine described by the options cannot be planned for (a usage error, not a
-    layout that does not fit), or None."""
+def check_machine(args: argparse.Namespace) -> None:
+    """Refuse a machine the options describe that cannot be planned for: a usage error, not a
+    layout that does not fit."""
     if args.nodes < 1 or args.gpus_per_node < 1:
-        return "--nodes and --gpus-per-node must be >= 1"
+        option = "--nodes" if args.nodes < 1 else "--gpus-per-node"
+        raise UsageError("--nodes and --gpus-per-node must be >= 1", key=f"{option}.below_1", where=option)
     if not (math.isfinite(args.gpu_memory_gb) and args.gpu_memory_gb > 0):
-        return f"--gpu-memory-gb {args.gpu_memory_gb:g}: must be a GPU's memory in GiB, above 0 (H100: 80)"
+        raise UsageError(f"--gpu-memory-gb {args.gpu_memory_gb:g}: must be a GPU's memory in GiB, above 0 (H100: 80)",
+                         key="--gpu-memory-gb.not_positive", where="--gpu-memory-gb")
     if not (math.isfinite(args.reserve_gb) and 0 <= args.reserve_gb < args.gpu_memory_gb):
-        return (f"--reserve-gb {args.reserve_gb:g}: must be at least 0 and below --gpu-memory-gb "
-                f"{args.gpu_memory_gb:g}")
-    return None
+        raise UsageError(f"--reserve-gb {args.reserve_gb:g}: must be at least 0 and below --gpu-memory-gb "
+                         f"{args.gpu_memory_gb:g}", key="--reserve-gb.out_of_range", where="--reserve-gb")
 
 
 def plan(cfg: dict[str, Any], title: str, args: argparse.Namespace) -> tuple[int, str]:
@@ -154,9 +158,7 @@ def plan(cfg: dict[str, Any], title: str, args: argparse.Namespace) -> tuple[int
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    if problem := machine_problem(args):
-        print(f"nemo-topr plan: {problem}", file=sys.stderr)
-        return 2
+    check_machine(args)
     # Bridge's config classes take seconds to import: say what is under way first
     print(f"nemo-topr plan: checking {args.config} as train would", file=sys.stderr, flush=True)
     cfg, title = compose_config(args.config, args.overrides, args.config_path)
@@ -166,4 +168,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_refusing("nemo-topr plan", main, sys.argv[1:]))

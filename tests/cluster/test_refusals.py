@@ -21,11 +21,11 @@ from tests.iterate.test_refusals import found_once
 
 from nemo_topr.cluster import submit
 from nemo_topr.cluster.environment import training_environment
-from nemo_topr.cluster.plan import resolve_architecture
+from nemo_topr.cluster.plan import check_machine, parse_args, resolve_architecture
 from nemo_topr.errors import UserError
 
 SOURCES = sorted((REPO / "nemo_topr" / "cluster").glob("*.py"))
-ERRORS = {"ConfigError", "UserError", "EnvironmentScriptError"}
+ERRORS = {"ConfigError", "UserError", "EnvironmentScriptError", "UsageError"}
 # keys the table cannot reach without a subprocess, and what needs it
 NEEDS_A_SUBPROCESS = {"sbatch.failed": "sbatch itself (tests/slurm/test_scripts.py's fake sbatch)"}
 
@@ -38,6 +38,11 @@ def make_inputs(root: Path) -> None:
     (root / "environment.sh").write_text("export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}\nexport NCCL_DEBUG=INFO\n")
 
 
+def machine(*options: str):
+    """A row's problem: `plan`'s options (for the preset llama31_8b_bf16), which `check_machine` refuses."""
+    return raised(lambda: check_machine(parse_args(["llama31_8b_bf16", *options])))
+
+
 # (verb, key, where, the problem's source: the pure function given the bad input)
 ROWS = [
     ("plan", "base_model.config_json.not_llama", "base_model",
@@ -45,6 +50,12 @@ ROWS = [
     ("plan", "architecture.unknown", "base_model", raised(resolve_architecture, {}, "my_experiment", None)),
     ("plan", "base_model.unusable", "base_model",
      raised(resolve_architecture, {"base_model": "notes.txt"}, "exp", None)),
+    ("plan", "--config.value.missing", "--config", raised(parse_args, ["--config", "--nodes", "1"])),
+    ("plan", "--config.twice", "--config-name", raised(parse_args, ["--config", "a", "--config-name=b"])),
+    ("plan", "--nodes.below_1", "--nodes", machine("--nodes", "0")),
+    ("plan", "--gpus-per-node.below_1", "--gpus-per-node", machine("--gpus-per-node", "-2")),
+    ("plan", "--gpu-memory-gb.not_positive", "--gpu-memory-gb", machine("--gpu-memory-gb", "nan")),
+    ("plan", "--reserve-gb.out_of_range", "--reserve-gb", machine("--gpu-memory-gb", "40", "--reserve-gb", "40")),
     ("submit", "run_dir.empty", "run_dir", raised(submit.job_run_dir, None, ["run_dir="])),
     ("submit", "run_dir.twice", "run_dir", raised(submit.job_run_dir, None, ["run_dir=a", "++run_dir=b"])),
     ("submit", "run_dir.differs_from_option", "--run-dir", raised(submit.job_run_dir, Path("a"), ["run_dir=b"])),
