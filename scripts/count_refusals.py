@@ -107,7 +107,10 @@ class _Sites(ast.NodeVisitor):
             if func.attr == "error" and "parser" in owner.lower() and node.args:
                 self._add(_message(node, self.function), node, "parser.error")
             elif func.attr in ("append", "extend") and "problem" in owner.lower() and node.args:
-                self._add(_message(node, self.function), node, f"{owner}.{func.attr}")
+                # a problem collected as an error (`problems.append(UserError(message, key=...))`): its message
+                told = node.args[0] if isinstance(node.args[0], ast.Call) and _callee(node.args[0]).endswith("Error") \
+                    else node
+                self._add(_message(told, self.function), node, f"{owner}.{func.attr}", _key(told))
         self.generic_visit(node)
 
     def visit_Yield(self, node: ast.Yield) -> None:

@@ -21,7 +21,6 @@ GPU. Without --dry-run it is written to RUN_DIR/submit/JOB_NAME.sbatch and passe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import subprocess
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_topr.cluster.venv_check import check_venv
 from nemo_topr.model import source as model_source
 from nemo_topr.utils.arguments import CONF_DIR, Parser, at_least_one, run_settings
 from nemo_topr.training.config_error import ConfigError
@@ -141,63 +141,30 @@ def derived_mounts(paths: dict[str, Path]) -> str:
     return ",".join(f"{d}:{d}" for d in kept)
 
 
-def check_environment(job: ClusterJob, paths: dict[str, Path], mounts: list[Mount]) -> tuple[list[str], dict[str, Path]]:
+def check_environment(job: ClusterJob, paths: dict[str, Path],
+                      mounts: list[Mount]) -> tuple[list[UserError], dict[str, Path]]:
     """(problems, each read path as the submit host sees it)."""
     problems = []
     if not job.container_image:
         if not (job.venv / "bin" / "python").is_file():
-            problems.append(f"no container image and no venv: {job.venv}/bin/python does not exist "
-                            "(pass --container-image IMAGE or --venv DIR)")
+            problems.append(UserError(f"no container image and no venv: {job.venv}/bin/python does not exist "
+                                      "(pass --container-image IMAGE or --venv DIR)", key="--venv.no_python",
+                                      where="--venv"))
         return problems, paths
     for mount in mounts:  # slurm/topr_job.sh creates the run directory before srun mounts it
         if not mount.source.exists() and not mount.source.is_relative_to(job.run_dir):
-            problems.append(f"--container-mounts source {mount.source} does not exist")
+            problems.append(UserError(f"--container-mounts source {mount.source} does not exist",
+                                      key="--container-mounts.source_missing", where="--container-mounts"))
     on_host = {}
     for key, path in paths.items():
         found = next((host for mount in mounts if (host := mount.host_path(path)) is not None), None)
         if found is None:
-            problems.append(f"{key}={path} is not under any container mount "
-                            f"({', '.join(str(m.target) for m in mounts) or 'none'})")
+            problems.append(UserError(f"{key}={path} is not under any container mount "
+                                      f"({', '.join(str(m.target) for m in mounts) or 'none'})",
+                                      key=f"{key}.not_mounted", where=key))
         else:
             on_host[key] = found
     return problems, on_host
-
-
-# what every rank imports (besides the checkout's nemo_topr and its light dependencies)
-RANK_PACKAGES = ("torch", "megatron.core", "megatron.bridge", "transformers", "hydra", "omegaconf")
-_FIND_PACKAGES = """import importlib.util, json, sys
-def found(name):
-    try:  # megatron.core without megatron: ModuleNotFoundError
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-print(json.dumps([name for name in sys.argv[1:] if not found(name)]))"""
-
-
-def check_venv(venv: Path, cfg: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(problems, warnings) of the venv the ranks will run, found before the queue wait rather than
-    at the job's start: its python runs and finds the packages the ranks import (a venv made for
-    vLLM, requirements-vllm.txt, has none of Megatron), and Transformer Engine where the run needs it."""
-    python = venv / "bin" / "python"
-    try:
-        found = subprocess.run([str(python), "-c", _FIND_PACKAGES, *RANK_PACKAGES, "transformer_engine"],
-                               capture_output=True, text=True, timeout=120)
-        missing = json.loads(found.stdout) if found.returncode == 0 else None
-        why = (found.stderr.strip().splitlines() or ["no output"])[-1]
-    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as error:
-        missing, why = None, str(error)
-    if missing is None:
-        return [f"--venv {venv}: {python} does not run ({why})"], []
-    if lacking := [name for name in RANK_PACKAGES if name in missing]:
-        return [f"--venv {venv} lacks {', '.join(lacking)}, which every rank imports: use a venv made by "
-                "`make venv` (scripts/setup_venv.sh)"], []
-    if "transformer_engine" not in missing or cfg.get("device") == "cpu":
-        return [], []
-    if (cfg.get("model") or {}).get("fp8"):
-        return [f"model.fp8={cfg['model']['fp8']} needs Transformer Engine, which --venv {venv} lacks: install "
-                "requirements-gpu.txt there (docs/cluster.md, the venv route) or drop FP8 (model.fp8=null)"], []
-    return [], [f"--venv {venv} has no Transformer Engine: the ranks build Megatron's local layers (BF16, no fused "
-                "kernels), slower than the presets are sized for; install requirements-gpu.txt there"]
 
 
 def read_from_the_checkout(typed: Any) -> str:
@@ -210,7 +177,7 @@ def read_from_the_checkout(typed: Any) -> str:
             f"{Path.cwd() / path} exists: give that)")
 
 
-def check_inputs(on_host: dict[str, Path], cfg: dict[str, Any]) -> list[str]:
+def check_inputs(on_host: dict[str, Path], cfg: dict[str, Any]) -> list[UserError]:
     """The starting model is complete (`nemo_topr.model.source`: an HF directory with config and
     tokenizer, or a finished Megatron checkpoint carrying its HF config), the data exists and the
     run directory can be created and is no model. `on_host`: the paths as the submit host sees
@@ -225,19 +192,23 @@ def check_inputs(on_host: dict[str, Path], cfg: dict[str, Any]) -> list[str]:
         try:
             model_source.resolve(f"{model}{model_source.split_iteration(str(typed['base_model']))[1]}")
         except model_source.ModelSourceError as error:
-            problems.append(f"{error}{read_from_the_checkout(typed['base_model'])}")
+            problems.append(UserError(f"{error}{read_from_the_checkout(typed['base_model'])}",
+                                      key="base_model.not_a_model", where="base_model"))
     data = on_host.get("dataset.train_path")
     if data is not None and (missing := why_missing(str(data), typed=str(typed["dataset.train_path"]))):
-        problems.append(f"dataset.train_path={data}: {missing}{read_from_the_checkout(typed['dataset.train_path'])}")
+        problems.append(UserError(f"dataset.train_path={data}: {missing}"
+                                  f"{read_from_the_checkout(typed['dataset.train_path'])}",
+                                  key="dataset.train_path.missing", where="dataset.train_path"))
     run_dir = on_host.get("run_dir")
     if run_dir is not None:
         existing = nearest_existing(run_dir)
         if not (existing.is_dir() and os.access(existing, os.W_OK)):
-            problems.append(f"run_dir={run_dir} cannot be created: {existing} is not a writable directory")
+            problems.append(UserError(f"run_dir={run_dir} cannot be created: {existing} is not a writable directory",
+                                      key="run_dir.not_creatable", where="run_dir"))
         try:
             check_run_dir(run_dir)  # train's own refusal, before the job script is written into it
         except ConfigError as error:
-            problems.append(str(error))
+            problems.append(UserError(str(error), key="run_dir.refused_by_train", where="run_dir"))
     return problems
 
 
@@ -252,21 +223,24 @@ def time_limit_seconds(limit: str) -> int:
     return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-def check_time(job: ClusterJob) -> list[str]:
+def check_time(job: ClusterJob) -> list[UserError]:
     try:
         limit = time_limit_seconds(job.time)
     except (ValueError, KeyError):
-        return [f"--time {job.time!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM:SS, ...)"]
+        return [UserError(f"--time {job.time!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM:SS, ...)",
+                          key="--time.not_a_slurm_time", where="--time")]
     if job.preemption_warning_s >= limit:
-        return [f"--preemption-warning {job.preemption_warning_s} s is not shorter than --time {job.time} "
-                f"({limit} s): the ranks would be told to stop as soon as they start"]
+        return [UserError(f"--preemption-warning {job.preemption_warning_s} s is not shorter than --time {job.time} "
+                          f"({limit} s): the ranks would be told to stop as soon as they start",
+                          key="--preemption-warning.not_below_time", where="--preemption-warning")]
     return []
 
 
-def check_sbatch_words(job: ClusterJob) -> list[str]:
+def check_sbatch_words(job: ClusterJob) -> list[UserError]:
     """The job name and run directory go into #SBATCH lines, where a value with whitespace is
     double-quoted (`sbatch_value`); one holding a double quote or a line break cannot be written."""
-    return [f"{option} {value!r}: an #SBATCH line cannot hold a double quote or a line break; choose one without"
+    return [UserError(f"{option} {value!r}: an #SBATCH line cannot hold a double quote or a line break; choose one "
+                      "without", key=f"{option}.not_an_sbatch_word", where=option)
             for option, value in (("--job-name", job.job_name), ("--run-dir", str(job.run_dir)))
             if '"' in value or "\n" in value or "\r" in value]
 
@@ -296,7 +270,7 @@ def sbatch_value(value: object) -> str:
     return f'"{text}"' if any(c.isspace() for c in text) else text
 
 
-def check_layout(cfg: dict[str, Any], title: str, job: ClusterJob) -> tuple[list[str], list[str]]:
+def check_layout(cfg: dict[str, Any], title: str, job: ClusterJob) -> tuple[list[UserError], list[str]]:
     """`nemo-topr plan`'s layout rules for this node count: (problems, warnings)."""
     from nemo_topr.cluster import checks
     from nemo_topr.cluster.layout import layout_from_config
@@ -304,12 +278,19 @@ def check_layout(cfg: dict[str, Any], title: str, job: ClusterJob) -> tuple[list
 
     arch, _ = resolve_architecture(cfg, title, None)
     findings = checks.check_layout(arch, layout_from_config(cfg, job.nodes, job.gpus_per_node))
-    problems = [f"layout: {f.rule}: {f.explained}" for f in findings if f.blocking]
+    problems = [UserError(f"layout: {f.rule}: {f.explained}", key="layout.rule_broken", where=f.rule)
+                for f in findings if f.blocking]
     warnings = [f"layout: {f.rule}: {f.detail}" for f in findings if not f.passed and not f.blocking]
     return problems, warnings
 
 
-def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
+def check_settings_set(cfg: dict[str, Any]) -> list[UserError]:
+    """The settings that name what the run opens and are unset: the job could open nothing."""
+    return [UserError(f"{key} is not set", key=f"{key}.not_set", where=key)
+            for key, value in settings_read(cfg).items() if value is None]
+
+
+def preflight(job: ClusterJob) -> tuple[list[UserError], list[str], str | None]:
     """(problems, warnings, container mounts) for `job`; the job may be queued when problems is empty."""
     from nemo_topr.cluster.plan import compose_config
 
@@ -317,11 +298,11 @@ def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
         # as slurm/topr_job.sh passes them to every rank
         cfg, title = compose_config(job.config_name, [f"run_dir={job.run_dir}", *job.overrides], None)
     except ConfigError as error:
-        return [f"run config: {error}"], [], None
+        return [UserError(f"run config: {error}", key="run_config.refused", where="--config")], [], None
     paths = paths_read(cfg)
     if Path(job.config_name).is_absolute():  # a user's YAML: the ranks read it (and whatever is beside it)
         paths["--config"] = Path(job.config_name).parent
-    problems = [f"{key} is not set" for key, value in settings_read(cfg).items() if value is None]
+    problems = check_settings_set(cfg)
     problems += check_time(job) + check_sbatch_words(job)
     mounts = (job.container_mounts or derived_mounts(paths)) if job.container_image else None
     environment_problems, on_host = check_environment(job, paths, parse_mounts(mounts or ""))
@@ -345,7 +326,7 @@ def preflight(job: ClusterJob) -> tuple[list[str], list[str], str | None]:
 
 
 def check_run_it_resumes(cfg: dict[str, Any], host_spec: str, run_dir: Path,
-                 seen_as: tuple[Path, Path] | None) -> tuple[list[str], list[str]]:
+                 seen_as: tuple[Path, Path] | None) -> tuple[list[UserError], list[str]]:
     """A job for a run directory that holds a run resumes it: say so, and refuse now, not after
     the queue wait, what `nemo-topr train` would refuse at its start (another objective, base
     model, lr, ...; a finished run). The base model is compared as the job will name it: in a
@@ -363,7 +344,7 @@ def check_run_it_resumes(cfg: dict[str, Any], host_spec: str, run_dir: Path,
     try:
         iteration = check_queued_start(run_dir, settings)
     except RunStateError as error:
-        return [str(error)], []
+        return [UserError(str(error), key="run_dir.resume_refused", where="run_dir")], []
     if iteration is None:
         return [], []
     return [], [f"run_dir={run_dir} holds a run with a checkpoint at iteration {iteration}: this job resumes it (its "
