@@ -174,6 +174,25 @@ def _problems(err: str) -> list[str]:
     return [line.removeprefix("  - ") for line in err.splitlines() if line.startswith("  - ")]
 
 
+def _submit_keyed(capsys, *args: str) -> tuple[int, list[tuple[str, str]], str, str]:
+    """`_submit`'s (exit status, the (key, where) of each problem pre-flight found, out, err)."""
+    from unittest import mock
+
+    from nemo_topr.cluster import submit
+
+    found = []
+
+    def preflight(job):
+        result = real(job)
+        found.extend((problem.key, problem.where) for problem in result[0])
+        return result
+
+    real = submit.preflight
+    with mock.patch.object(submit, "preflight", preflight):
+        status, out, err = _submit(capsys, *args)
+    return status, found, out, err
+
+
 def _signal_line(script: str) -> str:
     return next(line for line in script.splitlines() if line.startswith("#SBATCH --signal="))
 
@@ -209,30 +228,29 @@ def test_submit_checks_the_venv_the_ranks_run_before_queueing(tmp_path, capsys):
     (tmp_path / "scored.jsonl").write_text("{}\n")
 
     def problems_and_warnings(venv: Path, config: str = "llama31_70b_bf16", *overrides: str):
-        status, _, err = _submit(capsys, "--config", config, "--nodes", "4", "--venv", str(venv), "--dry-run",
-                                 "--run-dir", str(tmp_path / "run"), f"base_model={model}",
-                                 f"dataset.train_path={tmp_path / 'scored.jsonl'}", *overrides)
-        lines = err.splitlines()
-        return (status, [line.removeprefix("  - ") for line in lines if line.startswith("  - ")],
-                [line.removeprefix("nemo-topr submit: warning: ") for line in lines if "warning: " in line])
+        status, problems, _, err = _submit_keyed(
+            capsys, "--config", config, "--nodes", "4", "--venv", str(venv), "--dry-run", "--run-dir",
+            str(tmp_path / "run"), f"base_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}", *overrides)
+        return (status, problems,
+                [line.removeprefix("nemo-topr submit: warning: ") for line in err.splitlines() if "warning: " in line],
+                err)
 
     # this checkout's venv finds every package a rank imports (Transformer Engine or not)
-    status, problems, warnings = problems_and_warnings(Path(sys.prefix))
+    status, problems, warnings, _ = problems_and_warnings(Path(sys.prefix))
     assert status == 0 and not problems and not any("lacks" in w for w in warnings), (problems, warnings)
     # the same interpreter without its site-packages (-S): as a venv made for something else
     bare = _venv(tmp_path / "bare", f'exec {sys.executable} -I -S "$@"')
-    assert problems_and_warnings(bare)[:2] == (1, [
-        f"--venv {bare} lacks torch, megatron.core, megatron.bridge, transformers, hydra, omegaconf, which every "
-        "rank imports: use a venv made by `make venv` (scripts/setup_venv.sh)"])
+    status, problems, _, err = problems_and_warnings(bare)
+    assert (status, problems) == (1, [("--venv.lacks_rank_packages", "--venv")])
+    assert "lacks torch, megatron.core, megatron.bridge, transformers, hydra, omegaconf," in err
     broken = _venv(tmp_path / "broken", 'echo "error while loading shared libraries: libpython3.12.so" >&2; exit 127')
-    assert problems_and_warnings(broken)[:2] == (1, [
-        f"--venv {broken}: {broken}/bin/python does not run (error while loading shared libraries: libpython3.12.so)"])
+    status, problems, _, err = problems_and_warnings(broken)
+    assert (status, problems) == (1, [("--venv.python_does_not_run", "--venv")])
+    assert "(error while loading shared libraries: libpython3.12.so)" in err  # the python's own why
     # a venv that has all but Transformer Engine (its finder's answer given): FP8 refused, BF16 warned
     no_te = _venv(tmp_path / "no_te", """echo '["transformer_engine"]'""")
-    assert problems_and_warnings(no_te, "llama31_70b_fp8")[1] == [(
-        f"model.fp8=hybrid needs Transformer Engine, which --venv {no_te} lacks: install requirements-gpu.txt there "
-        "(docs/cluster.md, the venv route) or drop FP8 (model.fp8=null)")]
-    status, problems, warnings = problems_and_warnings(no_te)
+    assert problems_and_warnings(no_te, "llama31_70b_fp8")[1] == [("model.fp8.needs_transformer_engine", "model.fp8")]
+    status, problems, warnings, _ = problems_and_warnings(no_te)
     assert status == 0 and warnings == [
         f"--venv {no_te} has no Transformer Engine: the ranks build Megatron's local layers (BF16, no fused kernels), "
         "slower than the presets are sized for; install requirements-gpu.txt there"]
@@ -270,21 +288,16 @@ def test_submit_names_every_unmounted_path_and_missing_input(tmp_path, capsys):
     placeholder_hf_model(host_models / "Llama-3.1-70B", LLAMA_31_70B, tokenizer=False)
     run_dir = tmp_path / "run"
     mounts = f"{REPO}:{REPO},{run_dir.parent}:{run_dir.parent},{host_models}:/models,{tmp_path}/absent:/scratch"
-    status, out, err = _submit(
+    status, problems, out, err = _submit_keyed(
         capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--run-dir", str(run_dir), "--dry-run",
         "--container-image", "nvcr.io/nvidia/pytorch:25.09-py3", "--container-mounts", mounts,
         "base_model=/models/Llama-3.1-70B", "dataset.train_path=/data/scored.jsonl")
     assert status == 1 and out == ""
-    problems = _problems(err)
-    assert problems == [
-        f"--container-mounts source {tmp_path}/absent does not exist",
-        f"dataset.train_path=/data/scored.jsonl is not under any container mount ({REPO}, {run_dir.parent}, "
-        "/models, /scratch)",
-        # the model is found through its mount: /models/X is host_models/X on the submit host
-        f"base_model={host_models}/Llama-3.1-70B: no tokenizer (tokenizer.json or "
-        f"tokenizer.model in {host_models}/Llama-3.1-70B); the data is tokenized with the model's own tokenizer, "
-        "so it must be there",
-    ]
+    assert problems == [("--container-mounts.source_missing", "--container-mounts"),
+                        ("dataset.train_path.not_mounted", "dataset.train_path"),
+                        ("base_model.not_a_model", "base_model")]
+    # the model is found through its mount: /models/X is host_models/X on the submit host
+    assert f"  - base_model={host_models}/Llama-3.1-70B: no tokenizer" in err
 
 
 def test_submit_takes_data_as_train_reads_it_and_names_a_typo(tmp_path, capsys):
@@ -345,18 +358,12 @@ def test_submit_dry_run_refuses_a_misspelled_mistyped_or_zero_key(override, mess
 
 
 def test_submit_without_image_needs_an_existing_venv_and_the_inputs(tmp_path, capsys):
-    status, _, err = _submit(
+    status, problems, _, _ = _submit_keyed(
         capsys, "--config", "llama31_8b_bf16", "--run-dir", str(tmp_path / "run"), "--dry-run",
         "--venv", str(tmp_path / "no-venv"), f"base_model={tmp_path / 'nowhere'}")
     assert status == 1
-    problems = _problems(err)
-    assert problems[:2] == [
-        "dataset.train_path is not set",
-        f"no container image and no venv: {tmp_path}/no-venv/bin/python does not exist "
-        "(pass --container-image IMAGE or --venv DIR)",
-    ]
-    assert problems[2].startswith(f"base_model={tmp_path}/nowhere: no such directory (expected ")
-    assert len(problems) == 3
+    assert problems == [("dataset.train_path.not_set", "dataset.train_path"), ("--venv.no_python", "--venv"),
+                        ("base_model.not_a_model", "base_model")]
 
 
 def test_submit_refuses_a_model_as_run_dir_before_writing_its_script_there(tmp_path, capsys):
@@ -365,13 +372,9 @@ def test_submit_refuses_a_model_as_run_dir_before_writing_its_script_there(tmp_p
     data = tmp_path / "scored.jsonl"
     data.write_text("{}\n")
     before = sorted(path.name for path in model.iterdir())
-    status, _, err = _submit(capsys, "--config", "llama31_8b_bf16", "--run-dir", str(model), "--venv", sys.prefix,
-                             "--dry-run", f"base_model={model}", f"dataset.train_path={data}")
-    assert status == 1
-    problems = _problems(err)
-    assert problems == [f"run_dir={model} is a model, Hugging Face directory {model}; a run writes its checkpoints, "
-                        "configs and logs into run_dir, so it must be a new directory or a run's (the model goes in "
-                        "base_model=)"]
+    status, problems, _, _ = _submit_keyed(capsys, "--config", "llama31_8b_bf16", "--run-dir", str(model), "--venv",
+                                           sys.prefix, "--dry-run", f"base_model={model}", f"dataset.train_path={data}")
+    assert (status, problems) == (1, [("run_dir.refused_by_train", "run_dir")])
     assert sorted(path.name for path in model.iterdir()) == before
 
 
@@ -435,13 +438,11 @@ def test_time_limit_formats_of_sbatch(limit, seconds):
 def test_submit_rejects_a_warning_at_or_after_the_time_limit(tmp_path, capsys):
     model = placeholder_hf_model(tmp_path / "Llama-3.1-70B", LLAMA_31_70B)
     (tmp_path / "scored.jsonl").write_text("{}\n")
-    status, _, err = _submit(
+    status, problems, _, _ = _submit_keyed(
         capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--run-dir", str(tmp_path / "run"), "--dry-run",
         "--container-image", "img", "--time", "10:00", "--preemption-warning", "600",
         f"base_model={model}", f"dataset.train_path={tmp_path / 'scored.jsonl'}")
-    assert status == 1
-    assert _problems(err) == ["--preemption-warning 600 s is not shorter than --time 10:00 (600 s): the ranks would be "
-                              "told to stop as soon as they start"]
+    assert (status, problems) == (1, [("--preemption-warning.not_below_time", "--preemption-warning")])
 
 
 @pytest.mark.parametrize("option, value", [("--nodes", "0"), ("--gpus-per-node", "-1"), ("--preemption-warning", "0")])
@@ -459,13 +460,11 @@ def test_submit_refuses_a_count_below_one_before_rendering(option, value, capsys
 def test_submit_refuses_a_double_quote_an_sbatch_line_cannot_hold(tmp_path, capsys):
     model = placeholder_hf_model(tmp_path / "Llama-3.1-70B", LLAMA_31_70B)
     (tmp_path / "scored.jsonl").write_text("{}\n")
-    status, out, err = _submit(
+    status, problems, out, _ = _submit_keyed(
         capsys, "--config", "llama31_70b_bf16", "--nodes", "4", "--run-dir", str(tmp_path / "run"), "--dry-run",
         "--container-image", "img", "--job-name", 'my "best" run', f"base_model={model}",
         f"dataset.train_path={tmp_path / 'scored.jsonl'}")
-    assert status == 1 and out == ""
-    assert _problems(err) == ["--job-name 'my \"best\" run': an #SBATCH line cannot hold a double quote or a line "
-                              "break; choose one without"]
+    assert (status, problems, out) == (1, [("--job-name.not_an_sbatch_word", "--job-name")], "")
 
 
 def _fake_sbatch(tmp_path: Path, monkeypatch) -> Path:
