@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import difflib
 import io
 import os
 import re
@@ -133,4 +134,6 @@ def assert_golden(table: str, lines: Iterable[str]) -> None:
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(HEADER + "\n" + "".join(f"## {name}\n{found[name]}" for name in sorted(found)))
     assert [name for name in found if not (REPO / name).is_file()] == []  # a section of a removed table
-    assert found.get(table) == body
+    golden = (found.get(table) or "").splitlines()
+    assert golden == body.splitlines(), "\n".join(difflib.unified_diff(golden, body.splitlines(), "golden", "now",
+                                                                       lineterm=""))
