@@ -1,6 +1,6 @@
 """The pre-registered study (docs/miniature.md, issue 19): its statistics and decision rules against
 hand-computed values, its plan and time estimate against the pre-registration's own arithmetic,
-and a `slow` smoke run of the whole study at minimal sizes."""
+and the driver on the fake pipeline (fake_pipeline.py): a smoke run at minimal sizes and --resume."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import REPO
+from tests.miniature.fake_pipeline import KilledRun, fake_pipeline, trained_objective
 
 from nemo_topr.errors import UserError
 from nemo_topr.miniature import stats, study
@@ -217,81 +218,50 @@ def test_report_decisions_from_results(tmp_path):
     assert "| H3 | **inconclusive** | manipulation check failed |" in failed
 
 
-@pytest.mark.slow
-def test_study_smoke(tmp_path):
-    """The whole study at minimal sizes: mu, two datasets, one tuning run, the H1-H3 variants and a
-    three-point p~ grid, every final checkpoint evaluated, the report with its decisions."""
+def test_study_smoke(tmp_path, monkeypatch):
+    """The driver on the fake pipeline at minimal sizes: mu the first probed checkpoint reaching
+    --mu-target 0, a dataset per tuning and study seed, the tuning run evaluated on validation only,
+    the H1-H3 variants and a three-point p~ grid at the selected settings, the grid where a seed's
+    data have both signs (101) and skipped with the reason where they have one (102), the report
+    with its decisions in --out and --docs."""
     out = tmp_path / "study"
+    calls: dict[str, int] = {}
+    trained = fake_pipeline(monkeypatch, calls, positive_share={102: 0.0})
     assert study.main(["--out", str(out), "--docs", str(tmp_path / "docs"), "--pretrain-problems", "64",
                        "--train-prompts", "8", "--validation-prompts", "4", "--test-prompts", "4",
                        "--probe-prompts", "4", "--k", "2", "--eval-samples", "2", "--pretrain-epochs", "1",
-                       "--pretrain-save-interval", "1", "--mu-target", "0", "--seeds", "101",
+                       "--pretrain-save-interval", "1", "--mu-target", "0", "--seeds", "101", "102",
                        "--tuning-seeds", "1", "--lr-grid", "1e-3", "--warmup-grid", "0",
                        "--variants", "sft_positive", "reinforce", "topr", "--p-tilde", "0.2", "0.5", "0.8",
                        "--hidden-size", "32", "--max-new-tokens", "16"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["mu_target_met"] and [p["iteration"] for p in results["pretrain"]] == [1]
-    assert set(results["datasets"]) == {"1", "101"} and results["selected"] == {"lr": 1e-3, "warmup": 0}
+    assert results["mu"]["path"].endswith("iter_0000001") and set(results["mu"]) == {"path", "test", "validation"}
+    assert set(results["datasets"]) == {"1", "101", "102"} and results["selected"] == {"lr": 1e-3, "warmup": 0}
     runs = results["runs"]
     assert set(runs["tune_lr0.001_wu0_s1"]) >= {"validation", "iterations"} and "test" not in runs["tune_lr0.001_wu0_s1"]
-    for key in ("sft_positive", "reinforce", "topr"):
-        assert {"test", "validation"} <= set(runs[f"{key}_s101"]) and runs[f"{key}_s101"]["lr"] == 1e-3
-    # the grid runs when seed 101's data has both signs, else each point is skipped with a reason
-    # (on the development machine it drew 1 correct of 16; seed 1 drew none)
-    p = results["datasets"]["101"]["positive_share"]
-    assert ("topr_ptilde0.5_s101" in runs) == (0 < p < 1) and (("skipped" in results) != (0 < p < 1))
+    grid = ["topr_ptilde0.2", "topr_ptilde0.5", "topr_ptilde0.8"]
+    assert list(runs) == ["tune_lr0.001_wu0_s1", *[f"{key}_s{seed}" for seed, keys in (
+        (101, ["sft_positive", "reinforce", "topr", *grid]), (102, ["sft_positive", "reinforce", "topr"]))
+        for key in keys]]
+    assert calls == {"build": 1, "pretrain": 1, "dataset": 3, "train": len(runs)}
+    for name, run in runs.items():
+        assert (run["lr"], run["warmup"]) == (1e-3, 0)
+        assert set(run["validation"]) == {"pass@1", "maj@2", "malformed_rate"}
+        assert ("test" in run) == (run["stage"] == "study") and run["iterations"] == 123
+    assert results["skipped"] == [f"{key} on seed 102: positive share p = 0.0" for key in grid]
+    # what each run trains: the variant, or TOPR with c = (p - p~) / (p + p~ (1 - 2p)) = 1 - 2 p~ at p = 0.5
+    for name, variant, baseline in (("sft_positive_s101", "sft_positive", 0.0), ("reinforce_s102", "reinforce", 0.0),
+                                    ("topr_ptilde0.2_s101", "topr", 0.6), ("topr_ptilde0.8_s101", "topr", -0.6)):
+        objective = trained_objective(trained[name][1])
+        assert (objective.variant, objective.baseline) == (variant, pytest.approx(baseline)), name
     text = (out / "results.md").read_text()
     assert "**Not the pre-registered design**" in text and "Manipulation check" in text
     assert "| A | B | A − B per seed | mean ± sd | + / − / tie | sign-test p | outcome |" in text
     assert "| topr | sft_positive |" in text and "| H1 |" in text and "| H3 |" in text
     from nemo_topr.miniature.study_report import PLOT
 
-    assert (tmp_path / "docs" / "results.md").is_file() and (tmp_path / "docs" / PLOT).is_file()
-
-
-class KilledRun(Exception):
-    pass
-
-
-def fake_pipeline(monkeypatch, tmp_path, calls, kill_at=None):
-    """The study's pipeline steps replaced by bookkeeping: each step that ran is counted in `calls`,
-    every model scores pass@1 0.5, and from the `kill_at`-th training on every training raises, as
-    in a killed process nothing more runs."""
-    from nemo_topr.miniature import pipeline
-
-    def count(step):
-        calls[step] = calls.get(step, 0) + 1
-
-    def build_task_and_model(out, sizes, *args):
-        count("build")
-        return {name: [f"{name}{i}" for i in range(n)] for name, n in sizes.items()}, out / "init_hf"
-
-    def pretrain_mu(out, *args, **kwargs):
-        count("pretrain")
-        (out / "mu").mkdir()
-        return out / "mu", [{"iteration": 30, "pass@1": 0.625}], True
-
-    def offline_dataset(mu, problems, k, seed, directory, max_new_tokens):
-        count("dataset")
-        directory.mkdir(parents=True)
-        (directory / "scored.jsonl").write_text("{}\n")
-        return directory / "scored.jsonl", {"records": k * len(problems), "positive_share": 0.5, "correct": 1,
-                                            "wrong": 1, "invalid": 0, "prompts_with_both": 1}
-
-    def train_variant(name, mu, data, overrides, out, **kwargs):
-        if kill_at is not None and calls.get("train", 0) + 1 >= kill_at:
-            raise KilledRun(name)
-        count("train")
-        (out / "runs" / name / "checkpoints").mkdir(parents=True)
-        return out / "runs" / name, {123: out / "exports" / name}
-
-    metrics = {"pass@1": 0.5, "maj@8": 0.5, "malformed_rate": 0.0}
-    monkeypatch.setattr(pipeline, "build_task_and_model", build_task_and_model)
-    monkeypatch.setattr(pipeline, "pretrain_mu", pretrain_mu)
-    monkeypatch.setattr(pipeline, "offline_dataset", offline_dataset)
-    monkeypatch.setattr(pipeline, "train_variant", train_variant)
-    monkeypatch.setattr(pipeline, "evaluate", lambda *args: {"metrics": metrics})
-    monkeypatch.setattr(pipeline, "telemetry", lambda run_dir: {})
+    assert (tmp_path / "docs" / "results.md").read_text() == text and (tmp_path / "docs" / PLOT).is_file()
 
 
 def test_resume_keeps_mu_datasets_and_finished_runs(tmp_path, monkeypatch):
@@ -299,7 +269,7 @@ def test_resume_keeps_mu_datasets_and_finished_runs(tmp_path, monkeypatch):
     resumes with mu, the datasets and the 19 finished runs kept, and trains only the other 53."""
     options = ["--out", str(tmp_path / "study"), "--docs", "", "--jobs", "1"]
     calls: dict[str, int] = {}
-    fake_pipeline(monkeypatch, tmp_path, calls, kill_at=20)
+    fake_pipeline(monkeypatch, calls, kill_at=20)
     with pytest.raises(KilledRun, match="sft_positive_s1|reinforce_s1|tis_s1|topr_s1"):
         study.main(options)
     kept = json.loads((tmp_path / "study" / "results.json").read_text())
@@ -310,7 +280,7 @@ def test_resume_keeps_mu_datasets_and_finished_runs(tmp_path, monkeypatch):
         study.main([*options, "--resume", "--seeds", "1", "2"])
     assert other.value.key == "--resume.other_options"
     calls.clear()
-    fake_pipeline(monkeypatch, tmp_path, calls)
+    fake_pipeline(monkeypatch, calls)
     assert study.main([*options, "--resume"]) == 0
     results = json.loads((tmp_path / "study" / "results.json").read_text())
     assert calls == {"train": 16 + 72 - 19}

@@ -1,17 +1,18 @@
 """Study 2 (docs/miniature/study2_preregistration.md, issue 32): the Student t CDF and the TOST against
 hand-worked values and scipy, the eight registered outcomes and the H4-H7 readings, the strength
 rule, the plan against the pre-registration's budget table, the report and figure data from
-synthetic results, --resume with the second-failure rule, and a `slow` smoke run at tiny sizes."""
+synthetic results, and the driver on the fake pipeline (fake_pipeline.py): --resume with the
+second-failure rule and a smoke run at tiny sizes."""
 
 from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
 from tests.conftest import REPO
-from tests.miniature.test_study import FIGURE, KilledRun, fake_pipeline, figures_not_in_report
+from tests.miniature.fake_pipeline import KilledRun, fake_pipeline, trained_objective
+from tests.miniature.test_study import FIGURE, figures_not_in_report
 
 from nemo_topr.errors import UserError
 from nemo_topr.miniature import stats, study, study2, study2_report
@@ -307,7 +308,7 @@ def test_resume_and_a_run_that_fails_twice(tmp_path, monkeypatch):
     second failure is scored as degenerated and the study finishes (2 strengths x 6 seeds x 6 runs)."""
     options = ["--design", "study2", "--out", str(tmp_path / "s2"), "--docs", "", "--jobs", "1"]
     calls: dict[str, int] = {}
-    fake_pipeline(monkeypatch, tmp_path, calls, kill_at=10)
+    fake_pipeline(monkeypatch, calls, kill_at=10)
     fake_mus(monkeypatch, calls)
     with pytest.raises(KilledRun):
         study.main(options)
@@ -316,20 +317,9 @@ def test_resume_and_a_run_that_fails_twice(tmp_path, monkeypatch):
     assert calls == {"build": 1, "pretrain": 1, "dataset": 12, "train": 9} and len(kept["runs"]) == 9
     assert list(kept["runs"])[:7] == [f"{key}_mu0.2_s1" for key in CONFIGS] + ["sft_positive_mu0.4_s1"]
 
-    from nemo_topr.miniature import pipeline
-
     calls.clear()
-    fake_pipeline(monkeypatch, tmp_path, calls)
+    fake_pipeline(monkeypatch, calls, fail="topr_token_sum_mu0.4_s2")
     fake_mus(monkeypatch, calls)
-    train = pipeline.train_variant
-
-    def failing(name, mu, data, overrides, out, **kwargs):
-        if name == "topr_token_sum_mu0.4_s2":
-            raise SystemExit("training topr_token_sum_mu0.4_s2 failed; full log: train.log")
-        shutil.rmtree(out / "runs" / name, ignore_errors=True)  # as the real training does: a rerun starts afresh
-        return train(name, mu, data, overrides, out, **kwargs)
-
-    monkeypatch.setattr(pipeline, "train_variant", failing)
     with pytest.raises(SystemExit, match="topr_token_sum_mu0.4_s2 failed"):
         study.main([*options, "--resume"])
     once = json.loads((tmp_path / "s2" / "results.json").read_text())
@@ -348,36 +338,41 @@ def test_resume_and_a_run_that_fails_twice(tmp_path, monkeypatch):
     assert "topr token_sum 1/6" in text   # counted as degenerated at strength 0.4
 
 
-@pytest.mark.slow
-def test_study2_smoke(tmp_path):
-    """Study 2 at tiny sizes through the real pipeline: pretraining probed against two targets (0 is
-    met at the first checkpoint, 2 never: dropped), one dataset, three runs (positives-only, TOPR at
-    one p~ when the data have both signs, TOPR under token_sum), the report and the figure."""
+def test_study2_smoke(tmp_path, monkeypatch):
+    """The driver on the fake pipeline at tiny sizes: pretraining probed against two targets (0 is met
+    at the first checkpoint, 2 never: dropped), a dataset per seed, the runs (positives-only, TOPR at
+    one p~ where the seed's data have both signs (101), skipped with the reason where they have one
+    (102), TOPR under token_sum), each trained with its objective, the report and the figure."""
     out = tmp_path / "study2"
+    calls: dict[str, int] = {}
+    trained = fake_pipeline(monkeypatch, calls, positive_share={102: 0.0})
     assert study.main(["--design", "study2", "--out", str(out), "--docs", str(tmp_path / "docs"),
                        "--pretrain-problems", "64", "--train-prompts", "8", "--validation-prompts", "4",
                        "--test-prompts", "4", "--probe-prompts", "4", "--k", "2", "--eval-samples", "2",
                        "--pretrain-epochs", "1", "--pretrain-save-interval", "1", "--mu-targets", "0", "2",
-                       "--seeds", "101", "--variants", "sft_positive", "--p-tilde", "0.5",
+                       "--seeds", "101", "102", "--variants", "sft_positive", "--p-tilde", "0.5",
                        "--token-sum-variants", "topr", "--hidden-size", "32", "--max-new-tokens", "16"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert list(results["mus"]) == ["0"] and results["dropped"] == {"2": "no checkpoint reached it"}
-    assert results["mus"]["0"]["iteration"] == 1 and set(results["datasets"]) == {"0/101"}
+    assert [p["iteration"] for p in results["pretrain"]] == [1, 2]   # probed on, looking for 2
+    assert results["mus"]["0"]["iteration"] == 1 and set(results["datasets"]) == {"0/101", "0/102"}
     runs = results["runs"]
-    for key in ("sft_positive", "topr_token_sum"):
-        run = runs[f"{key}_mu0_s101"]
+    assert list(runs) == ["sft_positive_mu0_s101", "topr_ptilde0.5_mu0_s101", "topr_token_sum_mu0_s101",
+                          "sft_positive_mu0_s102", "topr_token_sum_mu0_s102"]
+    assert results["skipped"] == ["topr_ptilde0.5 at strength 0 on seed 102: positive share p = 0.0"]
+    assert calls == {"build": 1, "pretrain": 1, "dataset": 2, "train": 5}
+    for run in runs.values():
         assert {"test", "validation"} <= set(run) and (run["lr"], run["warmup"]) == (1e-4, 0)
-    # each run trained with its normalisation (the run's saved config)
-    for key, normalization in (("sft_positive", "sequence_mean"), ("topr_token_sum", "token_sum")):
-        assert f"normalization: {normalization}\n" in (out / "runs" / f"{key}_mu0_s101" / "config.yaml").read_text()
-    # the p~ point runs when the sampled data have both signs, else it is skipped with a reason
-    # (on the development machine seed 101 drew 1 correct of 16)
-    p = results["datasets"]["0/101"]["positive_share"]
-    assert ("topr_ptilde0.5_mu0_s101" in runs) == (0 < p < 1) and ("skipped" in results) != (0 < p < 1)
+    # each run trains with its variant and normalisation (the objective its overrides give the preset)
+    for name, objective in (("sft_positive_mu0_s101", ("sft_positive", "sequence_mean", 0.0)),
+                            ("topr_token_sum_mu0_s102", ("topr", "token_sum", 0.0)),
+                            ("topr_ptilde0.5_mu0_s101", ("topr", "sequence_mean", 0.0))):  # p~ = p: c = 0
+        config = trained_objective(trained[name][1])
+        assert (config.variant, config.normalization, config.baseline) == objective, name
     text = (out / "results.md").read_text()
     assert text.startswith("**Not the pre-registered design**") and "| H4 (gap grows as mu weakens) |" in text
     assert "| 0 | 1 |" in text and "**Deviation**: strength 2 dropped: no checkpoint reached it." in text
-    assert (tmp_path / "docs" / study2_report.PLOT).is_file() and (tmp_path / "docs" / "results.md").is_file()
+    assert (tmp_path / "docs" / study2_report.PLOT).is_file() and (tmp_path / "docs" / "results.md").read_text() == text
 
 
 # ---------------------------------------------------------------------------------------------

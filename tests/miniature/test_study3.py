@@ -8,10 +8,9 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import shutil
 
 import pytest
-from tests.miniature.test_study import fake_pipeline
+from tests.miniature.fake_pipeline import fake_pipeline
 
 from nemo_topr.errors import UserError
 from nemo_topr.miniature import stats, study, study3, study3_checks, study3_placebo, study3_report
@@ -282,11 +281,10 @@ def test_report_without_mu():
 # The driver, pipeline faked: the plan it trains, the placebo data, --resume, the second failure
 
 
-def fake_study3(monkeypatch, tmp_path, calls, kill_at=None, fail=None):
+def fake_study3(monkeypatch, calls, kill_at=None, fail=None):
     from nemo_topr.miniature import pipeline
 
-    fake_pipeline(monkeypatch, tmp_path, calls, kill_at)
-    train = pipeline.train_variant
+    calls["data"] = fake_pipeline(monkeypatch, calls, kill_at, fail=fail)
 
     def pretrain_mus(out, splits, model, *, targets, **kwargs):
         calls["pretrain"] = calls.get("pretrain", 0) + 1
@@ -302,20 +300,7 @@ def fake_study3(monkeypatch, tmp_path, calls, kill_at=None, fail=None):
         return directory / "scored.jsonl", {"records": 1, "negatives": 1, "G": 1, "completions_unchanged": True,
                                             "own_prompt": 0, "swaps": seed, "positive_log_mu_max_change": 0.0}
 
-    def train_variant(name, mu, data, overrides, out, **kwargs):
-        calls.setdefault("data", {})[name] = (data.parent.name, overrides)
-        if name == fail:
-            raise SystemExit(f"training {name} failed")
-        shutil.rmtree(out / "runs" / name, ignore_errors=True)  # as the real training does: a rerun starts afresh
-        return train(name, mu, data, overrides, out, **kwargs)
-
-    def evaluate(model, problems, prefix, *args):
-        return {"metrics": {"pass@1": 0.5, "maj@8": 0.5, "malformed_rate": 0.0},
-                "per_problem": {"correct": [4] * len(problems), "malformed": [0] * len(problems)}}
-
     monkeypatch.setattr(pipeline, "pretrain_mus", pretrain_mus)
-    monkeypatch.setattr(pipeline, "train_variant", train_variant)
-    monkeypatch.setattr(pipeline, "evaluate", evaluate)
     monkeypatch.setattr(study3_placebo, "placebo_dataset", placebo_dataset)
     monkeypatch.setattr(study3_placebo, "dataset_checks", lambda pairs, tokenizer: {"seeds": sorted(pairs)})
 
@@ -328,7 +313,7 @@ def test_driver_trains_the_plan_and_resumes(tmp_path, monkeypatch):
     options = ["--design", "study3", "--out", str(out), "--docs", "", "--jobs", "1", "--seeds", "1", "2",
                "--test-prompts", "4", "--validation-prompts", "3"]
     calls: dict = {}
-    fake_study3(monkeypatch, tmp_path, calls, kill_at=8)
+    fake_study3(monkeypatch, calls, kill_at=8)
     with pytest.raises(Exception, match="topr_lr0.0001_s1"):
         study.main(options)
     kept = json.loads((out / "results.json").read_text())
@@ -336,7 +321,7 @@ def test_driver_trains_the_plan_and_resumes(tmp_path, monkeypatch):
     assert list(kept["runs"]) == [study3.run_name(a, lr, 1) for s, lr, a in study3.plan(study3.Study3Design())[:7]]
     assert kept["mu"]["iteration"] == 60 and kept["dataset_checks"] == {"seeds": [1, 2]}
     # the placebo arm trains on the placebo, the others on the real data; both p~ arms at the same c
-    data = calls["data"]
+    data = {name: (path.parent.name, overrides) for name, (path, overrides) in calls["data"].items()}
     assert data["placebo_ptilde0.8_lr5e-05_s1"][0] == "seed1_placebo" and data["topr_lr5e-05_s1"][0] == "seed1"
     assert data["topr_ptilde0.8_lr5e-05_s1"] == ("seed1", data["placebo_ptilde0.8_lr5e-05_s1"][1])
     assert "objective.normalization=token_sum" in data["sft_positive_token_sum_lr5e-05_s1"][1]
@@ -345,13 +330,13 @@ def test_driver_trains_the_plan_and_resumes(tmp_path, monkeypatch):
     assert other.value.key == "--resume.other_options"
 
     calls.clear()
-    fake_study3(monkeypatch, tmp_path, calls, fail="topr_lr0.0002_s2")
+    fake_study3(monkeypatch, calls, fail="topr_lr0.0002_s2")
     with pytest.raises(SystemExit, match="topr_lr0.0002_s2 failed"):
         study.main([*options, "--resume"])
     assert "pretrain" not in calls and "placebo" not in calls and "dataset" not in calls
     assert list(json.loads((out / "results.json").read_text())["failed_once"]) == ["topr_lr0.0002_s2"]
     calls.clear()
-    fake_study3(monkeypatch, tmp_path, calls, fail="topr_lr0.0002_s2")
+    fake_study3(monkeypatch, calls, fail="topr_lr0.0002_s2")
     assert study.main([*options, "--resume"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert len(results["runs"]) == 30 and len(results["resumed"]) == 2
