@@ -18,7 +18,7 @@ class KilledRun(Exception):
     pass
 
 
-def _as(real, fake):
+def _with_real_signature(real, fake):
     """`fake`, called as `real` would be: the call must bind to the real step's signature."""
     signature = inspect.signature(real)
 
@@ -32,11 +32,12 @@ def _as(real, fake):
 
 def fake_pipeline(monkeypatch, calls, kill_at=None, positive_share=None, fail=None) -> dict[str, tuple]:
     """Replace the pipeline's steps; returns {run trained: (its data, its overrides)}, filled as they
-    train. Each step that ran is counted in `calls` ("build", "pretrain", "dataset", "train"). Every model scores
-    pass@1 PASS_AT_1 (half its samples correct, none malformed). The pretraining run saves
-    PRETRAINING_SAVES checkpoints, every `checkpoint.save_interval` iterations. A seed's dataset has
-    `positive_share[seed]` (default 0.5). From the `kill_at`-th training on every training raises, as
-    in a killed process nothing more runs; the training of run `fail` fails as the real one does."""
+    train. Each step that ran is counted in `calls` ("build", "pretrain", "dataset", "train"). Every
+    model scores pass@1 PASS_AT_1 (half its samples correct, none malformed). The pretraining run
+    saves PRETRAINING_SAVES checkpoints, every `checkpoint.save_interval` iterations. A seed's
+    dataset has `positive_share[seed]` (default 0.5). From the `kill_at`-th training on every
+    training raises, as in a killed process nothing more runs; the training of run `fail` fails as
+    the real one does."""
     from nemo_topr.miniature import pipeline
     from nemo_topr.miniature.task import make_splits
 
@@ -90,7 +91,7 @@ def fake_pipeline(monkeypatch, calls, kill_at=None, positive_share=None, fail=No
     for name, fake in (("build_task_and_model", build_task_and_model), ("train", train),
                        ("offline_dataset", offline_dataset), ("train_variant", train_variant),
                        ("evaluate", evaluate), ("telemetry", lambda run_dir: {})):
-        monkeypatch.setattr(pipeline, name, _as(getattr(pipeline, name), fake))
+        monkeypatch.setattr(pipeline, name, _with_real_signature(getattr(pipeline, name), fake))
     return trained
 
 
