@@ -10,10 +10,13 @@
 Gradients are compared as global tensors: each layout's worker saves its gradients as a Megatron
 distributed checkpoint (see tests/workers/topr_step_parallel.py), which
 `dist_checkpointing.load_plain_tensors` reads back in the TP=1 layout whatever layout wrote it.
+The TP=PP=DP=1 reference steps run in the test's own world of one; the layouts of each world
+size run in turn in one torchrun launch (Megatron's parallel state made again for each).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import types
@@ -23,6 +26,7 @@ import torch
 
 from tests.conftest import REPO, run_distributed
 from tests.workers.topr_step_parallel import (
+    LAYOUTS,
     MICROBATCH_LENGTHS,
     OFFSETS,
     PAD_ID,
@@ -69,18 +73,40 @@ def _assert_tensors_close(actual: dict, expected: dict, what: str) -> dict[str, 
 # --------------------------------------------------------------------------------------------
 
 
-def _save_reference(root, layers: int = 2):
-    """One TP=PP=DP=1 run of a `layers`-layer model: saves the weights and the behaviour
-    log-probs, then takes the step."""
-    run_distributed("topr_step_parallel.py", 1, "save", "1", "1", "1", "0", str(root / "ckpt"),
-                    str(root / "reference"), "1", str(layers))
-    return root
+# The layouts each torchrun launch runs in turn, by world size ("ledger": the sample ledger's
+# interleaved pipeline, tested below); every other layout is one test, which names it.
+LAUNCHES = {2: ("tp2", "pp2", "dp2", "tp2_sp", "pp2_vp2", "ledger"), 4: ("dp2_tp2_sp", "tp2_pp2_sp")}
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The reference of every layout comparison but the interleaved pipeline's."""
-    return _save_reference(tmp_path_factory.mktemp("topr_step"))
+def layout_runs(tmp_path_factory, megatron_world):
+    """The directory of a layout's run: ROOT/NAME. ROOT holds the TP=PP=DP=1 reference steps of a
+    2- and a 4-layer model (ROOT/reference2, ROOT/reference4, from the weights in ROOT/ckpt2 and
+    ROOT/ckpt4), taken in this process's world of one, and the runs of one torchrun launch per
+    world size, started when a test first needs one of its layouts. A layout the launch did not
+    finish fails its test with the launch's output."""
+    from tests.workers.topr_step_parallel import take_step
+
+    root = tmp_path_factory.mktemp("topr_step")
+    for layers in (2, 4):
+        take_step("save", 1, 1, 1, False, 1, layers, str(root / f"ckpt{layers}"), str(root / f"reference{layers}"))
+
+    @functools.cache
+    def launch(world: int) -> str:
+        try:
+            run_distributed("topr_step_parallel.py", world, str(root), *LAUNCHES[world])
+        except AssertionError as failed:
+            return str(failed)
+        return ""
+
+    def run_of(layout: str):
+        world = next(world for world, layouts in LAUNCHES.items() if layout in layouts)
+        failure = launch(world)
+        if not (root / layout / "done").exists():
+            raise AssertionError(f"layout {layout} did not finish in the launch of {world} ranks:\n{failure}")
+        return root / layout
+
+    return run_of
 
 
 def _load_run(out_dir):
@@ -89,44 +115,31 @@ def _load_run(out_dir):
     return torch.load(out_dir / "result.pt"), dist_checkpointing.load_plain_tensors(str(out_dir / "grads"))
 
 
-LAYOUTS = {  # name -> (TP, PP, DP, sequence parallel)
-    "tp2": (2, 1, 1, False),
-    "pp2": (1, 2, 1, False),
-    "dp2": (1, 1, 2, False),
-    "tp2_sp": (2, 1, 1, True),
-    "dp2_tp2_sp": (2, 1, 2, True),
-    "tp2_pp2_sp": (2, 2, 1, True),  # the presets' kind of layout (70B: TP=8 x PP=4 with SP)
-}
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2", "tp2_sp", "dp2_tp2_sp", "tp2_pp2_sp"])
+def test_parallel_layout_gives_the_reference_loss_metrics_and_gradients(layout_runs, layout):
+    tp, pp, dp, sp, vp, layers = LAYOUTS[layout]
+    _check_layout_against_reference(layout_runs(layout), (tp, pp, dp, sp, vp), layers)
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_parallel_layout_gives_the_reference_loss_metrics_and_gradients(reference, megatron_world, layout):
-    tp, pp, dp, sp = LAYOUTS[layout]
-    run_distributed("topr_step_parallel.py", tp * pp * dp, "load", str(tp), str(pp), str(dp), str(int(sp)),
-                    str(reference / "ckpt"), str(reference / layout))
-    _check_layout_against_reference(reference, layout, (tp, pp, dp, sp, 1), layers=2)
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_the_interleaved_pipeline_gives_the_reference_loss_metrics_and_gradients(tmp_path, megatron_world):
+def test_the_interleaved_pipeline_gives_the_reference_loss_metrics_and_gradients(layout_runs):
     """PP=2 with VP=2 chunks per rank, the 70B preset's kind of layout (conf/llama31_70b_bf16.yaml:
     PP=4, VP=5): Megatron's interleaved schedule, one data iterator per chunk as Bridge's loop
     gives them. A 4-layer model, one layer per chunk, against its TP=PP=DP=1 step."""
-    _save_reference(tmp_path, layers=4)
-    run_distributed("topr_step_parallel.py", 2, "load", "1", "2", "1", "0", str(tmp_path / "ckpt"),
-                    str(tmp_path / "pp2_vp2"), "2", "4")
-    _check_layout_against_reference(tmp_path, "pp2_vp2", (1, 2, 1, False, 2), layers=4)
+    assert LAYOUTS["pp2_vp2"] == (1, 2, 1, False, 2, 4)
+    _check_layout_against_reference(layout_runs("pp2_vp2"), (1, 2, 1, False, 2), layers=4)
 
 
-def _check_layout_against_reference(root, layout: str, split: tuple, layers: int) -> None:
-    """The run in root/layout took the step of root/reference: same loss per micro-batch, metrics
-    and gradients, and the layout really was `split` (TP, PP, DP, SP, VP)."""
+def _check_layout_against_reference(run, split: tuple, layers: int) -> None:
+    """The run in `run` (ROOT/LAYOUT) took the step of the `layers`-layer reference (ROOT/reference{layers}):
+    same loss per micro-batch, metrics and gradients, and the layout really was `split` (TP, PP, DP, SP, VP)."""
     tp, pp, dp, sp, vp = split
-    ref, ref_grads = _load_run(root / "reference")
-    got, grads = _load_run(root / layout)
+    layout = run.name
+    ref, ref_grads = _load_run(run.parent / f"reference{layers}")
+    got, grads = _load_run(run)
 
     # The reference batch is what the acceptance needs: packed, several micro-batches, and
     # negatives on both sides of the truncation (log rho > 0 -> weight 1, log rho < 0 -> rho).
@@ -544,23 +557,23 @@ def test_sample_ledger_has_one_line_per_microbatch_with_virtual_pipeline(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_sample_ledger_under_a_real_interleaved_pipeline(tmp_path):
+def test_sample_ledger_under_a_real_interleaved_pipeline(layout_runs):
     """PP=2, VP=2 on gloo: Megatron's interleaved schedule with Bridge's per-chunk iterators runs
     every micro-batch through both chunks of each pipeline rank; the ledger still has one line
     per micro-batch, in order, and the step remembers each sample once."""
     import json
 
-    run_distributed("ledger_virtual_pipeline.py", 2, str(tmp_path))
-    first_stage = json.loads((tmp_path / "calls_pp0.json").read_text())
+    run = layout_runs("ledger")  # tests/workers/ledger_virtual_pipeline.py in the launch of 2 ranks
+    first_stage = json.loads((run / "calls_pp0.json").read_text())
     expected = first_stage["expected_sample_ids"]
     for chunk in (0, 1):  # the situation of the bug: each chunk took every micro-batch
         assert [c["sample_ids"] for c in first_stage["calls"] if c["chunk"] == chunk] == expected
-    lines = [json.loads(line) for line in (tmp_path / "samples_dp0.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (run / "samples_dp0.jsonl").read_text().splitlines()]
     assert lines == [{"iteration": 5, "sample_ids": ids} for ids in expected]
     # what a non-finite loss names: each of the iteration's samples once, on every pipeline rank,
     # not once per chunk
     for rank in (0, 1):
-        calls = json.loads((tmp_path / f"calls_pp{rank}.json").read_text())
+        calls = json.loads((run / f"calls_pp{rank}.json").read_text())
         assert calls["remembered_sample_ids"] == [i for ids in expected for i in ids], rank
 
 

@@ -1,7 +1,6 @@
 """One TOPR training step at PP=2 with 2 virtual-pipeline chunks per rank, writing the ledger.
 
-    torchrun --nproc_per_node=2 ledger_virtual_pipeline.py OUT_DIR
-
+`record_ledger(OUT_DIR)`, run by topr_step_parallel.py's launch of 2 ranks as its layout "ledger".
 As Bridge's training loop runs it: a 4-layer tiny Llama split into PP x VP = 4 chunks,
 Megatron's interleaved schedule (`get_forward_backward_func`), one data iterator per model chunk
 over the same micro-batches (Bridge's `make_data_iterator_list`, bridge/training/train.py:896-901),
@@ -16,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import types
 
 import torch
@@ -25,11 +23,10 @@ from topr_step_parallel import (MICROBATCH_LENGTHS, PAD_ID, ROWS_PER_MICROBATCH,
                                 initialize_world)
 
 
-def main(out_dir: str) -> None:
-    from nemo_topr.model import cpu_runtime
-    from nemo_topr.utils.distributed import destroy_model_parallel
-
-    cpu_runtime.enable_cpu_runtime()
+def record_ledger(out_dir: str) -> None:
+    """The step, its ledger and its calls in OUT_DIR, in a world of 2 with no parallel state yet
+    (the CPU runtime on)."""
+    os.makedirs(out_dir, exist_ok=True)
     initialize_world(tp=1, pp=2, vp=2)
     from megatron.bridge.data.iterator_utils import make_data_iterator_list
     from megatron.bridge.training.utils.flop_utils import get_model_chunk_vp_stage
@@ -90,8 +87,3 @@ def main(out_dir: str) -> None:
         json.dump({"calls": calls, "expected_sample_ids": [b["sample_ids"].tolist() for b in batches],
                    "remembered_sample_ids": step.iteration_sample_ids}, out)
     torch.distributed.barrier()
-    destroy_model_parallel()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])

@@ -1,18 +1,25 @@
-"""One TOPR training step (forward + backward, no optimizer) of a tiny Llama at a given layout.
+"""One TOPR training step (forward + backward, no optimizer) of a tiny Llama at each of several layouts.
 
-    torchrun --nproc_per_node=TP*PP*DP topr_step_parallel.py MODE TP PP DP SP CKPT_DIR OUT_DIR [VP LAYERS]
+    torchrun --nproc_per_node=WORLD topr_step_parallel.py ROOT LAYOUT [LAYOUT ...]
 
-SP: 1 turns on sequence parallelism (needs TP > 1; the CPU runtime emulates its collectives).
-VP: model chunks per pipeline rank (default 1; VP > 1 runs Megatron's interleaved schedule with
-one data iterator per chunk, as Bridge's training loop does); LAYERS: the model's (default 2;
-PP x VP must divide it).
+Every LAYOUT (a name of LAYOUTS, whose TP x PP x DP is WORLD, or "ledger") runs in turn in the
+same process group: Megatron's parallel state is initialised for it and destroyed after it, so
+one launch (one start-up and Megatron import per rank) checks every layout of its world size.
+The launch prints "layout NAME" before each, so a failure names the layout it happened in.
+A layout of LAYERS layers loads ROOT/ckpt{LAYERS} and writes ROOT/NAME; "ledger" runs
+ledger_virtual_pipeline.record_ledger into ROOT/ledger. ROOT/NAME/done marks a finished layout.
 
-MODE=save (TP=PP=DP=1 only) initialises the model, saves it as a Megatron distributed checkpoint in
-CKPT_DIR/weights and fixes the behaviour log-probs of the batch in CKPT_DIR/behavior.pt: the
-sequence log-prob under this very model plus per-sequence offsets, so that log rho = -offset at
-these weights (some negatives above 0, i.e. truncated to weight 1; some below, weight rho < 1).
-MODE=load loads both, resharded by Megatron to the TP/PP layout (fused QKV and SwiGLU fc1 are
-handled by Megatron's sharded state dict, which naive chunking would not).
+`take_step` with MODE=save (TP=PP=DP=1 only; the test runs it in its own world of one)
+initialises the model, saves it as a Megatron distributed checkpoint in CKPT_DIR/weights and
+fixes the behaviour log-probs of the batch in CKPT_DIR/behavior.pt: the sequence log-prob under
+this very model plus per-sequence offsets, so that log rho = -offset at these weights (some
+negatives above 0, i.e. truncated to weight 1; some below, weight rho < 1). MODE=load loads
+both, resharded by Megatron to the TP/PP layout (fused QKV and SwiGLU fc1 are handled by
+Megatron's sharded state dict, which naive chunking would not).
+
+SP: sequence parallelism (needs TP > 1; the CPU runtime emulates its collectives).
+VP: model chunks per pipeline rank (VP > 1 runs Megatron's interleaved schedule with one data
+iterator per chunk, as Bridge's training loop does); PP x VP must divide LAYERS.
 
 Both modes then run Megatron's own schedule (`get_forward_backward_func`: no pipelining for
 PP=1, 1F1B over gloo p2p for PP=2, interleaved with VP > 1) over the global batch of packed micro-batches with the
@@ -25,15 +32,15 @@ parallel norm gradients summed over TP, divided by the global denominator. DP ra
 micro-batches r, r + DP, ... of the global batch (any split of the same set is the same batch).
 
 Outputs, layout-independent:
-  OUT_DIR/result.pt  (written by the last pipeline stage, TP rank 0, DP rank 0): per-micro-batch
+  OUT_DIR/grads/     a Megatron distributed checkpoint of the *gradients* (each main_grad copied
+                     into its parameter before saving), so any layout's gradients load as
+                     global tensors (`dist_checkpointing.load_plain_tensors`).
+  OUT_DIR/result.pt  (written last, by the last pipeline stage, TP rank 0, DP rank 0): per-micro-batch
                      [loss_sum, denominator] pairs (gathered over DP, in global order) and metric
                      pairs summed over micro-batches and all-reduced over DP as Bridge's training
                      loop reduces them, the total loss sum(loss_sum) / sum(denominator), the
                      sequence log-probs of every micro-batch before the step, and what the layout
                      really split.
-  OUT_DIR/grads/     a Megatron distributed checkpoint of the *gradients* (each main_grad copied
-                     into its parameter before saving), so any layout's gradients load as
-                     global tensors (`dist_checkpointing.load_plain_tensors`).
 """
 
 from __future__ import annotations
@@ -56,6 +63,16 @@ MICROBATCH_LENGTHS = ([60, 50, 40, 30, 20, 16], [70, 45, 33, 28, 19, 12, 9], [10
                       [80, 48, 36, 30, 22])
 # log mu - log pi(theta_0) per sequence: log rho at the saved weights is minus this.
 OFFSETS = (-0.5, 0.5, 2.0, -1.0, 0.25)
+LAYOUTS = {  # name -> (TP, PP, DP, sequence parallel, VP, layers)
+    "tp2": (2, 1, 1, False, 1, 2),
+    "pp2": (1, 2, 1, False, 1, 2),
+    "dp2": (1, 1, 2, False, 1, 2),
+    "tp2_sp": (2, 1, 1, True, 1, 2),
+    "dp2_tp2_sp": (2, 1, 2, True, 1, 2),
+    "tp2_pp2_sp": (2, 2, 1, True, 1, 2),  # the presets' kind of layout (70B: TP=8 x PP=4 with SP)
+    # the 70B preset's interleaved kind (conf/llama31_70b_bf16.yaml: PP=4, VP=5): one layer per chunk
+    "pp2_vp2": (1, 2, 1, False, 2, 4),
+}
 
 
 def build_sequences(lengths, *, seed: int, first_sample_id: int = 0, behavior=None):
@@ -133,17 +150,16 @@ def initialize_world(tp: int, pp: int, vp: int = 1) -> None:
         return
     from megatron.core import parallel_state
 
-    torch.distributed.init_process_group("gloo")
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                              virtual_pipeline_model_parallel_size=vp, create_gloo_process_groups=True)
 
 
-def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir: str, vp: int = 1,
-         layers: int = 2) -> None:
-    from nemo_topr.model import cpu_runtime
-    from nemo_topr.utils.distributed import destroy_model_parallel
-
-    cpu_runtime.enable_cpu_runtime()
+def take_step(mode: str, tp: int, pp: int, dp: int, sp: bool, vp: int, layers: int, ckpt_dir: str,
+              out_dir: str) -> None:
+    """One layout's step (see the module's docstring), in a world whose parallel state is
+    `initialize_world(tp, pp, vp)`'s (made here unless some already is)."""
     initialize_world(tp, pp, vp)
     from megatron.bridge.data.iterator_utils import make_data_iterator_list
     from megatron.core import dist_checkpointing, parallel_state
@@ -273,9 +289,29 @@ def main(mode: str, tp: int, pp: int, dp: int, sp: bool, ckpt_dir: str, out_dir:
                 "num_rows": sum(b["tokens"].shape[0] for b in global_batch),
             }, os.path.join(out_dir, "result.pt"))
     torch.distributed.barrier()
-    destroy_model_parallel()
+
+
+def main(root: str, names: list[str]) -> None:
+    from megatron.core import parallel_state
+
+    from nemo_topr.model import cpu_runtime
+
+    cpu_runtime.enable_cpu_runtime()
+    for name in names:
+        print(f"[topr_step_parallel] layout {name}", flush=True)
+        out_dir = os.path.join(root, name)
+        if name == "ledger":
+            from ledger_virtual_pipeline import record_ledger
+
+            record_ledger(out_dir)
+        else:
+            tp, pp, dp, sp, vp, layers = LAYOUTS[name]
+            take_step("load", tp, pp, dp, sp, vp, layers, os.path.join(root, f"ckpt{layers}"), out_dir)
+        parallel_state.destroy_model_parallel()
+        if torch.distributed.get_rank() == 0:  # every rank has finished the layout (its closing barrier)
+            open(os.path.join(out_dir, "done"), "w").close()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1", sys.argv[6],
-         sys.argv[7], *map(int, sys.argv[8:10]))
+    main(sys.argv[1], sys.argv[2:])
