@@ -2,15 +2,17 @@
 
 Exactness (per-sequence log pi from score-logprobs' forward, the TOPR loss and its gradients,
 shared vs unshared on the same weights) runs at TP=1, TP=2 and PP=2 through Megatron's own
-schedule (tests/workers/shared_prefix_step.py). Tolerance: 1e-6 relative. The objective is fp64,
-the model fp32 on CPU; what differs between the layouts is the order of fp32 reductions
-(different row lengths in the attention softmax sums, gradients summed over other rows) and
-RoPE angles taken at the position ids rather than at row positions: measured at most 8e-8 for
-log pi and the loss and 4e-7 for gradients (norm-relative, per tensor) at TP=1, TP=2 and PP=2.
+schedule (tests/workers/shared_prefix_step.py, every case in one launch of 2 ranks). Tolerance:
+1e-6 relative. The objective is fp64, the model fp32 on CPU; what differs between the layouts is
+the order of fp32 reductions (different row lengths in the attention softmax sums, gradients
+summed over other rows) and RoPE angles taken at the position ids rather than at row positions:
+measured at most 8e-8 for log pi and the loss and 4e-7 for gradients (norm-relative, per tensor)
+at TP=1, TP=2 and PP=2.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 
@@ -210,21 +212,45 @@ def test_without_rope_at_position_ids_the_shared_layout_would_be_wrong(megatron_
     assert ((wrong[1:] - reference[1:]) / reference[1:]).abs().min() > 10 * RTOL
 
 
-EXACTNESS_LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2)}
+# every layout x attention of the exactness test, run in turn by one torchrun launch of 2 ranks
+EXACTNESS_CASES = [f"{layout}-{attention}" for attention in ("local", "flex") for layout in ("tp1", "tp2", "pp2")]
 
 
+@pytest.fixture(scope="module")
+def exactness_runs(tmp_path_factory):
+    """The directory of a case's run (tests/workers/shared_prefix_step.py), all cases from one
+    launch, started when a test first needs it. A case the launch did not finish fails its test
+    with the launch's output."""
+    root = tmp_path_factory.mktemp("shared_prefix")
+
+    @functools.cache
+    def launch() -> str:
+        try:
+            run_distributed("shared_prefix_step.py", 2, str(root), *EXACTNESS_CASES)
+        except AssertionError as failed:
+            return str(failed)
+        return ""
+
+    def run_of(case: str):
+        failure = launch()
+        if not (root / case / "done").exists():
+            raise AssertionError(f"case {case} did not finish in the launch of 2 ranks:\n{failure}")
+        return root / case
+
+    return run_of
+
+
+@pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("attention", ["local", pytest.param("flex", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("layout", [pytest.param("tp1"), pytest.param("tp2", marks=pytest.mark.slow),
-                                    pytest.param("pp2", marks=pytest.mark.slow)])
-def test_shared_layout_gives_the_unshared_logprobs_loss_and_gradients(tmp_path, layout, attention):
+@pytest.mark.parametrize("attention", ["local", "flex"])
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2"])
+def test_shared_layout_gives_the_unshared_logprobs_loss_and_gradients(exactness_runs, layout, attention):
     """`flex`: both layouts run FlexCoreAttention (TP2 with sequence parallelism)."""
-    from tests.workers.shared_prefix_step import SEQ_LENGTH, build_sequences
+    from tests.workers.shared_prefix_step import LAYOUTS, SEQ_LENGTH, build_sequences
 
-    tp, pp = EXACTNESS_LAYOUTS[layout]
-    run_distributed("shared_prefix_step.py", tp * pp, str(tp), str(pp), str(tmp_path),
-                    *(["flex"] if attention == "flex" else []))
-    result = torch.load(tmp_path / "result.pt", weights_only=False)
+    tp, pp = LAYOUTS[layout]
+    run = exactness_runs(f"{layout}-{attention}")
+    result = torch.load(run / "result.pt", weights_only=False)
     assert (result["tp"], result["pp"]) == (tp, pp)
 
     # the plan holds every edge case
@@ -248,7 +274,7 @@ def test_shared_layout_gives_the_unshared_logprobs_loss_and_gradients(tmp_path, 
 
     grad_errors = {}
     for rank in range(tp * pp):
-        for name, (expected, got) in torch.load(tmp_path / f"rank{rank}.pt").items():
+        for name, (expected, got) in torch.load(run / f"rank{rank}.pt").items():
             assert expected.abs().max() > 0, f"rank {rank}: {name} got no gradient"
             grad_errors[f"{rank}:{name}"] = ((got - expected).norm() / expected.norm()).item()
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6 * expected.abs().max().item())

@@ -1,6 +1,12 @@
-"""One TOPR step and one mu-scoring pass of a tiny Llama, unshared and shared-prefix, at a layout.
+"""One TOPR step and one mu-scoring pass of a tiny Llama, unshared and shared-prefix, at several layouts.
 
-    torchrun --nproc_per_node=TP*PP shared_prefix_step.py TP PP OUT_DIR [flex]
+    torchrun --nproc_per_node=2 shared_prefix_step.py ROOT CASE [CASE ...]
+
+Each CASE, LAYOUT-ATTENTION (a LAYOUTS name: tp1, tp2 or pp2; then local or flex), runs in turn in
+the same process group: Megatron's parallel state is initialised for its TP and PP and destroyed
+after it, so one launch checks them all. In the world of two, tp1 is TP=PP=1 with 2 data-parallel
+ranks that each take the whole batch (no DDP: nothing crosses them); DP rank 0's results are
+kept. The launch prints "case CASE" before each; ROOT/CASE/done marks a finished one.
 
 `flex`: the layers' core attention is FlexCoreAttention (block mask) instead of Megatron's local
 attention (dense boolean mask); TP > 1 then also runs with sequence parallelism.
@@ -11,8 +17,8 @@ The same weights (seeded) and the same sequences go through Megatron's own sched
 `collate_shared`). Both runs use the project's `ToprForwardStep` (training) and
 `scoring_forward_step` (score-logprobs' forward, eval mode): only the layout differs.
 
-Outputs (OUT_DIR):
-  rank{R}.pt    every rank: {parameter name: (gradient unshared, gradient shared)} of its own shard,
+Outputs (ROOT/CASE), from the ranks of DP rank 0:
+  rank{R}.pt    {parameter name: (gradient unshared, gradient shared)} of rank R's own shard,
                 d(sum of loss_sum over micro-batches)/d theta (no DDP: the raw schedule gradients).
   result.pt     last pipeline stage, TP rank 0: per-sample log pi of both layouts (scoring),
                 the two losses (sum loss_sum / sum denominator), and the shared plan's rows.
@@ -39,6 +45,7 @@ GROUPS = ((40, (20, 18, 15, 12, 10, 9)), (10, (33,)), (25, (8, 6, 5)), (12, (30,
           (30, (20, 17)), (6, (12, 7, 5, 4, 1)))
 # log mu - log pi(theta_0) per sequence: log rho = minus this (negatives on both sides of 0)
 OFFSETS = (-0.5, 0.5, 2.0, -1.0, 0.25)
+LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2)}  # name -> (TP, PP)
 
 
 def build_sequences():
@@ -114,16 +121,14 @@ def train_step(chunks, batches):
     return grads, total
 
 
-def main(tp: int, pp: int, out_dir: str, flex: bool) -> None:
-    from nemo_topr.model import cpu_runtime
-    from nemo_topr.utils.distributed import destroy_model_parallel, initialize_model_parallel
-
-    cpu_runtime.enable_cpu_runtime()
-    initialize_model_parallel(tensor_parallel=tp, pipeline_parallel=pp)
+def run_case(tp: int, pp: int, out_dir: str, flex: bool) -> None:
+    """Both layouts' scores and steps at TP x PP, written to OUT_DIR (see the module's docstring)."""
     from megatron.core import parallel_state
 
     from nemo_topr.model.providers import tiny_llama_provider
+    from nemo_topr.utils.distributed import initialize_model_parallel
 
+    initialize_model_parallel(tensor_parallel=tp, pipeline_parallel=pp)
     torch.manual_seed(1234)
     provider = tiny_llama_provider(vocab_size=VOCAB, seq_length=SEQ_LENGTH)
     provider.tensor_model_parallel_size = tp
@@ -153,17 +158,32 @@ def main(tp: int, pp: int, out_dir: str, flex: bool) -> None:
     grads_unshared, loss_unshared = train_step(chunks, unshared)
     grads_shared, loss_shared = train_step(chunks, shared)
 
-    os.makedirs(out_dir, exist_ok=True)
-    torch.save({name: (grads_unshared[name], grads_shared[name]) for name in grads_unshared},
-               os.path.join(out_dir, f"rank{torch.distributed.get_rank()}.pt"))
-    if parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0:
-        torch.save({"tp": tp, "pp": pp, "logprobs": logprobs, "loss_unshared": loss_unshared,
-                    "loss_shared": loss_shared, "shared_rows": shared_rows,
-                    "unshared_rows": sum(b["tokens"].shape[0] for b in unshared)},
-                   os.path.join(out_dir, "result.pt"))
+    if parallel_state.get_data_parallel_rank() == 0:
+        os.makedirs(out_dir, exist_ok=True)
+        torch.save({name: (grads_unshared[name], grads_shared[name]) for name in grads_unshared},
+                   os.path.join(out_dir, f"rank{torch.distributed.get_rank()}.pt"))
+        if parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0:
+            torch.save({"tp": tp, "pp": pp, "logprobs": logprobs, "loss_unshared": loss_unshared,
+                        "loss_shared": loss_shared, "shared_rows": shared_rows,
+                        "unshared_rows": sum(b["tokens"].shape[0] for b in unshared)},
+                       os.path.join(out_dir, "result.pt"))
     torch.distributed.barrier()
-    destroy_model_parallel()
+    parallel_state.destroy_model_parallel()
+
+
+def main(root: str, cases: list[str]) -> None:
+    from nemo_topr.model import cpu_runtime
+
+    cpu_runtime.enable_cpu_runtime()
+    for case in cases:
+        print(f"[shared_prefix_step] case {case}", flush=True)
+        layout, attention = case.split("-")
+        out_dir = os.path.join(root, case)
+        run_case(*LAYOUTS[layout], out_dir, flex=attention == "flex")
+        if torch.distributed.get_rank() == 0:  # every rank has finished the case (its closing barrier)
+            open(os.path.join(out_dir, "done"), "w").close()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:] == ["flex"])
+    main(sys.argv[1], sys.argv[2:])
