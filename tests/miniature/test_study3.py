@@ -5,11 +5,13 @@ faked (`--resume`, the second-failure rule). Seconds: no Megatron start-up."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import random
 
 import pytest
+from tests.conftest import REPO
 from tests.miniature.fake_pipeline import fake_pipeline
 
 from nemo_topr.errors import UserError
@@ -365,3 +367,50 @@ def test_setup_check_against_study2s_committed_runs():
     results["mu"]["iteration"] = 240
     assert "is not study 2's mu 0.2 (iteration 210" in study3_checks.setup_lines(
         study3_report.Study(results, outcomes), results)[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The committed study 3: its report, README's claim lines and the docs' table, from its results
+# ---------------------------------------------------------------------------------------------
+
+STUDY3_DOCS = REPO / "docs" / "miniature" / "study3"
+
+
+@pytest.fixture(scope="module")
+def committed_study3():
+    results = json.loads((STUDY3_DOCS / "results.json").read_text())
+    outcomes = json.loads(gzip.decompress((STUDY3_DOCS / "outcomes.json.gz").read_bytes()))
+    return results, outcomes, study3_report.analyse(results, outcomes)
+
+
+@pytest.mark.slow  # ten bootstraps of 10,000 resamples over the committed outcomes
+def test_committed_study3_ran_the_registered_design_and_its_report_is_their_rendering(committed_study3):
+    results, outcomes, analysis = committed_study3
+    registered = json.loads(json.dumps(dataclasses.asdict(study3.Study3Design())))
+    assert results["design"] == registered and not results["deviations"]
+    assert len(results["runs"]) == 5 * 3 * 9 and results["mu_target_met"]
+    assert (STUDY3_DOCS / "results.md").read_text() == study3_report.table(results, outcomes, analysis)
+    assert (STUDY3_DOCS / "study3.png").is_file()
+
+
+@pytest.mark.slow
+def test_readme_and_docs_state_each_study3_claim_as_the_rules_decided(committed_study3):
+    """README's H8-H10 lines carry the decided status, and docs/miniature.md's table the outcome,
+    the mean over seeds and the 95 % problem-level interval of each."""
+    _, _, analysis = committed_study3
+    readme = (REPO / "README.md").read_text().splitlines()
+    docs = (REPO / "docs" / "miniature.md").read_text()
+    statuses = {stats.SUPPORTED, stats.REFUTED, stats.INCONCLUSIVE}
+    rows = {row[:2]: row for row in analysis["comparisons"] if "/" in row[2]}
+    for h, pair in (("H8", ("topr p~=0.8", "placebo p~=0.8")), ("H9", ("topr", "sft_positive")),
+                    ("H10", ("topr p~=0.8", "sft_positive token_sum"))):
+        [line] = [line for line in readme if f"**{h}**" in line]
+        part = line[line.index(f"**{h}**"):].split(". **H")[0]
+        status = analysis[h].status
+        assert f"**{status}**" in part and not any(f"**{s}**" in part for s in statuses - {status}), (h, part)
+        _, _, _, outcome, problems, _ = rows[pair]
+        [doc_row] = [r for r in docs.splitlines() if r.startswith(f"| **{h}**")]
+        assert f"**{status}**" in doc_row, doc_row
+        assert f"{outcome.paired.mean:+.4f}".replace("-", "−") in doc_row, doc_row
+        low, high = (f"{v:+.4f}".replace("-", "−") for v in problems.ci95)
+        assert f"[{low}, {high}]" in doc_row, doc_row
