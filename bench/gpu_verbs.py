@@ -26,6 +26,8 @@ what ran; the bench's result is OUT/gpu_bench.json. Three files: a lent machine 
 (the first GPU call copied each log on its own, and they did not come back). Every check ends by
 --deadline seconds from the start. `--only` runs the named checks, e.g. `--only "bench gpu"` in a
 later call; the checks that need the doctor's files are then skipped, naming what they need.
+`--doctor-table` takes the doctor's part from an earlier `nemo-topr doctor --json TABLE --work-dir
+DIR` on the same device instead of running it again (DIR is then --work-dir).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from bench.gpu import ATTENTION_BACKENDS
 from nemo_topr.model.device import DeviceError, add_device_argument, resolve_device
 from nemo_topr.doctor.checks import PER_TOKEN_SCORE_BOUND, Files, diagnose, per_token_difference, scores_by_record
 from nemo_topr.doctor.command import report, write_json
-from nemo_topr.doctor.runner import CheckFailed, Doctor
+from nemo_topr.doctor.runner import Check, CheckFailed, Doctor
 from nemo_topr.utils.outputs import fresh_output_dir, write_whole
 
 BENCH_NOTE = ("bench/gpu.py as `python -m bench.run --sections gpu`, the 'bench gpu' check of `python -m "
@@ -149,6 +151,22 @@ def extras(doctor: Doctor, out: Path, wanted: set[str], bench_args: tuple[str, .
             doctor.run(name, check, needs=needs)
 
 
+def doctor_checks(path: Path, device: str, work: Path) -> list[Check]:
+    """The checks of an earlier `nemo-topr doctor --json PATH --work-dir WORK` on this device."""
+    try:
+        table = json.loads(path.read_text())
+        found_device, checks = table["device"], [Check(**check) for check in table["checks"]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"bench.gpu_verbs: --doctor-table {path}: not a `nemo-topr doctor --json` table "
+                         f"({type(error).__name__}: {error})") from None
+    if found_device != device:
+        raise SystemExit(f"bench.gpu_verbs: --doctor-table {path} is the doctor's on {found_device}, not on "
+                         f"--device {device}")
+    if not work.is_dir():
+        raise SystemExit(f"bench.gpu_verbs: --doctor-table needs the doctor's --work-dir; {work} is not a directory")
+    return checks
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_verbs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -159,16 +177,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=540, help="seconds by which every check ends")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per check at most")
     parser.add_argument("--only", nargs="+", choices=("doctor", *EXTRA_CHECKS), help="run only these")
+    parser.add_argument("--doctor-table", type=Path, help="the doctor's part from this `nemo-topr doctor --json` "
+                        "table on the same device, run with --work-dir as its work directory: not run again")
     parser.add_argument("--commit", default=commit_of_checkout(), help="the project's commit (default: git's)")
     parser.add_argument("--bench-layers", type=int, default=16, help="bench gpu: the 8B-shaped model's depth")
     parser.add_argument("--bench-attention-backend", default="auto", choices=ATTENTION_BACKENDS,
                         help="bench gpu: Megatron's attention backend (unfused: round a cuDNN that TE's fused "
                              "backward refuses, bench/README.md)")
     args = parser.parse_args(argv)
+    if args.doctor_table and args.only and "doctor" in args.only:
+        parser.error("--only doctor with --doctor-table: the table is the doctor's part")
     try:
         device = resolve_device(args.device, cuda_available=torch.cuda.is_available(), where="--device")
     except DeviceError as error:
         raise SystemExit(f"bench.gpu_verbs: {error}") from None
+    earlier = doctor_checks(args.doctor_table, device, args.work_dir) if args.doctor_table else None
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     from nemo_topr.model.settings import transformer_engine_available
@@ -188,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
 
     deadline = started + args.deadline
     wanted = set(args.only or ("doctor", *EXTRA_CHECKS))
-    if "doctor" in wanted:
+    if earlier is not None:  # what passed there counts as done here
+        doctor = Doctor(device, args.work_dir.resolve(), args.timeout, deadline, save, checks=earlier,
+                        done={check.name for check in earlier if check.status == "pass"})
+        save(doctor)
+    elif "doctor" in wanted:
         work = fresh_output_dir(args.work_dir, "nemo-topr doctor")  # a mistyped --work-dir is refused
         doctor = diagnose(device, work, args.timeout, deadline=deadline, after_check=save)
     else:  # the checks that need the doctor's files are skipped, naming what they need

@@ -31,12 +31,16 @@ WORKERS = Path(__file__).parent / "workers"
 REAL_SLURM_MODULES = ("tests/slurm/test_scripts.py", "tests/slurm/test_one_node.py", "tests/slurm/test_two_nodes.py",
                       "tests/slurm/test_srun.py")
 
+# The modules that read one run made once per process (tests/doctor/cpu_doctor.py): one unit.
+DOCTOR_MODULES = ("tests/doctor/test_doctor.py", "tests/bench/test_gpu_verbs.py")
+
 
 def xdist_unit(nodeid: str) -> str:
     """The unit of work a test belongs to on `make test`'s xdist workers: its module, so that the
-    module's fixtures are built once, or "real_slurm" for REAL_SLURM_MODULES."""
+    module's fixtures are built once, "real_slurm" for REAL_SLURM_MODULES, or "doctor" for
+    DOCTOR_MODULES."""
     module = nodeid.split("::")[0]
-    return "real_slurm" if module in REAL_SLURM_MODULES else module
+    return "real_slurm" if module in REAL_SLURM_MODULES else "doctor" if module in DOCTOR_MODULES else module
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -4,7 +4,7 @@ one unit that a single worker runs, found here by reading the modules, not from 
 import re
 from pathlib import Path
 
-from tests.conftest import REAL_SLURM_MODULES, xdist_unit
+from tests.conftest import DOCTOR_MODULES, REAL_SLURM_MODULES, xdist_unit
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
@@ -21,3 +21,10 @@ def test_every_module_that_uses_a_real_slurm_is_in_the_real_slurm_unit():
 def test_other_tests_are_grouped_by_module():
     assert xdist_unit("tests/training/test_config.py::test_a[x::y]") == "tests/training/test_config.py"
     assert xdist_unit("tests/training/test_config.py::Class::test_b") == "tests/training/test_config.py"
+
+
+def test_every_module_that_reads_the_shared_doctor_run_is_in_the_doctor_unit():
+    found = {str(path.relative_to(REPO)) for path in TESTS.rglob("test_*.py")
+             if path != Path(__file__) and "doctor_on_cpu(" in path.read_text()}
+    assert found == set(DOCTOR_MODULES)
+    assert {xdist_unit(f"{module}::test_x") for module in found} == {"doctor"}

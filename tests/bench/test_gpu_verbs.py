@@ -15,11 +15,11 @@ import tarfile
 import pytest
 
 from tests.conftest import REPO
-from tests.doctor.test_doctor import assert_te_checks_skipped
+from tests.doctor.cpu_doctor import doctor_on_cpu
 
 
-def _gpu_verbs(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2", "PYTHONPATH": str(REPO)}
+def _gpu_verbs(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**(env or {**os.environ, "PYTHONPATH": str(REPO)}), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2"}
     return subprocess.run([sys.executable, "-m", "bench.gpu_verbs", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -29,12 +29,16 @@ def _apart(detail: str) -> float:
 
 
 @pytest.mark.slow
-def test_every_verb_passes_on_cpu_and_the_copies_of_the_model_score_alike(tmp_path):
+def test_every_verb_passes_on_cpu_and_the_copies_of_the_model_score_alike(tmp_path, tmp_path_factory):
+    """bench.gpu_verbs's own checks, on the session's one CPU doctor run (tests/doctor/cpu_doctor.py,
+    whose table tests/doctor/test_doctor.py checks) through `--doctor-table`, in the doctor's
+    environment: Transformer Engine and Apex installed, no GPU; no verb here imports either."""
+    doctor = doctor_on_cpu(tmp_path_factory)
+    assert doctor.proc.returncode == 0, doctor.proc.stdout[-4000:] + doctor.proc.stderr[-2000:]
     out = tmp_path / "out"
-    # the default deadline (540 s) fits a lent GPU machine's call; the CPU dry run took 541 s on a
-    # loaded 2-core machine (2026-11-29) and its last check was cut off: a time limit, not a result
-    proc = _gpu_verbs("--device", "cpu", "--out", str(out), "--work-dir", str(tmp_path / "work"),
-                      "--commit", "abc123", "--deadline", "3000", timeout=3600)
+    # the default deadline (540 s) fits a lent GPU machine's call, not a loaded 2-core machine's dry run
+    proc = _gpu_verbs("--device", "cpu", "--out", str(out), "--work-dir", str(doctor.work), "--doctor-table",
+                      str(doctor.table), "--commit", "abc123", "--deadline", "3000", timeout=3600, env=doctor.env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     table = json.loads((out / "gpu_verbs.json").read_text())
     status = {c["name"]: c["status"] for c in table["checks"]}
@@ -42,12 +46,11 @@ def test_every_verb_passes_on_cpu_and_the_copies_of_the_model_score_alike(tmp_pa
                       "train": "pass", "resume": "pass", "train fp8": "skipped", "export": "pass",
                       "packed parity": "skipped", "import": "pass", "shared prefix": "pass", "score run": "pass",
                       "export scores": "pass", "eval": "pass", "bench gpu": "pass"}
+    # the doctor's part is the doctor's table, not a second run of it
+    assert table["checks"][:10] == json.loads(doctor.table.read_text())["checks"]
     assert (table["commit"], table["device"], table["transformer_engine"], table["passed"]) == ("abc123", "cpu",
-                                                                                              False, True)
-    # its first part is `nemo-topr doctor` without TE (tests/doctor/test_doctor.py runs the doctor with it)
-    assert_te_checks_skipped(table, "Transformer Engine is not installed (pip install -r requirements-gpu.txt, or "
-                                    "the NGC container)")
-    assert table["versions"]["transformer_engine"] is None
+                                                                                              True, True)
+    assert table["versions"]["transformer_engine"] == "2.17.1"
     detail = {c["name"]: c["detail"] for c in table["checks"]}
     # fp32 on one CPU: the Megatron import and the HF export hold the very weights they came from
     assert _apart(detail["import"]) < 1e-6 and _apart(detail["export scores"]) < 1e-6
@@ -101,3 +104,28 @@ def test_the_bench_line_fails_on_a_failed_precision_or_topr_step_not_on_a_skippe
         bench_gpu_summary({"skipped": False, "runs": [run],
                            "errors": {"fp8_delayed": "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory"}},
                           tmp_path)
+
+
+def test_a_doctor_table_that_cannot_stand_for_the_doctor_is_refused_before_any_check(tmp_path):
+    """`--doctor-table` of another device, without the doctor's work directory, or not a doctor's
+    table: refused naming the option and the file, and nothing written."""
+    from bench.gpu_verbs import main
+
+    out, work, table = tmp_path / "out", tmp_path / "work", tmp_path / "doctor.json"
+
+    def refusal(*args: str) -> str | int:
+        with pytest.raises(SystemExit) as refused:
+            main(["--device", "cpu", "--out", str(out), "--commit", "x", "--work-dir", str(work),
+                  "--doctor-table", str(table), *args])
+        return refused.value.code
+
+    table.write_text(json.dumps({"device": "cuda", "checks": [{"name": "versions", "status": "pass"}]}))
+    work.mkdir()
+    assert refusal().startswith(f"bench.gpu_verbs: --doctor-table {table} is the doctor's on cuda")
+    table.write_text(json.dumps({"device": "cpu", "checks": [{"name": "versions", "status": "pass"}]}))
+    work.rmdir()
+    assert refusal().startswith(f"bench.gpu_verbs: --doctor-table needs the doctor's --work-dir; {work}")
+    table.write_text(json.dumps({"device": "cpu"}))
+    assert refusal().startswith(f"bench.gpu_verbs: --doctor-table {table}: not a `nemo-topr doctor --json` table")
+    assert refusal("--only", "doctor", "import") == 2  # a usage error: the table is the doctor's part
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doctor.json"]

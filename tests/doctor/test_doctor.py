@@ -4,60 +4,73 @@ check neither stops the others nor hides what to fix. Nothing here runs on a GPU
 
 from __future__ import annotations
 
+import functools
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.conftest import REPO, with_cuda_only_packages
-from nemo_topr.doctor.checks import Files, per_token_difference
+from tests.doctor.cpu_doctor import doctor_on_cpu, run_doctor
+from nemo_topr.doctor.checks import CHECKS, Files, per_token_difference
 from nemo_topr.doctor.command import report, write_json
 from nemo_topr.doctor.runner import CheckFailed, Doctor
 from nemo_topr.utils.outputs import OutputError
 
-
-def _doctor(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**(env or {**os.environ, "PYTHONPATH": str(REPO)}), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2"}
-    return subprocess.run([sys.executable, "-m", "nemo_topr.cli", "doctor", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+TE_CHECKS = ("te attention", "train fp8", "packed parity")
 
 
 @pytest.mark.slow
-def test_doctor_on_cpu_passes_and_writes_its_table(tmp_path):
+def test_doctor_on_cpu_passes_and_writes_its_table(tmp_path_factory):
     """A node whose image has TE and Apex, run on its CPU (the H200 node's case, 2026-11-26, where
     CPU scoring failed in TE's norm): every CPU verb passes without importing either, and the TE
-    checks are skipped because the device is the CPU, not because TE is absent. The same checks
-    without TE run in tests/bench/test_gpu_verbs.py, whose first part is this doctor."""
-    report = tmp_path / "doctor.json"
-    proc = _doctor("--device", "cpu", "--json", str(report), "--work-dir", str(tmp_path / "work"),
-                   env=with_cuda_only_packages(tmp_path / "site"))
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    table = json.loads(report.read_text())
+    checks are skipped because the device is the CPU, not because TE is absent. This is the
+    session's one doctor run (tests/doctor/cpu_doctor.py); tests/bench/test_gpu_verbs.py goes on
+    from its work directory."""
+    doctor = doctor_on_cpu(tmp_path_factory)
+    assert doctor.proc.returncode == 0, doctor.proc.stdout[-4000:] + doctor.proc.stderr[-2000:]
+    table = json.loads(doctor.table.read_text())
     status = {c["name"]: c["status"] for c in table["checks"]}
     assert status == {"versions": "pass", "te attention": "skipped", "build": "pass", "score": "pass",
                       "score vs cpu": "skipped",
                       "train": "pass", "resume": "pass", "train fp8": "skipped", "export": "pass",
                       "packed parity": "skipped"}
+    assert (table["device"], table["finished"], table["passed"]) == ("cpu", True, True)
     assert_te_checks_skipped(table, "Transformer Engine's kernels need CUDA")
+    details = {c["name"]: c["detail"] for c in table["checks"]}
+    assert "resumed from iteration 1, completed at 2" in details["resume"]
+    assert table["versions"]["megatron_core"] == "0.19.2" and table["versions"]["megatron_bridge"] == "0.6.2"
     assert table["versions"]["transformer_engine"] == "2.17.1"
-    assert "nemo-topr doctor --device cpu: all passed" in proc.stdout
+    assert "nemo-topr doctor --device cpu: all passed" in doctor.proc.stdout
+
+
+def test_without_te_its_checks_are_skipped_naming_the_install(tmp_path):
+    """This venv's own case, as on a node without TE: each TE check is skipped before it starts
+    anything, saying how to install TE, and the table records no TE version."""
+    from nemo_topr.model.settings import transformer_engine_available
+
+    assert not transformer_engine_available()  # the premise: the test venv has no TE
+    doctor = Doctor("cpu", tmp_path, timeout=5)
+    for name, check, _ in CHECKS:
+        if name in TE_CHECKS:
+            doctor.run(name, functools.partial(check, doctor, Files(tmp_path)))
+    table = report(doctor, finished=True)
+    assert [(c["name"], c["status"]) for c in table["checks"]] == [(name, "skipped") for name in TE_CHECKS]
+    assert_te_checks_skipped(table, "Transformer Engine is not installed (pip install -r requirements-gpu.txt, or "
+                                    "the NGC container)")
+    assert not list(tmp_path.iterdir())  # no check's log: none started a process
+    assert table["versions"]["transformer_engine"] is None
 
 
 def assert_te_checks_skipped(table: dict, why: str) -> None:
-    """The doctor's TE-only checks skipped, saying why, and what runs on CPU as it should."""
+    """The doctor's TE-only checks skipped, saying why."""
     details = {c["name"]: c["detail"] for c in table["checks"]}
     assert details["te attention"] == f"TE's attention on packed THD: {why}"
     assert details["train fp8"] == f"FP8 training: {why}"
     assert details["packed parity"] == f"compares TE's THD attention with local layers: {why}"
-    assert "resumed from iteration 1, completed at 2" in details["resume"]
-    assert table["versions"]["megatron_core"] == "0.19.2" and table["versions"]["megatron_bridge"] == "0.6.2"
 
 
 def test_doctor_on_cuda_without_cuda_is_the_device_error(tmp_path):
-    proc = _doctor("--device", "cuda", "--work-dir", str(tmp_path / "work"), timeout=120)
+    proc = run_doctor("--device", "cuda", "--work-dir", str(tmp_path / "work"), timeout=120)
     assert proc.returncode == 1
     assert "nemo-topr doctor: --device is cuda, but CUDA is not available" in proc.stderr
     assert proc.stderr.rstrip().endswith("--device cpu") and not (tmp_path / "work").exists()
