@@ -51,16 +51,6 @@ def test_interleaved_pairs_and_summarises():
     assert summary([3.0, 1.0, 2.0]) == {"median": 2.0, "q1": 1.5, "q3": 2.5, "min": 1.0, "max": 3.0, "n": 3}
 
 
-def test_data_sections_write_results(tmp_path):
-    from bench.run import main
-
-    assert main(["--quick", "--sections", "packing,pipeline,gpu", "--out", str(tmp_path)]) == 0
-    headline = _check_results(tmp_path, ("packing", "pipeline", "gpu"))
-    assert any(row["section"] == "3 packing" for row in headline)
-    packing = json.loads((tmp_path / "packing.json").read_text())
-    assert set(packing) == {"gsm8k_qa", "gsm8k_8shot", "math500_boxed", "math500_reasoning"}
-
-
 @pytest.fixture(scope="module")
 def quick_bench(tmp_path_factory):
     """The whole suite at tiny sizes, as `make bench` runs it (subprocesses, Megatron models): one
@@ -78,6 +68,8 @@ def test_make_bench_quick_writes_every_section(quick_bench):
     sections = {row["section"] for row in headline}
     assert {"1 step cost", "2 log-prob path", "3 packing", "4 μ scoring", "5 data pipeline", "6 start-up",
             "GPU"} <= sections
+    packing = json.loads((quick_bench / "packing.json").read_text())
+    assert set(packing) == {"gsm8k_qa", "gsm8k_8shot", "math500_boxed", "math500_reasoning"}
     startup = json.loads((quick_bench / "startup.json").read_text())["results"][0]
     assert startup["model"] == "tiny" and startup["cpu"]["hf_start_seconds"]["median"] > 1  # Megatron's start alone
     logprob = json.loads((quick_bench / "logprob.json").read_text())["results"][0]
