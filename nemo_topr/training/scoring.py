@@ -195,19 +195,19 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     (`OUT.report.json`) are replaced only with `overwrite`."""
     device = select_device(device, where="--device")  # first, as every verb: no GPU is not a CPU run
     source_model = model_source.resolve(model_dir, named="--model ")  # file checks only: before Megatron's imports
-    use_device(device, where="--device")  # before Megatron: on CPU it hides CUDA-only packages from it
     model_source.check_intact(source_model)
+    # the records next: a data error or an --out naming the input stops before Megatron's imports
+    records = load_records(data, strict=strict, **(source or {}))
+    writable_records_file(out, inputs=records.report.files, overwrite=overwrite)
+    report = writable_output_file(str(out) + ".report.json", "--out's report", inputs=records.report.files,
+                                  overwrite=overwrite)
+    use_device(device, where="--device")  # imports Megatron: on CPU it hides CUDA-only packages from it first
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from nemo_topr.utils.distributed import initialize_model_parallel, launcher_world_size
     from nemo_topr.model.providers import load_model, source_provider
 
-    # the records first: a data error or an --out naming the input stops before the model loads
-    records = load_records(data, strict=strict, **(source or {}))
-    writable_records_file(out, inputs=records.report.files, overwrite=overwrite)
-    report = writable_output_file(str(out) + ".report.json", "--out's report", inputs=records.report.files,
-                                  overwrite=overwrite)
     tokenizer = load_tokenizer(source_model.hf_dir)
     tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict,
                                  model_context=model_source.context_length(source_model.hf_dir))
