@@ -34,11 +34,6 @@ def test_pytest_imports_this_checkout():
     assert Path(nemo_topr.__file__).resolve().is_relative_to(REPO)
 
 
-def test_distributed_workers_import_this_checkout(other_checkout):
-    out = run_distributed("which_checkout.py", 1, timeout=300).stdout
-    assert _imported_from(out).is_relative_to(REPO), out[-3000:]
-
-
 def test_scripts_run_with_checkout_env_import_this_checkout(other_checkout):
     proc = subprocess.run([sys.executable, str(WORKERS / "which_checkout.py")], env=checkout_env(),
                           capture_output=True, text=True, timeout=120, check=True)
@@ -49,16 +44,19 @@ def test_scripts_run_with_checkout_env_import_this_checkout(other_checkout):
     assert _imported_from(plain.stdout).is_relative_to(other_checkout)
 
 
-def test_distributed_workers_need_no_port_chosen_ahead(monkeypatch):
-    """A free port picked ahead for torchrun, bound later, could be taken first by another pytest
-    worker's launch (EADDRINUSE). Here the port free_port() would give is taken before the launch,
-    as that launch would: two ranks still meet."""
+def test_distributed_workers_import_this_checkout_and_need_no_port_chosen_ahead(other_checkout, monkeypatch):
+    """Both from one launch. The ranks import this checkout with the decoy on PYTHONPATH. A free
+    port picked ahead for torchrun, bound later, could be taken first by another pytest worker's
+    launch (EADDRINUSE). Here the port free_port() would give is taken before the launch, as that
+    launch would: two ranks still meet."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         monkeypatch.setattr(distributed, "free_port", lambda: taken.getsockname()[1])
         out = run_distributed("which_checkout.py", 2, timeout=300).stdout
-    assert len(re.findall(r"nemo_topr imported from ", out)) == 2, out[-3000:]
+    imported = re.findall(r"nemo_topr imported from (\S+)", out)
+    assert len(imported) == 2, out[-3000:]
+    assert all(Path(path).resolve().is_relative_to(REPO) for path in imported), out[-3000:]
 
 
 def test_a_port_told_ahead_is_one_the_os_never_hands_out():
