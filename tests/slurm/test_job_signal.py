@@ -90,7 +90,9 @@ except RunStateError as error:
 """
 
 
-@pytest.mark.parametrize("exit_signal", ["SIGTERM", "SIGUSR1"])
+# each case a fresh interpreter importing Bridge (the signal must meet torch's threads): SIGUSR1, the
+# warning cli.py holds until training starts, in the slow tier
+@pytest.mark.parametrize("exit_signal", ["SIGTERM", pytest.param("SIGUSR1", marks=pytest.mark.slow)])
 def test_a_stop_during_preparation_then_a_refused_start_says_why_and_leaves_no_lock(exit_signal, tmp_path):
     """The exit signal is held until training starts. It was blocked in the main thread only, so
     it landed on one of torch's threads and its default action killed the process at once, before

@@ -41,6 +41,7 @@ def _rendered_script(run_dir: Path) -> str:
     return ClusterJob(config_name="tiny_cpu", run_dir=run_dir).sbatch_script()
 
 
+@pytest.mark.slow  # each case waits for Slurm to requeue the job and start it again
 @pytest.mark.parametrize("source", ["slurm/llama31_8b.sbatch", "slurm/llama31_70b.sbatch", "nemo-topr submit"])
 def test_a_requeued_job_keeps_every_start_in_its_output(slurm_cluster, tmp_path, source):
     """The --output/--open-mode lines of the shipped scripts and of the script `nemo-topr submit`
