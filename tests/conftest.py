@@ -264,19 +264,26 @@ def port_below_ephemeral_range() -> int:
 
 
 @pytest.fixture(scope="session")
-def demo_inputs(tmp_path_factory):
-    """A tiny HF Llama and a scored dataset (the demo's first three stages): 48 samples; built
-    once for the Slurm tests of every module."""
+def tiny_graded(tmp_path_factory):
+    """A tiny HF Llama and 48 graded samples of it (the demo's first two stages), built once."""
     from nemo_topr.demo import build_graded_records
     from nemo_topr.model.providers import build_tiny_hf_llama
     from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
-    root = tmp_path_factory.mktemp("slurm_inputs")
+    root = tmp_path_factory.mktemp("tiny_graded")
     model_dir = build_tiny_hf_llama(root / "tiny", build_tiny_tokenizer())
     graded = root / "graded.jsonl"
     graded.write_text("".join(json.dumps(r) + "\n" for r in build_graded_records(16)))
+    return model_dir, graded
+
+
+@pytest.fixture(scope="session")
+def demo_inputs(tiny_graded, tmp_path_factory):
+    """`tiny_graded` scored by `score-logprobs` (the demo's first three stages); built once for the
+    Slurm tests of every module."""
+    model_dir, graded = tiny_graded
+    scored = tmp_path_factory.mktemp("slurm_inputs") / "scored.jsonl"
     subprocess.run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(model_dir),
-                    "--data", str(graded), "--out", str(root / "scored.jsonl"), "--seq-length", "512",
-                    "--device", "cpu"],
+                    "--data", str(graded), "--out", str(scored), "--seq-length", "512", "--device", "cpu"],
                    cwd=REPO, check=True, capture_output=True)
-    return model_dir, root / "scored.jsonl"
+    return model_dir, scored

@@ -3,7 +3,6 @@ variable, instead of every rank retrying an unresolvable MASTER_ADDR until torch
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -83,18 +82,14 @@ def test_train_refuses_an_unresolvable_master_addr_before_importing_megatron(tmp
     assert not (tmp_path / "run").exists()
 
 
-def test_score_logprobs_leaves_no_process_group_behind_and_a_callers_own_in_place(tmp_path):
+def test_score_logprobs_leaves_no_process_group_behind_and_a_callers_own_in_place(tiny_graded, tmp_path):
     """NCCL warns at exit about a process group never destroyed: every `score-logprobs` on the
     H200 printed it (bench/results/gpu_verbs_h200_2026-11-26_0e4bf37.json, the score logs). A
     world the caller made before is the caller's: scoring in-process in a pytest worker destroyed
     the session's world, and the worker's later Megatron tests failed in Bridge's NCCL set-up."""
-    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
-    from nemo_topr.demo import build_graded_records
-    from nemo_topr.model.providers import build_tiny_hf_llama
-
-    model_dir = build_tiny_hf_llama(tmp_path / "tiny", build_tiny_tokenizer())
+    model_dir, graded = tiny_graded
     data = tmp_path / "two.jsonl"
-    data.write_text("".join(json.dumps(record) + "\n" for record in build_graded_records(16)[:2]))
+    data.write_text("".join(graded.read_text().splitlines(keepends=True)[:2]))
     script = ("import sys, torch; from nemo_topr.training import scoring; "
               "from nemo_topr.utils.distributed import initialize_model_parallel; out, args = sys.argv[1], sys.argv[2:]; "
               "scoring.main(args + ['--out', out + '/first.jsonl']); "
