@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -242,6 +243,30 @@ def run_distributed(worker: str, nproc: int, *args: str, timeout: float = 600) -
     if proc.returncode != 0:
         raise AssertionError(f"{worker} x{nproc} exited {proc.returncode}:\n{out[-6000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+def launched_runs(worker: str, root: Path, launches: dict[int, tuple[str, ...]]) -> Callable[[str], Path]:
+    """ROOT/NAME of a run that ``tests/workers/<worker>`` makes among others: ``launches`` maps a
+    world size to the runs one torchrun launch of that many ranks makes in turn (``worker ROOT
+    NAME ...``), started when a test first asks for one of them. A run the launch did not finish
+    (no ROOT/NAME/done) fails the test that asks for it, with the launch's output."""
+
+    @functools.cache
+    def launch(world: int) -> str:
+        try:
+            run_distributed(worker, world, str(root), *launches[world])
+        except AssertionError as failed:
+            return str(failed)
+        return ""
+
+    def run_of(name: str) -> Path:
+        world = next(world for world, names in launches.items() if name in names)
+        failure = launch(world)
+        if not (root / name / "done").exists():
+            raise AssertionError(f"{name} did not finish in {worker}'s launch of {world} ranks:\n{failure}")
+        return root / name
+
+    return run_of
 
 
 def port_below_ephemeral_range() -> int:

@@ -12,13 +12,12 @@ at TP=1, TP=2 and PP=2.
 
 from __future__ import annotations
 
-import functools
 import math
 import types
 
 import pytest
 import torch
-from tests.conftest import run_distributed
+from tests.conftest import launched_runs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -213,7 +212,7 @@ def test_without_rope_at_position_ids_the_shared_layout_would_be_wrong(megatron_
 
 
 # every layout x attention of the exactness test, run in turn by one torchrun launch of 2 ranks
-EXACTNESS_CASES = [f"{layout}-{attention}" for attention in ("local", "flex") for layout in ("tp1", "tp2", "pp2")]
+EXACTNESS_CASES = tuple(f"{layout}-{attention}" for attention in ("local", "flex") for layout in ("tp1", "tp2", "pp2"))
 
 
 @pytest.fixture(scope="module")
@@ -221,23 +220,7 @@ def exactness_runs(tmp_path_factory):
     """The directory of a case's run (tests/workers/shared_prefix_step.py), all cases from one
     launch, started when a test first needs it. A case the launch did not finish fails its test
     with the launch's output."""
-    root = tmp_path_factory.mktemp("shared_prefix")
-
-    @functools.cache
-    def launch() -> str:
-        try:
-            run_distributed("shared_prefix_step.py", 2, str(root), *EXACTNESS_CASES)
-        except AssertionError as failed:
-            return str(failed)
-        return ""
-
-    def run_of(case: str):
-        failure = launch()
-        if not (root / case / "done").exists():
-            raise AssertionError(f"case {case} did not finish in the launch of 2 ranks:\n{failure}")
-        return root / case
-
-    return run_of
+    return launched_runs("shared_prefix_step.py", tmp_path_factory.mktemp("shared_prefix"), {2: EXACTNESS_CASES})
 
 
 @pytest.mark.slow

@@ -16,7 +16,6 @@ size run in turn in one torchrun launch (Megatron's parallel state made again fo
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 import types
@@ -24,7 +23,7 @@ import types
 import pytest
 import torch
 
-from tests.conftest import REPO, run_distributed
+from tests.conftest import REPO, launched_runs
 from tests.workers.topr_step_parallel import (
     LAYOUTS,
     MICROBATCH_LENGTHS,
@@ -90,23 +89,7 @@ def layout_runs(tmp_path_factory, megatron_world):
     root = tmp_path_factory.mktemp("topr_step")
     for layers in (2, 4):
         take_step("save", 1, 1, 1, False, 1, layers, str(root / f"ckpt{layers}"), str(root / f"reference{layers}"))
-
-    @functools.cache
-    def launch(world: int) -> str:
-        try:
-            run_distributed("topr_step_parallel.py", world, str(root), *LAUNCHES[world])
-        except AssertionError as failed:
-            return str(failed)
-        return ""
-
-    def run_of(layout: str):
-        world = next(world for world, layouts in LAUNCHES.items() if layout in layouts)
-        failure = launch(world)
-        if not (root / layout / "done").exists():
-            raise AssertionError(f"layout {layout} did not finish in the launch of {world} ranks:\n{failure}")
-        return root / layout
-
-    return run_of
+    return launched_runs("topr_step_parallel.py", root, LAUNCHES)
 
 
 def _load_run(out_dir):
