@@ -216,10 +216,15 @@ all_idle() {
 start() {
     local node
     [[ $(id -u) == 0 ]] || die "needs root (daemons, apt-get); running as $(id -un)"
+    # apt-get and munged belong to the machine, and both clusters may start at once (two xdist
+    # workers): one start at a time installs and starts them. flock is local here.
+    exec 9>/run/nemo-topr-slurm-cluster.lock
+    flock 9
     install_packages
+    start_munge
+    flock -u 9
     write_config
     ((two_nodes)) && network_up
-    start_munge
     running "$state/slurmctld.pid" || slurmctld
     for node in "${nodes[@]}"; do running "${slurmd_pid//%n/$node}" || start_slurmd "$node"; done
     for _ in $(seq 120); do

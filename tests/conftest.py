@@ -14,6 +14,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,10 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).parent / "workers"
 
 
-# The modules whose tests start a real Slurm (the `slurm_cluster` or `slurm_two_nodes` fixture):
-# one unit of work, so that a single xdist worker starts and stops those clusters.
+# The modules whose tests start a real Slurm (the `slurm_cluster` or `slurm_two_nodes` fixture).
+# Each cluster is one unit of work, so that a single xdist worker starts and stops it: the two
+# clusters run side by side (scripts/slurm_cluster.sh: their own ports, configs and state).
 REAL_SLURM_MODULES = ("tests/slurm/test_scripts.py", "tests/slurm/test_one_node.py", "tests/slurm/test_two_nodes.py",
                       "tests/slurm/test_srun.py")
+TWO_NODE_MODULES = ("tests/slurm/test_two_nodes.py",)
 
 # The modules that read one run made once per process (tests/doctor/cpu_doctor.py): one unit.
 DOCTOR_MODULES = ("tests/doctor/test_doctor.py", "tests/bench/test_gpu_verbs.py")
@@ -38,9 +41,11 @@ DOCTOR_MODULES = ("tests/doctor/test_doctor.py", "tests/bench/test_gpu_verbs.py"
 
 def xdist_unit(nodeid: str) -> str:
     """The unit of work a test belongs to on `make test`'s xdist workers: its module, so that the
-    module's fixtures are built once, "real_slurm" for REAL_SLURM_MODULES, or "doctor" for
-    DOCTOR_MODULES."""
+    module's fixtures are built once; "real_slurm_two_nodes" for TWO_NODE_MODULES, "real_slurm"
+    for the other REAL_SLURM_MODULES, "doctor" for DOCTOR_MODULES."""
     module = nodeid.split("::")[0]
+    if module in TWO_NODE_MODULES:
+        return "real_slurm_two_nodes"
     return "real_slurm" if module in REAL_SLURM_MODULES else "doctor" if module in DOCTOR_MODULES else module
 
 
@@ -288,18 +293,41 @@ def port_below_ephemeral_range() -> int:
     raise AssertionError(f"no free port among 50 drawn from {candidates.start}-{candidates.stop - 1}")
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """The directory `name`, built by `build(directory)` once per test session: on `make test`'s
+    xdist workers the first to ask builds it under a lock in the session's shared temporary root
+    (`getbasetemp()`'s parent there), and the others wait for it and read it. A build that failed
+    leaves no directory, so the next asker tries again and fails the same way."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    directory = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        if not (directory / ".built").exists():
+            partial = root / f"{name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+            build(partial)
+            (partial / ".built").touch()
+            partial.rename(directory)
+    return directory
+
+
 @pytest.fixture(scope="session")
 def tiny_graded(tmp_path_factory):
     """A tiny HF Llama and 48 graded samples of it (the demo's first two stages), built once."""
-    from nemo_topr.demo import build_graded_records
-    from nemo_topr.model.providers import build_tiny_hf_llama
-    from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
-    root = tmp_path_factory.mktemp("tiny_graded")
-    model_dir = build_tiny_hf_llama(root / "tiny", build_tiny_tokenizer())
-    graded = root / "graded.jsonl"
-    graded.write_text("".join(json.dumps(r) + "\n" for r in build_graded_records(16)))
-    return model_dir, graded
+    def build(root: Path) -> None:
+        from nemo_topr.demo import build_graded_records
+        from nemo_topr.model.providers import build_tiny_hf_llama
+        from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
+
+        build_tiny_hf_llama(root / "tiny", build_tiny_tokenizer())
+        (root / "graded.jsonl").write_text("".join(json.dumps(r) + "\n" for r in build_graded_records(16)))
+
+    root = built_once(tmp_path_factory, "tiny_graded", build)
+    return root / "tiny", root / "graded.jsonl"
 
 
 @pytest.fixture(scope="session")
@@ -307,8 +335,10 @@ def demo_inputs(tiny_graded, tmp_path_factory):
     """`tiny_graded` scored by `score-logprobs` (the demo's first three stages); built once for the
     Slurm tests of every module."""
     model_dir, graded = tiny_graded
-    scored = tmp_path_factory.mktemp("slurm_inputs") / "scored.jsonl"
-    subprocess.run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(model_dir),
-                    "--data", str(graded), "--out", str(scored), "--seq-length", "512", "--device", "cpu"],
-                   cwd=REPO, check=True, capture_output=True)
-    return model_dir, scored
+
+    def build(root: Path) -> None:
+        subprocess.run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(model_dir),
+                        "--data", str(graded), "--out", str(root / "scored.jsonl"), "--seq-length", "512",
+                        "--device", "cpu"], cwd=REPO, check=True, capture_output=True)
+
+    return model_dir, built_once(tmp_path_factory, "demo_inputs", build) / "scored.jsonl"

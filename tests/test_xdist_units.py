@@ -1,5 +1,6 @@
 """`make test`'s xdist units (tests/conftest.py): every module that starts a real Slurm is in the
-one unit that a single worker runs, found here by reading the modules, not from the list."""
+unit of the cluster it starts, which a single worker runs, found here by reading the modules, not
+from the lists."""
 
 import re
 from pathlib import Path
@@ -10,12 +11,19 @@ TESTS = Path(__file__).parent
 REPO = TESTS.parent
 
 
-def test_every_module_that_uses_a_real_slurm_is_in_the_real_slurm_unit():
-    uses = re.compile(r"\bslurm_cluster\b|\bslurm_two_nodes\b|mark\.slurm\b")
-    found = {str(path.relative_to(REPO)) for path in TESTS.rglob("test_*.py")
-             if path != Path(__file__) and uses.search(path.read_text())}
-    assert found == set(REAL_SLURM_MODULES)
-    assert {xdist_unit(f"{module}::test_x[a]") for module in found} == {"real_slurm"}
+def _modules_using(pattern: str) -> set[str]:
+    uses = re.compile(pattern)
+    return {str(path.relative_to(REPO)) for path in TESTS.rglob("test_*.py")
+            if path != Path(__file__) and uses.search(path.read_text())}
+
+
+def test_every_module_that_uses_a_real_slurm_is_in_the_unit_of_its_cluster():
+    one_node = _modules_using(r"\bslurm_cluster\b(?!\.sh)")  # the fixture, not the script's name
+    two_nodes = _modules_using(r"\bslurm_two_nodes\b")
+    assert one_node | two_nodes | _modules_using(r"mark\.slurm\b") == set(REAL_SLURM_MODULES)
+    assert not one_node & two_nodes  # a module using both clusters would hold up both units
+    assert {xdist_unit(f"{module}::test_x[a]") for module in set(REAL_SLURM_MODULES) - two_nodes} == {"real_slurm"}
+    assert {xdist_unit(f"{module}::test_x[a]") for module in two_nodes} == {"real_slurm_two_nodes"}
 
 
 def test_other_tests_are_grouped_by_module():
@@ -24,7 +32,6 @@ def test_other_tests_are_grouped_by_module():
 
 
 def test_every_module_that_reads_the_shared_doctor_run_is_in_the_doctor_unit():
-    found = {str(path.relative_to(REPO)) for path in TESTS.rglob("test_*.py")
-             if path != Path(__file__) and "doctor_on_cpu(" in path.read_text()}
+    found = _modules_using(r"doctor_on_cpu\(")
     assert found == set(DOCTOR_MODULES)
     assert {xdist_unit(f"{module}::test_x") for module in found} == {"doctor"}
