@@ -44,6 +44,7 @@ def test_scripts_run_with_checkout_env_import_this_checkout(other_checkout):
     assert _imported_from(plain.stdout).is_relative_to(other_checkout)
 
 
+@pytest.mark.slow
 def test_distributed_workers_import_this_checkout_and_need_no_port_chosen_ahead(other_checkout, monkeypatch):
     """Both from one launch. The ranks import this checkout with the decoy on PYTHONPATH. A free
     port picked ahead for torchrun, bound later, could be taken first by another pytest worker's

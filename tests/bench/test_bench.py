@@ -112,6 +112,7 @@ def test_fp8_is_compared_with_bf16_step_by_step_and_says_whether_the_weights_wer
     assert fp8_minus_bf16([delayed]) == {}  # no BF16 run to compare with
 
 
+@pytest.mark.slow
 def test_a_first_step_reports_the_reduced_loss_and_the_gradient_it_leaves(megatron_world):
     import functools
 

@@ -68,6 +68,7 @@ def test_every_verb_passes_on_cpu_and_the_copies_of_the_model_score_alike(tmp_pa
     assert bench["bench_gpu"]["skipped"] and bench["environment"]["cuda_available"] is False
 
 
+@pytest.mark.slow
 def test_only_some_checks_skip_what_needs_the_doctor_and_the_table_says_so(tmp_path):
     out = tmp_path / "out"
     proc = _gpu_verbs("--device", "cpu", "--out", str(out), "--work-dir", str(tmp_path / "work"),

@@ -137,6 +137,7 @@ def gsm8k_sequences():
     return tokenize_records(RecordSet(records, report), build_tiny_tokenizer(chat_template=False)).sequences
 
 
+@pytest.mark.slow
 def test_padding_share_on_gsm8k_at_2048_is_at_most_3_percent(gsm8k_sequences):
     rows = pack_sequences(gsm8k_sequences, 2048, PAD)
     share = padding_share(gsm8k_sequences, rows, 2048)

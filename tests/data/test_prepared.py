@@ -135,6 +135,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_processes_preparing_at_once_end_with_one_whole_set(tmp_path, tokenizer_dir):
     go = tmp_path / "go"
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(DATA), str(tokenizer_dir), str(tmp_path / "sets"),

@@ -172,6 +172,7 @@ def test_missing_or_empty_tokenizer_directory(tmp_path):
         assert (refused.value.key, refused.value.where) == (key, f"{directory}: tokenizer")
 
 
+@pytest.mark.slow
 def test_a_tokenizer_with_more_tokens_than_the_models_embedding_rows_is_refused(tmp_path):
     """A tokenizer of 2,048 tokens copied into a model of 512 rows ended score-logprobs, generate
     and verifier in torch's "index out of range in self"; fewer tokens than rows is a padded vocabulary."""

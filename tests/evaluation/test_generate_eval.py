@@ -633,6 +633,7 @@ def test_a_model_that_is_not_there_leaves_no_sample_log(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_more_samples_than_memory_holds_end_in_one_line_naming_what_to_lower(model_dir, tmp_path):
     """A prompt's samples are one batch for transformers: 10^9 of them need about 1.4 TB for the
     prompt's copies alone. The allocation fails for real (the address space capped at 64 GiB, so

@@ -323,6 +323,7 @@ def test_the_messages_are_the_golden_files(inputs, monkeypatch):
 MEGATRON = ("megatron", "transformer_engine")
 
 
+@pytest.mark.slow
 def test_the_table_imports_no_megatron(inputs, monkeypatch):
     """Each problem comes out of the pure checks: no row's check imports Megatron or Transformer Engine on the
     way to its refusal, and neither do the modules that hold the checks (imported in a fresh interpreter)."""

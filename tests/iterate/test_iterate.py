@@ -295,6 +295,7 @@ def graded_line(reward, sample_id, completion=" The answer is 4."):
                        "prompt_id": "q", "sample_id": sample_id}) + "\n"
 
 
+@pytest.mark.slow
 def test_a_failed_stage_leaves_no_marker_and_a_done_stage_is_not_rerun(tmp_path, monkeypatch):
     graded, curated = tmp_path / "graded.jsonl", tmp_path / "curated.jsonl"
     stage = Stage("curate", tmp_path, ("data", "curate", str(graded), "--out", str(curated)), (curated,))
@@ -423,6 +424,7 @@ time.sleep(120)
     # its work was done when the signal came: kept, not thrown away
     (signal.SIGINT, "0", "it finished first and is marked done: the same command goes on after it"),
 ], ids=["sigterm", "sigint", "killed", "finished"])
+@pytest.mark.slow
 def test_a_stop_of_the_driver_stops_its_stage_and_waits_for_it(fake_model, tmp_path, stop, exit_code, ended):
     """`kill` (or `timeout`, a supervisor) signals the driver alone: its stage ran on, writing into
     `out`, with no driver to mark it. Ctrl-C made subprocess.run SIGKILL the stage 0.25 s later,

@@ -222,6 +222,7 @@ def test_the_messages_are_the_golden_files(inputs, found):
                   [rendered("iterate", key, where, *found(key)[0], inputs) for key, where, _ in ROWS])
 
 
+@pytest.mark.slow
 def test_the_table_imports_no_megatron(tmp_path):
     """Each problem comes out of the pure checks: the whole table and tests/cluster/test_refusals.py's
     (`plan`, `submit`: the layer below), run in one fresh interpreter, import neither Megatron nor

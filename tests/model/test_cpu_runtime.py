@@ -88,6 +88,7 @@ def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_without_cuda_installed_te_and_apex_are_hidden_so_megatron_builds_torch_norms(tmp_path):
     """With TE importable, Megatron-Core gives a block of local layers TE's norm as its final norm
     (core/transformer/transformer_block.py:53-56): on an H200 node with TE 2.17.1 the doctor's CPU
@@ -132,6 +133,7 @@ def test_a_cuda_only_package_imported_before_it_could_be_hidden_is_an_error(monk
         cpu_runtime.import_bridge(modules=())
 
 
+@pytest.mark.slow
 def test_cpu_scoring_on_a_node_with_te_and_apex_installed_never_imports_them(tmp_path):
     """The H200 doctor's `score vs cpu` route: `score-logprobs --device cpu` with both installed
     must not let Megatron import either (it imported Megatron before hiding them, and failed)."""

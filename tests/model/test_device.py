@@ -49,6 +49,7 @@ def _without_cuda(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_gpu_training_config_without_cuda_fails_naming_the_key(tmp_path):
     # the 8B preset inherits nothing about devices from the machine: device: cuda
     proc = _without_cuda("train", "--config-name", "llama31_8b_bf16", f"hf_model={tmp_path}",
@@ -59,6 +60,7 @@ def test_gpu_training_config_without_cuda_fails_naming_the_key(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verb", ["score-logprobs", "export", "generate", "eval"])
 def test_every_model_verb_defaults_to_cuda_and_fails_clearly_without_it(verb, tmp_path):
     args = {"score-logprobs": ["--model", str(tmp_path), "--data", str(tmp_path / "x.jsonl"),

@@ -74,6 +74,7 @@ def test_hf_model_is_an_alias_of_base_model(tiny_hf, tmp_path):
     assert (refused.value.key, refused.value.where) == ("base_model.alias_disagrees", "hf_model")
 
 
+@pytest.mark.slow
 def test_resume_from_base_without_training_state_is_refused_before_training(tiny_hf, tmp_path):
     """`nemo-topr train`'s config check refuses it in one line, before Megatron's import, the data
     (absent here) or the run directory."""

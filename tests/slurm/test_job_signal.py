@@ -90,9 +90,10 @@ except RunStateError as error:
 """
 
 
-# each case a fresh interpreter importing Bridge (the signal must meet torch's threads): SIGUSR1, the
-# warning cli.py holds until training starts, in the slow tier
-@pytest.mark.parametrize("exit_signal", ["SIGTERM", pytest.param("SIGUSR1", marks=pytest.mark.slow)])
+# each case a fresh interpreter importing Bridge (the signal must meet torch's threads); SIGUSR1 is
+# the warning cli.py holds until training starts
+@pytest.mark.slow
+@pytest.mark.parametrize("exit_signal", ["SIGTERM", "SIGUSR1"])
 def test_a_stop_during_preparation_then_a_refused_start_says_why_and_leaves_no_lock(exit_signal, tmp_path):
     """The exit signal is held until training starts. It was blocked in the main thread only, so
     it landed on one of torch's threads and its default action killed the process at once, before
@@ -120,6 +121,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.slow
 def test_the_checkpoint_writer_process_ends_with_a_killed_training(tmp_path):
     """A training killed by SIGKILL (an OOM kill, `kill -9`, a signal's default action) left the
     checkpoint-writer queue's manager process (it ignores the exit signal) and multiprocessing's

@@ -22,6 +22,7 @@ srun bash -c 'echo task=$SLURM_PROCID'
 """
 
 
+@pytest.mark.slow
 def test_sbatch_honours_sbatch_lines_and_stand_in_gpus(slurm_cluster, tmp_path):
     """The #SBATCH lines are read (2 tasks) and --gpus-per-node=8 is accepted by the node."""
     script = tmp_path / "job.sbatch"

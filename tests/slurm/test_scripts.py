@@ -103,6 +103,7 @@ def _submit(capsys, *args: str) -> tuple[int, str, str]:
     return status, out, err
 
 
+@pytest.mark.slow
 def test_submit_dry_run_renders_a_container_job_with_mounts_from_the_config(tmp_path, capsys):
     models, data = tmp_path / "models", tmp_path / "data dir"
     model = placeholder_hf_model(models / "Llama-3.1-70B", LLAMA_31_70B)

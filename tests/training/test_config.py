@@ -819,6 +819,7 @@ def test_micro_batch_above_one_with_pipeline_parallel_is_rejected_for_packed_str
     assert _run(tiny_hf, tmp_path, "model.pipeline_model_parallel_size=2").container.model.transformer_impl == "local"
 
 
+@pytest.mark.slow
 def test_train_reports_config_and_data_errors_in_one_line_before_importing_megatron(tiny_hf, tmp_path):
     import subprocess
     import sys
@@ -847,6 +848,7 @@ def test_train_reports_config_and_data_errors_in_one_line_before_importing_megat
     assert not (tmp_path / "run").exists()  # nothing written for a refused start
 
 
+@pytest.mark.slow
 def test_a_new_run_refused_for_its_data_after_megatrons_import_leaves_no_run_directory(tiny_hf, tmp_path):
     """Too long for model.seq_length is found while tokenizing, after the import and the lock: the
     base model's HF artifacts are written only after every check, so nothing is left."""

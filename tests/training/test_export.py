@@ -177,6 +177,7 @@ def test_an_export_that_cannot_be_written_is_removed_and_named_in_one_line(check
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ckpt"]  # no model, no partial directory
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_refused_before_megatron_is_imported(tmp_path):
     """A refusal costs no Megatron start-up (10-20 s): the inputs are checked first."""
     import subprocess

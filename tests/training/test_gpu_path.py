@@ -26,6 +26,7 @@ from nemo_topr.model import settings as model_settings
 from nemo_topr.model.attention_check import FLEX, MASK, THD, AttentionError, check_attention, core_attention_of_spec
 
 
+@pytest.mark.slow
 def test_bridge_setup_uses_the_prebuilt_dataset_helpers_on_cuda():
     """Bridge's set-up calls compile_helpers() (`make` in megatron/core/datasets; the wheel has no
     Makefile, so sys.exit(1)). On the CUDA path, before any CPU runtime, it must compile nothing.

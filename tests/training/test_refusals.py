@@ -214,6 +214,7 @@ def test_the_messages_are_the_golden_files(inputs, monkeypatch):
                   [rendered("train", key, where, *problem(), inputs) for key, where, problem in ROWS])
 
 
+@pytest.mark.slow
 def test_the_table_imports_no_megatron(tmp_path):
     """Each problem comes out of the pure checks: the whole table, run in a fresh interpreter, imports
     neither Megatron nor Transformer Engine."""

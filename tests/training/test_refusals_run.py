@@ -261,6 +261,7 @@ def test_the_messages_are_the_golden_files(inputs, monkeypatch):
                    for key, where, problem in ROWS])
 
 
+@pytest.mark.slow
 def test_the_table_imports_no_megatron(tmp_path):
     """Each problem comes out of the pure checks: every row, run in a fresh interpreter, refuses without
     importing Megatron or Transformer Engine."""

@@ -202,6 +202,7 @@ def _loss_and_grads(model, batch):
     return loss, grads
 
 
+@pytest.mark.slow
 def test_packed_and_padded_batches_give_the_same_loss_and_gradients(megatron_world):
     from nemo_topr.data.packing import collate_packed, collate_padded, pack_sequences
 
@@ -315,6 +316,7 @@ def _provider_batches(tmp_path, records, dp_size=2, **dataset):
     return batches, keys, {seq.sample_id: seq for seq in prepared.dataset.sequences}, prepared
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
 def test_prepared_data_trains_on_the_in_memory_rows_batches_ledger_and_losses(tmp_path, megatron_world, packed):
     """A prepared set, written then found again, gives what the in-memory path gives: the rows

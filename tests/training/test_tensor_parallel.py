@@ -27,6 +27,7 @@ def test_tp2_logprobs_match_tp1(tmp_path):
     torch.testing.assert_close(tp2["token_logprobs"], tp1["token_logprobs"], rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_layout_the_launched_processes_cannot_hold_is_named_before_megatron_starts(tmp_path):
     """`score-logprobs --tp 2` in one process ended in Megatron's RuntimeError traceback
     (initialize_model_parallel: world_size (1) is not divisible by 2)."""

@@ -63,6 +63,7 @@ def test_a_plain_process_world_of_one_needs_no_port_chosen_ahead(tmp_path):
     assert proc.stdout.strip().endswith("world of 1")
 
 
+@pytest.mark.slow
 def test_train_refuses_an_unresolvable_master_addr_before_importing_megatron(tmp_path):
     from nemo_topr.model.providers import build_tiny_hf_llama
     from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
@@ -82,6 +83,7 @@ def test_train_refuses_an_unresolvable_master_addr_before_importing_megatron(tmp
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_score_logprobs_leaves_no_process_group_behind_and_a_callers_own_in_place(tiny_graded, tmp_path):
     """NCCL warns at exit about a process group never destroyed: every `score-logprobs` on the
     H200 printed it (bench/results/gpu_verbs_h200_2026-11-26_0e4bf37.json, the score logs). A
@@ -145,6 +147,7 @@ def test_a_rank_past_the_gpus_stops_before_its_process_group(monkeypatch):
     assert error.value.key == "LOCAL_RANK.beyond_gpus"
 
 
+@pytest.mark.slow
 def test_train_refuses_a_rank_past_the_gpus_before_importing_megatron(demo_inputs, tmp_path, monkeypatch):
     """`nemo-topr train` on CUDA (mocked: 2 GPUs) as local rank 3 of 4: one line, before Megatron's
     imports and the run directory."""

@@ -79,6 +79,7 @@ def test_a_file_in_the_way_is_refused_and_kept(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["-m", "nemo_topr.demo", "--out"],
                                      ["-m", "nemo_topr.miniature", "--out"],
                                      ["-m", "nemo_topr.miniature.study", "--docs", "", "--out"],
@@ -130,6 +131,7 @@ def tiny_model(tmp_path_factory):
                                    "--samples-out", "{data}", "--overwrite"]],
                          ids=["curate", "score-logprobs", "verifier-build", "verifier-score", "generate",
                               "eval-samples-out"])
+@pytest.mark.slow
 def test_each_command_refuses_to_write_its_records_over_its_input(tmp_path, tiny_model, verb):
     """Curating, or scoring with --no-strict, into the input itself would lose the records it
     drops, and generating into the prompts file would lose the prompts: every command that reads
@@ -184,6 +186,7 @@ def test_an_output_file_in_place_of_a_directory_or_under_a_file_is_refused_and_n
     (["import", "{model}", "{file}"], "{file}: exists and is not an empty directory; import writes a new checkpoint "
                                       "directory"),
 ], ids=["score-logprobs", "eval", "generate", "import"])
+@pytest.mark.slow
 def test_an_output_path_that_cannot_be_written_stops_the_command_before_its_work(tmp_path, tiny_model, verb,
                                                                                  expected):
     """Not after hours of sampling or scoring: a one-line error, nothing written, nothing loaded."""
@@ -260,6 +263,7 @@ RECORDS_OUTPUT = {  # every command that writes records, its option naming them 
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verb", sorted(RECORDS_OUTPUT))
 def test_records_are_written_only_under_a_name_that_is_read_back_as_jsonl(tmp_path, tiny_model, verb):
     """`--out scored.json` was written, and `train` refused it only then ("unknown format '.json'"),
@@ -433,6 +437,7 @@ def test_a_quota_or_a_failing_disk_gets_its_own_advice(tmp_path, monkeypatch, co
     assert str(raised.value) == f"writing {tmp_path / 'r.jsonl'}: {said}"
 
 
+@pytest.mark.slow
 def test_a_demo_run_again_says_it_empties_the_earlier_one(tmp_path, monkeypatch, capsys):
     """`make demo` run again emptied runs/demo and trained anew without a word."""
     from nemo_topr import demo
