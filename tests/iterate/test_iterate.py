@@ -808,26 +808,40 @@ def check_two_rounds(out: Path) -> list[Path]:
     return markers
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_score_and_train_stages_run_in_two_ranks_under_torchrun(tmp_path):
-    """nproc_per_node=2 on one node: the driver's torchrun command line for the two stages, run as
-    the driver runs it. Two data-parallel ranks train, and mu, scored by two ranks, is each
-    sequence's log pi at step 0. (The whole driver, rounds and rerun, runs across two real Slurm
-    nodes in tests/slurm/test_two_nodes.py.)"""
+@pytest.fixture(scope="module")
+def scored_by_two_ranks(tmp_path_factory) -> tuple[Path, Path]:
+    """(the tiny model, its 12 records scored by the driver's torchrun command line for the
+    score stage with nproc_per_node=2 on one node), run as the driver runs it."""
     from nemo_topr.demo import build_graded_records
     from nemo_topr.model.providers import build_tiny_hf_llama
     from nemo_topr.data.tiny_tokenizer import build_tiny_tokenizer
 
-    model = build_tiny_hf_llama(tmp_path / "tiny_llama", build_tiny_tokenizer())
-    graded, scored, run_dir = tmp_path / "graded.jsonl", tmp_path / "scored.jsonl", tmp_path / "run"
+    root = tmp_path_factory.mktemp("two_ranks")
+    model = build_tiny_hf_llama(root / "tiny_llama", build_tiny_tokenizer())
+    graded, scored = root / "graded.jsonl", root / "scored.jsonl"
     graded.write_text("".join(json.dumps(record) + "\n" for record in build_graded_records(4)))
-    ranks = processes.Ranks(per_node=2)
     processes.run_command(("score-logprobs", "--model", str(model), "--data", str(graded), "--out", str(scored),
-                           "--seq-length", "512", "--device", "cpu"), tmp_path / "score.log", ranks)
-    assert len(load_records(scored).records) == 12  # 4 questions, 3 completions each
+                           "--seq-length", "512", "--device", "cpu"), root / "score.log", processes.Ranks(per_node=2))
+    return model, scored
+
+
+# The whole driver, rounds and rerun, runs across two real Slurm nodes in tests/slurm/test_two_nodes.py;
+# these two run its score and train stages as two ranks of one node.
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_score_stage_runs_in_two_ranks_under_torchrun(scored_by_two_ranks):
+    assert len(load_records(scored_by_two_ranks[1]).records) == 12  # 4 questions, 3 completions each
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_train_stage_runs_in_two_ranks_under_torchrun_from_mu_two_ranks_scored(scored_by_two_ranks, tmp_path):
+    """Two data-parallel ranks train, and mu, scored by two ranks, is each sequence's log pi at
+    step 0."""
+    model, scored = scored_by_two_ranks
+    run_dir = tmp_path / "run"
     processes.run_command(("train", "--config-name", "tiny_cpu", "dataset.epochs=1", f"base_model={model}",
                            f"run_dir={run_dir}", f"dataset.train_path={scored}", "device=cpu"), tmp_path / "train.log",
-                          ranks)
+                          processes.Ranks(per_node=2))
     assert sorted(path.name for path in run_dir.glob("samples_dp*.jsonl")) == ["samples_dp0.jsonl", "samples_dp1.jsonl"]
     assert tensorboard_scalars(run_dir, "log_ratio_abs_max")[0] == (1, 0.0)
