@@ -44,8 +44,8 @@ LONG_TESTS: dict[str, str] = {
 }
 
 
-def test_function(nodeid: str) -> str:
-    """"tests/a/test_b.py::test_c" of a JUnit test case's classname and name, parameters dropped."""
+def function_of(nodeid: str) -> str:
+    """A node id's test function ("module path::test function"), its parameters dropped."""
     return nodeid.split("[")[0]
 
 
@@ -61,7 +61,7 @@ def durations(junit_xml: Path) -> dict[str, float]:
 def over_the_limit(times: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
     """(listed tests over the limit, unlisted tests over the limit)."""
     over = {nodeid: seconds for nodeid, seconds in times.items() if seconds > LIMIT_SECONDS}
-    listed = {nodeid: seconds for nodeid, seconds in over.items() if test_function(nodeid) in LONG_TESTS}
+    listed = {nodeid: seconds for nodeid, seconds in over.items() if function_of(nodeid) in LONG_TESTS}
     return listed, {nodeid: seconds for nodeid, seconds in over.items() if nodeid not in listed}
 
 

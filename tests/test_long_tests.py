@@ -23,13 +23,13 @@ def test_a_run_over_the_limit_names_the_unlisted_tests_only(tmp_path, capsys):
     xml = tmp_path / "test.xml"
     xml.write_text(f"""<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
         <testcase classname="{classname}" name="{function}[a]" time="300.5"/>
-        <testcase classname="tests.data.test_x" name="test_slow" time="61.0"/>
-        <testcase classname="tests.data.test_x" name="test_at_the_limit" time="60.0"/>
-        <testcase classname="tests.data.test_x" name="test_quick" time="0.2"/>
+        <testcase classname="tests.data.test_records" name="test_slow" time="61.0"/>
+        <testcase classname="tests.data.test_records" name="test_at_the_limit" time="60.0"/>
+        <testcase classname="tests.data.test_records" name="test_quick" time="0.2"/>
         </testsuite></testsuites>""")
     times = durations(xml)
-    assert times["tests/data/test_x.py::test_quick"] == 0.2
-    assert over_the_limit(times) == ({f"{listed}[a]": 300.5}, {"tests/data/test_x.py::test_slow": 61.0})
+    assert times["tests/data/test_records.py::test_quick"] == 0.2
+    assert over_the_limit(times) == ({f"{listed}[a]": 300.5}, {"tests/data/test_records.py::test_slow": 61.0})
     assert main([str(xml)]) == 1
     printed = capsys.readouterr().out.splitlines()
-    assert [line.split()[-1] for line in printed] == [f"{listed}[a]", "tests/data/test_x.py::test_slow"]
+    assert [line.split()[-1] for line in printed] == [f"{listed}[a]", "tests/data/test_records.py::test_slow"]
