@@ -38,6 +38,9 @@ LONG_TESTS: dict[str, str] = {
         "in a process of its own, shared with tests/doctor/test_doctor.py",
     "tests/doctor/test_doctor.py::test_doctor_on_cpu_passes_and_writes_its_table":
         "the other reader of the one CPU doctor run: whichever of the two the worker runs first builds it",
+    "tests/training/test_e2e.py::test_the_demo_ends_pointing_to_the_tour_and_its_tensorboard_logs":
+        "the first reader of the module's one real `make demo` run (sampling, scoring, training, export "
+        "and the reload), which every test of tests/training/test_e2e.py reads",
     "tests/bench/test_bench.py::test_make_bench_quick_writes_every_section":
         "the first reader of the one quick `make bench` run (every section at tiny sizes, each in "
         "subprocesses that start Megatron), shared with the shared-prefix section's test",
