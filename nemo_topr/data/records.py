@@ -25,7 +25,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
@@ -371,14 +371,15 @@ def _schema_difference(schema: dict[str, str], expected: dict[str, str]) -> tupl
 
 
 class _ConsistencyCheck:
-    """One schema for the whole dataset, one prompt per prompt_id, unique (prompt, sample_id)."""
+    """One schema for the whole dataset, one prompt per prompt_id, unique (prompt, sample_id); it keeps
+    where each id was first seen, not the record (a `RecordReader` holds one record at a time)."""
 
     def __init__(self) -> None:
-        self.schema: dict[str, str] | None = None
-        self.schema_path = ""
+        self.schema, self.schema_path = None, ""
         self.file_schema: dict[str, str] | None = None
-        self.first_of_prompt_id: dict[str | int, Record] = {}
-        self.first_of_id: dict[tuple[str, str | int], Record] = {}
+        self.first_of_prompt_id: dict[str | int, tuple[str | Messages, str, int]] = {}  # prompt, path, line
+        self.first_of_id: dict[tuple[str, str | int], tuple[str, int]] = {}  # path, line
+        self.prompt_keys: dict[str, str] = {}  # one copy of each prompt key, shared by its records' entries
 
     def start_file(self) -> None:
         self.file_schema = None
@@ -398,20 +399,65 @@ class _ConsistencyCheck:
             problem = f"schema differs within the file: {here} here, {there} in earlier records"
             raise record.rejected("schema_mismatch", problem, key="record.schema.differs_within_file", where=name)
         if record.prompt_id is not None:
-            first = self.first_of_prompt_id.setdefault(record.prompt_id, record)
-            if first.prompt != record.prompt:
-                problem = f"differs from the prompt of prompt_id {record.prompt_id!r} at {first.path}:{first.line}"
+            prompt, path, line = self.first_of_prompt_id.setdefault(record.prompt_id,
+                                                                    (record.prompt, record.path, record.line))
+            if prompt != record.prompt:
+                problem = f"differs from the prompt of prompt_id {record.prompt_id!r} at {path}:{line}"
                 raise record.rejected("conflicting_prompt", problem, key="record.prompt.conflicts", where="prompt")
         if record.sample_id is not None:  # the prompt stands in for a missing prompt_id
-            first = self.first_of_id.setdefault((record.prompt_key, record.sample_id), record)
-            if first is not record:
+            prompt_key = self.prompt_keys.setdefault(key := record.prompt_key, key)
+            place = (record.path, record.line)
+            if (first := self.first_of_id.setdefault((prompt_key, record.sample_id), place)) is not place:
                 problem = f"duplicate sample_id {record.sample_id!r} of prompt {record.prompt_name!r}"
-                problem += f"; first at {first.path}:{first.line}"
+                problem += f"; first at {first[0]}:{first[1]}"
                 raise record.rejected("duplicate_id", problem, key="record.sample_id.duplicate", where="sample_id")
 
 
 # ---------------------------------------------------------------------------------------------
 # Loading a dataset
+
+
+class RecordReader:
+    """`load_records`' records one at a time, none held (`score-logprobs` streams): each `read` opens
+    the sources again and yields the same records in the same order."""
+
+    def __init__(self, paths: str | Path | Sequence[str | Path], *, strict: bool = True,
+                 columns: Mapping[str, str] | str | Sequence[str] | None = None, split: str | None = None,
+                 extra_columns: str = "error", rendered_prompts: bool = False):
+        self.spec = spec_name(paths)
+        self.mapping = ColumnMapping.parse(columns, extra_columns=extra_columns, source=self.spec)
+        self.sources, self.notes = open_sources(paths, split=split)
+        self.strict, self.rendered_prompts = strict, rendered_prompts
+
+    def new_report(self) -> ValidationReport:
+        return ValidationReport(files=[source.name for source in self.sources], notes=list(self.notes))
+
+    def read(self, report: ValidationReport) -> Iterator[Record]:
+        """The records, counting every row read and dropped into `report` (its records_used once the
+        last is read); raises as `load_records` does."""
+        consistency, used = _ConsistencyCheck(), 0
+        for source in self.sources:
+            consistency.start_file()
+            records_before = report.records_in
+            for line, row in self.mapping.rows(source):
+                report.records_in += 1
+                try:
+                    if isinstance(row, RejectedRow):
+                        raise row
+                    record = _record_from_row(source.name, line, row, report.records_in - 1, self.mapping)
+                    record = _rendered(record) if self.rendered_prompts else record
+                    consistency.check(record)
+                except RejectedRow as rejected:
+                    report.reject(rejected.reason, rejected.error, self.strict)
+                    continue
+                used += 1
+                yield record
+            if report.records_in == records_before:
+                raise refusal(source.name, 0, "empty (no records)", key="file.empty", where="file")
+        report.records_used = used
+        if not used:
+            problem = f"no usable records ({report.records_in} read, all dropped: {dict(report.dropped)})"
+            raise refusal(self.spec, 0, problem, key="dataset.no_usable_records", where="dataset")
 
 
 def load_records(
@@ -436,36 +482,10 @@ def load_records(
     formats, a bad column mapping, unknown fields, a schema that differs between files and a
     dataset left with no records raise in both modes.
     """
-    mapping = ColumnMapping.parse(columns, extra_columns=extra_columns, source=spec_name(paths))
-    sources, notes = open_sources(paths, split=split)
-    report = ValidationReport(files=[source.name for source in sources], notes=notes)
-    records: list[Record] = []
-    consistency = _ConsistencyCheck()
-    for source in sources:
-        consistency.start_file()
-        records_before = report.records_in
-        for line, row in mapping.rows(source):
-            index = report.records_in
-            report.records_in += 1
-            try:
-                if isinstance(row, RejectedRow):
-                    raise row
-                record = _record_from_row(source.name, line, row, index, mapping)
-                if rendered_prompts:
-                    record = _rendered(record)
-                consistency.check(record)
-            except RejectedRow as rejected:
-                report.reject(rejected.reason, rejected.error, strict)
-                continue
-            records.append(record)
-        if report.records_in == records_before:
-            raise refusal(source.name, 0, "empty (no records)", key="file.empty", where="file")
-
-    report.records_used = len(records)
-    if not records:
-        problem = f"no usable records ({report.records_in} read, all dropped: {dict(report.dropped)})"
-        raise refusal(spec_name(paths), 0, problem, key="dataset.no_usable_records", where="dataset")
-    return RecordSet(records, report)
+    reader = RecordReader(paths, strict=strict, columns=columns, split=split, extra_columns=extra_columns,
+                          rendered_prompts=rendered_prompts)
+    report = reader.new_report()
+    return RecordSet(list(reader.read(report)), report)
 
 
 def write_jsonl(records: Sequence[Record], path: str | Path) -> None:
@@ -473,5 +493,8 @@ def write_jsonl(records: Sequence[Record], path: str | Path) -> None:
     (`written_whole`): a kill or an error half-way leaves neither half a dataset under that name
     nor the file it was to replace (`--overwrite`) lost."""
     with written_whole(path) as out:
-        for record in records:
-            out.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+        out.writelines(map(jsonl_line, records))
+
+
+def jsonl_line(record: Record) -> str:
+    return json.dumps(record.to_json(), ensure_ascii=False) + "\n"

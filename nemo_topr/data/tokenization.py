@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -222,6 +222,46 @@ def tokenized_chunks(
     that a large set need never be held as token lists whole (`nemo_topr.data.prepared`).
     `prompt_keys` (Record.prompt_key -> dense prompt_id) fills as prompts first appear; the
     report's records_used is set after the last chunk, which raises when no record was kept."""
+    too_long = _checked_policy(tokenizer, too_long, strict)
+    _check_chat_prompts(records.records, tokenizer)  # the whole set, before the first chunk's own problems
+    size = chunk_size or max(len(records.records), 1)
+    chunks = (records.records[start:start + size] for start in range(0, len(records.records), size))
+    for _, sequences in tokenized_stream(chunks, tokenizer, records.report, prompt_keys, strict=strict,
+                                         max_seq_length=max_seq_length, too_long=too_long, model_context=model_context):
+        yield sequences
+
+
+def tokenized_stream(
+    chunks: Iterable[Sequence[Record]],
+    tokenizer,
+    report: ValidationReport,
+    prompt_keys: dict[str, int],
+    *,
+    max_seq_length: int | None = None,
+    strict: bool = True,
+    too_long: TooLong | None = None,
+    model_context: int | None = None,
+) -> Iterator[tuple[Sequence[Record], list[TokenizedSequence]]]:
+    """`tokenized_chunks` of chunks of records read one chunk at a time (`RecordReader`), drops
+    counted into `report`: (each chunk, its sequences in its records' order)."""
+    too_long = _checked_policy(tokenizer, too_long, strict)
+    pattern = special_token_text(tokenizer)
+    used = 0
+    for chunk in chunks:
+        _check_chat_prompts(chunk, tokenizer)
+        sequences = _tokenize_chunk(chunk, tokenizer, prompt_keys, pattern, report, strict=strict,
+                                    too_long=too_long, limits=(max_seq_length, model_context))
+        used += len(sequences)
+        yield chunk, sequences
+    report.records_used = used
+    if not used:
+        problem = f"no completion tokens: all {report.records_in} records dropped {dict(report.dropped)}"
+        raise DataError(",".join(report.files), 0, "dataset", problem, key="dataset.no_completion_tokens",
+                        where=f"{','.join(report.files)}: dataset")
+
+
+def _checked_policy(tokenizer, too_long: TooLong | None, strict: bool) -> str:
+    """`too_long_policy`, refused when unknown, and a tokenizer that can end a completion."""
     too_long = too_long_policy(too_long, strict)
     if too_long not in get_args(TooLong):  # anything but "error" would drop
         raise TokenizerError(f"too_long must be one of {get_args(TooLong)}; got {too_long!r}",
@@ -229,26 +269,16 @@ def tokenized_chunks(
     if tokenizer.eos_token_id is None:
         raise TokenizerError("the tokenizer has no EOS token to end completions with",
                              key="tokenize.tokenizer_without_eos", where="tokenizer")
+    return too_long
+
+
+def _check_chat_prompts(records: Sequence[Record], tokenizer) -> None:
     if not tokenizer.chat_template:
-        chat = next((r for r in records.records if not isinstance(r.prompt, str)), None)
+        chat = next((r for r in records if not isinstance(r.prompt, str)), None)
         if chat is not None:
             raise DataError(chat.path, chat.line, "prompt",
                             "chat-message prompts need a tokenizer with a chat template",
                             key="record.prompt.chat_without_template", where=located(chat.path, chat.line, "prompt"))
-    report = records.report
-    pattern = special_token_text(tokenizer)
-    size = chunk_size or max(len(records.records), 1)
-    used = 0
-    for start in range(0, len(records.records), size):
-        chunk = _tokenize_chunk(records.records[start:start + size], tokenizer, prompt_keys, pattern, report,
-                                strict=strict, too_long=too_long, limits=(max_seq_length, model_context))
-        used += len(chunk)
-        yield chunk
-    report.records_used = used
-    if not used:
-        problem = f"no completion tokens: all {report.records_in} records dropped {dict(report.dropped)}"
-        raise DataError(",".join(report.files), 0, "dataset", problem, key="dataset.no_completion_tokens",
-                        where=f"{','.join(report.files)}: dataset")
 
 
 def _tokenize_chunk(records: Sequence[Record], tokenizer, dense_prompt_id: dict[str, int], pattern, report, *,
