@@ -27,7 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import replace
+from itertools import batched
 from pathlib import Path
 
 import torch
@@ -35,14 +39,15 @@ import torch
 from nemo_topr.model import source as model_source
 from nemo_topr.utils.arguments import Parser, at_least_one
 from nemo_topr.data.cli import add_source_arguments, source_options
-from nemo_topr.data.packing import collate_packed, pack_sequences
-from nemo_topr.data.records import load_records, write_jsonl
+from nemo_topr.data.packing import TokenizedSequence, collate_packed, pack_sequences
+from nemo_topr.data.records import Record, RecordReader, jsonl_line
+from nemo_topr.data.report import ValidationReport
 from nemo_topr.data.shared_prefix import collate_shared, pack_shared
-from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenize_records
+from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenized_stream
 from nemo_topr.model.device import add_device_argument, select_device, use_device
 from nemo_topr.model.settings import device_model_settings
 from nemo_topr.utils.outputs import (add_overwrite_argument, writable_output_file, writable_records_file,
-                               write_whole)
+                               write_whole, written_whole)
 from nemo_topr.utils.progress import Progress
 from nemo_topr.model.quiet import stdout_to_stderr
 from nemo_topr.training.config import apply_section, check_values, compose, shape_changes
@@ -176,11 +181,31 @@ def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> d
     return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
 
 
+# Records read, tokenized, scored and written at a time: memory follows this, not the data set's
+# size. A chunk's last row may be part-filled, so each costs at most a row and a micro-batch's
+# padding (< 1% at 2048 records of a few hundred tokens).
+CHUNK_RECORDS = 2048
+
+
+def scoring_chunks(reader: RecordReader, tokenizer, report: ValidationReport, chunk_records: int,
+                   **tokenizing) -> Iterator[tuple[Sequence[Record], list[TokenizedSequence]]]:
+    """(records, their sequences) `chunk_records` records at a time, read again from the sources
+    (their validation counted already), tokenization's drops counted into `report`. Every rank
+    reads the same chunks in the same order. Dense prompt ids start again in each chunk: they only
+    group a chunk's sequences for packing, and a table over the whole set grows with its prompts."""
+    prompt_keys: dict[str, int] = {}
+    records = batched(reader.read(reader.new_report()), chunk_records)
+    for chunk, sequences in tokenized_stream(records, tokenizer, report, prompt_keys, **tokenizing):
+        yield chunk, sequences
+        prompt_keys.clear()
+
+
 def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, seq_length: int = 2048,
                    tensor_parallel: int | None = None, pipeline_parallel: int | None = None, rows_per_batch: int = 4,
                    strict: bool = True, precision: str | None = None, device: str = "cuda",
                    source: dict | None = None, shared_prefix: bool = False,
-                   train_config: str | None = None, overwrite: bool = False) -> dict:
+                   train_config: str | None = None, overwrite: bool = False,
+                   chunk_records: int = CHUNK_RECORDS) -> dict:
     """Score every record; rank 0 writes `out` and returns a summary (other ranks return {}).
 
     `device` is cuda, cpu or auto (`nemo_topr.model.device`); cuda without CUDA raises DeviceError.
@@ -192,15 +217,23 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), with either layer spec.
     `train_config`: score with that training config's model section (`apply_scoring_layout`), in place
     of `precision`, `tensor_parallel` and `pipeline_parallel` (default 1 each). `out` and its report
-    (`OUT.report.json`) are replaced only with `overwrite`."""
+    (`OUT.report.json`) are replaced only with `overwrite`.
+
+    The data is read three times, `chunk_records` records at a time, never whole: validated (a data
+    error stops before Megatron's imports), tokenized and packed (a record's tokens refused before the
+    model is built, the micro-batches counted), then tokenized again, scored and written in input
+    order, to OUT.partial renamed to `out` after the last chunk. The scores do not depend on
+    `chunk_records`; the packing does, a little (`CHUNK_RECORDS`)."""
     device = select_device(device, where="--device")  # first, as every verb: no GPU is not a CPU run
     source_model = model_source.resolve(model_dir, named="--model ")  # file checks only: before Megatron's imports
     model_source.check_intact(source_model)
     # the records next: a data error or an --out naming the input stops before Megatron's imports
-    records = load_records(data, strict=strict, **(source or {}))
-    writable_records_file(out, inputs=records.report.files, overwrite=overwrite)
-    report = writable_output_file(str(out) + ".report.json", "--out's report", inputs=records.report.files,
-                                  overwrite=overwrite)
+    reader = RecordReader(data, strict=strict, **(source or {}))
+    report = reader.new_report()
+    deque(reader.read(report), maxlen=0)
+    writable_records_file(out, inputs=report.files, overwrite=overwrite)
+    report_path = writable_output_file(str(out) + ".report.json", "--out's report", inputs=report.files,
+                                       overwrite=overwrite)
     use_device(device, where="--device")  # imports Megatron: on CPU it hides CUDA-only packages from it first
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -209,8 +242,15 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     from nemo_topr.model.providers import load_model, source_provider
 
     tokenizer = load_tokenizer(source_model.hf_dir)
-    tokenized = tokenize_records(records, tokenizer, max_seq_length=seq_length, strict=strict,
-                                 model_context=model_source.context_length(source_model.hf_dir))
+    pad_id = pad_id_of(tokenizer)
+    tokenizing = {"max_seq_length": seq_length, "strict": strict,
+                  "model_context": model_source.context_length(source_model.hf_dir)}
+
+    def rows_of(sequences: list[TokenizedSequence]) -> list:
+        return pack_shared(sequences, seq_length) if shared_prefix else pack_sequences(sequences, seq_length, pad_id)
+
+    rows_per_chunk = [len(rows_of(sequences))
+                      for _, sequences in scoring_chunks(reader, tokenizer, report, chunk_records, **tokenizing)]
     _, provider = source_provider(source_model, seq_length=seq_length)
     applied = apply_scoring_layout(provider, device, train_config=train_config, precision=precision,
                                    tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
@@ -233,51 +273,73 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     for chunk in model:
         chunk.eval()
 
-    sequences, pad_id = tokenized.sequences, pad_id_of(tokenizer)
-    rows = pack_shared(sequences, seq_length) if shared_prefix else pack_sequences(sequences, seq_length, pad_id)
     collate = collate_shared if shared_prefix else collate_packed
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
-    my_rows = rows[dp_rank::dp_size]
-    my_rows += [[] for _ in range(-len(my_rows) % rows_per_batch)]  # equal micro-batch shapes for PP
-    batches = [collate(sequences, my_rows[i:i + rows_per_batch], seq_length, pad_id)
-               for i in range(0, len(my_rows), rows_per_batch)]
-
-    scores: dict[int, float] = {}
-    forward_step = scoring_forward_step(scores, provider)
-
+    rank0 = torch.distributed.get_rank() == 0
     # micro-batches/s and ETA on global rank 0's stderr
-    progress = Progress("nemo-topr score-logprobs", len(batches), "micro-batches")
-    with torch.no_grad():
-        if batches:
-            get_forward_backward_func()(
-                forward_step_func=forward_step, model=model,
-                data_iterator=progress.wrap(batches) if torch.distributed.get_rank() == 0 else iter(batches),
-                num_microbatches=len(batches), seq_length=seq_length, micro_batch_size=rows_per_batch,
-                forward_only=True)
-    if torch.distributed.get_rank() == 0:
-        progress.finish()
-
+    progress = Progress("nemo-topr score-logprobs", sum(-(-len(range(dp_rank, rows, dp_size)) // rows_per_batch)
+                                                         for rows in rows_per_chunk), "micro-batches")
     last_stage_leader = (parallel_state.is_pipeline_last_stage()
                          and parallel_state.get_tensor_model_parallel_rank() == 0)
-    gathered = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, scores if last_stage_leader else {})
-    if torch.distributed.get_rank() != 0:
+    totals = ScoreTotals()
+    with written_whole(out) if rank0 else nullcontext() as written, torch.no_grad():
+        for records, sequences in scoring_chunks(reader, tokenizer, reader.new_report(), chunk_records, **tokenizing):
+            my_rows = rows_of(sequences)[dp_rank::dp_size]
+            my_rows += [[] for _ in range(-len(my_rows) % rows_per_batch)]  # equal micro-batch shapes for PP
+            batches = (collate(sequences, my_rows[i:i + rows_per_batch], seq_length, pad_id)
+                       for i in range(0, len(my_rows), rows_per_batch))
+            scores: dict[int, float] = {}
+            done = progress.done
+            if my_rows:
+                get_forward_backward_func()(
+                    forward_step_func=scoring_forward_step(scores, provider), model=model,
+                    data_iterator=progress.wrap(batches) if rank0 else batches,
+                    num_microbatches=len(my_rows) // rows_per_batch, seq_length=seq_length,
+                    micro_batch_size=rows_per_batch, forward_only=True)
+                # wrap counts a micro-batch when the next is asked for: not the chunk's last
+                if rank0 and (uncounted := done + len(my_rows) // rows_per_batch - progress.done):
+                    progress.advance(uncounted)
+            gathered = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, scores if last_stage_leader else {})
+            if rank0:
+                totals.write(records, {k: v for part in gathered for k, v in part.items()}, written)
+    if not rank0:
         return {}
-    all_scores = {k: v for part in gathered for k, v in part.items()}
-    by_index = {record.index: record for record in records.records}
-    scored = [replace(by_index[sample_id], behavior_logprob=all_scores[sample_id])
-              for sample_id in sorted(all_scores)]
-    write_jsonl(scored, out)
-    summary = {**records.report.to_dict(), "records_scored": len(scored), "out": str(out),
-               "mean_behavior_logprob": sum(all_scores.values()) / len(all_scores)}
-    # values the input already had (a sampler's own, an earlier scoring): how far the new ones moved
-    changes = [abs(all_scores[k] - by_index[k].behavior_logprob) for k in all_scores
-               if by_index[k].behavior_logprob is not None]
-    if changes:
-        summary["replaced_behavior_logprobs"] = {
-            "records": len(changes), "mean_abs_change": sum(changes) / len(changes), "max_abs_change": max(changes)}
-    write_whole(report, json.dumps(summary, indent=2) + "\n")
+    progress.finish()
+    summary = {**report.to_dict(), "records_scored": totals.records, "out": str(out), **totals.means()}
+    write_whole(report_path, json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+class ScoreTotals:
+    """What `score_logprobs` reports of the scores, summed chunk by chunk in input order (so that
+    the sums do not depend on the chunk size)."""
+
+    def __init__(self) -> None:
+        self.records, self.logprob_sum = 0, 0.0
+        self.replaced, self.change_sum, self.change_max = 0, 0.0, 0.0
+
+    def write(self, records: Sequence[Record], scores: dict[int, float], out) -> None:
+        """Write `records` that have a score, in their order, with it as behavior_logprob."""
+        for record in records:
+            if (score := scores.get(record.index)) is None:
+                continue  # dropped in tokenization (counted in the report)
+            out.write(jsonl_line(replace(record, behavior_logprob=score)))
+            self.records += 1
+            self.logprob_sum += score
+            # values the input already had (a sampler's own, an earlier scoring): how far the new ones moved
+            if record.behavior_logprob is not None:
+                change = abs(score - record.behavior_logprob)
+                self.replaced += 1
+                self.change_sum += change
+                self.change_max = max(self.change_max, change)
+
+    def means(self) -> dict:
+        summary = {"mean_behavior_logprob": self.logprob_sum / self.records}
+        if self.replaced:
+            summary["replaced_behavior_logprobs"] = {"records": self.replaced, "mean_abs_change":
+                                                     self.change_sum / self.replaced, "max_abs_change": self.change_max}
+        return summary
 
 
 def main(argv: list[str]) -> int:
