@@ -160,6 +160,10 @@ def data_lines(summary: dict, seq_length: int) -> list[str]:
         first = "; ".join(f"first {reason}: {error}" for reason, error in summary["first_error"].items())
         lines.append(f"{WARNING}dropped {summary['records_dropped']} of {summary['records_in']} records ({reasons}); "
                      f"{first}")
+    if "prepared_set" in summary:  # a requeued start finds the set its first start wrote
+        lines.append(f"{OURS}prepared data: wrote {summary['prepared_set']} (this start tokenized and packed the "
+                     "records)" if summary["prepared_set_written"] else
+                     f"{OURS}prepared data: found {summary['prepared_set']} (this start wrote nothing)")
     return lines
 
 

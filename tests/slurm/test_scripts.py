@@ -939,8 +939,8 @@ def test_the_shipped_8b_sbatch_requeues_after_a_warning_at_a_random_moment(slurm
     shipped script (sbatch options beat #SBATCH lines; NEMO_TOPR_CONFIG picks the config; the
     script's arguments are the run's overrides). SIGUSR1 to the ranks at a random moment from
     the moment both hold it (their imports and set-up included) on: the job must end COMPLETED,
-    requeued once if the warning came before the last iteration, with every sample trained once
-    and every start's logs kept."""
+    requeued once if the warning came before the last iteration, with every sample trained once,
+    every start's logs kept and the data tokenized by the first start alone."""
     seed = int(os.environ.get("NEMO_TOPR_TEST_SEED", random.randrange(2**32)))
     delay = random.Random(seed).uniform(0, PREEMPT_WINDOW_S)
     context = f"seed {seed} (NEMO_TOPR_TEST_SEED), warning {delay:.1f} s after both ranks held it\n"
@@ -979,6 +979,20 @@ def test_the_shipped_8b_sbatch_requeues_after_a_warning_at_a_random_moment(slurm
     trained = [sample for entry in _ledger(run_dir) for sample in entry["sample_ids"]]
     assert sorted(trained) == list(range(48)), context + batch_log  # exactly once, across the starts
     assert not (run_dir / "STOPPED").exists()  # the stop's marker goes when a start completes the run
+    # the data is prepared once: start 0 (the warning held until its first iteration boundary, after the
+    # data) wrote the set beside the run directory, and a requeued start found it and tokenized nothing
+    prepared = [_prepared_data_line(run_dir / "logs" / f"job-{job_id}-start-{k}") for k in range(restarts + 1)]
+    assert [verb for verb, _ in prepared] == ["wrote"] + ["found"] * restarts, context + batch_log
+    assert {Path(path).parent for _, path in prepared} == {tmp_path / "prepared_data"}, context + batch_log
+    assert len({path for _, path in prepared}) == 1, context + batch_log
+
+
+def _prepared_data_line(start_logs: Path) -> tuple[str, str]:
+    """("wrote" or "found", the prepared set) of one start, from its rank 0's data lines."""
+    said = re.findall(r"^\[nemo-topr\] prepared data: (wrote|found) (\S+)\s", (start_logs / "rank-0.log").read_text(),
+                      re.MULTILINE)  # \s: the console wraps long lines at a space
+    assert len(said) == 1, start_logs
+    return said[0]
 
 
 @pytest.mark.slow

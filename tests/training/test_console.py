@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from nemo_topr.objective import ObjectiveConfig
-from nemo_topr.training.console import MAX_WIDTH, RunConsole, log_file, summary_lines
+from nemo_topr.training.console import MAX_WIDTH, RunConsole, data_lines, log_file, summary_lines
 from nemo_topr.training.recipe import check_baseline
 
 @contextlib.contextmanager
@@ -80,3 +80,13 @@ def test_the_summary_repeats_every_warning_once():
                      "[nemo-topr]   checkpoint: /c/iter_6", "[nemo-topr]   full log: /r/logs/x.log",
                      "[nemo-topr]   warnings: 2 (repeated from above)", "[nemo-topr]   WARNING: a",
                      "[nemo-topr]   WARNING: b"]
+
+
+def test_the_data_lines_say_whether_this_start_wrote_or_found_the_prepared_set():
+    summary = {"records_in": 4, "records_used": 4, "records_dropped": 0, "sequences": 4, "positives": 2, "prompts": 2,
+               "rows": 1, "padding_share": 0.5, "p_tilde": 0.5}
+    assert len(data_lines(summary, 512)) == 1  # in memory: no set
+    written, found = (data_lines({**summary, "prepared_set": "/p/KEY", "prepared_set_written": flag}, 512)[-1]
+                      for flag in (True, False))
+    assert written == "[nemo-topr] prepared data: wrote /p/KEY (this start tokenized and packed the records)"
+    assert found == "[nemo-topr] prepared data: found /p/KEY (this start wrote nothing)"
