@@ -61,6 +61,7 @@ def scored(tiny_graded, megatron_world, tmp_path_factory):
     return rows, runs
 
 
+@pytest.mark.slow  # the module's two scorings of the tiny model: ~15 s
 def test_every_usable_record_is_written_in_input_order_with_its_score(scored):
     rows, runs = scored
     for name, (written, _, _, _) in runs.items():
@@ -68,6 +69,7 @@ def test_every_usable_record_is_written_in_input_order_with_its_score(scored):
         assert all(row["behavior_logprob"] < 0 for row in written), name
 
 
+@pytest.mark.slow  # the module's two scorings of the tiny model: ~15 s
 def test_the_report_counts_the_same_drops_whatever_the_chunk_size(scored):
     _, runs = scored
     reports = {name: report for name, (_, report, _, _) in runs.items()}
@@ -81,6 +83,7 @@ def test_the_report_counts_the_same_drops_whatever_the_chunk_size(scored):
     assert whole == by_5
 
 
+@pytest.mark.slow  # the module's two scorings of the tiny model: ~15 s
 def test_scores_do_not_depend_on_the_chunk_size_beyond_rounding(scored):
     _, runs = scored
     whole, by_5 = ([row["behavior_logprob"] for row in written] for written, _, _, _ in runs.values())
@@ -90,6 +93,7 @@ def test_scores_do_not_depend_on_the_chunk_size_beyond_rounding(scored):
     assert means[0] == sum(whole) / len(whole)
 
 
+@pytest.mark.slow  # the module's two scorings of the tiny model: ~15 s
 def test_the_records_are_read_a_chunk_at_a_time_and_every_micro_batch_counted(scored):
     _, runs = scored
     sizes = {name: run[3] for name, run in runs.items()}
