@@ -21,6 +21,7 @@ whole file, with the schema or with the column mapping always raise.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -370,16 +371,18 @@ def _schema_difference(schema: dict[str, str], expected: dict[str, str]) -> tupl
     return name, schema.get(name, "absent or null"), expected.get(name, "absent or null")
 
 
+def _digest(value: Any) -> bytes:  # what the checks keep of a prompt or an id: 16 bytes, not its text
+    return hashlib.blake2b(json.dumps(value, sort_keys=True).encode(), digest_size=16).digest()
+
+
 class _ConsistencyCheck:
-    """One schema for the whole dataset, one prompt per prompt_id, unique (prompt, sample_id); it keeps
-    where each id was first seen, not the record (a `RecordReader` holds one record at a time)."""
+    """One schema, one prompt per prompt_id, unique (prompt, sample_id): kept as digests and places, not records."""
 
     def __init__(self) -> None:
         self.schema, self.schema_path = None, ""
         self.file_schema: dict[str, str] | None = None
-        self.first_of_prompt_id: dict[str | int, tuple[str | Messages, str, int]] = {}  # prompt, path, line
-        self.first_of_id: dict[tuple[str, str | int], tuple[str, int]] = {}  # path, line
-        self.prompt_keys: dict[str, str] = {}  # one copy of each prompt key, shared by its records' entries
+        self.first_of_prompt_id: dict[str | int, tuple[bytes, str, int]] = {}  # the prompt's digest, path, line
+        self.first_of_id: dict[bytes, tuple[str, int]] = {}  # (prompt key, sample_id)'s digest -> path, line
 
     def start_file(self) -> None:
         self.file_schema = None
@@ -399,15 +402,14 @@ class _ConsistencyCheck:
             problem = f"schema differs within the file: {here} here, {there} in earlier records"
             raise record.rejected("schema_mismatch", problem, key="record.schema.differs_within_file", where=name)
         if record.prompt_id is not None:
-            prompt, path, line = self.first_of_prompt_id.setdefault(record.prompt_id,
-                                                                    (record.prompt, record.path, record.line))
-            if prompt != record.prompt:
+            prompt = _digest(record.prompt)
+            first, path, line = self.first_of_prompt_id.setdefault(record.prompt_id, (prompt, record.path, record.line))
+            if first != prompt:
                 problem = f"differs from the prompt of prompt_id {record.prompt_id!r} at {path}:{line}"
                 raise record.rejected("conflicting_prompt", problem, key="record.prompt.conflicts", where="prompt")
         if record.sample_id is not None:  # the prompt stands in for a missing prompt_id
-            prompt_key = self.prompt_keys.setdefault(key := record.prompt_key, key)
-            place = (record.path, record.line)
-            if (first := self.first_of_id.setdefault((prompt_key, record.sample_id), place)) is not place:
+            place, key = (record.path, record.line), _digest([record.prompt_key, record.sample_id])
+            if (first := self.first_of_id.setdefault(key, place)) is not place:
                 problem = f"duplicate sample_id {record.sample_id!r} of prompt {record.prompt_name!r}"
                 problem += f"; first at {first[0]}:{first[1]}"
                 raise record.rejected("duplicate_id", problem, key="record.sample_id.duplicate", where="sample_id")
@@ -460,15 +462,9 @@ class RecordReader:
             raise refusal(self.spec, 0, problem, key="dataset.no_usable_records", where="dataset")
 
 
-def load_records(
-    paths: str | Path | Sequence[str | Path],
-    *,
-    strict: bool = True,
-    columns: Mapping[str, str] | str | Sequence[str] | None = None,
-    split: str | None = None,
-    extra_columns: str = "error",
-    rendered_prompts: bool = False,
-) -> RecordSet:
+def load_records(paths: str | Path | Sequence[str | Path], *, strict: bool = True,
+                 columns: Mapping[str, str] | str | Sequence[str] | None = None, split: str | None = None,
+                 extra_columns: str = "error", rendered_prompts: bool = False) -> RecordSet:
     """Read and validate every record under `paths` (see `nemo_topr.data.sources`: files,
     directories, globs, save_to_disk directories, hub:owner/name).
 

@@ -218,6 +218,14 @@ def test_a_prompt_id_names_one_prompt(tmp_path):
     assert load_records(path, strict=False).report.dropped == {"conflicting_prompt": 1}
 
 
+def test_a_prompt_ids_messages_are_one_prompt_whatever_the_order_of_their_keys(tmp_path):
+    messages = [{"role": "user", "content": "q"}], [{"content": "q", "role": "user"}], [{"role": "user", "content": "Q"}]
+    rows = [{"prompt": m, "completion": "x", "reward": 1, "prompt_id": 5, "sample_id": i} for i, m in enumerate(messages)]
+    path = tmp_path / "ids.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert refused(path) == ("record.prompt.conflicts", f"{path}:3: prompt")
+
+
 def test_written_records_read_back_identically(tmp_path):
     records = load_records(SCORED).records
     write_jsonl(records, tmp_path / "out.jsonl")
