@@ -12,9 +12,10 @@ people and may be reworded without touching a test that asserts the key.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 
 class UserError(Exception):
@@ -26,6 +27,31 @@ class UserError(Exception):
         super().__init__(message)
         self.key = key
         self.where = where
+
+
+class Problems(list):
+    """What a verb's `validate` finds: `check()` is a block whose error (a `caught`) is kept, and the
+    checks after it still run."""
+
+    caught: type[UserError] = UserError
+
+    @contextlib.contextmanager
+    def check(self) -> Iterator[None]:
+        try:
+            yield
+        except self.caught as found:
+            self.append(found)
+
+
+def refuse(problems: Sequence[UserError], *, key: str = "several_problems", separator: str = "\n") -> None:
+    """Raise what a verb's `validate` found: the one problem itself, or one error of the first problem's
+    class (so its callers' catch and its exit code hold) naming them all, each in turn after `separator`,
+    with `key` and every problem's where joined by ", ". Nothing found: return."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise type(problems[0])(separator.join(str(problem) for problem in problems), key=key,
+                                where=", ".join(str(problem.where) for problem in problems))
 
 
 def run_refusing(name: str, main: Callable[[list[str]], int | None], argv: list[str]) -> int:

@@ -61,14 +61,17 @@ def row_tests(rows: list[Row], make_inputs: Callable[[Path], None]):
 
 def key_templates(sources: Iterable[Path], errors: set[str]) -> dict[str, str]:
     """Each `key=` template of a call to one of `errors` (class or function names) in `sources`, a value
-    written ``{}``, → its first site; a call without key= and where= fails the test, naming its site."""
+    written ``{}``, → its first site; a call without key= and where= fails the test, naming its site. A
+    `refuse(problems, key=...)` (nemo_topr/errors.py) is the site of that key, raised for several problems."""
     found, bare = {}, []
     for source in sources:
         for node in ast.walk(ast.parse(source.read_text())):
-            if not (isinstance(node, ast.Call) and _name(node.func) in errors):
+            if not (isinstance(node, ast.Call) and (_name(node.func) in errors or _is_combining(node))):
                 continue
             site = f"{source.relative_to(REPO)}:{node.lineno}"
             keywords = {keyword.arg: keyword.value for keyword in node.keywords}
+            if _is_combining(node):  # its where is the joined wheres of the problems it names
+                keywords.setdefault("where", keywords["key"])
             if "key" not in keywords or "where" not in keywords:
                 bare.append(site)
                 continue
@@ -77,6 +80,11 @@ def key_templates(sources: Iterable[Path], errors: set[str]) -> dict[str, str]:
             found.setdefault("".join(part.value if isinstance(part, ast.Constant) else "{}" for part in parts), site)
     assert not bare, f"{sorted(errors)} raised without key= and where=: {bare}"
     return found
+
+
+def _is_combining(node: ast.Call) -> bool:
+    """A call of `nemo_topr.errors.refuse` giving the key of several problems at once: a refusal of its own."""
+    return _name(node.func) == "refuse" and any(keyword.arg == "key" for keyword in node.keywords)
 
 
 def _name(func: ast.expr) -> str:

@@ -77,3 +77,22 @@ def test_the_demo_refuses_an_output_directory_not_its_own_in_the_line_its_entry_
     line = capsys.readouterr().err
     assert line.startswith(f"python -m nemo_topr.demo: {taken} is not empty") and line.count("\n") == 1
     assert [p.name for p in taken.iterdir()] == ["notes.txt"]
+
+
+def test_refuse_raises_the_one_problem_or_one_of_the_first_ones_class_naming_all():
+    from nemo_topr.errors import Problems, refuse
+    from nemo_topr.utils.arguments import UsageError
+
+    refuse([])  # nothing found: nothing to refuse
+    one = UserError("a", key="a.bad", where="a")
+    with pytest.raises(UserError) as raised:
+        refuse([one])
+    assert raised.value is one
+    problems = Problems()
+    for problem in (UsageError("--k 0", key="option.below_1", where="--k"), one):
+        with problems.check():
+            raise problem
+    with pytest.raises(UsageError) as raised:  # the first one's class: its callers' catch and exit code
+        refuse(problems, key="verb.several_problems", separator="; ")
+    assert (str(raised.value), raised.value.key, raised.value.where, raised.value.exit_code) == (
+        "--k 0; a", "verb.several_problems", "--k, a", 2)

@@ -10,10 +10,10 @@ import argparse
 import contextlib
 import dataclasses
 import io
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from nemo_topr import errors
 from nemo_topr.iterate.base_model import model_root
 from nemo_topr.iterate.config import (CurateOptions, IterateConfig, IterateError, SamplingOptions, TrainOptions,
                                       read_config, sampling_flags)
@@ -29,24 +29,14 @@ def load_config(source: str, overrides: list[str] = ()) -> IterateConfig:
     """The driver config (`read_config`) that the run and `--dry-run` start from: a config with any
     problem (`validate`) is refused, every problem in one IterateError."""
     config = read_config(source, overrides)
-    if len(problems := validate(config)) == 1:
-        raise problems[0]
-    if problems:
-        raise IterateError("; ".join(str(problem) for problem in problems), key="config.several_problems",
-                           where=", ".join(str(problem.where) for problem in problems))
+    errors.refuse(validate(config), key="config.several_problems", separator="; ")
     return config
 
 
-class Problems(list):
-    """The problems found, each an IterateError: `check()` is a block whose IterateError is kept,
-    and the checks after it still run."""
+class Problems(errors.Problems):
+    """The problems found, each an IterateError (another error is no config problem: it goes on up)."""
 
-    @contextlib.contextmanager
-    def check(self) -> Iterator[None]:
-        try:
-            yield
-        except IterateError as found:
-            self.append(found)
+    caught = IterateError
 
 
 def validate(config: IterateConfig) -> list[IterateError]:

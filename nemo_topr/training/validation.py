@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from nemo_topr import errors
 from nemo_topr.model import source as model_source
 from nemo_topr.model.device import DEVICES, DeviceError, resolve_device
 from nemo_topr.model.source import ModelSource
@@ -43,12 +44,8 @@ def raised_by(*rules: Callable[[], object]) -> list[ConfigError]:
 
 
 def refuse(problems: list[ConfigError]) -> None:
-    """Raise the problems found: the one, or the first with each other on a line of its own."""
-    if len(problems) == 1:
-        raise problems[0]
-    if problems:
-        raise ConfigError("\n".join(str(problem) for problem in problems), key="config.several_problems",
-                          where=", ".join(str(problem.where) for problem in problems))
+    """Raise the problems found (`nemo_topr.errors.refuse`): the one, or all of them, each on a line of its own."""
+    errors.refuse(problems, key="config.several_problems")
 
 
 def validate(values: dict[str, Any]) -> list[ConfigError]:
