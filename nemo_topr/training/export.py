@@ -36,9 +36,11 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_topr.errors import UserError
+from nemo_topr.errors import Problems, UserError, refuse
 from nemo_topr.utils.arguments import Parser, non_negative
 from nemo_topr.model.device import add_device_argument, select_device, use_device
 from nemo_topr.model.source import (MEGATRON_KINDS, ModelSource, ModelSourceError, check_intact, resolve,
@@ -175,26 +177,80 @@ def check_parents(out: Path) -> None:
                                    key="export.hf_out.inside_an_export", where="--hf-out")
 
 
+@dataclass(frozen=True)
+class ExportSpec:
+    """What `nemo-topr export` will do: `ckpt` as given (RUN, RUN@N, a root or an iter_* directory),
+    `hf_out` resolved (`--hf-out .` has a name to put a partial directory beside, a symlink its target),
+    the iterations chosen by option (None: `ckpt`'s own; `all_iterations`: every saved one)."""
+
+    ckpt: str
+    hf_out: Path
+    iterations: tuple[int, ...] | None = None
+    all_iterations: bool = False
+    device: str = "cuda"
+    overwrite: bool = False
+
+    @classmethod
+    def of(cls, ckpt: str | Path, hf_out: str | Path, iterations: Iterable[int] | None = None,
+           all_iterations: bool = False, device: str = "cuda", overwrite: bool = False) -> ExportSpec:
+        return cls(str(ckpt), Path(hf_out).resolve(), None if iterations is None else tuple(iterations),
+                   all_iterations, device, overwrite)
+
+    def source(self) -> ModelSource:
+        return resolve(self.ckpt, named="--ckpt ", expected=EXPORTED_KINDS)
+
+    def targets(self, source: ModelSource) -> dict[ModelSource, Path]:
+        """{checkpoint: HF directory} of `source` (`export_targets`); raises its first problem."""
+        iterations = source.saved_iterations() if self.all_iterations else self.iterations
+        return export_targets(source, self.hf_out, None if iterations is None else list(iterations))
+
+
+def validate(spec: ExportSpec) -> list[UserError]:
+    """Every problem of `spec` before Megatron's import, nothing written: the device (for cpu, the GPUs
+    hidden from this process, as Megatron's start needs), the checkpoint and its iterations, then the
+    outputs (`check_one_checkpoint_per_folder`, `check_outputs`) and each checkpoint's files whole."""
+    problems = Problems()
+    with problems.check():
+        select_device(spec.device, where="--device")
+    targets = None
+    with problems.check():
+        source = spec.source()
+        if spec.iterations is not None or spec.all_iterations:
+            check_one_choice_of_iterations(spec.ckpt, source, "--all-iterations" if spec.all_iterations
+                                           else "--iteration")
+        targets = spec.targets(source)
+    if targets is None:  # nothing to write or read: the checkpoint's own problem says why
+        return problems
+    with problems.check():
+        if spec.iterations is not None or spec.all_iterations:
+            # first: with --overwrite, the other checkpoint's exports would be replaced in part
+            check_one_checkpoint_per_folder(source, spec.hf_out)
+        check_outputs(targets, spec.overwrite, set() if spec.overwrite else current_exports(targets))
+    with problems.check():
+        for checkpoint in targets:
+            check_intact(checkpoint)
+    return problems
+
+
 def export(ckpt: str | Path, hf_out: str | Path, iterations: list[int] | None = None,
            device: str = "cuda", overwrite: bool = False) -> dict[Path, tuple[Path, bool]]:
-    """Export checkpoint(s) of `ckpt` (see export_targets) on `device` (`nemo_topr.model.device`).
-    Each goes to a sibling `.NAME.partial` directory first and replaces its target only once
-    complete, so an interrupted export leaves no half-written model under the target's name.
-    A target holding a current export of its checkpoint (`current_exports`) is kept, unless
-    `overwrite`. Returns {checkpoint directory: (HF directory, kept)}."""
-    select_device(device, where="--device")
-    source = resolve(ckpt, named="--ckpt ", expected=EXPORTED_KINDS)
-    # resolved: `--hf-out .` has a name to put a partial directory beside, a symlink its target
-    hf_out = Path(hf_out).resolve()
-    targets = export_targets(source, hf_out, iterations)  # each checked before any work
-    kept = set() if overwrite else current_exports(targets)
-    if iterations is not None:  # first: with --overwrite, the other checkpoint's exports would be replaced in part
-        check_one_checkpoint_per_folder(source, hf_out)
-    check_outputs(targets, overwrite, kept)
-    for checkpoint in targets:
-        check_intact(checkpoint)
+    """Export checkpoint(s) of `ckpt` (see export_targets) on `device` (`nemo_topr.model.device`):
+    `run` of an `ExportSpec` that `validate` finds nothing wrong with."""
+    spec = ExportSpec.of(ckpt, hf_out, iterations, device=device, overwrite=overwrite)
+    refuse(validate(spec), key="export.several_problems")
+    return run(spec)
+
+
+def run(spec: ExportSpec) -> dict[Path, tuple[Path, bool]]:
+    """Export `spec`'s checkpoints, `validate`d. Each goes to a sibling `.NAME.partial` directory first
+    and replaces its target only once complete, so an interrupted export leaves no half-written model
+    under the target's name. A target holding a current export of its checkpoint (`current_exports`)
+    is kept, unless `overwrite`. Returns {checkpoint directory: (HF directory, kept)}."""
+    source = spec.source()
+    targets = spec.targets(source)
+    kept = set() if spec.overwrite else current_exports(targets)
     if len(kept) < len(targets):
-        use_device(device, where="--device")  # imports Megatron (10-20 s): only once the inputs are known good
+        use_device(spec.device, where="--device")  # imports Megatron (10-20 s): only once the inputs are known good
         from nemo_topr.model.providers import config_only_bridge
 
         bridge = config_only_bridge(source.hf_dir)
@@ -335,14 +391,10 @@ def main(argv: list[str]) -> int:
                         "its nemo_topr_export.json), even a current one of the same checkpoint")
     add_device_argument(parser)
     args = parser.parse_args(argv)
-    iterations = None
-    if args.iteration or args.all_iterations:  # else `export` checks the device before the model
-        source = resolve(args.ckpt, named="--ckpt ", expected=EXPORTED_KINDS)
-        check_one_choice_of_iterations(args.ckpt, source, "--all-iterations" if args.all_iterations
-                                       else "--iteration")
-        iterations = source.saved_iterations() if args.all_iterations else args.iteration
+    spec = ExportSpec.of(args.ckpt, args.hf_out, args.iteration, args.all_iterations, args.device, args.overwrite)
+    refuse(validate(spec), key="export.several_problems")
     with stdout_to_stderr():  # stdout: the `exported`/`kept A -> B` lines alone
-        exported = export(args.ckpt, args.hf_out, iterations, args.device, args.overwrite)
+        exported = run(spec)
     for checkpoint, (out, kept) in exported.items():
         print(f"kept {checkpoint} -> {out} (exported earlier, unchanged since)" if kept
               else f"exported {checkpoint} -> {out}")

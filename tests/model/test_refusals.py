@@ -322,6 +322,7 @@ ROWS = [
     ("export.hf_out.unmakeable", "--hf-out", raised(export.claim_partial, Path("notes.txt/out.partial"),
                                                     Path("notes.txt/out"))),
     ("export.hf_out.locked", "--hf-out", locked_by_another_export),
+    ("export.several_problems", "--device, --ckpt", raised(export.export, "hf", "out", device="tpu")),
     ("export.write_failed", "--hf-out", exported_on_a_full_disk),
     ("export.move_failed", "--hf-out", raised(export.move_into_place, Path("no.partial"), Path("moved"),
                                               Path("moved.replaced"))),

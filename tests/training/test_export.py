@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.conftest import torch_dist_save
+from tests.conftest import placeholder_hf_model, torch_dist_save
 from safetensors import SafetensorError
 
 from nemo_topr.errors import UserError
@@ -488,3 +488,59 @@ def test_iterations_of_another_checkpoint_in_the_folder_are_refused(checkpoint, 
         assert refused.value.key == "export.hf_out.another_checkpoints"
     assert json.loads((hf / "iter_0000001" / "nemo_topr_export.json").read_text())["checkpoint"] == \
         str(checkpoint / "iter_0000001")
+
+
+# `validate(ExportSpec)`: every problem of an export at once, before Megatron, nothing written. The
+# rows' paths are relative to a folder holding a whole checkpoint (ckpt), one cut short (damaged), a
+# Hugging Face directory (hf) and a fresh output's parent.
+SPEC_ROWS = [
+    ({}, []),
+    ({"device": "tpu"}, [("device.invalid", "--device")]),
+    ({"ckpt": "hf"}, [("export.ckpt.hugging_face", "--ckpt")]),
+    ({"ckpt": "ckpt/iter_0000001", "iterations": (1,)}, [("export.ckpt.iteration_chosen_twice", "--ckpt")]),
+    ({"iterations": (7,)}, [("model.iteration.missing", "--ckpt")]),
+    ({"hf_out": "ckpt/hf_artifacts/model"}, [("export.hf_out.in_the_checkpoint", "--hf-out")]),
+    ({"hf_out": "hf"}, [("export.hf_out.not_empty", "--hf-out")]),
+    ({"ckpt": "damaged"}, [("model.iteration.cut_short", "--ckpt")]),
+    # each check apart: the device, the outputs and the checkpoint's files, told in one refusal
+    ({"device": "tpu", "ckpt": "damaged", "hf_out": "hf"},
+     [("device.invalid", "--device"), ("export.hf_out.not_empty", "--hf-out"),
+      ("model.iteration.cut_short", "--ckpt")]),
+]
+
+
+@pytest.fixture(scope="module")
+def spec_inputs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("export_spec")
+    _fake_checkpoint(root / "ckpt")
+    damaged = _fake_checkpoint(root / "damaged") / "iter_0000001"
+    shard = next(path for path in damaged.iterdir() if path.suffix == ".distcp")
+    shard.write_bytes(shard.read_bytes()[:-1])  # cut short since the save
+    placeholder_hf_model(root / "hf")
+    return root
+
+
+def _spec(**given) -> export.ExportSpec:
+    return export.ExportSpec.of(**{"ckpt": "ckpt", "hf_out": "out", "device": "cpu", **given})
+
+
+@pytest.mark.parametrize("given, problems", SPEC_ROWS, ids=[str(given) for given, _ in SPEC_ROWS])
+def test_validate_names_every_problem_of_an_export_before_megatron_and_writes_nothing(spec_inputs, given, problems,
+                                                                                      monkeypatch):
+    import sys
+
+    monkeypatch.chdir(spec_inputs)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # what device cpu sets, put back after the test
+    before, megatron = _tree(spec_inputs), {name for name in sys.modules if name.startswith("megatron")}
+    assert [(problem.key, problem.where) for problem in export.validate(_spec(**given))] == problems
+    assert _tree(spec_inputs) == before
+    assert {name for name in sys.modules if name.startswith("megatron")} <= megatron
+
+
+def test_several_problems_are_refused_as_one_naming_each(spec_inputs, monkeypatch):
+    monkeypatch.chdir(spec_inputs)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(UserError) as refused:
+        export.export("damaged", "hf", device="tpu")
+    assert (refused.value.key, refused.value.where) == ("export.several_problems", "--device, --hf-out, --ckpt")
+    assert len(str(refused.value).splitlines()) == 3
