@@ -16,24 +16,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import resource
 import shutil
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
+from nemo_topr.errors import Problems, UserError, refuse
 from nemo_topr.model import cpu_runtime
 from nemo_topr.utils.arguments import Parser
 from nemo_topr.utils.distributed import local_rendezvous
 from nemo_topr.model.settings import device_model_settings
-from nemo_topr.model.source import HF_ARTIFACTS, HF_KIND, ModelSourceError, check_intact, resolve, write_hf_artifacts
+from nemo_topr.model.source import (HF_ARTIFACTS, HF_KIND, ModelSource, ModelSourceError, check_intact, resolve,
+                                    write_hf_artifacts)
 from nemo_topr.model.quiet import stdout_to_stderr
 from nemo_topr.training.checkpoints import TRACKER
 from nemo_topr.training.disk_space import estimated_checkpoint_bytes, free_bytes, size_text
+from nemo_topr.utils.outputs import folders_to_make, nearest_existing
 
 
 class Terminated(BaseException):
@@ -64,21 +69,69 @@ def hf_dtype(hf_dir: Path) -> str:
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(stored, "fp32")
 
 
+@dataclass(frozen=True)
+class ImportSpec:
+    """What `nemo-topr import` will do: convert `hf_dir` (as given) into `out` (resolved), its weights
+    stored in `dtype` (a DTYPES key; None: the HF config's)."""
+
+    hf_dir: str
+    out: Path
+    dtype: str | None = None
+
+    @classmethod
+    def of(cls, hf_dir: str | Path, out: str | Path, dtype: str | None = None) -> ImportSpec:
+        return cls(str(hf_dir), Path(out).resolve(), dtype)
+
+    def source(self) -> ModelSource:
+        return resolve(self.hf_dir, named="", expected=HF_KIND)
+
+
+def validate(spec: ImportSpec) -> list[UserError]:
+    """Every problem of `spec` before Megatron's import, nothing written: the Hugging Face model (whole,
+    an architecture nemo_topr converts) and OUT (a new or empty directory that can be made)."""
+    problems = Problems()
+    with problems.check():
+        source = spec.source()
+        if source.is_megatron:
+            raise ModelSourceError(f"{spec.hf_dir}: already a Megatron checkpoint ({source.describe()}); nothing to "
+                                   "import", key="import.hf_dir.megatron", where="HF_DIR")
+        check_intact(source)  # weights config.json does not describe were imported as they were, exit 0
+    with problems.check():
+        out = spec.out
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            cut_short = (out / HF_ARTIFACTS).is_dir() and not (out / TRACKER).exists()
+            hint = (f"; it holds an import cut short ({HF_ARTIFACTS}/ without {TRACKER}, which the save writes "
+                    "last): remove it and import again") if cut_short else ""
+            raise ModelSourceError(f"{out}: exists and is not an empty directory; import writes a new checkpoint "
+                                   f"directory{hint}", key="import.out.not_empty", where="OUT")
+        if unmakeable := why_unmakeable(out):
+            raise ModelSourceError(f"{out}: cannot be made ({unmakeable})", key="import.out.unmakeable", where="OUT")
+    return problems
+
+
+def why_unmakeable(directory: Path) -> str | None:
+    """Why making `directory` (and its parents) would fail, as mkdir says it (``STRERROR: FILENAME``);
+    None where it can be made: its nearest existing ancestor is a directory this process may write in."""
+    existing = nearest_existing(directory)
+    if not existing.is_dir():
+        return f"Not a directory: {directory}"
+    if directory != existing and not os.access(existing, os.W_OK | os.X_OK):
+        return f"Permission denied: {folders_to_make(directory)[-1]}"
+    return None
+
+
 def import_hf(hf_dir: str | Path, out: str | Path, *, dtype: str | None = None) -> dict:
-    """Convert `hf_dir` into the Megatron checkpoint `out`; returns what was done and measured."""
+    """Convert `hf_dir` into the Megatron checkpoint `out` (`run` of an `ImportSpec` that `validate`
+    finds nothing wrong with); returns what was done and measured."""
+    spec = ImportSpec.of(hf_dir, out, dtype)
+    refuse(validate(spec), key="import.several_problems")
+    return run(spec)
+
+
+def run(spec: ImportSpec) -> dict:
+    """Convert `spec`'s model, `validate`d; returns what was done and measured."""
     started = time.monotonic()
-    source = resolve(hf_dir, named="", expected=HF_KIND)
-    if source.is_megatron:
-        raise ModelSourceError(f"{hf_dir}: already a Megatron checkpoint ({source.describe()}); nothing to import",
-                               key="import.hf_dir.megatron", where="HF_DIR")
-    check_intact(source)  # weights config.json does not describe were imported as they were, exit 0
-    out = Path(out).resolve()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        cut_short = (out / HF_ARTIFACTS).is_dir() and not (out / TRACKER).exists()
-        hint = (f"; it holds an import cut short ({HF_ARTIFACTS}/ without {TRACKER}, which the save writes last): "
-                "remove it and import again") if cut_short else ""
-        raise ModelSourceError(f"{out}: exists and is not an empty directory; import writes a new checkpoint "
-                               f"directory{hint}", key="import.out.not_empty", where="OUT")
+    source, out, dtype = spec.source(), spec.out, spec.dtype
     # the highest directory the import makes (OUT, or a parent of it), None for an empty OUT of the user's
     made = next((path for path in reversed((out, *out.parents)) if not path.exists()), None)
     try:  # now, not after minutes of loading: a path that cannot be made stops the import here
@@ -162,10 +215,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out", help="new directory for the Megatron distributed checkpoint")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="weights dtype (default: the HF config's torch_dtype)")
     args = parser.parse_args(argv)
+    spec = ImportSpec.of(args.hf_dir, args.out, args.dtype)
+    refuse(validate(spec), key="import.several_problems")
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         with stdout_to_stderr():  # progress and Megatron's and Gloo's prints; stdout: the result line alone
-            summary = import_hf(args.hf_dir, args.out, dtype=args.dtype)
+            summary = run(spec)
     except Terminated:
         print(f"nemo-topr import: terminated (SIGTERM); what it wrote in {args.out} is removed", file=sys.stderr)
         return 128 + signal.SIGTERM

@@ -307,6 +307,7 @@ ROWS = [
     ("import.hf_dir.megatron", "HF_DIR", raised(import_hf, "ckpt", "out")),
     ("import.out.not_empty", "OUT", raised(import_hf, "hf_sized", "hf")),
     ("import.out.unmakeable", "OUT", raised(import_hf, "hf_sized", "notes.txt/out")),
+    ("import.several_problems", "HF_DIR, OUT", raised(import_hf, "ckpt", "hf")),
     ("export.ckpt.hugging_face", "--ckpt", raised(lambda: export.export_targets(resolve("hf"), Path("out"), None))),
     ("export.ckpt.iteration_chosen_twice", "--ckpt",
      raised(lambda: export.check_one_choice_of_iterations("ckpt/iter_0000001", resolve("ckpt/iter_0000001"),
