@@ -31,7 +31,8 @@ class UserError(Exception):
 
 class Problems(list):
     """What a verb's `validate` finds: `check()` is a block whose error (a `caught`) is kept, and the
-    checks after it still run."""
+    checks after it still run. A problem two checks share (`--limit 0`, refused by the sampling options
+    and by the prompts) is kept once."""
 
     caught: type[UserError] = UserError
 
@@ -40,7 +41,8 @@ class Problems(list):
         try:
             yield
         except self.caught as found:
-            self.append(found)
+            if not any((kept.key, kept.where, str(kept)) == (found.key, found.where, str(found)) for kept in self):
+                self.append(found)
 
 
 def refuse(problems: Sequence[UserError], *, key: str = "several_problems", separator: str = "\n") -> None:

@@ -33,14 +33,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nemo_topr.data.records import write_jsonl
+from nemo_topr.errors import Problems, UserError, refuse
 from nemo_topr.evaluation.logged_sampling import logged_sample_and_grade
-from nemo_topr.evaluation.problems import BENCHMARKS, prompt_problems, prompt_source
+from nemo_topr.evaluation.problems import BENCHMARKS, check_prompts, prompt_problems, prompt_source
 from nemo_topr.evaluation.samples import graded_records, no_record_note
-from nemo_topr.evaluation.sampling_options import add_sampling_arguments
+from nemo_topr.evaluation.sampling_options import add_sampling_arguments, check_sampling_args
+from nemo_topr.model.source import require_hugging_face
 from nemo_topr.utils.arguments import Parser
 from nemo_topr.utils.outputs import add_overwrite_argument, writable_records_file
 
@@ -59,12 +61,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@dataclass(frozen=True)
+class GenerateSpec:
+    """What `nemo-topr generate` will do: sample `model` on `prompts` into `out`; `options`, the command
+    line as parsed, is what the prompts' reader and the sampler take (`add_sampling_arguments`)."""
+
+    model: Path
+    prompts: str
+    out: Path
+    overwrite: bool
+    options: argparse.Namespace
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> GenerateSpec:
+        return cls(args.model, args.prompts, args.out, args.overwrite, args)
+
+
+def validate(spec: GenerateSpec) -> list[UserError]:
+    """Every problem of `spec` before a model or the prompts' data is read, nothing written: the
+    sampling options, the model (a Hugging Face directory), the prompts (a benchmark or a prompt file,
+    with the options it takes) and `out` (a .jsonl that is none of them)."""
+    problems = Problems()
+    with problems.check():
+        check_sampling_args(spec.options)
+    with problems.check():
+        require_hugging_face(spec.model)
+    with problems.check():
+        check_prompts(spec.options)
+    with problems.check():
+        writable_records_file(spec.out, inputs=[] if spec.prompts in BENCHMARKS else [spec.prompts],
+                              overwrite=spec.overwrite)
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    spec = GenerateSpec.of(build_parser().parse_args(argv))
+    refuse(validate(spec), key="generate.several_problems")
+    return run(spec)
+
+
+def run(spec: GenerateSpec) -> int:
+    """Sample, grade and write `spec`'s records (`validate`d); the prompts' rows are checked as they are read."""
+    args = spec.options
     problems = prompt_problems(args)
     source = prompt_source(args.prompts)
-    writable_records_file(args.out, inputs=[] if args.prompts in BENCHMARKS else [args.prompts],
-                          overwrite=args.overwrite)
     settings, graded, errors = logged_sample_and_grade(args, problems, source, args.out, "nemo-topr generate")
     records = graded_records(problems, graded)
     write_jsonl(records, args.out)

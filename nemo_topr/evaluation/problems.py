@@ -129,15 +129,26 @@ def load_problems(source: str, *, task: str | None = None, data_dir: str | Path 
                   ) -> list[Problem]:
     """The first `limit` problems of a benchmark name (GSM8K's with `shots` exemplars) or of a
     JSONL file (which needs `task`)."""
+    check_prompt_source(source, task=task, limit=limit, rendered_prompts=rendered_prompts, shots=shots)
+    if source in BENCHMARKS:
+        problems = benchmark_problems(source, data_dir, shots)
+        if task is not None and task != problems[0].task:  # was ignored: graded as the benchmark, unsaid
+            raise PromptsError(f"--task {task}: {source}'s problems are graded as {problems[0].task}; drop --task (a "
+                             "benchmark sets its own)", key="--task.not_the_benchmarks", where="--task")
+    else:
+        problems = jsonl_problems(source, task, rendered_prompts)
+    return problems[:limit]
+
+
+def check_prompt_source(source: str, *, task: str | None = None, limit: int | None = None,
+                        rendered_prompts: bool = False, shots: int = GSM8K_SHOTS) -> None:
+    """The problems of `load_problems`' arguments that none of the prompts' data shows: a benchmark
+    name or an existing prompt file, with the options it takes."""
     check_limit(limit)
     if source in BENCHMARKS:
         if rendered_prompts:
             raise PromptsError(f"--rendered-prompts is for a prompt file of rendered prompts; {source}'s are plain "
                                "text", key="--rendered-prompts.benchmark", where="--rendered-prompts")
-        problems = benchmark_problems(source, data_dir, shots)
-        if task is not None and task != problems[0].task:  # was ignored: graded as the benchmark, unsaid
-            raise PromptsError(f"--task {task}: {source}'s problems are graded as {problems[0].task}; drop --task (a "
-                             "benchmark sets its own)", key="--task.not_the_benchmarks", where="--task")
     elif Path(source).is_dir():
         raise PromptsError(f"{source}: a directory; --prompts takes a JSONL file or a benchmark name "
                          f"({', '.join(BENCHMARKS)}), whose local copy (JSONL files or a save_to_disk dataset) "
@@ -148,12 +159,9 @@ def load_problems(source: str, *, task: str | None = None, data_dir: str | Path 
     elif shots != GSM8K_SHOTS:
         raise PromptsError(f"--num-shots {shots} sets the exemplars of GSM8K's benchmark prompts; a prompt file's "
                          "prompts are sampled as written", key="--num-shots.prompt_file", where="--num-shots")
-    elif task in TASKS:
-        problems = jsonl_problems(source, task, rendered_prompts)
-    else:
+    elif task not in TASKS:
         raise PromptsError(f"{source}: a prompt file needs --task {'|'.join(TASKS)}",
                            key="--task.unset_for_prompt_file", where="--task")
-    return problems[:limit]
 
 
 def prompt_problems(args: argparse.Namespace) -> list[Problem]:
@@ -161,6 +169,12 @@ def prompt_problems(args: argparse.Namespace) -> list[Problem]:
     --rendered-prompts (generate, eval --prompts, and iterate's check of both)."""
     return load_problems(args.prompts, task=args.task, data_dir=args.data_dir, limit=args.limit,
                          rendered_prompts=args.rendered_prompts, shots=args.num_shots)
+
+
+def check_prompts(args: argparse.Namespace) -> None:
+    """`check_prompt_source` of a command's `--prompts` with its options (what `prompt_problems` reads)."""
+    check_prompt_source(args.prompts, task=args.task, limit=args.limit, rendered_prompts=args.rendered_prompts,
+                        shots=args.num_shots)
 
 
 def prompt_source(prompts: str) -> str:

@@ -35,8 +35,8 @@ from nemo_topr.evaluation.sampling_options import check_sampling_args
 from nemo_topr.evaluation.verifier import judge_prompt
 
 EVALUATION = REPO / "nemo_topr" / "evaluation"
-SOURCES = [EVALUATION / f"{name}.py" for name in ("problems", "evaluate", "sampling_options", "sampling",
-                                                   "sample_log", "logged_sampling", "verifier", "metrics")]
+SOURCES = [EVALUATION / f"{name}.py" for name in ("problems", "generate", "evaluate", "sampling_options",
+                                                   "sampling", "sample_log", "logged_sampling", "verifier", "metrics")]
 ERRORS = {"PromptsError", "EvalError", "UsageError", "SamplingError", "SampleLogError", "MetricsError", "DataError",
           "error", "GraderErrorRateExceeded", "OutputWriteError"}
 UNREACHABLE = {
@@ -212,6 +212,8 @@ ROWS = [
     ("generate", "--num-shots.math500", "--num-shots", raised(problems.benchmark_problems, "math500", None, 3)),
     ("generate", "--prompts.unknown_benchmark", "--prompts", raised(problems.benchmark_problems, "gsm8k-dev")),
     ("generate", "--limit.below_1", "--limit", raised(check_limit, 0)),
+    ("generate", "generate.several_problems", "--num-samples, --model, --prompts",
+     raised(generate.main, ["--prompts", "gsm8k-tst", "--model", "m", "--out", "o.jsonl", "--num-samples", "0"])),
     ("generate", "--rendered-prompts.benchmark", "--rendered-prompts",
      raised(load_problems, "gsm8k-test", rendered_prompts=True)),
     ("generate", "--task.not_the_benchmarks", "--task", problems_of("gsm8k-test", "math")),
