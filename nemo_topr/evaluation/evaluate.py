@@ -28,24 +28,28 @@ with progress on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from nemo_topr.errors import UserError
+from nemo_topr.data.sources import open_sources
+from nemo_topr.errors import Problems, UserError, refuse
 from nemo_topr.utils.arguments import Parser, UsageError, documented
 from nemo_topr.data.records import DataError, Record, is_number, load_records, write_jsonl
 from nemo_topr.evaluation.logged_sampling import logged_sample_and_grade
-from nemo_topr.evaluation.problems import BENCHMARKS, check_limit, load_problems, prompt_problems, prompt_source
+from nemo_topr.evaluation.problems import (BENCHMARKS, check_limit, check_prompt_source, check_prompts, load_problems,
+                                           prompt_problems, prompt_source)
 from nemo_topr.evaluation.samples import GradedCompletion, graded_records, no_record_note
-from nemo_topr.evaluation.sampling_options import add_sampling_arguments
+from nemo_topr.evaluation.sampling_options import add_sampling_arguments, check_sampling_args
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics, scored_voters
 from nemo_topr.evaluation.sample_log import log_path
+from nemo_topr.model.source import require_hugging_face
 from nemo_topr.grading import TASKS, check_grader_errors, graded_answer, reference_problem, same_answer
 from nemo_topr.utils.outputs import (add_overwrite_argument, distinct_outputs, writable_output_file, writable_records_file,
                                write_whole)
@@ -301,7 +305,6 @@ def _evaluate_model(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _evaluate_records(args: argparse.Namespace, records: list[Record]) -> dict[str, Any]:
-    check_limit(args.limit)  # `problems[:-1]` would drop the last problem without a word
     task, problems, grader_errors = outcomes_of_records(records, args.task, args.max_grader_error_rate)
     problems = problems[: args.limit]
     scored, voters = scored_voters(problems)
@@ -393,31 +396,95 @@ def usage_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    check_usage(args)
-    try:  # the outputs now, not after the sampling
-        records = load_records(args.records) if args.records else None
-        prompt_file = [args.prompts] if args.prompts and args.prompts not in BENCHMARKS else []
-        inputs = args.plot or (records.report.files if records else prompt_file)
-        writable_output_file(args.out, inputs=inputs, overwrite=args.overwrite)
-        if args.plot:
-            plot_rounds(args.plot, args.out, args.metrics)
-            print(f"wrote {args.out}")
-            return 0
-        markdown = args.out.with_suffix(".md")
-        distinct_outputs({"--out": args.out, "--out's Markdown": markdown, "--samples-out": args.samples_out,
-                          "the sample log beside --out": None if args.records else log_path(args.out)})
-        writable_output_file(markdown, "--out's Markdown", inputs=inputs, overwrite=args.overwrite)
-        if args.samples_out:
-            writable_records_file(args.samples_out, "--samples-out", inputs=inputs, overwrite=args.overwrite)
-        results = _evaluate_records(args, records.records) if args.records else _evaluate_model(args)
+MODES = ("benchmark", "prompts", "records", "plot")
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """What `nemo-topr eval` will do: its mode (one of MODES), what it writes (`out`, its Markdown, the
+    samples); `options`, the command line as parsed, is what the sampler, the prompts' reader and the
+    grader take."""
+
+    mode: str
+    out: Path
+    samples_out: Path | None
+    overwrite: bool
+    options: argparse.Namespace
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> EvalSpec:
+        mode = next(mode for mode in MODES if getattr(args, mode))
+        return cls(mode, args.out, args.samples_out, args.overwrite, args)
+
+    @property
+    def sampled(self) -> bool:
+        return self.mode in ("benchmark", "prompts")
+
+
+@contextlib.contextmanager
+def inputs_read() -> Iterator[None]:
+    """A model or file that cannot be read (OSError) and the ValueErrors of the libraries that read them:
+    refusals of this command all the same."""
+    try:
+        yield
     except UserError:
         raise
-    # a model or file that cannot be loaded (OSError) and the ValueErrors of the libraries that read
-    # them: refusals of this command all the same
     except (OSError, ValueError) as error:
         raise EvalError(str(error), key="eval.input_unreadable", where="--model, --records, --prompts") from error
+
+
+def validate(spec: EvalSpec) -> list[UserError]:
+    """Every problem of `spec` before a model, a prompt or a record is read, nothing written: the options'
+    combinations (alone when they do not fit: exit 2, as argparse's), then the sampling options and the
+    model (sampled modes), the prompts' source, `--limit`, and the outputs (none an input, each writable)."""
+    args, problems = spec.options, Problems()
+    with problems.check():
+        check_usage(args)
+    if problems:  # options that do not go together: which of the rest apply is not known
+        return problems
+    if spec.sampled:
+        with problems.check():
+            check_sampling_args(args)
+        with problems.check():
+            require_hugging_face(args.model)
+    with problems.check():
+        if spec.mode == "benchmark":
+            check_prompt_source(EVAL_BENCHMARKS[args.benchmark], task=args.task, limit=args.limit, shots=args.num_shots)
+        elif spec.mode == "prompts":
+            check_prompts(args)
+        elif spec.mode == "records":
+            check_limit(args.limit)  # `problems[:-1]` would drop the last problem without a word
+    inputs = list(args.plot or ([] if args.prompts in (None, *BENCHMARKS) else [args.prompts]))
+    with problems.check(), inputs_read():
+        if spec.mode == "records":
+            inputs = [source.name for source in open_sources(args.records)[0]]
+    with problems.check(), inputs_read():
+        writable_output_file(spec.out, inputs=inputs, overwrite=spec.overwrite)
+        if spec.mode != "plot":
+            markdown = spec.out.with_suffix(".md")
+            distinct_outputs({"--out": spec.out, "--out's Markdown": markdown, "--samples-out": spec.samples_out,
+                              "the sample log beside --out": log_path(spec.out) if spec.sampled else None})
+            writable_output_file(markdown, "--out's Markdown", inputs=inputs, overwrite=spec.overwrite)
+            if spec.samples_out:
+                writable_records_file(spec.samples_out, "--samples-out", inputs=inputs, overwrite=spec.overwrite)
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    spec = EvalSpec.of(build_parser().parse_args(argv))
+    refuse(validate(spec), key="eval.several_problems")
+    return run(spec)
+
+
+def run(spec: EvalSpec) -> int:
+    """Plot, or evaluate and write the results of, `spec` (`validate`d)."""
+    args = spec.options
+    if spec.mode == "plot":
+        plot_rounds(args.plot, args.out, args.metrics)
+        print(f"wrote {args.out}")
+        return 0
+    with inputs_read():
+        results = _evaluate_records(args, load_records(args.records).records) if args.records else _evaluate_model(args)
     markdown = write_results(results, args.out)
     print(results_markdown(results))
     written = [str(args.out), str(markdown), *([str(args.samples_out)] if args.samples_out else []),

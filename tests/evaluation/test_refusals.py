@@ -23,7 +23,7 @@ from tests.conftest import REPO, checkout_env
 from tests.refusal_table import assert_covers, assert_golden, raised, rendered
 
 from nemo_topr.data.records import Record, RenderedPrompt, load_records
-from nemo_topr.evaluation import generate, problems, sample_log, sampling
+from nemo_topr.evaluation import evaluate, generate, problems, sample_log, sampling
 from nemo_topr.evaluation.evaluate import (benchmark_results, build_parser, check_usage, outcomes_of_records,
                                            plotted_metrics, read_round_results)
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics, pass_at_k
@@ -242,6 +242,8 @@ ROWS = [
      usage("--records", "r.jsonl", "--samples-out", "s.jsonl")),
     ("eval", "sampling_option.without_sampling", "--temperature", usage("--plot", "a.json", "--temperature", "0.6")),
     ("eval", "--metrics.without_plot", "--metrics", usage("--records", "r.jsonl", "--metrics", "all")),
+    ("eval", "eval.several_problems", "--num-samples, --model",
+     raised(evaluate.main, ["--benchmark", "gsm8k", "--model", "m", "--num-samples", "0", "--out", "r.json"])),
     ("eval", "--rendered-prompts.without_prompts", "--rendered-prompts",
      usage("--benchmark", "gsm8k", "--model", "m", "--rendered-prompts")),
     ("eval", "--out.not_a_plot_format", "--out", usage("--plot", "a.json", "--out", "rounds.txt")),
