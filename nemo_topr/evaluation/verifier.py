@@ -20,10 +20,12 @@ import argparse
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from nemo_topr.data.sources import open_sources
+from nemo_topr.errors import Problems, UserError, refuse
 from nemo_topr.utils.arguments import Parser, at_least_one, documented
 from nemo_topr.data.positives import require_signed_grades
 from nemo_topr.data.records import Messages, Record, is_positive, load_records, write_jsonl
@@ -135,12 +137,12 @@ def yes_probabilities(model_dir: str | Path, records: Sequence[Record], batch_si
     probability is the product over its tokens (" Yes" may be several tokens), with the model on
     `device` ("cpu" or "cuda", resolved by `nemo_topr.model.device.select_device`; cuda has never run
     on a GPU)."""
+    judge_prompts = [judge_prompt(record) for record in records]  # a refused record before anything loads
     import torch
     from transformers import AutoModelForCausalLM
 
     from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, prompt_token_ids
 
-    judge_prompts = [judge_prompt(record) for record in records]  # a refused record before the model loads
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto").eval().to(device)
     # tokenized exactly as training tokenizes judge records: chat template, completion on its own
@@ -183,34 +185,81 @@ def with_scores(records: Sequence[Record], scores: Sequence[float]) -> list[Reco
 # Command line
 
 
-def _build(args: argparse.Namespace) -> int:
-    loaded = load_records(args.graded)
+@dataclass(frozen=True)
+class BuildSpec:
+    """What `verifier build` will do: judge data from the graded `records` into `out`."""
+
+    records: tuple[str, ...]
+    out: Path
+    overwrite: bool
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> BuildSpec:
+        return cls(tuple(args.graded), args.out, args.overwrite)
+
+
+@dataclass(frozen=True)
+class ScoreSpec:
+    """What `verifier score` will do: P(Yes) of the verifier `model` for each of `records`, into `out` and
+    its report, `batch_size` samples a forward on `device`."""
+
+    model: Path
+    records: tuple[str, ...]
+    out: Path
+    overwrite: bool
+    batch_size: int
+    device: str
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> ScoreSpec:
+        return cls(args.model, tuple(args.records), args.out, args.overwrite, args.batch_size, args.device)
+
+    @property
+    def report(self) -> Path:
+        return self.out.with_suffix(".report.json")
+
+
+def validate(spec: BuildSpec | ScoreSpec) -> list[UserError]:
+    """Every problem of `spec` before a record or the model is read, nothing written: `score`'s model (a
+    Hugging Face directory), the records' files, and the outputs (none of them an input, each writable).
+    The records' rows are checked as they are read, then `score`'s device, where the model goes."""
+    problems, inputs = Problems(), []
+    if isinstance(spec, ScoreSpec):
+        with problems.check():
+            require_hugging_face(spec.model)  # first: a typo is named as --model, not as a tokenizer row
+    with problems.check():
+        inputs = [source.name for source in open_sources(spec.records)[0]]
+    with problems.check():
+        writable_records_file(spec.out, inputs=inputs, overwrite=spec.overwrite)
+        if isinstance(spec, ScoreSpec):
+            writable_output_file(spec.report, "--out's report", inputs=inputs, overwrite=spec.overwrite)
+    return problems
+
+
+def run_build(spec: BuildSpec) -> int:
+    loaded = load_records(list(spec.records))
     require_signed_grades(loaded, ALL_JUDGED_CORRECT)
-    writable_records_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
     graded = loaded.records
     judge = judge_records(graded)
-    write_jsonl(judge, args.out)
+    write_jsonl(judge, spec.out)
     correct = sum(is_positive(record.reward) for record in graded)
-    print(f"{len(graded)} graded samples ({correct} correct) -> {len(judge)} judge records in {args.out}")
+    print(f"{len(graded)} graded samples ({correct} correct) -> {len(judge)} judge records in {spec.out}")
     return 0
 
 
-def _score(args: argparse.Namespace) -> int:
-    model = require_hugging_face(args.model)  # first: a typo is named as --model, not as a tokenizer row
-    loaded = load_records(args.records)
+def run_score(spec: ScoreSpec) -> int:
+    loaded = load_records(list(spec.records))
     require_signed_grades(loaded, ALL_JUDGED_CORRECT)
-    writable_records_file(args.out, inputs=loaded.report.files, overwrite=args.overwrite)
-    report_path = writable_output_file(args.out.with_suffix(".report.json"), "--out's report",
-                                       inputs=loaded.report.files, overwrite=args.overwrite)
     records = loaded.records
-    scores = yes_probabilities(model, records, args.batch_size, select_device(args.device, where="--device"))
-    write_jsonl(with_scores(records, scores), args.out)
+    model = require_hugging_face(spec.model)
+    scores = yes_probabilities(model, records, spec.batch_size, select_device(spec.device, where="--device"))
+    write_jsonl(with_scores(records, scores), spec.out)
     report = {"model": str(model), **judge_accuracy(records, scores)}
     if replaced := sum("verifier_score" in (record.meta or {}) for record in records):
         report["replaced_verifier_scores"] = replaced  # an earlier verifier's, kept only in the input
-    write_whole(report_path, json.dumps(report, indent=2) + "\n")
+    write_whole(spec.report, json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
-    print(f"wrote {args.out} and {report_path}")
+    print(f"wrote {spec.out} and {spec.report}")
     return 0
 
 
@@ -221,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--graded", nargs="+", required=True, help="graded records (files, directories, globs)")
     build.add_argument("--out", type=Path, required=True, help="judge records (JSONL)")
     add_overwrite_argument(build)
-    build.set_defaults(run=_build)
+    build.set_defaults(spec=BuildSpec.of, run=run_build)
     score = verbs.add_parser("score", help="P(Yes) of each graded sample into meta.verifier_score")
     score.add_argument("--model", type=Path, required=True, help="verifier: local Hugging Face directory")
     score.add_argument("--records", nargs="+", required=True, help="graded records (files, directories, globs)")
@@ -230,10 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_overwrite_argument(score)
     score.add_argument("--batch-size", type=at_least_one, default=8, help="samples per forward pass")
     add_device_argument(score)
-    score.set_defaults(run=_score)
+    score.set_defaults(spec=ScoreSpec.of, run=run_score)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    spec = args.spec(args)
+    refuse(validate(spec), key="verifier.several_problems")
+    return args.run(spec)

@@ -23,7 +23,7 @@ from tests.conftest import REPO, checkout_env
 from tests.refusal_table import assert_covers, assert_golden, raised, rendered
 
 from nemo_topr.data.records import Record, RenderedPrompt, load_records
-from nemo_topr.evaluation import evaluate, generate, problems, sample_log, sampling
+from nemo_topr.evaluation import evaluate, generate, problems, sample_log, sampling, verifier
 from nemo_topr.evaluation.evaluate import (benchmark_results, build_parser, check_usage, outcomes_of_records,
                                            plotted_metrics, read_round_results)
 from nemo_topr.evaluation.metrics import SampleOutcome, benchmark_metrics, pass_at_k
@@ -278,6 +278,8 @@ ROWS = [
      judged(Record([{"role": "system", "content": "Be brief."}], "5", 1.0, path="graded.jsonl", line=2))),
     ("verifier", "record.completion.special_token", "graded.jsonl:2: completion",
      judged(Record("What is 2 + 3?", "5<|eot_id|>", 1.0, path="graded.jsonl", line=2))),
+    ("verifier", "verifier.several_problems", "--model, missing.jsonl: path",
+     raised(verifier.main, ["score", "--model", "m", "--records", "missing.jsonl", "--out", "s.jsonl"])),
 ]
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO, cli_verb, refusal
+from tests.conftest import REPO, cli_verb, placeholder_hf_model, refusal
 from nemo_topr.data.records import Record, load_records
 from nemo_topr.evaluation import evaluate, verifier
 from nemo_topr.evaluation.verifier import NO, YES, judge_accuracy, judge_prompt, judge_records, judged_problem
@@ -278,3 +278,38 @@ def test_the_verifier_trains_with_the_topr_recipe(model_dir, tmp_path):
     # candidates apart needs a model that can read them (the paper: 32.6 % -> 70.9 % with Llama 3 8B).
     assert right["after"] > right["before"]
     assert after["accuracy"] >= before["accuracy"]
+
+
+# `validate` of `verifier build` and `score`: every problem of a command line at once, before a record or the
+# model is read, nothing written. Run in a folder holding graded records (g.jsonl), a Hugging Face model (hf)
+# and a report of an earlier score (taken.report.json).
+SPEC_ROWS = [
+    ("build --graded g.jsonl --out j.jsonl", []),
+    ("score --model hf --records g.jsonl --out s.jsonl", []),
+    ("build --graded missing.jsonl --out j.jsonl", [("path.missing", "missing.jsonl: path")]),
+    ("build --graded g.jsonl --out g.jsonl --overwrite", [("output.is_an_input", "g.jsonl")]),
+    ("score --model hf --records g.jsonl --out taken.jsonl", [("output.exists", "--out's report")]),
+    ("score --model missing --records g.jsonl --out s.json",
+     [("model.no_such_directory", "--model"), ("output.records.not_jsonl", "--out")]),
+]
+
+
+@pytest.fixture(scope="module")
+def spec_inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("verifier_spec")
+    (root / "g.jsonl").write_text("{}\n")
+    (root / "taken.report.json").write_text("{}\n")
+    placeholder_hf_model(root / "hf")
+    return root
+
+
+@pytest.mark.parametrize("argv, problems", SPEC_ROWS, ids=[argv for argv, _ in SPEC_ROWS])
+def test_validate_names_every_problem_of_a_command_line_before_reading_and_writes_nothing(spec_inputs, argv,
+                                                                                          problems, monkeypatch):
+    monkeypatch.chdir(spec_inputs)
+    files = sorted(spec_inputs.rglob("*"))
+    megatron = {name for name in sys.modules if name.startswith(("megatron", "transformers"))}
+    args = verifier.build_parser().parse_args(argv.split())
+    assert [(problem.key, problem.where) for problem in verifier.validate(args.spec(args))] == problems
+    assert sorted(spec_inputs.rglob("*")) == files
+    assert {name for name in sys.modules if name.startswith(("megatron", "transformers"))} <= megatron
