@@ -34,21 +34,24 @@ which it did since with TE's unfused attention only; docs/cluster.md says what r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import tempfile
-from dataclasses import asdict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from nemo_topr.doctor.checks import diagnose
+from nemo_topr.errors import Problems, UserError, refuse
 from nemo_topr.doctor.runner import Check, Doctor
 from nemo_topr.doctor.versions import versions
 from nemo_topr.model.device import add_device_argument, resolve_device
 from nemo_topr.utils.arguments import Parser, positive_seconds
 from nemo_topr.utils.outputs import (
-    OutputError, add_overwrite_argument, fresh_output_dir, writable_output_file, write_whole,
+    OutputError, add_overwrite_argument, check_fresh_output_dir, fresh_output_dir, writable_output_file, write_whole,
 )
 
 
@@ -91,6 +94,52 @@ def json_outside_work_dir(json_path: Path, work_dir: Path) -> None:
                           key="--json.inside_work_dir", where="--json")
 
 
+COMMAND = "nemo-topr doctor"
+
+
+@dataclass(frozen=True)
+class DoctorSpec:
+    """What `nemo-topr doctor` will do: its checks on `device` (as given: cuda, cpu or auto), each within
+    `timeout` seconds, in `work_dir` (None: a temporary directory), the table also written to `json`."""
+
+    device: str
+    json: Path | None
+    overwrite: bool
+    work_dir: Path | None
+    timeout: float
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> DoctorSpec:
+        return cls(args.device, args.json, args.overwrite, args.work_dir, args.timeout)
+
+
+@contextlib.contextmanager
+def work_dir_named() -> Iterator[None]:
+    """A --work-dir refused by `nemo_topr.utils.outputs`, whose error names the directory, not the option."""
+    try:
+        yield
+    except OutputError as error:
+        raise OutputError(f"--work-dir {error}", key="--work-dir.unusable", where="--work-dir") from None
+
+
+def validate(spec: DoctorSpec) -> list[UserError]:
+    """Every problem of `spec` before a check runs, nothing written: the device (cuda where this machine
+    has none), --json (a writable file that is not --work-dir, nor holds or lies in it), --work-dir (new,
+    empty or an earlier doctor's)."""
+    problems = Problems()
+    with problems.check():
+        resolve_device(spec.device, cuda_available=torch.cuda.is_available(), where="--device")
+    with problems.check():
+        if spec.json and spec.work_dir:
+            json_outside_work_dir(spec.json, spec.work_dir)
+        if spec.json:
+            writable_output_file(spec.json, "--json", overwrite=spec.overwrite)
+    if spec.work_dir:
+        with problems.check(), work_dir_named():
+            check_fresh_output_dir(spec.work_dir, COMMAND)
+    return problems
+
+
 def main(argv: list[str]) -> int:
     parser = Parser(prog="nemo-topr doctor", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,25 +151,25 @@ def main(argv: list[str]) -> int:
                         "when every check passed)")
     parser.add_argument("--timeout", type=positive_seconds, default=600,
                         help="seconds per check (default: %(default)s)")
-    args = parser.parse_args(argv)
-    device = resolve_device(args.device, cuda_available=torch.cuda.is_available(), where="--device")
-    if args.json and args.work_dir:
-        json_outside_work_dir(args.json, args.work_dir)
-    if args.json:
-        writable_output_file(args.json, "--json", overwrite=args.overwrite)
-    try:  # a rerun in the same --work-dir starts from nothing, as the first run did
-        work = fresh_output_dir(args.work_dir, "nemo-topr doctor") if args.work_dir else \
+    spec = DoctorSpec.of(parser.parse_args(argv))
+    refuse(validate(spec), key="doctor.several_problems")
+    return run(spec)
+
+
+def run(spec: DoctorSpec) -> int:
+    """Run the checks of `spec` (`validate`d) and report them; 1 when one failed."""
+    device = resolve_device(spec.device, cuda_available=torch.cuda.is_available(), where="--device")
+    with work_dir_named():  # a rerun in the same --work-dir starts from nothing, as the first run did
+        work = fresh_output_dir(spec.work_dir, COMMAND) if spec.work_dir else \
             Path(tempfile.mkdtemp(prefix="nemo-topr-doctor-"))
-    except OutputError as error:  # the error names the directory, not the option that gave it
-        raise OutputError(f"--work-dir {error}", key="--work-dir.unusable", where="--work-dir") from None
-    progress = (lambda so_far: write_json(args.json, report(so_far, False))) if args.json else None
-    doctor = diagnose(device, work.resolve(), args.timeout, after_check=progress)
+    progress = (lambda so_far: write_json(spec.json, report(so_far, False))) if spec.json else None
+    doctor = diagnose(device, work.resolve(), spec.timeout, after_check=progress)
     failed = [c.name for c in doctor.checks if c.status == "fail"]
     print(f"\nnemo-topr doctor --device {device}: {'FAILED: ' + ', '.join(failed) if failed else 'all passed'}")
     print(table(doctor.checks))
-    if args.json:
-        write_json(args.json, report(doctor, True))
-    if args.work_dir is None and not failed:
+    if spec.json:
+        write_json(spec.json, report(doctor, True))
+    if spec.work_dir is None and not failed:
         shutil.rmtree(work, ignore_errors=True)
     elif failed:
         print(f"logs: {work}")

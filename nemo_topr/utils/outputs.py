@@ -68,11 +68,16 @@ def _mark(path: Path, command: str) -> Path:
 def fresh_output_dir(path: str | Path, command: str) -> Path:
     """`path` resolved, empty but for `command`'s mark; raises OutputError where emptying it
     could remove what `command` did not make."""
-    path = _own_directory(path, command, "empties its output directory first, so it leaves this one as it is; "
-                                         "choose a new or empty directory (or remove this one yourself)")
+    path = check_fresh_output_dir(path, command)
     if path.is_dir():
         shutil.rmtree(path)
     return _mark(path, command)
+
+
+def check_fresh_output_dir(path: str | Path, command: str) -> Path:
+    """`fresh_output_dir`'s checks alone, nothing made or emptied (a verb's `validate`): `path` resolved."""
+    return _own_directory(path, command, "empties its output directory first, so it leaves this one as it is; "
+                                         "choose a new or empty directory (or remove this one yourself)")
 
 
 def claimed_output_dir(path: str | Path, command: str, *, make: bool = True) -> Path:

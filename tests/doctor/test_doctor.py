@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -213,3 +214,36 @@ def test_te_attention_failing_for_an_old_cudnn_names_the_version_and_the_way_rou
     assert "model.attention_backend=unfused" in CUDNN_TOO_OLD
     other = attention_fix("FAILED: RuntimeError: no dot product attention backend is available")
     assert other != CUDNN_TOO_OLD and "NVTE_DEBUG=1" in other
+
+
+# `validate(DoctorSpec)`: every problem of a command line before a check runs, nothing written; run in a
+# folder holding a file (taken.json) and a directory of someone else's (full)
+SPEC_ROWS = [
+    ({}, []),
+    ({"json": "table.json", "work_dir": "work"}, []),
+    ({"json": "taken.json"}, [("output.exists", "--json")]),
+    ({"json": "taken.json", "overwrite": True}, []),
+    ({"work_dir": "taken.json"}, [("--work-dir.unusable", "--work-dir")]),
+    ({"work_dir": "full"}, [("--work-dir.unusable", "--work-dir")]),
+    ({"json": "work", "work_dir": "work"}, [("--json.is_work_dir", "--json")]),
+    ({"json": "taken.json", "work_dir": "full"}, [("output.exists", "--json"), ("--work-dir.unusable", "--work-dir")]),
+]
+
+
+@pytest.mark.parametrize("given, problems", SPEC_ROWS, ids=[str(given) for given, _ in SPEC_ROWS])
+def test_validate_names_every_problem_before_a_check_and_writes_nothing(tmp_path, monkeypatch, given, problems):
+    import sys
+
+    from nemo_topr.doctor import command as doctor
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "taken.json").write_text("{}\n")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("mine\n")
+    before = sorted(tmp_path.rglob("*"))
+    megatron = {name for name in sys.modules if name.startswith("megatron")}
+    paths = {name: Path(given[name]) if name in given else None for name in ("json", "work_dir")}
+    spec = doctor.DoctorSpec("cpu", overwrite=given.get("overwrite", False), timeout=1.0, **paths)
+    assert [(problem.key, problem.where) for problem in doctor.validate(spec)] == problems
+    assert sorted(tmp_path.rglob("*")) == before
+    assert {name for name in sys.modules if name.startswith("megatron")} <= megatron

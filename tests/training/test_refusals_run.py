@@ -57,7 +57,8 @@ NEEDS_MEGATRON = {
                                                 "(tests/data/test_shared_prefix.py reaches it)"}
 # the verb a user meets a refusal through, where it is not `train`
 VERBS = {"--json.is_work_dir": "doctor", "--json.holds_work_dir": "doctor", "--json.inside_work_dir": "doctor",
-         "--work-dir.unusable": "doctor", "run_dir.checkpoints.damaged": "submit", "run_dir.finished": "submit"}
+         "--work-dir.unusable": "doctor", "doctor.several_problems": "doctor", "run_dir.checkpoints.damaged": "submit",
+         "run_dir.finished": "submit"}
 BASE = SimpleNamespace(checkpoint=Path("base/checkpoints/iter_0000004"), iteration=4,
                        describe=lambda: "nemo-topr run base, iteration 4")
 NO_FINGERPRINT = SimpleNamespace(checkpoint=Path("unrecorded/checkpoints/iter_0000004"), iteration=4,
@@ -221,6 +222,8 @@ ROWS = [
     ("iteration.loss_and_grad_norm.not_finite", "iteration 1",
      raised(check_finite, 1, torch.tensor(math.inf), math.nan, list(range(70)))),
     ("--work-dir.unusable", "--work-dir", raised(doctor.main, ["--device", "cpu", "--work-dir", "notes.txt"])),
+    ("doctor.several_problems", "--json, --work-dir",
+     raised(doctor.main, ["--device", "cpu", "--json", "notes.txt", "--work-dir", "held"])),
 ]
 
 
