@@ -52,8 +52,11 @@ def refuse(problems: Sequence[UserError], *, key: str = "several_problems", sepa
     if len(problems) == 1:
         raise problems[0]
     if problems:
-        raise type(problems[0])(separator.join(str(problem) for problem in problems), key=key,
-                                where=", ".join(str(problem.where) for problem in problems))
+        # made as a UserError: a subclass's own __init__ (DataError's path, line, field) builds one problem's words
+        several = type(problems[0]).__new__(type(problems[0]))
+        UserError.__init__(several, separator.join(str(problem) for problem in problems), key=key,
+                           where=", ".join(str(problem.where) for problem in problems))
+        raise several
 
 
 def run_refusing(name: str, main: Callable[[list[str]], int | None], argv: list[str]) -> int:

@@ -96,3 +96,9 @@ def test_refuse_raises_the_one_problem_or_one_of_the_first_ones_class_naming_all
         refuse(problems, key="verb.several_problems", separator="; ")
     assert (str(raised.value), raised.value.key, raised.value.where, raised.value.exit_code) == (
         "--k 0; a", "verb.several_problems", "--k, a", 2)
+    from nemo_topr.data.schema import DataError
+
+    with pytest.raises(DataError) as raised:  # a class whose __init__ takes a record's place
+        refuse([DataError("r.jsonl", 2, "reward", "not a number", key="record.reward"), one])
+    assert (str(raised.value), raised.value.key, raised.value.where) == (
+        "r.jsonl:2: reward: not a number\na", "several_problems", "r.jsonl:2: reward, a")

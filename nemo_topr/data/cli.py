@@ -9,13 +9,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from nemo_topr.errors import Problems, UserError, refuse
 from nemo_topr.utils.arguments import Parser, UsageError, at_least_one, finite, non_negative, share
 from nemo_topr.data.prepare_verb import add_prepare_parser
 from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records
+from nemo_topr.data.sources import open_sources
 from nemo_topr.utils.outputs import (OutputError, add_overwrite_argument, distinct_outputs, writable_output_file,
                                     writable_records_file)
+
+if TYPE_CHECKING:
+    from nemo_topr.data.curation import Curation
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,11 +74,63 @@ def _tokenize(args: argparse.Namespace, records: RecordSet, **limits):
     return tokenizer, tokenize_records(records, tokenizer, strict=args.strict, **limits)
 
 
+@dataclass(frozen=True)
+class DataSpec:
+    """What `data validate`, `stats` or `curate` (`verb`) will do: read the records at `paths`, write `out`
+    (stats: a directory; curate: a JSONL file and its stats); `options`, the command line as parsed, is
+    what the reader, the tokenizer and the curation take. `data prepare` has its own (`PrepareSpec`)."""
+
+    verb: str
+    paths: tuple[str, ...]
+    out: Path | None
+    overwrite: bool
+    options: argparse.Namespace
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> DataSpec:
+        return cls(args.verb, tuple(args.paths), getattr(args, "out", None), getattr(args, "overwrite", False), args)
+
+
+def validate(spec: DataSpec) -> list[UserError]:
+    """Every problem of `spec` before a record is read, nothing written: options that need another
+    (alone when given: exit 2, as argparse's), curate's settings, the records' files, and the outputs
+    (none of them an input, each writable). The records are checked as they are read."""
+    args, problems = spec.options, Problems()
+    for option, value in (("--max-seq-length", getattr(args, "max_seq_length", None)),
+                          ("--too-long", getattr(args, "too_long", None))):
+        with problems.check():
+            if value is not None and args.tokenizer is None:  # --too-long alone was ignored without a word
+                raise UsageError(f"{option} needs --tokenizer (lengths are counted in tokens)",
+                                 key=f"{option}.without_tokenizer", where=option)
+    if problems:
+        return problems
+    if spec.verb == "curate":
+        with problems.check():
+            curation_of(args)
+    inputs = []
+    with problems.check():
+        inputs = [source.name for source in open_sources(list(spec.paths), split=args.split)[0]]
+    with problems.check():
+        if spec.verb == "stats" and spec.out is not None:
+            if spec.out.exists() and not spec.out.is_dir():
+                raise OutputError(f"--out {spec.out} is a file; `data stats` writes stats.json and stats.png into a "
+                                  "directory", key="--out.is_a_file", where="--out")
+            for name in ("stats.json", "stats.png"):
+                writable_output_file(spec.out / name, "--out", inputs=inputs, overwrite=spec.overwrite)
+        if spec.verb == "curate":
+            writable_records_file(spec.out, inputs=inputs, overwrite=spec.overwrite)
+            distinct_outputs({"--out": spec.out, "--stats": args.stats})
+            writable_output_file(curation_stats(args), "--stats" if args.stats else "--out's stats", inputs=inputs,
+                                 overwrite=spec.overwrite)
+    return problems
+
+
+def curation_stats(args: argparse.Namespace) -> Path:
+    """Where `data curate` writes its stats: --stats, or OUT with suffix .stats.json."""
+    return args.stats or args.out.with_suffix(".stats.json")
+
+
 def _validate(args: argparse.Namespace) -> int:
-    for option, value in (("--max-seq-length", args.max_seq_length), ("--too-long", args.too_long)):
-        if value is not None and args.tokenizer is None:  # --too-long alone was ignored without a word
-            raise UsageError(f"{option} needs --tokenizer (lengths are counted in tokens)",
-                             key=f"{option}.without_tokenizer", where=option)
     records = _load(args)
     if args.tokenizer is not None:
         _say_loading("validate", f"{len(records.records)} records read; loading {args.tokenizer}'s tokenizer to "
@@ -125,13 +184,7 @@ def _say_loading(verb: str, what: str) -> None:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise OutputError(f"--out {args.out} is a file; `data stats` writes stats.json and stats.png into a directory",
-                          key="--out.is_a_file", where="--out")
     records = _load(args)
-    if args.out is not None:
-        for name in ("stats.json", "stats.png"):
-            writable_output_file(args.out / name, "--out", inputs=records.report.files, overwrite=args.overwrite)
     _say_loading("stats", f"{len(records.records)} records read; computing their statistics")
     from nemo_topr.data.stats import plot_summary, summarize, write_summary
 
@@ -148,30 +201,28 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def curation_of(args: argparse.Namespace) -> Curation:
+    """`data curate`'s settings, checked (CurationError)."""
+    from nemo_topr.data.curation import Curation
+
+    return Curation(dedup=args.dedup, target_p=args.target_p, target_p_tilde=args.target_p_tilde,
+                    baseline=args.baseline, anna_karenina=args.anna_karenina, per_prompt=args.per_prompt,
+                    seed=args.seed)
+
+
 def _curate(args: argparse.Namespace) -> int:
-    from nemo_topr.data.curation import Curation, curate
+    from nemo_topr.data.curation import curate
     from nemo_topr.data.records import write_jsonl
     from nemo_topr.data.stats import write_summary
 
-    curation = Curation(
-        dedup=args.dedup,
-        target_p=args.target_p,
-        target_p_tilde=args.target_p_tilde,
-        baseline=args.baseline,
-        anna_karenina=args.anna_karenina,
-        per_prompt=args.per_prompt,
-        seed=args.seed,
-    )
+    curation = curation_of(args)
     records = _load(args)
     if args.anna_karenina:
         from nemo_topr.data.positives import require_signed_grades
 
         require_signed_grades(records, "--anna-karenina keeps every negative (reward < 0) and one positive per "
                                        "prompt, so it would keep each prompt's first record, right or wrong")
-    writable_records_file(args.out, inputs=records.report.files, overwrite=args.overwrite)
-    distinct_outputs({"--out": args.out, "--stats": args.stats})
-    stats_path = writable_output_file(args.stats or args.out.with_suffix(".stats.json"), "--stats" if args.stats else
-                                      "--out's stats", inputs=records.report.files, overwrite=args.overwrite)
+    stats_path = curation_stats(args)
     result = curate(records.records, curation)
     result.stats["validation"] = records.report.to_dict()
     write_jsonl(result.records, args.out)
@@ -226,4 +277,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.verb != "prepare":  # prepare decides with its own PrepareSpec
+        refuse(validate(DataSpec.of(args)), key="data.several_problems")
     return args.run(args)

@@ -323,3 +323,29 @@ def test_validate_length_options_without_a_tokenizer_are_a_usage_error(capsys, o
     with pytest.raises(UsageError) as refused:
         data_cli.main(["validate", str(SCORED), *option])
     assert (refused.value.key, refused.value.where) == (f"{option[0]}.without_tokenizer", option[0])
+
+
+# `validate(DataSpec)`: every problem of a command line before a record is read, nothing written; run in a
+# folder holding records (r.jsonl) and a file (notes.txt)
+SPEC_ROWS = [
+    ("validate r.jsonl", []),
+    ("stats r.jsonl --out stats", []),
+    ("curate r.jsonl --out c.jsonl", []),
+    ("validate r.jsonl --max-seq-length 8 --too-long drop",
+     [("--max-seq-length.without_tokenizer", "--max-seq-length"), ("--too-long.without_tokenizer", "--too-long")]),
+    ("stats missing.jsonl --out notes.txt", [("path.missing", "missing.jsonl: path"), ("--out.is_a_file", "--out")]),
+    ("curate r.jsonl --out r.jsonl --overwrite", [("output.is_an_input", "r.jsonl")]),
+    ("curate r.jsonl --out c.jsonl --stats c.jsonl", [("output.same_path", "--stats")]),
+]
+
+
+@pytest.mark.parametrize("argv, problems", SPEC_ROWS, ids=[argv for argv, _ in SPEC_ROWS])
+def test_validate_names_every_problem_before_a_record_is_read_and_writes_nothing(tmp_path, monkeypatch, argv,
+                                                                                 problems):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.jsonl").write_text(SCORED.read_text())
+    (tmp_path / "notes.txt").write_text("mine\n")
+    before = sorted(tmp_path.rglob("*"))
+    spec = data_cli.DataSpec.of(data_cli.build_parser().parse_args(argv.split()))
+    assert [(problem.key, problem.where) for problem in data_cli.validate(spec)] == problems
+    assert sorted(tmp_path.rglob("*")) == before

@@ -182,6 +182,8 @@ ROWS = [
     ("--max-seq-length.without_tokenizer", "--max-seq-length",
      raised(data_cli.main, ["validate", "graded.jsonl", "--max-seq-length", "8"])),
     ("--out.is_a_file", "--out", raised(data_cli.main, ["stats", "graded.jsonl", "--out", "notes.txt"])),
+    ("data.several_problems", "missing.jsonl: path, --out",
+     raised(data_cli.main, ["curate", "missing.jsonl", "--out", "notes.txt"])),
     ("reference_answer.gsm8k.no_number", "reference_answer", raised(grading.gsm8k_reference_answer, "so\n#### n/a")),
     ("reference_answer.math.empty", "reference_answer", raised(grading.math_reference_answer, " ")),
     ("task.unknown", "task", raised(grading.grader_of, "gsm9k")),
