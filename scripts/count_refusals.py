@@ -102,6 +102,11 @@ class _Sites(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
+        if _callee(node) == "refuse" and (key := _key(node)) is not None:
+            # `errors.refuse(problems, key=...)`: the several problems a validate found, told as one,
+            # in the words of its separator (default a new line)
+            separator = next((template(keyword.value) for keyword in node.keywords if keyword.arg == "separator"), "\n")
+            self._add(f"{{}}{separator}{{}}", node, "refuse", key)
         if isinstance(func, ast.Attribute):
             owner = ast.unparse(func.value)
             if func.attr == "error" and "parser" in owner.lower() and node.args:
