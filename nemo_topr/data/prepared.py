@@ -32,7 +32,6 @@ import shutil
 import time
 import uuid
 from collections import Counter
-from itertools import chain
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,9 @@ from nemo_topr.data.sequence_table import COLUMNS, TOKEN_DTYPE, SequenceTable, T
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-CHUNK_RECORDS = 20_000  # records tokenized at a time: a set is never held as token lists whole
+# records tokenized at a time, by one process: a set is never held as token lists whole, and a
+# thousand records keep every core busy at 10 k records and the parent's share of the work small
+CHUNK_RECORDS = 1_000
 # files of a tokenizer (transformers' AutoTokenizer reads these): a change to any is another key
 TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "added_tokens", "chat_template", "vocab", "merges")
 
@@ -225,10 +226,10 @@ def find_prepared(spec: PrepareSpec, prepared_dir: str | Path) -> PreparedSet | 
 
 def find_or_prepare(spec: PrepareSpec, prepared_dir: str | Path, *, write: bool = True,
                     records: RecordSet | None = None, wait_timeout: float = 3600.0,
-                    poll: float = 1.0) -> tuple[PreparedSet, bool]:
+                    poll: float = 1.0, processes: int | None = None) -> tuple[PreparedSet, bool]:
     """(the set for `spec` under `prepared_dir`, whether this call wrote it). With `write`, a
     missing or damaged set is written here (from `records` when given, read from the spec's
-    data otherwise); without, this waits up to `wait_timeout` seconds for another process (rank
+    data otherwise, on `processes` processes: every core given unless set); without, this waits up to `wait_timeout` seconds for another process (rank
     0, `nemo-topr data prepare`) to publish it."""
     parts = spec.key_parts()
     final = Path(prepared_dir) / key_of(parts)
@@ -251,18 +252,19 @@ def find_or_prepare(spec: PrepareSpec, prepared_dir: str | Path, *, write: bool 
             shutil.rmtree(stale, ignore_errors=True)
         except FileNotFoundError:
             pass  # another writer moved it first
-    written = publish(spec, parts, final, records)
+    written = publish(spec, parts, final, records, processes)
     return open_set(final), written
 
 
-def publish(spec: PrepareSpec, parts: dict[str, Any], final: Path, records: RecordSet | None = None) -> bool:
+def publish(spec: PrepareSpec, parts: dict[str, Any], final: Path, records: RecordSet | None = None,
+            processes: int | None = None) -> bool:
     """Write the set into a temporary sibling of `final` and rename it into place; when another
     writer published first, keep theirs (and return False)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     temporary = final.with_name(f".{final.name}.partial-{uuid.uuid4().hex[:8]}")
     temporary.mkdir()
     try:
-        write_set(spec, parts, temporary, records)
+        write_set(spec, parts, temporary, records, processes)
         try:
             temporary.rename(final)
         except OSError:
@@ -283,54 +285,70 @@ def _fsync(path: Path) -> None:
         os.close(descriptor)
 
 
-def write_set(spec: PrepareSpec, parts: dict[str, Any], directory: Path, records: RecordSet | None = None) -> None:
-    """Validate, tokenize (in chunks) and pack `spec`'s data into `directory`, manifest last."""
+def write_set(spec: PrepareSpec, parts: dict[str, Any], directory: Path, records: RecordSet | None = None,
+              processes: int | None = None) -> None:
+    """Validate, tokenize (in chunks, on `processes` processes, default every core given) and
+    pack `spec`'s data into `directory`, manifest last."""
     from nemo_topr.data.packing import group_mean_rewards
-    from nemo_topr.data.tokenization import load_tokenizer, pad_id_of, tokenized_chunks
+    from nemo_topr.data.parallel_tokenization import cores_given, tokenized_tables
+    from nemo_topr.data.tokenization import load_tokenizer, pad_id_of
 
     if records is None:
         records = load_records(spec.train_path, strict=spec.strict, **spec.source_options())
     require_scored(records)
     tokenizer = load_tokenizer(spec.tokenizer_dir)
     prompt_keys: dict[str, int] = {}
-    offsets, columns = [0], {name: [] for name in COLUMNS}
+    lengths, columns = [], {name: [] for name in COLUMNS if name != "group_mean_rewards"}
+    tokens_sha256 = hashlib.sha256()
     with (directory / "tokens.bin").open("wb") as tokens:
-        for chunk in tokenized_chunks(records, tokenizer, prompt_keys, max_seq_length=spec.seq_length,
-                                      strict=spec.strict, too_long=spec.too_long, model_context=spec.model_context,
-                                      chunk_size=CHUNK_RECORDS):
-            ids = chain.from_iterable(seq.input_ids for seq in chunk)
-            tokens.write(np.fromiter(ids, TOKEN_DTYPE, sum(len(seq.input_ids) for seq in chunk)).tobytes())
-            for seq in chunk:
-                offsets.append(offsets[-1] + len(seq.input_ids))
-                columns["prompt_lengths"].append(seq.loss_mask.index(1))
-                columns["rewards"].append(seq.reward)
-                columns["behavior_logprobs"].append(seq.behavior_logprob)
-                columns["baselines"].append(seq.baseline)
-                columns["prompt_ids"].append(seq.prompt_id)
-                columns["sample_ids"].append(seq.sample_id)
+        for chunk in tokenized_tables(records, tokenizer, prompt_keys, chunk_size=CHUNK_RECORDS,
+                                      processes=processes or cores_given(), max_seq_length=spec.seq_length,
+                                      strict=spec.strict, too_long=spec.too_long, model_context=spec.model_context):
+            tokens.write(chunk.tokens)
+            tokens_sha256.update(chunk.tokens)
+            lengths.append(chunk.lengths)
+            for name, parts_of_column in columns.items():
+                parts_of_column.append(getattr(chunk, name))
         tokens.flush()
         os.fsync(tokens.fileno())
-    columns["group_mean_rewards"] = group_mean_rewards(columns["prompt_ids"], columns["rewards"])
-    arrays = {name: np.asarray(values, COLUMNS[name]) for name, values in columns.items()}
-    arrays["offsets"] = np.asarray(offsets, np.int64)
+    arrays = {name: np.concatenate(values).astype(COLUMNS[name], copy=False) for name, values in columns.items()}
+    arrays["group_mean_rewards"] = np.asarray(group_mean_rewards(arrays["prompt_ids"].tolist(),
+                                                                 arrays["rewards"].tolist()), np.float64)
+    arrays["offsets"] = np.zeros(len(arrays["rewards"]) + 1, np.int64)
+    np.cumsum(np.concatenate(lengths), out=arrays["offsets"][1:])
     arrays["row_offsets"], arrays["row_members"] = pack_rows(np.diff(arrays["offsets"]), spec.seq_length)
+    sha256 = {"tokens.bin": tokens_sha256.hexdigest()}
     for name, array in arrays.items():
-        _write_synced(directory / f"{name}.npy", lambda file, array=array: np.save(file, array))
-    _write_synced(directory / "prompt_keys.json", lambda file: file.write(json.dumps(list(prompt_keys)).encode()))
+        sha256[f"{name}.npy"] = _write_synced(directory / f"{name}.npy", lambda file, array=array: np.save(file, array))
+    sha256["prompt_keys.json"] = _write_synced(directory / "prompt_keys.json",
+                                               lambda file: file.write(json.dumps(list(prompt_keys)).encode()))
     table = SequenceTable(np.memmap(directory / "tokens.bin", dtype=TOKEN_DTYPE, mode="r"), arrays["offsets"],
                           **{name: arrays[name] for name in COLUMNS})
-    files = {file.name: {"bytes": file.stat().st_size, "sha256": _file_sha256(file)}
-             for file in sorted(directory.iterdir())}
-    manifest = {"key": parts, "tokens": int(offsets[-1]), "sequences": len(offsets) - 1, "prompts": len(prompt_keys),
-                "pad_id": pad_id_of(tokenizer), "epoch_rows": len(arrays["row_offsets"]) - 1,
+    files = {name: {"bytes": (directory / name).stat().st_size, "sha256": sha256[name]} for name in sorted(sha256)}
+    manifest = {"key": parts, "tokens": int(arrays["offsets"][-1]), "sequences": len(table),
+                "prompts": len(prompt_keys), "pad_id": pad_id_of(tokenizer), "epoch_rows": len(arrays["row_offsets"]) - 1,
                 "report": records.report.to_dict(), "table_digest": table.digest(), "files": files,
                 "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     _write_synced(directory / MANIFEST, lambda file: file.write((json.dumps(manifest, indent=1) + "\n").encode()))
     _fsync(directory)
 
 
-def _write_synced(path: Path, write) -> None:  # noqa: ANN001
+class _HashingFile:
+    """A file open for writing that hashes what is written to it."""
+
+    def __init__(self, file) -> None:  # noqa: ANN001
+        self.file, self.sha256 = file, hashlib.sha256()
+
+    def write(self, data) -> int:  # noqa: ANN001
+        self.sha256.update(data)
+        return self.file.write(data)
+
+
+def _write_synced(path: Path, write) -> str:  # noqa: ANN001
+    """Write `path` with `write(file)`, flushed to disk; the sha256 of what was written."""
     with path.open("wb") as file:
-        write(file)
+        hashing = _HashingFile(file)
+        write(hashing)
         file.flush()
         os.fsync(file.fileno())
+    return hashing.sha256.hexdigest()

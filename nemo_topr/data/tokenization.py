@@ -200,35 +200,12 @@ def tokenize_records(
     `records.report`. The dense sample_id of a sequence is its record's `index`; the dense
     prompt_id numbers `Record.prompt_key` in order of first appearance.
     """
+    too_long = check_tokenizable(records, tokenizer, too_long, strict)
     prompt_keys: dict[str, int] = {}
-    sequences = [seq for chunk in tokenized_chunks(records, tokenizer, prompt_keys, max_seq_length=max_seq_length,
-                                                   strict=strict, too_long=too_long, model_context=model_context)
-                 for seq in chunk]
+    sequences = tokenize_chunk(records.records, tokenizer, prompt_keys, special_token_text(tokenizer), records.report,
+                               strict=strict, too_long=too_long, limits=(max_seq_length, model_context))
+    count_used(records.report, len(sequences))
     return TokenizedDataset(sequences, list(prompt_keys), records.report)
-
-
-def tokenized_chunks(
-    records: RecordSet,
-    tokenizer,
-    prompt_keys: dict[str, int],
-    *,
-    max_seq_length: int | None = None,
-    strict: bool = True,
-    too_long: TooLong | None = None,
-    model_context: int | None = None,
-    chunk_size: int | None = None,
-) -> Iterator[list[TokenizedSequence]]:
-    """`tokenize_records`' sequences, `chunk_size` records at a time (all at once when None), so
-    that a large set need never be held as token lists whole (`nemo_topr.data.prepared`).
-    `prompt_keys` (Record.prompt_key -> dense prompt_id) fills as prompts first appear; the
-    report's records_used is set after the last chunk, which raises when no record was kept."""
-    too_long = _checked_policy(tokenizer, too_long, strict)
-    _check_chat_prompts(records.records, tokenizer)  # the whole set, before the first chunk's own problems
-    size = chunk_size or max(len(records.records), 1)
-    chunks = (records.records[start:start + size] for start in range(0, len(records.records), size))
-    for _, sequences in tokenized_stream(chunks, tokenizer, records.report, prompt_keys, strict=strict,
-                                         max_seq_length=max_seq_length, too_long=too_long, model_context=model_context):
-        yield sequences
 
 
 def tokenized_stream(
@@ -242,22 +219,27 @@ def tokenized_stream(
     too_long: TooLong | None = None,
     model_context: int | None = None,
 ) -> Iterator[tuple[Sequence[Record], list[TokenizedSequence]]]:
-    """`tokenized_chunks` of chunks of records read one chunk at a time (`RecordReader`), drops
+    """`tokenize_records` over chunks of records read one chunk at a time (`RecordReader`), drops
     counted into `report`: (each chunk, its sequences in its records' order)."""
     too_long = _checked_policy(tokenizer, too_long, strict)
     pattern = special_token_text(tokenizer)
     used = 0
     for chunk in chunks:
         _check_chat_prompts(chunk, tokenizer)
-        sequences = _tokenize_chunk(chunk, tokenizer, prompt_keys, pattern, report, strict=strict,
-                                    too_long=too_long, limits=(max_seq_length, model_context))
+        sequences = tokenize_chunk(chunk, tokenizer, prompt_keys, pattern, report, strict=strict,
+                                   too_long=too_long, limits=(max_seq_length, model_context))
         used += len(sequences)
         yield chunk, sequences
-    report.records_used = used
-    if not used:
-        problem = f"no completion tokens: all {report.records_in} records dropped {dict(report.dropped)}"
-        raise DataError(",".join(report.files), 0, "dataset", problem, key="dataset.no_completion_tokens",
-                        where=f"{','.join(report.files)}: dataset")
+    count_used(report, used)
+
+
+def check_tokenizable(records: RecordSet, tokenizer, too_long: TooLong | None, strict: bool) -> str:
+    """The too-long policy in force (`too_long_policy`), after the checks that hold for the
+    records as a whole: a known policy, a tokenizer with an EOS token, a chat template where a
+    prompt is a message list."""
+    too_long = _checked_policy(tokenizer, too_long, strict)
+    _check_chat_prompts(records.records, tokenizer)
+    return too_long
 
 
 def _checked_policy(tokenizer, too_long: TooLong | None, strict: bool) -> str:
@@ -281,8 +263,21 @@ def _check_chat_prompts(records: Sequence[Record], tokenizer) -> None:
                             key="record.prompt.chat_without_template", where=located(chat.path, chat.line, "prompt"))
 
 
-def _tokenize_chunk(records: Sequence[Record], tokenizer, dense_prompt_id: dict[str, int], pattern, report, *,
-                    strict: bool, too_long: str, limits: tuple[int | None, int | None]) -> list[TokenizedSequence]:
+def count_used(report: ValidationReport, used: int) -> None:
+    """Set the report's records_used once every record is tokenized; none kept is refused."""
+    report.records_used = used
+    if not used:
+        problem = f"no completion tokens: all {report.records_in} records dropped {dict(report.dropped)}"
+        raise DataError(",".join(report.files), 0, "dataset", problem, key="dataset.no_completion_tokens",
+                        where=f"{','.join(report.files)}: dataset")
+
+
+def tokenize_chunk(records: Sequence[Record], tokenizer, dense_prompt_id: dict[str, int], pattern, report, *,
+                   strict: bool, too_long: str, limits: tuple[int | None, int | None]) -> list[TokenizedSequence]:
+    """The sequences of `records` (a chunk of a set, or all of it): first the special-token checks
+    of every record, then one batch encoding of the distinct prompts and one of the completions,
+    then the length checks; drops and refusals go to `report.reject` in that order; `dense_prompt_id`
+    numbers prompt keys as they first appear among the kept sequences."""
     kept = []
     for record in records:
         if pattern and (problem := _special_token_problem(record, pattern)):

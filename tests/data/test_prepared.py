@@ -67,6 +67,62 @@ def test_a_second_start_finds_the_set_without_tokenizing(tmp_path, tokenizer_dir
     assert isinstance(again.table.tokens, np.memmap) and again.table.tokens.dtype == np.uint32
 
 
+def _with_too_long_records(path, lines_too_long: tuple[int, ...]):
+    """The fixture's records with the completions of `lines_too_long` (1-based) over SEQ_LENGTH tokens."""
+    rows = [json.loads(line) for line in DATA.read_text().splitlines()]
+    for line in lines_too_long:
+        rows[line - 1]["completion"] = " and so on" * SEQ_LENGTH
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _set_files(prepared) -> dict[str, bytes]:
+    """Every file of a set, the manifest without its time of writing."""
+    files = {path.name: path.read_bytes() for path in prepared.path.iterdir() if path.name != "manifest.json"}
+    manifest = dict(prepared.manifest)
+    del manifest["prepared_at"]
+    return {**files, "manifest.json": json.dumps(manifest).encode()}
+
+
+def test_every_core_writes_the_bytes_one_process_writes_with_the_same_drops(tmp_path, tokenizer_dir, monkeypatch):
+    """Chunks tokenized in two worker processes give the files, drops and report of one process;
+    both hold the sequences the in-memory path tokenizes."""
+    from nemo_topr.data import prepared as prepared_module
+    from nemo_topr.data.packing import set_group_mean_rewards
+    from nemo_topr.data.records import load_records
+    from nemo_topr.data.sequence_table import SequenceTable
+    from nemo_topr.data.tokenization import load_tokenizer, tokenize_records
+
+    monkeypatch.setattr(prepared_module, "CHUNK_RECORDS", 5)  # 24 records: 5 chunks, drops in two
+    data = _with_too_long_records(tmp_path / "data.jsonl", (4, 17))
+    spec = _spec(tokenizer_dir, data, strict=False)
+    one, _ = find_or_prepare(spec, tmp_path / "one", processes=1)
+    two, _ = find_or_prepare(spec, tmp_path / "two", processes=2)
+    assert _set_files(one) == _set_files(two)
+    assert two.report.dropped == {"too_long": 2} and two.manifest["sequences"] == 22
+    assert two.report.first_error["too_long"].startswith(f"{data}:4: completion:")
+    records = load_records(str(data), strict=False)
+    in_memory = tokenize_records(records, load_tokenizer(tokenizer_dir), max_seq_length=SEQ_LENGTH, strict=False)
+    set_group_mean_rewards(in_memory.sequences)
+    expected = SequenceTable.from_sequences(in_memory.sequences)
+    assert two.table.digest() == expected.digest() and two.prompt_keys == in_memory.prompt_keys
+    assert two.table.sample_ids.tolist() == [k for k in range(24) if k not in (3, 16)]
+
+
+def test_in_strict_mode_the_first_refused_record_is_named_and_nothing_is_written(tmp_path, tokenizer_dir,
+                                                                                 monkeypatch):
+    from nemo_topr.data import prepared as prepared_module
+    from nemo_topr.data.schema import DataError
+
+    monkeypatch.setattr(prepared_module, "CHUNK_RECORDS", 5)
+    data = _with_too_long_records(tmp_path / "data.jsonl", (9, 17))  # the second chunk's fourth record first
+    for processes in (1, 2):
+        with pytest.raises(DataError) as refused:
+            find_or_prepare(_spec(tokenizer_dir, data), tmp_path / "sets", processes=processes)
+        assert (refused.value.key, refused.value.where) == ("record.completion.too_long", f"{data}:9: completion")
+        assert _sets(tmp_path / "sets") == []
+
+
 def test_a_changed_data_file_tokenizer_or_setting_is_another_set(tmp_path, tokenizer_dir):
     found, _ = find_or_prepare(_spec(tokenizer_dir), tmp_path / "sets")
     lines = DATA.read_text().splitlines()
