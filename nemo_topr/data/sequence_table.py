@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
+from itertools import chain
 
 import numpy as np
 import torch
 
 from nemo_topr.data.packing import TokenizedSequence, best_fit_rows
 
+BLOCK_ROWS = 1 << 13  # rows a start reads at a time where it walks all epochs' rows (rows_digest)
 TOKEN_DTYPE = np.uint32  # 4 bytes an id: any vocabulary up to 4 G entries (Llama 3: 128 k)
 # the per-sequence columns: name -> dtype (float64 keeps every reward and log mu exactly as read)
 COLUMNS = {"prompt_lengths": np.int32, "rewards": np.float64, "behavior_logprobs": np.float64,
@@ -48,7 +50,7 @@ class SequenceTable:
         lengths = np.fromiter((len(seq.input_ids) for seq in sequences), np.int64, len(sequences))
         offsets = np.zeros(len(sequences) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        tokens = np.fromiter((token for seq in sequences for token in seq.input_ids), TOKEN_DTYPE, int(offsets[-1]))
+        tokens = np.fromiter(chain.from_iterable(seq.input_ids for seq in sequences), TOKEN_DTYPE, int(offsets[-1]))
         columns = {"prompt_lengths": [seq.loss_mask.index(1) if 1 in seq.loss_mask else len(seq.loss_mask)
                                       for seq in sequences],
                    "rewards": [seq.reward for seq in sequences],
@@ -177,13 +179,22 @@ class RowOrder(Sequence):
     def epoch_rows(self) -> int:
         return len(self.row_offsets) - 1
 
-    def flat(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sizes, members): each row's size in training order (filler rows 0) and all members."""
-        ordered = np.diff(self.row_offsets)[self.order]
-        first = np.cumsum(ordered) - ordered  # where each ordered row begins in the flat members
-        index = np.arange(int(ordered.sum()), dtype=np.int64) + np.repeat(self.row_offsets[self.order] - first,
-                                                                            ordered)
-        return np.concatenate([ordered, np.zeros(self.filler, np.int64)]), self.members[index]
+    def ordered_sizes(self) -> Iterator[np.ndarray]:
+        """Each row's size in training order (filler rows 0), `BLOCK_ROWS` rows at a time."""
+        for start in range(0, len(self.order), BLOCK_ROWS):
+            rows = self.order[start:start + BLOCK_ROWS]
+            yield self.row_offsets[rows + 1] - self.row_offsets[rows]
+        if self.filler:
+            yield np.zeros(self.filler, np.int64)
+
+    def ordered_members(self) -> Iterator[np.ndarray]:
+        """The rows' members in training order, end to end, `BLOCK_ROWS` rows at a time."""
+        for start in range(0, len(self.order), BLOCK_ROWS):
+            rows = self.order[start:start + BLOCK_ROWS]
+            begins = self.row_offsets[rows]
+            sizes = self.row_offsets[rows + 1] - begins
+            first = np.cumsum(sizes) - sizes  # where each row begins in this block's members
+            yield self.members[np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(begins - first, sizes)]
 
 
 def rows_digest(rows: Sequence) -> str:
@@ -191,22 +202,23 @@ def rows_digest(rows: Sequence) -> str:
     rows (a `RowOrder` or a list of lists of sequence indices); the JSON of rows of blocks
     (shared-prefix rows, `nemo_topr.data.shared_prefix`)."""
     digest = hashlib.sha256(b"nemo-topr rows 1")
-    if isinstance(rows, RowOrder):
-        sizes, members = rows.flat()
+    if isinstance(rows, RowOrder):  # block by block: no array as long as the data set at a start
+        blocks = chain(rows.ordered_sizes(), rows.ordered_members())
     elif all(isinstance(i, int) for row in rows for i in row):
         sizes = np.asarray([len(row) for row in rows], np.int64)
-        members = np.fromiter((i for row in rows for i in row), np.int64, int(sizes.sum()))
+        blocks = iter((sizes, np.fromiter((i for row in rows for i in row), np.int64, int(sizes.sum()))))
     else:
         import json
 
         digest.update(json.dumps(list(rows)).encode())
         return digest.hexdigest()
-    digest.update(sizes.astype("<i8").tobytes())
-    digest.update(members.astype("<i8").tobytes())
+    for block in blocks:
+        digest.update(block.astype("<i8").tobytes())
     return digest.hexdigest()
 
 
-def padding_share_of(lengths: np.ndarray, rows: RowOrder, seq_length: int) -> float:
-    """Share of one epoch's rows' positions that hold padding (`packing.padding_share`)."""
+def padding_share_of(tokens: int, rows: RowOrder, seq_length: int) -> float:
+    """Share of one epoch's rows' positions that hold padding (`packing.padding_share`), for
+    `tokens` tokens in all."""
     epoch_rows = rows.epoch_rows()
-    return 1.0 - float(lengths.sum()) / (epoch_rows * seq_length) if epoch_rows else 0.0
+    return 1.0 - float(tokens) / (epoch_rows * seq_length) if epoch_rows else 0.0

@@ -44,6 +44,7 @@ from nemo_topr.training.config import TrainingRun, build_training_run, compose
 from nemo_topr.training.config_error import ConfigError
 from nemo_topr.training.validation import check_batch_division, check_config, idle_schedule_warning
 from nemo_topr.utils.arguments import CONF_DIR
+from nemo_topr.utils.memory import give_back_freed_memory
 from nemo_topr.training.disk_space import (NoRoomError, check_room, checkpoint_bytes, estimated_checkpoint_bytes, failure_hint,
                                            parameter_count)
 from nemo_topr.training.step import baseline_column, baseline_source
@@ -118,6 +119,7 @@ def prepare(run: TrainingRun, lock: RunLock | None = None) -> dict:
     summary = {**prepared.summary(), "baselines": baseline_in_use(run.objective, prepared.dataset.record_baselines),
                "p_tilde": p_tilde,
                "train_iters": train.train_iters, "global_batch_size": train.global_batch_size}
+    give_back_freed_memory()  # the checks above made arrays as long as the data set, freed now
     if rank_zero and run.container.dataset.report_path:
         report = Path(run.container.dataset.report_path)
         report.parent.mkdir(parents=True, exist_ok=True)

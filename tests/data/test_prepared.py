@@ -123,6 +123,22 @@ def test_in_strict_mode_the_first_refused_record_is_named_and_nothing_is_written
         assert _sets(tmp_path / "sets") == []
 
 
+def test_the_row_order_digest_block_by_block_is_that_of_its_rows(monkeypatch):
+    """A start digests all epochs' rows a block at a time; the digest is that of the rows as lists."""
+    from nemo_topr.data import sequence_table
+    from nemo_topr.data.sequence_table import RowOrder, rows_digest
+
+    monkeypatch.setattr(sequence_table, "BLOCK_ROWS", 3)
+    sizes = [3, 1, 2, 4, 1, 1, 2]  # an epoch of 7 rows over 14 sequences, shuffled 2 epochs: 5 blocks
+    row_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    members = np.random.default_rng(0).permutation(14).astype(np.int64)
+    order = RowOrder(row_offsets, members, epochs=2, seed=7, filler=2)
+    rows = [list(row) for row in order]
+    assert len(rows) == 16 and rows[-2:] == [[], []]
+    assert sorted(i for row in rows for i in row) == sorted(2 * list(range(14)))
+    assert rows_digest(order) == rows_digest(rows)
+
+
 def test_a_changed_data_file_tokenizer_or_setting_is_another_set(tmp_path, tokenizer_dir):
     found, _ = find_or_prepare(_spec(tokenizer_dir), tmp_path / "sets")
     lines = DATA.read_text().splitlines()
