@@ -3,21 +3,20 @@
     .venv/bin/python -m bench.data_scale                       # 10 k, 100 k, 1 M; in memory at 10 k and 100 k
     .venv/bin/python -m bench.data_scale --sizes 10000 --in-memory 10000
 
-Per size, each step in a fresh process: `nemo-topr data prepare`'s preparation (`find_or_prepare`)
-timed, its bytes on disk; then a start as `nemo-topr train` makes it with the set written
-(`ToprDatasetConfig.prepare` and the data part of `training.recipe.prepare`: fingerprint, p~),
-timed, with the process's private memory (`RssAnon`, /proc/self/status: memory-mapped pages
-are shared page cache, not counted) before the data, once it is ready and after one pass over
-every global batch (also after glibc's malloc_trim, which gives back what the allocator holds
-free); that pass's batches are hashed. Where asked, the same start on the
-in-memory path: its time, memory and batch hash (equal hashes: bitwise the same batches). 10 M
+Per size, each step in a fresh process: `nemo-topr data prepare`'s preparation (`find_or_prepare`,
+a process per core given) timed, wall and CPU (its workers' included), its bytes on disk; then a
+start as `nemo-topr train` makes it with the set written (`ToprDatasetConfig.prepare` and the data
+part of `training.recipe.prepare`: fingerprint, p~, the freed heap given back), timed, with the
+process's private memory (`RssAnon`, /proc/self/status: memory-mapped pages are shared page
+cache, not counted) before the data, once it is ready and after one pass over every global batch
+(also after glibc's malloc_trim once more); that pass's batches are hashed. Where asked, the same
+start on the in-memory path: its time, memory and batch hash (equal hashes: bitwise the same batches). 10 M
 is extrapolated linearly from 100 k -> 1 M and labelled so. Writes bench/results/data_scale.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import hashlib
 import json
@@ -67,16 +66,24 @@ def write_synthetic(path: Path, records: int) -> None:
 def step_prepare(data: Path, tokenizer: Path, prepared_dir: Path) -> dict:
     from transformers import AutoTokenizer  # noqa: F401  imported before the clock, as the in-memory start has it
 
+    from nemo_topr.data.parallel_tokenization import cores_given
     from nemo_topr.data.prepared import PrepareSpec, find_or_prepare
 
-    started = time.perf_counter()
+    started, cpu_before = time.perf_counter(), _cpu_seconds()
     prepared, written = find_or_prepare(PrepareSpec(train_path=str(data), tokenizer_dir=str(tokenizer),
                                                     seq_length=SEQ_LENGTH), prepared_dir)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, _cpu_seconds() - cpu_before
     assert written
     disk = sum(entry["bytes"] for entry in prepared.manifest["files"].values())
-    return {"prepare_s": seconds, "sequences": prepared.manifest["sequences"], "tokens": prepared.manifest["tokens"],
+    return {"prepare_s": seconds, "prepare_cpu_s": cpu_seconds, "processes": cores_given(),
+            "sequences": prepared.manifest["sequences"], "tokens": prepared.manifest["tokens"],
             "disk_bytes": disk, "prepared_set": str(prepared.path)}
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children that ended (the preparation's workers)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
 def step_start(data: Path, tokenizer: Path, prepared_dir: Path | None) -> dict:
@@ -87,6 +94,7 @@ def step_start(data: Path, tokenizer: Path, prepared_dir: Path | None) -> dict:
     from nemo_topr.objective import ObjectiveConfig
     from nemo_topr.training.data import ToprDatasetConfig
     from nemo_topr.training.recipe import positive_share_in_use
+    from nemo_topr.utils.memory import give_back_freed_memory
 
     before = rss_anon()
     started = time.perf_counter()
@@ -96,6 +104,7 @@ def step_start(data: Path, tokenizer: Path, prepared_dir: Path | None) -> dict:
     fingerprint = prepared.data_fingerprint()
     positive_share_in_use(ObjectiveConfig(), prepared)
     summary = prepared.summary()
+    give_back_freed_memory()  # as `training.recipe.prepare` ends
     ready_s = time.perf_counter() - started
     ready = rss_anon()
     dataset = config.build_datasets(None)[0]
@@ -107,7 +116,7 @@ def step_start(data: Path, tokenizer: Path, prepared_dir: Path | None) -> dict:
             digest.update(name.encode())
             digest.update(batch[name].numpy().tobytes())
     pass_s, after_pass = time.perf_counter() - started, rss_anon()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)  # what the allocator holds free, given back
+    give_back_freed_memory()
     return {"data_ready_s": ready_s, "rss_anon_before": before, "rss_anon_ready": ready,
             "rss_anon_after_pass": after_pass, "rss_anon_after_pass_trimmed": rss_anon(), "pass_s": pass_s,
             "batches_sha256": digest.hexdigest(), "fingerprint": fingerprint, "written": prepared.written,
