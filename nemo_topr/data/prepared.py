@@ -229,8 +229,9 @@ def find_or_prepare(spec: PrepareSpec, prepared_dir: str | Path, *, write: bool 
                     poll: float = 1.0, processes: int | None = None) -> tuple[PreparedSet, bool]:
     """(the set for `spec` under `prepared_dir`, whether this call wrote it). With `write`, a
     missing or damaged set is written here (from `records` when given, read from the spec's
-    data otherwise, on `processes` processes: every core given unless set); without, this waits up to `wait_timeout` seconds for another process (rank
-    0, `nemo-topr data prepare`) to publish it."""
+    data otherwise; by `processes` processes, every core given by default); without, this waits
+    up to `wait_timeout` seconds for another process (rank 0, `nemo-topr data prepare`) to
+    publish it."""
     parts = spec.key_parts()
     final = Path(prepared_dir) / key_of(parts)
     problem = set_problem(final)
@@ -326,7 +327,8 @@ def write_set(spec: PrepareSpec, parts: dict[str, Any], directory: Path, records
                           **{name: arrays[name] for name in COLUMNS})
     files = {name: {"bytes": (directory / name).stat().st_size, "sha256": sha256[name]} for name in sorted(sha256)}
     manifest = {"key": parts, "tokens": int(arrays["offsets"][-1]), "sequences": len(table),
-                "prompts": len(prompt_keys), "pad_id": pad_id_of(tokenizer), "epoch_rows": len(arrays["row_offsets"]) - 1,
+                "prompts": len(prompt_keys), "pad_id": pad_id_of(tokenizer),
+                "epoch_rows": len(arrays["row_offsets"]) - 1,
                 "report": records.report.to_dict(), "table_digest": table.digest(), "files": files,
                 "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     _write_synced(directory / MANIFEST, lambda file: file.write((json.dumps(manifest, indent=1) + "\n").encode()))
