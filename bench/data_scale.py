@@ -10,8 +10,9 @@ part of `training.recipe.prepare`: fingerprint, p~, the freed heap given back), 
 process's private memory (`RssAnon`, /proc/self/status: memory-mapped pages are shared page
 cache, not counted) before the data, once it is ready and after one pass over every global batch
 (also after glibc's malloc_trim once more); that pass's batches are hashed. Where asked, the same
-start on the in-memory path: its time, memory and batch hash (equal hashes: bitwise the same batches). 10 M
-is extrapolated linearly from 100 k -> 1 M and labelled so. Writes bench/results/data_scale.json.
+start on the in-memory path: its time (wall and CPU), memory and batch hash (equal hashes: bitwise
+the same batches). 10 M is extrapolated linearly from 100 k -> 1 M and labelled so. Writes
+bench/results/data_scale.json.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def step_start(data: Path, tokenizer: Path, prepared_dir: Path | None) -> dict:
     from nemo_topr.utils.memory import give_back_freed_memory
 
     before = rss_anon()
-    started = time.perf_counter()
+    started, cpu_before = time.perf_counter(), _cpu_seconds()
     config = ToprDatasetConfig(train_path=str(data), tokenizer_dir=str(tokenizer), seq_length=SEQ_LENGTH,
                                prepared_dir=str(prepared_dir) if prepared_dir else None)
     prepared = config.prepare(GLOBAL_BATCH)
@@ -105,7 +106,7 @@ def step_start(data: Path, tokenizer: Path, prepared_dir: Path | None) -> dict:
     positive_share_in_use(ObjectiveConfig(), prepared)
     summary = prepared.summary()
     give_back_freed_memory()  # as `training.recipe.prepare` ends
-    ready_s = time.perf_counter() - started
+    ready_s, ready_cpu_s = time.perf_counter() - started, _cpu_seconds() - cpu_before
     ready = rss_anon()
     dataset = config.build_datasets(None)[0]
     digest = hashlib.sha256()
@@ -117,7 +118,7 @@ def step_start(data: Path, tokenizer: Path, prepared_dir: Path | None) -> dict:
             digest.update(batch[name].numpy().tobytes())
     pass_s, after_pass = time.perf_counter() - started, rss_anon()
     give_back_freed_memory()
-    return {"data_ready_s": ready_s, "rss_anon_before": before, "rss_anon_ready": ready,
+    return {"data_ready_s": ready_s, "data_ready_cpu_s": ready_cpu_s, "rss_anon_before": before, "rss_anon_ready": ready,
             "rss_anon_after_pass": after_pass, "rss_anon_after_pass_trimmed": rss_anon(), "pass_s": pass_s,
             "batches_sha256": digest.hexdigest(), "fingerprint": fingerprint, "written": prepared.written,
             "rows": summary["rows"], "sequences": summary["sequences"]}
@@ -159,6 +160,8 @@ def measure(sizes: list[int], in_memory: list[int], work: Path) -> dict:
             run["in_memory"] = memory
             run["in_memory_s_per_record"] = memory["data_ready_s"] / size
             run["prepare_over_in_memory_per_record"] = run["prepare_s_per_record"] / run["in_memory_s_per_record"]
+            run["prepare_cpu_over_in_memory_cpu"] = (run["prepare"]["prepare_cpu_s"]
+                                                     / memory["data_ready_cpu_s"])
             run["batches_bitwise_equal"] = memory["batches_sha256"] == run["start"]["batches_sha256"]
             run["fingerprints_equal"] = memory["fingerprint"] == run["start"]["fingerprint"]
         runs[size] = run
