@@ -118,8 +118,9 @@ def step_start(data: Path, tokenizer: Path, prepared_dir: Path | None) -> dict:
             digest.update(batch[name].numpy().tobytes())
     pass_s, after_pass = time.perf_counter() - started, rss_anon()
     give_back_freed_memory()
-    return {"data_ready_s": ready_s, "data_ready_cpu_s": ready_cpu_s, "rss_anon_before": before, "rss_anon_ready": ready,
-            "rss_anon_after_pass": after_pass, "rss_anon_after_pass_trimmed": rss_anon(), "pass_s": pass_s,
+    return {"data_ready_s": ready_s, "data_ready_cpu_s": ready_cpu_s, "rss_anon_before": before,
+            "rss_anon_ready": ready, "rss_anon_after_pass": after_pass, "rss_anon_after_pass_trimmed": rss_anon(),
+            "pass_s": pass_s,
             "batches_sha256": digest.hexdigest(), "fingerprint": fingerprint, "written": prepared.written,
             "rows": summary["rows"], "sequences": summary["sequences"]}
 
@@ -147,6 +148,7 @@ def measure(sizes: list[int], in_memory: list[int], work: Path) -> dict:
     for size in sizes:
         data = work / f"records_{size}.jsonl"
         write_synthetic(data, size)
+        os.sync()  # on disk, as a user's data is: the preparation's fsyncs do not write it too
         prepared_dir = work / f"prepared_{size}"
         run = {"records": size, "data_file_bytes": data.stat().st_size,
                "prepare": _run_step("prepare", str(data), str(work / "tokenizer"), str(prepared_dir))}
