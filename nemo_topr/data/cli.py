@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from nemo_topr.errors import Problems, UserError, refuse
 from nemo_topr.utils.arguments import Parser, UsageError, at_least_one, finite, non_negative, share
-from nemo_topr.data.prepare_verb import add_prepare_parser
+from nemo_topr.data.prepare_verb import PREPARED_DIR_ENV, add_prepare_parser
 from nemo_topr.data.records import SOURCE_OPTIONS, RecordSet, load_records
 from nemo_topr.data.sources import open_sources
 from nemo_topr.utils.outputs import (OutputError, add_overwrite_argument, distinct_outputs, writable_output_file,
@@ -23,6 +23,8 @@ from nemo_topr.utils.outputs import (OutputError, add_overwrite_argument, distin
 
 if TYPE_CHECKING:
     from nemo_topr.data.curation import Curation
+    from nemo_topr.data.prepared import PrepareSpec
+    from nemo_topr.data.report import ValidationReport
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +62,12 @@ def _add_input_arguments(
         parser.add_argument("--max-seq-length", type=at_least_one, help="limit on prompt + completion + EOS tokens")
         parser.add_argument("--too-long", choices=("error", "drop"),
                             help="what to do with sequences over the limit (default: error if strict, else drop)")
+        parser.add_argument("--prepared-dir", type=Path,
+                            help="with --max-seq-length, the records are tokenized and packed once into the prepared "
+                                 "set `train` reads for the same data, tokenizer and settings, and the report read "
+                                 "from it: kept in this directory for `train` to find (keyed as `data prepare` keys "
+                                 f"it); default ${PREPARED_DIR_ENV} when set, else a temporary directory removed at "
+                                 "the end")
 
 
 def _load(args: argparse.Namespace) -> RecordSet:
@@ -102,6 +110,8 @@ def validate(spec: DataSpec) -> list[UserError]:
             if value is not None and args.tokenizer is None:  # --too-long alone was ignored without a word
                 raise UsageError(f"{option} needs --tokenizer (lengths are counted in tokens)",
                                  key=f"{option}.without_tokenizer", where=option)
+    with problems.check():
+        _check_prepared_dir(args)
     if problems:
         return problems
     if spec.verb == "curate":
@@ -125,6 +135,18 @@ def validate(spec: DataSpec) -> list[UserError]:
     return problems
 
 
+def _check_prepared_dir(args: argparse.Namespace) -> None:
+    """--prepared-dir names where one set of one data path, packed at --max-seq-length, is kept."""
+    if getattr(args, "prepared_dir", None) is None:
+        return
+    if args.max_seq_length is None:
+        raise UsageError("--prepared-dir needs --max-seq-length (a prepared set is packed at that length)",
+                         key="--prepared-dir.without_max_seq_length", where="--prepared-dir")
+    if len(args.paths) != 1:
+        raise UsageError(f"--prepared-dir prepares one data path (a file, directory or glob pattern); got "
+                         f"{len(args.paths)}", key="--prepared-dir.several_paths", where="--prepared-dir")
+
+
 def curation_stats(args: argparse.Namespace) -> Path:
     """Where `data curate` writes its stats: --stats, or OUT with suffix .stats.json."""
     return args.stats or args.out.with_suffix(".stats.json")
@@ -132,26 +154,52 @@ def curation_stats(args: argparse.Namespace) -> Path:
 
 def _validate(args: argparse.Namespace) -> int:
     records = _load(args)
+    report = records.report
     if args.tokenizer is not None:
         _say_loading("validate", f"{len(records.records)} records read; loading {args.tokenizer}'s tokenizer to "
                                  "count their tokens")
+        from nemo_topr.data.prepared_validation import prepared_spec
         from nemo_topr.model.source import context_of
 
         # a record beyond the model's context is refused by score-logprobs and train: found here first
-        tokenizer, tokenized = _tokenize(args, records, max_seq_length=args.max_seq_length, too_long=args.too_long,
-                                         model_context=context_of(args.tokenizer))
-        if args.max_seq_length is not None:
-            from nemo_topr.data.packing import pack_sequences, padding_share
-            from nemo_topr.data.tokenization import pad_id_of
-
-            rows = pack_sequences(tokenized.sequences, args.max_seq_length, pad_id_of(tokenizer))
-            share = padding_share(tokenized.sequences, rows, args.max_seq_length)
-            records.report.notes.append(
-                f"packed into {len(rows)} rows of {args.max_seq_length} tokens, padding share {share:.2%}"
-            )
-    print(records.report.format())
+        model_context = context_of(args.tokenizer)
+        spec = prepared_spec(args, records, model_context)
+        if spec is not None:
+            report = _validated_prepared(args, spec, records)
+        else:
+            _validated_in_memory(args, records, model_context)
+    print(report.format())
     _warn_of_the_baseline(records.records, args.baseline)
     return 0
+
+
+def _validated_prepared(args: argparse.Namespace, spec: PrepareSpec, records: RecordSet) -> ValidationReport:
+    """The report of the prepared set for `spec`, found or written in the prepared directory."""
+    from nemo_topr.data.prepared import find_or_prepare
+    from nemo_topr.data.prepared_validation import packing_of, prepared_dir
+
+    with prepared_dir(args.prepared_dir) as directory:
+        prepared, _ = find_or_prepare(spec, directory, records=records)
+        report = prepared.report  # a set found holds the drops that tokenizing it counted
+        report.notes.append(_packing_note(*packing_of(prepared), args.max_seq_length))
+        del prepared  # its memory maps, before a temporary directory is removed
+    return report
+
+
+def _validated_in_memory(args: argparse.Namespace, records: RecordSet, model_context: int | None) -> None:
+    tokenizer, tokenized = _tokenize(args, records, max_seq_length=args.max_seq_length, too_long=args.too_long,
+                                     model_context=model_context)
+    if args.max_seq_length is not None:
+        from nemo_topr.data.packing import pack_sequences, padding_share
+        from nemo_topr.data.tokenization import pad_id_of
+
+        rows = pack_sequences(tokenized.sequences, args.max_seq_length, pad_id_of(tokenizer))
+        share = padding_share(tokenized.sequences, rows, args.max_seq_length)
+        records.report.notes.append(_packing_note(len(rows), share, args.max_seq_length))
+
+
+def _packing_note(rows: int, share: float, seq_length: int) -> str:
+    return f"packed into {rows} rows of {seq_length} tokens, padding share {share:.2%}"
 
 
 def _print_drops(records: RecordSet) -> None:

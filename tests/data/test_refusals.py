@@ -181,6 +181,11 @@ ROWS = [
     ("prepared_set.not_written_in_time", PREPARED_SET, raised(prepared_wait)),
     ("--max-seq-length.without_tokenizer", "--max-seq-length",
      raised(data_cli.main, ["validate", "graded.jsonl", "--max-seq-length", "8"])),
+    ("--prepared-dir.without_max_seq_length", "--prepared-dir",
+     raised(data_cli.main, ["validate", "graded.jsonl", "--tokenizer", "tok", "--prepared-dir", "sets"])),
+    ("--prepared-dir.several_paths", "--prepared-dir",
+     raised(data_cli.main, ["validate", "graded.jsonl", "graded.jsonl", "--tokenizer", "tok", "--max-seq-length", "8",
+                            "--prepared-dir", "sets"])),
     ("--out.is_a_file", "--out", raised(data_cli.main, ["stats", "graded.jsonl", "--out", "notes.txt"])),
     ("data.several_problems", "missing.jsonl: path, --out",
      raised(data_cli.main, ["curate", "missing.jsonl", "--out", "notes.txt"])),
@@ -201,7 +206,8 @@ def test_nothing_is_written_where_a_refusal_says_nothing_is(inputs, monkeypatch)
     monkeypatch.chdir(inputs)
     before = sorted(str(path) for path in Path().rglob("*"))
     for key, _, problem in ROWS:
-        if key in ("--out.is_a_file", "--max-seq-length.without_tokenizer", "prepared_set.not_written_in_time"):
+        if key in ("--out.is_a_file", "--max-seq-length.without_tokenizer", "prepared_set.not_written_in_time",
+                   "--prepared-dir.without_max_seq_length", "--prepared-dir.several_paths"):
             assert problem(), key
     assert sorted(str(path) for path in Path().rglob("*")) == before
 
