@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from nemo_topr.errors import Problems, UserError, refuse
 from nemo_topr.utils.arguments import Parser, UsageError, at_least_one, finite, non_negative, share
@@ -23,8 +24,10 @@ from nemo_topr.utils.outputs import (OutputError, add_overwrite_argument, distin
 
 if TYPE_CHECKING:
     from nemo_topr.data.curation import Curation
-    from nemo_topr.data.prepared import PrepareSpec
+    from nemo_topr.data.prepared import PreparedSet, PrepareSpec
     from nemo_topr.data.report import ValidationReport
+
+T = TypeVar("T")
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,10 +67,10 @@ def _add_input_arguments(
                             help="what to do with sequences over the limit (default: error if strict, else drop)")
         parser.add_argument("--prepared-dir", type=Path,
                             help="with --max-seq-length, the records are tokenized and packed once into the prepared "
-                                 "set `train` reads for the same data, tokenizer and settings, and the report read "
-                                 "from it: kept in this directory for `train` to find (keyed as `data prepare` keys "
-                                 f"it); default ${PREPARED_DIR_ENV} when set, else a temporary directory removed at "
-                                 "the end")
+                                 "set `train` reads for the same data, tokenizer and settings, and the report (stats: "
+                                 "the token lengths) read from it: kept in this directory for `train` to find (keyed "
+                                 f"as `data prepare` keys it); default ${PREPARED_DIR_ENV} when set, else a temporary "
+                                 "directory removed at the end")
 
 
 def _load(args: argparse.Namespace) -> RecordSet:
@@ -158,14 +161,14 @@ def _validate(args: argparse.Namespace) -> int:
     if args.tokenizer is not None:
         _say_loading("validate", f"{len(records.records)} records read; loading {args.tokenizer}'s tokenizer to "
                                  "count their tokens")
-        from nemo_topr.data.prepared_validation import prepared_spec
+        from nemo_topr.data.prepared_validation import packing_of, prepared_spec
         from nemo_topr.model.source import context_of
 
         # a record beyond the model's context is refused by score-logprobs and train: found here first
         model_context = context_of(args.tokenizer)
-        spec = prepared_spec(args, records, model_context)
-        if spec is not None:
-            report = _validated_prepared(args, spec, records)
+        if (spec := prepared_spec(args, records, model_context)) is not None:
+            report, (rows, share) = _read_prepared(args, spec, records, packing_of)
+            report.notes.append(_packing_note(rows, share, args.max_seq_length))
         else:
             _validated_in_memory(args, records, model_context)
     print(report.format())
@@ -173,17 +176,18 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _validated_prepared(args: argparse.Namespace, spec: PrepareSpec, records: RecordSet) -> ValidationReport:
-    """The report of the prepared set for `spec`, found or written in the prepared directory."""
+def _read_prepared(args: argparse.Namespace, spec: PrepareSpec, records: RecordSet,
+                   read: Callable[[PreparedSet], T]) -> tuple[ValidationReport, T]:
+    """(the report, `read` of the set) of the prepared set for `spec`, found or written in the
+    prepared directory; a set found holds the drops that tokenizing it counted."""
     from nemo_topr.data.prepared import find_or_prepare
-    from nemo_topr.data.prepared_validation import packing_of, prepared_dir
+    from nemo_topr.data.prepared_validation import prepared_dir
 
     with prepared_dir(args.prepared_dir) as directory:
         prepared, _ = find_or_prepare(spec, directory, records=records)
-        report = prepared.report  # a set found holds the drops that tokenizing it counted
-        report.notes.append(_packing_note(*packing_of(prepared), args.max_seq_length))
+        result = prepared.report, read(prepared)
         del prepared  # its memory maps, before a temporary directory is removed
-    return report
+    return result
 
 
 def _validated_in_memory(args: argparse.Namespace, records: RecordSet, model_context: int | None) -> None:
@@ -202,10 +206,10 @@ def _packing_note(rows: int, share: float, seq_length: int) -> str:
     return f"packed into {rows} rows of {seq_length} tokens, padding share {share:.2%}"
 
 
-def _print_drops(records: RecordSet) -> None:
+def _print_drops(report: ValidationReport) -> None:
     """`validate`'s report where `--no-strict` dropped records, so that no drop goes unsaid on the console."""
-    if records.report.dropped:
-        print(records.report.format())
+    if report.dropped:
+        print(report.format())
 
 
 def _warn_of_the_baseline(records, baseline: float) -> None:
@@ -236,11 +240,26 @@ def _stats(args: argparse.Namespace) -> int:
     _say_loading("stats", f"{len(records.records)} records read; computing their statistics")
     from nemo_topr.data.stats import plot_summary, summarize, write_summary
 
-    sequences = _tokenize(args, records)[1].sequences if args.tokenizer is not None else None
-    summary = summarize(records.records, baseline=args.baseline, sequences=sequences)
+    report, lengths = records.report, None
+    if args.tokenizer is not None:
+        from nemo_topr.data.prepared_validation import prepared_spec, token_lengths_of
+        from nemo_topr.data.stats import sequence_token_lengths
+
+        model_context = None
+        if args.max_seq_length is not None:  # as validate checks lengths; without, every length is counted
+            from nemo_topr.model.source import context_of
+
+            model_context = context_of(args.tokenizer)
+        if (spec := prepared_spec(args, records, model_context)) is not None:
+            report, lengths = _read_prepared(args, spec, records, token_lengths_of)
+        else:
+            tokenized = _tokenize(args, records, max_seq_length=args.max_seq_length, too_long=args.too_long,
+                                  model_context=model_context)[1]
+            lengths = sequence_token_lengths(tokenized.sequences)
+    summary = summarize(records.records, baseline=args.baseline, token_lengths=lengths)
     _warn_of_the_baseline(records.records, args.baseline)
-    summary["validation"] = records.report.to_dict()
-    _print_drops(records)  # after tokenizing, which drops too
+    summary["validation"] = report.to_dict()
+    _print_drops(report)  # after tokenizing, which drops too
     print(json.dumps(summary["composition"], indent=2))
     if args.out is not None:
         write_summary(summary, args.out / "stats.json")
@@ -275,7 +294,7 @@ def _curate(args: argparse.Namespace) -> int:
     result.stats["validation"] = records.report.to_dict()
     write_jsonl(result.records, args.out)
     write_summary(result.stats, stats_path)
-    _print_drops(records)
+    _print_drops(records.report)
     print(json.dumps({key: result.stats[key] for key in ("records_in", "records_out", "dropped", "after")}, indent=2))
     print(f"wrote {args.out} and {stats_path}")
     _warn_of_the_baseline(records.records, args.baseline)
@@ -297,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(run=_validate)
 
     stats = verbs.add_parser("stats", help="counts, p, p~, per-prompt positives, lengths, rewards")
-    _add_input_arguments(stats, tokenizer=True)
+    _add_input_arguments(stats, tokenizer=True, length_limit=True)
     _add_baseline_argument(stats)
     stats.add_argument("--out", type=Path, help="directory for stats.json and stats.png")
     add_overwrite_argument(stats)

@@ -1,7 +1,7 @@
-"""`nemo-topr data validate --tokenizer T --max-seq-length N` through the prepared form: the set
-`train` prepares for the same settings is found or written (`prepared.find_or_prepare`), and the
-report's drops, packing rows and padding share are read from its manifest and arrays, never from
-token lists held in one process.
+"""`nemo-topr data validate|stats --tokenizer T --max-seq-length N` through the prepared form: the
+set `train` prepares for the same settings is found or written (`prepared.find_or_prepare`), and
+the report's drops, packing rows and padding share, or stats' token lengths, are read from its
+manifest and arrays, never from token lists held in one process.
 
 The set is the one `train` reads where its key's parts agree (docs/data.md, "Prepared data sets"):
 the same data files and tokenizer files, --max-seq-length as dataset.seq_length, --tokenizer's
@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 from nemo_topr.data.prepare_verb import PREPARED_DIR_ENV
 from nemo_topr.data.prepared import PreparedSet, PrepareSpec
 from nemo_topr.data.records import RecordSet
@@ -25,7 +27,7 @@ from nemo_topr.data.sources import HUB_PREFIX, ColumnMapping
 
 
 def prepared_spec(args: argparse.Namespace, records: RecordSet, model_context: int | None) -> PrepareSpec | None:
-    """The set `train` would prepare for `validate`'s settings, or None where the prepared form does
+    """The set `train` would prepare for `validate`'s or `stats`' settings, or None where the prepared form does
     not apply and `--prepared-dir` was not given: no --max-seq-length (no packing length), not one
     local data path, or records without behavior_logprob (a set holds scored records alone). With
     --prepared-dir the set is prepared whatever the data, and refused as `data prepare` refuses it."""
@@ -58,3 +60,10 @@ def packing_of(prepared: PreparedSet) -> tuple[int, float]:
     rows = len(prepared.row_offsets) - 1
     used = int(prepared.table.offsets[-1])  # every sequence sits in one row
     return rows, (1.0 - used / (rows * prepared.manifest["key"]["seq_length"]) if rows else 0.0)
+
+
+def token_lengths_of(prepared: PreparedSet) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt, completion) token counts of each sequence, from the set's prompt lengths and offsets
+    (a completion's count includes its EOS), copied out of the memory maps."""
+    prompt = np.array(prepared.table.prompt_lengths, np.int64)
+    return prompt, np.diff(prepared.table.offsets) - prompt

@@ -84,10 +84,18 @@ def _per_prompt_histogram(counts_by_prompt: dict[str, int]) -> dict[int, int]:
     return dict(sorted(Counter(counts_by_prompt.values()).items()))
 
 
+def sequence_token_lengths(sequences: Sequence[TokenizedSequence]) -> tuple[list[int], list[int]]:
+    """(prompt, completion) token counts of each sequence; the completion's count includes EOS."""
+    completion = [sum(seq.loss_mask) for seq in sequences]
+    return [len(seq.input_ids) - n for seq, n in zip(sequences, completion)], completion
+
+
 def summarize(
-    records: Sequence[Record], *, baseline: float = 0.0, sequences: Sequence[TokenizedSequence] | None = None
+    records: Sequence[Record], *, baseline: float = 0.0,
+    token_lengths: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> dict[str, Any]:
-    """The statistics of a dataset; token lengths only when its `sequences` are given."""
+    """The statistics of a dataset; token lengths only when its sequences' (prompt, completion)
+    `token_lengths` are given (`sequence_token_lengths`, or a prepared set's)."""
     positives_by_prompt: Counter[str] = Counter()
     samples_by_prompt: Counter[str] = Counter()
     for record in records:
@@ -106,13 +114,10 @@ def summarize(
     logprobs = [r.behavior_logprob for r in records if r.behavior_logprob is not None]
     if logprobs:
         summary["behavior_logprob"] = distribution(logprobs)
-    if sequences is not None:
-        completion_tokens = [sum(seq.loss_mask) for seq in sequences]
-        summary["tokens"] = {
-            "prompt": distribution([len(seq.input_ids) - n for seq, n in zip(sequences, completion_tokens)]),
-            "completion": distribution(completion_tokens),
-            "total": distribution([len(seq.input_ids) for seq in sequences]),
-        }
+    if token_lengths is not None:
+        prompt, completion = (np.asarray(lengths, np.int64) for lengths in token_lengths)
+        summary["tokens"] = {"prompt": distribution(prompt), "completion": distribution(completion),
+                             "total": distribution(prompt + completion)}
     return summary
 
 

@@ -1,8 +1,10 @@
-"""`nemo-topr data validate --tokenizer T --max-seq-length N` through the prepared form
-(`nemo_topr.data.prepared_validation`): the report is the in-memory one, the set is found again
-without tokenizing, and it is the set `train` (`data prepare`) finds for a matching config."""
+"""`nemo-topr data validate|stats --tokenizer T --max-seq-length N` through the prepared form
+(`nemo_topr.data.prepared_validation`): the report and token lengths are the in-memory ones, the
+set is found again without tokenizing, and it is the set `train` (`data prepare`) finds."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -85,3 +87,31 @@ def test_a_second_validate_finds_the_set_and_data_prepare_finds_it_for_train(tmp
     assert capsys.readouterr().out.startswith(f"found {sets / key}: 24 sequences")
     assert tokenizer_calls == []
 
+
+
+def test_stats_token_lengths_read_from_the_set_are_the_in_memory_ones(tokenizer_dir, tmp_path, capsys, monkeypatch):
+    """At a length every record fits (the fixture's longest is 293 tokens), stats through the
+    prepared set writes the stats.json that tokenizing in memory writes."""
+    monkeypatch.delenv("NEMO_TOPR_PREPARED_DIR", raising=False)
+    common = ["data", "stats", str(SCORED), "--tokenizer", str(tokenizer_dir)]
+    assert main([*common, "--out", str(tmp_path / "in_memory")]) == 0
+    assert main([*common, "--max-seq-length", "2048", "--prepared-dir", str(tmp_path / "sets"),
+                 "--out", str(tmp_path / "prepared")]) == 0
+    assert len(list((tmp_path / "sets").iterdir())) == 1
+    in_memory, prepared = (json.loads((tmp_path / name / "stats.json").read_text())
+                           for name in ("in_memory", "prepared"))
+    assert prepared == in_memory and prepared["tokens"]["total"]["count"] == 24
+    tokens = prepared["tokens"]
+    assert tokens["total"]["mean"] == pytest.approx(tokens["prompt"]["mean"] + tokens["completion"]["mean"])
+    assert tokens["total"]["max"] == 293
+
+
+def test_stats_with_a_length_counts_the_records_over_it(tokenizer_dir, tmp_path, capsys, monkeypatch):
+    """--no-strict --max-seq-length 200 drops the 12 records over 200 tokens, as validate counts them."""
+    monkeypatch.delenv("NEMO_TOPR_PREPARED_DIR", raising=False)
+    assert main(["data", "stats", str(SCORED), "--no-strict", "--tokenizer", str(tokenizer_dir), "--max-seq-length",
+                 "200", "--out", str(tmp_path / "out")]) == 0
+    summary = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert summary["validation"]["dropped"] == {"too_long": 12} and summary["tokens"]["total"]["count"] == 12
+    assert summary["tokens"]["total"]["max"] <= 200 and summary["composition"]["records"] == 24
+    assert "records dropped: 12" in capsys.readouterr().out
