@@ -145,6 +145,9 @@ def _check_prepared_dir(args: argparse.Namespace) -> None:
     if args.max_seq_length is None:
         raise UsageError("--prepared-dir needs --max-seq-length (a prepared set is packed at that length)",
                          key="--prepared-dir.without_max_seq_length", where="--prepared-dir")
+    if args.prepared_dir.exists() and not args.prepared_dir.is_dir():
+        raise UsageError(f"--prepared-dir {args.prepared_dir} is a file; give a directory (made when missing)",
+                         key="--prepared-dir.is_a_file", where="--prepared-dir")
     if len(args.paths) != 1:
         raise UsageError(f"--prepared-dir prepares one data path (a file, directory or glob pattern); got "
                          f"{len(args.paths)}", key="--prepared-dir.several_paths", where="--prepared-dir")

@@ -186,6 +186,9 @@ ROWS = [
     ("--prepared-dir.several_paths", "--prepared-dir",
      raised(data_cli.main, ["validate", "graded.jsonl", "graded.jsonl", "--tokenizer", "tok", "--max-seq-length", "8",
                             "--prepared-dir", "sets"])),
+    ("--prepared-dir.is_a_file", "--prepared-dir",
+     raised(data_cli.main, ["validate", "graded.jsonl", "--tokenizer", "tok", "--max-seq-length", "8",
+                            "--prepared-dir", "notes.txt"])),
     ("--out.is_a_file", "--out", raised(data_cli.main, ["stats", "graded.jsonl", "--out", "notes.txt"])),
     ("data.several_problems", "missing.jsonl: path, --out",
      raised(data_cli.main, ["curate", "missing.jsonl", "--out", "notes.txt"])),
@@ -207,7 +210,7 @@ def test_nothing_is_written_where_a_refusal_says_nothing_is(inputs, monkeypatch)
     before = sorted(str(path) for path in Path().rglob("*"))
     for key, _, problem in ROWS:
         if key in ("--out.is_a_file", "--max-seq-length.without_tokenizer", "prepared_set.not_written_in_time",
-                   "--prepared-dir.without_max_seq_length", "--prepared-dir.several_paths"):
+                   "--prepared-dir.without_max_seq_length", "--prepared-dir.several_paths", "--prepared-dir.is_a_file"):
             assert problem(), key
     assert sorted(str(path) for path in Path().rglob("*")) == before
 
