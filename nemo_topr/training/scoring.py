@@ -30,12 +30,13 @@ import sys
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import batched
 from pathlib import Path
 
 import torch
 
+from nemo_topr.errors import Problems, UserError, refuse
 from nemo_topr.model import source as model_source
 from nemo_topr.utils.arguments import Parser, at_least_one
 from nemo_topr.data.cli import add_source_arguments, source_options
@@ -128,12 +129,8 @@ def apply_scoring_layout(provider, device: str, *, train_config: str | None, pre
     if train_config and device != "cuda":  # read all the same: a typo there is named on a CPU dry run too
         training_model_section(train_config, provider)
     if train_config and device == "cuda":
-        given = [flag for flag, value in (("--precision", precision), ("--tp", tensor_parallel),
-                                          ("--pp", pipeline_parallel)) if value is not None]
-        if given:
-            raise ConfigError(f"--train-config {train_config} takes the precision and TP/PP from its model section; "
-                              f"drop {', '.join(given)}, or drop --train-config to score with the flags",
-                              key="train_config.with_layout_flags", where="--train-config")
+        check_layout_flags(device, train_config, precision=precision, tensor_parallel=tensor_parallel,
+                           pipeline_parallel=pipeline_parallel)
         apply_training_model_section(provider, train_config)
         return train_config
     if train_config:  # the CPU runtime computes in fp32 with local layers whatever the preset says
@@ -145,6 +142,20 @@ def apply_scoring_layout(provider, device: str, *, train_config: str | None, pre
         provider.bf16, provider.params_dtype = True, torch.bfloat16
     provider.pipeline_dtype = provider.params_dtype
     return None
+
+
+def check_layout_flags(device: str, train_config: str | None, *, precision: str | None,
+                       tensor_parallel: int | None, pipeline_parallel: int | None) -> None:
+    """On cuda, `train_config` sets the precision and TP/PP: a flag given beside it would contradict it,
+    and is refused rather than silently overridden."""
+    if not (train_config and device == "cuda"):
+        return
+    given = [flag for flag, value in (("--precision", precision), ("--tp", tensor_parallel),
+                                      ("--pp", pipeline_parallel)) if value is not None]
+    if given:
+        raise ConfigError(f"--train-config {train_config} takes the precision and TP/PP from its model section; "
+                          f"drop {', '.join(given)}, or drop --train-config to score with the flags",
+                          key="train_config.with_layout_flags", where="--train-config")
 
 
 def check_scoring_world(provider, world_size: int, train_config: str | None) -> None:
@@ -188,17 +199,76 @@ def to_model_device(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> d
 CHUNK_RECORDS = 2048
 
 
-def scoring_chunks(reader: RecordReader, tokenizer, report: ValidationReport, chunk_records: int,
+def scoring_chunks(records: Iterator[Record], tokenizer, report: ValidationReport, chunk_records: int,
                    **tokenizing) -> Iterator[tuple[Sequence[Record], list[TokenizedSequence]]]:
-    """(records, their sequences) `chunk_records` records at a time, read again from the sources
-    (their validation counted already), tokenization's drops counted into `report`. Every rank
-    reads the same chunks in the same order. Dense prompt ids start again in each chunk: they only
-    group a chunk's sequences for packing, and a table over the whole set grows with its prompts."""
+    """(records, their sequences) `chunk_records` of `records` (a `RecordReader`'s read) at a time,
+    tokenization's drops counted into `report`. Every rank reads the same chunks in the same order. Dense
+    prompt ids start again in each chunk: they only group a chunk's sequences for packing, and a table
+    over the whole set grows with its prompts."""
     prompt_keys: dict[str, int] = {}
-    records = batched(reader.read(reader.new_report()), chunk_records)
-    for chunk, sequences in tokenized_stream(records, tokenizer, report, prompt_keys, **tokenizing):
+    for chunk, sequences in tokenized_stream(batched(records, chunk_records), tokenizer, report, prompt_keys,
+                                             **tokenizing):
         yield chunk, sequences
         prompt_keys.clear()
+
+
+@dataclass(frozen=True)
+class ScoreLogprobsSpec:
+    """What `nemo-topr score-logprobs` will do: `model`'s log-probs of the records of `data` (read by
+    `source`'s columns, strict or not) written to `out`, with the layout and precision of the flags or
+    of `train_config` (`apply_scoring_layout`); see `score_logprobs` for each field."""
+
+    model: str | Path
+    data: str | Path
+    out: str | Path
+    seq_length: int = 2048
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
+    rows_per_batch: int = 4
+    strict: bool = True
+    precision: str | None = None
+    device: str = "cuda"
+    source: dict | None = None
+    shared_prefix: bool = False
+    train_config: str | None = None
+    overwrite: bool = False
+    chunk_records: int = CHUNK_RECORDS
+
+    def reader(self) -> RecordReader:
+        return RecordReader(self.data, strict=self.strict, **(self.source or {}))
+
+    def model_source(self) -> model_source.ModelSource:
+        return model_source.resolve(self.model, named="--model ")  # file checks only
+
+
+def validate(spec: ScoreLogprobsSpec) -> list[UserError]:
+    """Every problem of `spec` before Megatron's import, nothing written: the model source whole,
+    --train-config beside the flags it replaces and the device; where these are fine, the data's files,
+    `out` and its report (writable, none of them an input) and every record (read once, none kept).
+    The data is read only on a device and for a model it can be scored with: a pass over millions of
+    records is not made to tell what the device or the model's files told in a second."""
+    problems, device_problems = Problems(), Problems()
+    device = spec.device  # as asked, where it cannot be had: a flag that contradicts --train-config is named too
+    with device_problems.check():
+        device = select_device(spec.device, where="--device")
+    with problems.check():
+        model_source.check_intact(spec.model_source())
+    with problems.check():
+        check_layout_flags(device, spec.train_config, precision=spec.precision,
+                           tensor_parallel=spec.tensor_parallel, pipeline_parallel=spec.pipeline_parallel)
+    if problems or device_problems:
+        return [*problems, *device_problems]  # the device's last: its remedy (--device cpu) ends the refusal
+    reader, inputs = None, []
+    with problems.check():
+        reader = spec.reader()
+        inputs = reader.new_report().files
+    with problems.check():
+        writable_records_file(spec.out, inputs=inputs, overwrite=spec.overwrite)
+        writable_output_file(str(spec.out) + ".report.json", "--out's report", inputs=inputs, overwrite=spec.overwrite)
+    with problems.check():
+        if reader is not None:
+            deque(reader.read(reader.new_report()), maxlen=0)  # every record validated, none kept
+    return problems
 
 
 def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, seq_length: int = 2048,
@@ -207,7 +277,8 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
                    source: dict | None = None, shared_prefix: bool = False,
                    train_config: str | None = None, overwrite: bool = False,
                    chunk_records: int = CHUNK_RECORDS) -> dict:
-    """Score every record; rank 0 writes `out` and returns a summary (other ranks return {}).
+    """Score every record; rank 0 writes `out` and returns a summary (other ranks return {}): `run` of
+    a `ScoreLogprobsSpec` that `validate` finds nothing wrong with.
 
     `device` is cuda, cpu or auto (`nemo_topr.model.device`); cuda without CUDA raises DeviceError.
     `precision` ("fp32" or "bf16"; default bf16 on cuda, fp32 on cpu) should match training's, so
@@ -218,25 +289,29 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
     (`nemo_topr.data.shared_prefix`; the same scores, fewer tokens), with either layer spec.
     `train_config`: score with that training config's model section (`apply_scoring_layout`), in place
     of `precision`, `tensor_parallel` and `pipeline_parallel` (default 1 each). `out` and its report
-    (`OUT.report.json`) are replaced only with `overwrite`.
+    (`OUT.report.json`) are replaced only with `overwrite`."""
+    spec = ScoreLogprobsSpec(model_dir, data, out, seq_length, tensor_parallel, pipeline_parallel, rows_per_batch,
+                             strict, precision, device, source, shared_prefix, train_config, overwrite, chunk_records)
+    refuse(validate(spec), key="score-logprobs.several_problems")
+    return run(spec)
 
-    The data is read three times, `chunk_records` records at a time, never whole: validated (a data
-    error stops before Megatron's imports), tokenized and packed (a record's tokens refused before the
-    model is built, the micro-batches counted), then tokenized again, scored and written in input
-    order, to OUT.partial renamed to `out` after the last chunk. The records written and the report
-    do not depend on `chunk_records`; the scores only at float rounding, since a sequence's place in
-    its packed row orders the attention's sums (`CHUNK_RECORDS`)."""
-    device = select_device(device, where="--device")  # first, as every verb: no GPU is not a CPU run
-    source_model = model_source.resolve(model_dir, named="--model ")  # file checks only: before Megatron's imports
-    model_source.check_intact(source_model)
-    # the records next: a data error or an --out naming the input stops before Megatron's imports
-    reader = RecordReader(data, strict=strict, **(source or {}))
+
+def run(spec: ScoreLogprobsSpec) -> dict:
+    """Score `spec`'s records (`validate`d); rank 0 writes `out` and returns the summary.
+
+    The data is read three times, `chunk_records` records at a time, never whole: validated (by
+    `validate`, before Megatron's imports), tokenized and packed (a record's tokens refused before the
+    model is built, the micro-batches counted, the report's drops counted), then tokenized again, scored
+    and written in input order, to OUT.partial renamed to `out` after the last chunk. The records written
+    and the report do not depend on `chunk_records`; the scores only at float rounding, since a
+    sequence's place in its packed row orders the attention's sums (`CHUNK_RECORDS`)."""
+    seq_length, shared_prefix, chunk_records, out = spec.seq_length, spec.shared_prefix, spec.chunk_records, spec.out
+    source_model = spec.model_source()
+    reader = spec.reader()
     report = reader.new_report()
-    deque(reader.read(report), maxlen=0)  # every record validated and counted, none kept
-    writable_records_file(out, inputs=report.files, overwrite=overwrite)
-    report_path = writable_output_file(str(out) + ".report.json", "--out's report", inputs=report.files,
-                                       overwrite=overwrite)
-    use_device(device, where="--device")  # imports Megatron: on CPU it hides CUDA-only packages from it first
+    report_path = Path(str(out) + ".report.json")
+    # imports Megatron: on CPU it hides CUDA-only packages from it first
+    device = use_device(spec.device, where="--device")
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -245,17 +320,18 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
 
     tokenizer = load_tokenizer(source_model.hf_dir)
     pad_id = pad_id_of(tokenizer)
-    tokenizing = {"max_seq_length": seq_length, "strict": strict,
+    tokenizing = {"max_seq_length": seq_length, "strict": spec.strict,
                   "model_context": model_source.context_length(source_model.hf_dir)}
 
     def rows_of(sequences: list[TokenizedSequence]) -> list:
         return pack_shared(sequences, seq_length) if shared_prefix else pack_sequences(sequences, seq_length, pad_id)
 
-    rows_per_chunk = [len(rows_of(sequences))
-                      for _, sequences in scoring_chunks(reader, tokenizer, report, chunk_records, **tokenizing)]
+    # the validation's drops counted here, with tokenization's, so that the data is read three times in all
+    chunks = scoring_chunks(reader.read(report), tokenizer, report, chunk_records, **tokenizing)
+    rows_per_chunk = [len(rows_of(sequences)) for _, sequences in chunks]
     _, provider = source_provider(source_model, seq_length=seq_length)
-    applied = apply_scoring_layout(provider, device, train_config=train_config, precision=precision,
-                                   tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
+    applied = apply_scoring_layout(provider, device, train_config=spec.train_config, precision=spec.precision,
+                                   tensor_parallel=spec.tensor_parallel, pipeline_parallel=spec.pipeline_parallel)
     check_scoring_world(provider, launcher_world_size(), applied)
     initialize_model_parallel(provider.tensor_model_parallel_size, provider.pipeline_model_parallel_size)
     if torch.distributed.get_rank() == 0:
@@ -265,7 +341,7 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
         from nemo_topr.training.flex_attention import prepare_shared_prefix_attention
 
         prepare_shared_prefix_attention(provider)
-    rows_per_batch = scoring_rows_per_batch(provider, rows_per_batch)
+    rows_per_batch = scoring_rows_per_batch(provider, spec.rows_per_batch)
     if device == "cpu":
         check_cpu_attention(provider, rows_per_batch, available_bytes(), names=("--seq-length", "--rows-per-batch"))
     provider.finalize()
@@ -285,7 +361,9 @@ def score_logprobs(model_dir: str | Path, data: str | Path, out: str | Path, *, 
                          and parallel_state.get_tensor_model_parallel_rank() == 0)
     totals = ScoreTotals()
     with written_whole(out) if rank0 else nullcontext() as written, torch.no_grad():
-        for records, sequences in scoring_chunks(reader, tokenizer, reader.new_report(), chunk_records, **tokenizing):
+        chunks = scoring_chunks(reader.read(reader.new_report()), tokenizer, reader.new_report(), chunk_records,
+                                **tokenizing)
+        for records, sequences in chunks:
             my_rows = rows_of(sequences)[dp_rank::dp_size]
             my_rows += [[] for _ in range(-len(my_rows) % rows_per_batch)]  # equal micro-batch shapes for PP
             batches = (collate(sequences, my_rows[i:i + rows_per_batch], seq_length, pad_id)
@@ -373,14 +451,13 @@ def main(argv: list[str]) -> int:
                         help="drop malformed or over-long records (counted in OUT.report.json)")
     add_source_arguments(parser)
     args = parser.parse_args(argv)
+    spec = ScoreLogprobsSpec(args.model, args.data, args.out, args.seq_length, args.tp, args.pp, args.rows_per_batch,
+                             args.strict, args.precision, args.device, source_options(args), args.shared_prefix,
+                             args.train_config, args.overwrite)
+    refuse(validate(spec), key="score-logprobs.several_problems")
     made_the_world = not torch.distributed.is_initialized()  # a caller's own world is the caller's to end
     with stdout_to_stderr():  # stdout: the JSON summary alone
-        summary = score_logprobs(args.model, args.data, args.out, seq_length=args.seq_length,
-                                 tensor_parallel=args.tp, pipeline_parallel=args.pp,
-                                 rows_per_batch=args.rows_per_batch, strict=args.strict, precision=args.precision,
-                                 device=args.device, source=source_options(args),
-                                 shared_prefix=args.shared_prefix, train_config=args.train_config,
-                                 overwrite=args.overwrite)
+        summary = run(spec)
     if summary:
         print(json.dumps(summary, indent=2))
         print(f"wrote {summary['records_scored']} records with behavior_logprob to {summary['out']} (report: "

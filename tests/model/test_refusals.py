@@ -66,7 +66,7 @@ UNREACHABLE = {
 VERBS = {"model": "train", "checkpoint": "train", "base_model": "train", "weights": "train", "device": "train", "attention": "train",
          "output_dir": "demo", "output": "data", "import": "import", "export": "export",
          "train_config": "score-logprobs", "tp_pp": "score-logprobs", "world_size": "score-logprobs",
-         "option": "score-logprobs"}
+         "option": "score-logprobs", "score-logprobs": "score-logprobs"}
 # a model named by another verb's option is met through that verb
 OPTION_VERBS = {"--ckpt": "export", "--model": "score-logprobs", "HF_DIR": "import"}
 KEY_VERBS = {"model.not_hugging_face": "generate",
@@ -332,6 +332,8 @@ ROWS = [
     ("train_config.with_layout_flags", "--train-config",
      raised(scoring.apply_scoring_layout, SimpleNamespace(), "cuda", train_config="llama31_8b_bf16", precision="bf16",
             tensor_parallel=None, pipeline_parallel=None)),
+    ("score-logprobs.several_problems", "--model, --device",
+     raised(scoring.score_logprobs, "absent", "records.jsonl", "scored.jsonl", device="tpu")),
     ("tp_pp.below_1", "--tp, --pp", world(0, 1, 1)),
     ("world_size.not_multiple_of_tp_pp", "WORLD_SIZE", world(2, 1, 3)),
     ("train_config.model.fp8.without_transformer_engine", "--train-config", scoring_fp8_without_te),

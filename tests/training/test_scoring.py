@@ -1,17 +1,25 @@
 """`score-logprobs` in chunks of records (`nemo_topr.training.scoring`): the records written, their
 order and the report do not depend on the chunk size, nor do the scores beyond float rounding (a
 sequence's place in its packed row orders the CPU attention's sums); data that fits one chunk is
-scored as it was whole."""
+scored as it was whole. `validate(ScoreLogprobsSpec)` names every problem of a scoring at once, before
+Megatron, with nothing written (SPEC_ROWS).
+"""
 
 import contextlib
 import io
 import itertools
 import json
 import re
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import REPO, placeholder_hf_model
+
+from nemo_topr.errors import UserError
+from nemo_topr.training import scoring
 
 SEQ_LENGTH = 512
 CHUNKS = {"whole": 10_000, "by_5": 5}
@@ -126,3 +134,72 @@ def test_a_record_too_long_past_the_first_chunk_is_refused_before_the_model_is_b
                        chunk_records=5)
     assert (refused.value.key, refused.value.line) == ("record.completion.too_long", 21)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["records.jsonl"]
+
+
+# `validate(ScoreLogprobsSpec)`: every problem of a scoring at once, before Megatron, nothing written. The rows'
+# paths are relative to a folder holding a Hugging Face model (model), good records (records.jsonl), a record that
+# is no JSON (bad.jsonl), a file (notes.txt) and a report left by an earlier scoring (scored.jsonl.report.json).
+SPEC_ROWS = [
+    ({}, []),
+    ({"device": "tpu"}, [("device.invalid", "--device")]),
+    ({"model": "absent"}, [("model.no_such_directory", "--model")]),
+    ({"data": "absent.jsonl"}, [("path.missing", "absent.jsonl: path")]),
+    ({"data": "bad.jsonl"}, [("record.invalid_json", "bad.jsonl:1: record")]),
+    ({"out": "records.jsonl"}, [("output.is_an_input", "records.jsonl")]),
+    ({"out": "notes.txt/scored.jsonl"}, [("output.directory_unmakeable", "--out")]),
+    ({"out": "scored.json"}, [("output.records.not_jsonl", "--out")]),
+    ({"out": "scored.jsonl"}, [("output.exists", "--out's report")]),
+    # a flag --train-config replaces is named on the device asked for, even where it cannot be had
+    ({"device": "cuda", "train_config": "llama31_8b_bf16", "tensor_parallel": 2},
+     [("train_config.with_layout_flags", "--train-config"), ("device.cuda_unavailable", "--device")]),
+    # the data and the outputs apart, told in one refusal
+    ({"data": "bad.jsonl", "out": "bad.jsonl"},
+     [("output.is_an_input", "bad.jsonl"), ("record.invalid_json", "bad.jsonl:1: record")]),
+    # the data is read only for a device and a model it can be scored with
+    ({"device": "tpu", "model": "absent", "data": "bad.jsonl", "out": "bad.jsonl"},
+     [("model.no_such_directory", "--model"), ("device.invalid", "--device")]),
+]
+SIZED_LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "num_attention_heads": 2,
+               "num_hidden_layers": 1, "intermediate_size": 16, "vocab_size": 32}
+
+
+@pytest.fixture(scope="module")
+def spec_inputs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("scoring_spec")
+    placeholder_hf_model(root / "model", SIZED_LLAMA)
+    (root / "records.jsonl").write_bytes((REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl").read_bytes())
+    (root / "bad.jsonl").write_text("{not json\n")
+    (root / "notes.txt").write_text("notes\n")
+    (root / "scored.jsonl.report.json").write_text("{}\n")
+    return root
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def _spec(**given) -> scoring.ScoreLogprobsSpec:
+    return scoring.ScoreLogprobsSpec(**{"model": "model", "data": "records.jsonl", "out": "out/scored.jsonl",
+                                        "device": "cpu", **given})
+
+
+@pytest.mark.parametrize("given, problems", SPEC_ROWS, ids=[str(given) for given, _ in SPEC_ROWS])
+def test_validate_names_every_problem_of_a_scoring_before_megatron_and_writes_nothing(spec_inputs, given, problems,
+                                                                                      monkeypatch):
+    monkeypatch.chdir(spec_inputs)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # what device cpu sets, put back after the test
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same rows on a machine with a GPU
+    before, megatron = _tree(spec_inputs), {name for name in sys.modules if name.startswith("megatron")}
+    assert [(problem.key, problem.where) for problem in scoring.validate(_spec(**given))] == problems
+    assert _tree(spec_inputs) == before and not (spec_inputs / "out").exists()
+    assert {name for name in sys.modules if name.startswith("megatron")} <= megatron
+
+
+def test_several_problems_of_a_scoring_are_refused_as_one_naming_each(spec_inputs, monkeypatch):
+    monkeypatch.chdir(spec_inputs)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(UserError) as refused:
+        scoring.score_logprobs("model", "bad.jsonl", "bad.jsonl", device="cpu")
+    assert (refused.value.key, refused.value.where) == ("score-logprobs.several_problems",
+                                                        "bad.jsonl, bad.jsonl:1: record")
+    assert len(str(refused.value).splitlines()) == 2
