@@ -635,7 +635,8 @@ def test_rendered_prompts_reach_every_stage_that_reads_the_records(fake_model, t
     and `train` tokenize its records so (each verb's reading is tested in its own module:
     test_generate_eval, test_config). Here each stage's arguments go through the verb's own parser
     or config, and curate (which does not tokenize) runs for real; generate writes fixed records,
-    score-logprobs' work is a stand-in that copies them, and the round stops at train's config."""
+    score-logprobs' checks and work are a stand-in that copies them (its spec built from its own
+    parser), and the round stops at train's config."""
     from nemo_topr.cluster.plan import compose_config
     from nemo_topr.data import cli as data_cli
     from nemo_topr.evaluation import evaluate, generate
@@ -646,11 +647,13 @@ def test_rendered_prompts_reach_every_stage_that_reads_the_records(fake_model, t
     prompts.write_text(json.dumps({"prompt": rendered, "reference_answer": "5"}) + "\n")
     seen = {}
 
-    def score(model, data, out, **options):
-        seen["score"] = options["source"]
-        Path(out).write_text(Path(data).read_text())
+    def score(spec):
+        seen["score"] = spec.source
+        Path(spec.out).write_text(Path(spec.data).read_text())
+        return {}
 
-    monkeypatch.setattr(scoring, "score_logprobs", score)
+    monkeypatch.setattr(scoring, "validate", lambda spec: [])  # the placeholder model holds no weights to check
+    monkeypatch.setattr(scoring, "run", score)
 
     def run(args, log, ranks):
         out = Path(args[args.index("--out") + 1]) if "--out" in args else log
