@@ -41,6 +41,9 @@ LONG_TESTS: dict[str, str] = {
     "tests/training/test_e2e.py::test_the_demo_ends_pointing_to_the_tour_and_its_tensorboard_logs":
         "the first reader of the module's one real `make demo` run (sampling, scoring, training, export "
         "and the reload), which every test of tests/training/test_e2e.py reads",
+    "tests/miniature/test_miniature.py::test_miniature_smoke":
+        "the miniature's one real pipeline smoke (the studies' smokes run on a fake pipeline): pretraining, "
+        "two variants trained and every checkpoint evaluated through Megatron, each in a process of its own",
     "tests/bench/test_bench.py::test_make_bench_quick_writes_every_section":
         "the first reader of the one quick `make bench` run (every section at tiny sizes, each in "
         "subprocesses that start Megatron), shared with the shared-prefix section's test",
