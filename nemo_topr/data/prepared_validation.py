@@ -23,6 +23,7 @@ import numpy as np
 from nemo_topr.data.prepare_verb import PREPARED_DIR_ENV
 from nemo_topr.data.prepared import PreparedSet, PrepareSpec
 from nemo_topr.data.records import RecordSet
+from nemo_topr.data.sequence_table import padding_share_of
 from nemo_topr.data.sources import HUB_PREFIX, ColumnMapping
 
 
@@ -57,9 +58,8 @@ def prepared_dir(option: Path | None) -> Iterator[Path]:
 
 def packing_of(prepared: PreparedSet) -> tuple[int, float]:
     """(rows of one epoch, their share of padding positions), from the set's offsets and row offsets."""
-    rows = len(prepared.row_offsets) - 1
-    used = int(prepared.table.offsets[-1])  # every sequence sits in one row
-    return rows, (1.0 - used / (rows * prepared.manifest["key"]["seq_length"]) if rows else 0.0)
+    rows = len(prepared.row_offsets) - 1  # every sequence sits in one row
+    return rows, padding_share_of(int(prepared.table.offsets[-1]), rows, prepared.manifest["key"]["seq_length"])
 
 
 def token_lengths_of(prepared: PreparedSet) -> tuple[np.ndarray, np.ndarray]:

@@ -217,8 +217,7 @@ def rows_digest(rows: Sequence) -> str:
     return digest.hexdigest()
 
 
-def padding_share_of(tokens: int, rows: RowOrder, seq_length: int) -> float:
-    """Share of one epoch's rows' positions that hold padding (`packing.padding_share`), for
-    `tokens` tokens in all."""
-    epoch_rows = rows.epoch_rows()
+def padding_share_of(tokens: int, epoch_rows: int, seq_length: int) -> float:
+    """Share of one epoch's `epoch_rows` rows' positions that hold padding (`packing.padding_share`),
+    for `tokens` tokens in all."""
     return 1.0 - float(tokens) / (epoch_rows * seq_length) if epoch_rows else 0.0

@@ -175,7 +175,8 @@ class ToprDatasetConfig(DatasetProvider):
             total = (len(epoch_packing[0]) - 1) * self.epochs
             filler = math.ceil(total / global_batch_size) * global_batch_size - total
             rows = RowOrder(*epoch_packing, **order, filler=filler)
-            padding = padding_share_of(int(table.offsets[-1] - table.offsets[0]), rows, self.seq_length)
+            padding = padding_share_of(int(table.offsets[-1] - table.offsets[0]), rows.epoch_rows(),
+                                       self.seq_length)
         self._prepared = PreparedData(dataset, table, rows, pad_id, padding, filler, self.shared_prefix, written)
         return self._prepared
 
