@@ -1,5 +1,5 @@
-"""Shared test fixtures: an in-process Megatron world of one, a torchrun launcher, and the
-environment under which a test's subprocesses import this checkout's ``nemo_topr``.
+"""Shared test fixtures: an in-process Megatron world of one, ranks forked as torchrun starts
+them, and the environment under which a test's subprocesses import this checkout's ``nemo_topr``.
 
 A script run by path (``python tests/workers/WORKER.py``) puts its own folder, not the working
 directory, first on ``sys.path``, so without ``checkout_env()`` it imports ``nemo_topr`` from
@@ -15,7 +15,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -226,28 +225,22 @@ def with_cuda_only_packages(root: Path) -> dict[str, str]:
 
 
 def run_distributed(worker: str, nproc: int, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``tests/workers/<worker>`` under ``torch.distributed.run`` on this host's loopback.
+    """Run ``tests/workers/<worker>`` as NPROC ranks, as ``torchrun --standalone`` starts them on
+    this host's loopback, each a fork of tests/forked.py's server (Megatron imported once): a rank's
+    environment, its rendezvous store bound to a port the system picks (no port chosen ahead that
+    another test's launch could take first), the others killed once one fails or at the timeout.
+    Raises with the ranks' output when they fail. iterate's torchrun command and the Slurm tests
+    launch real torchrun."""
+    from tests import forked
 
-    ``--standalone`` (distributed.standalone_torchrun): no port chosen ahead that another test's
-    launch could take before the bind (EADDRINUSE, seen once with two pytest workers).
-    The workers run in their own process group, which is killed whole on timeout so no
-    stray ranks outlive the test. Raises with the workers' output when they fail.
-    """
-    from nemo_topr.utils.distributed import standalone_torchrun
-
-    cmd = [sys.executable, *standalone_torchrun(nproc, "--local-addr=127.0.0.1"), str(WORKERS / worker), *args]
     env = checkout_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO, env=env, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"{worker} x{nproc} timed out after {timeout}s:\n{out[-4000:]}")
+        proc = forked.run_ranks([str(WORKERS / worker), *args], nproc, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        raise AssertionError(f"{worker} x{nproc} timed out after {timeout}s:\n{expired.output[-4000:]}") from None
     if proc.returncode != 0:
-        raise AssertionError(f"{worker} x{nproc} exited {proc.returncode}:\n{out[-6000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+        raise AssertionError(f"{worker} x{nproc} exited {proc.returncode}:\n{proc.stdout[-6000:]}")
+    return proc
 
 
 def launched_runs(worker: str, root: Path, launches: dict[int, tuple[str, ...]]) -> Callable[[str], Path]:

@@ -1,6 +1,7 @@
 """The harness tests this checkout: pytest, run_distributed's workers and scripts started with
 checkout_env() import ``nemo_topr`` from REPO, even when PYTHONPATH names another checkout."""
 
+import os
 import re
 import socket
 import subprocess
@@ -71,3 +72,39 @@ def test_a_port_told_ahead_is_one_the_os_never_hands_out():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", ports.pop()))  # free when given
     assert distributed.free_port() >= lowest_ephemeral  # the contrast: the old choice lies in the range
+
+
+PROBE = """
+import atexit, os, sys, time, torch
+if sys.argv[1] == "sleep":
+    time.sleep(600)
+print(sys.argv[1:], os.getcwd(), os.environ.get("PROBE"), "megatron.bridge" in sys.modules, torch.get_num_threads(),
+      os.getsid(0) == os.getpid())
+print("on stderr", file=sys.stderr)
+atexit.register(lambda: print("atexit ran"))
+if sys.argv[1] == "raise":
+    raise ValueError("raised")
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.slow  # the fork server imports Megatron once per pytest worker
+def test_a_forked_run_is_a_process_of_its_own_with_megatron_imported(tmp_path):
+    """tests/forked.py: the script's arguments, working directory, environment, exit code, streams
+    and atexit, as a fresh `python SCRIPT ARGS` has them; Megatron-Bridge imported before it
+    started; the thread count from OMP_NUM_THREADS; a session of its own, killed at the timeout."""
+    from tests import forked
+
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    env = {**os.environ, "PROBE": "p", "OMP_NUM_THREADS": "1"}
+    proc = forked.run([str(script), "3", "x"], cwd=tmp_path, env=env)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        3, f"['3', 'x'] {tmp_path} p True 1 True\natexit ran\n", "on stderr\n")
+    raised = forked.run([str(script), "raise"], cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "2"})
+    assert raised.returncode == 1 and raised.stdout.startswith(f"['raise'] {tmp_path} p True 2 True\n")
+    assert raised.stderr.startswith("on stderr\nTraceback") and raised.stderr.endswith("ValueError: raised\n")
+    version = forked.run(["-m", "nemo_topr.cli", "--version"])
+    assert version.returncode == 0 and version.stdout.startswith(f"nemo-topr {nemo_topr.__version__} (")
+    with pytest.raises(subprocess.TimeoutExpired):
+        forked.run([str(script), "sleep"], cwd=tmp_path, timeout=5)
