@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests import forked
 from tests.conftest import REPO
 from tests.data.test_refusals_records import refused
 
@@ -311,9 +312,8 @@ def test_training_dataset_config_takes_a_mapping(tmp_path, megatron_world):
 
 
 def _train(model_dir: Path, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "nemo_topr.cli", "train", "--config-name", "tiny_cpu", f"hf_model={model_dir}",
-               f"run_dir={run_dir}", "dataset.epochs=1", "dataset.packed=false", *overrides]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    return forked.run(["-m", "nemo_topr.cli", "train", "--config-name", "tiny_cpu", f"hf_model={model_dir}",
+                       f"run_dir={run_dir}", "dataset.epochs=1", "dataset.packed=false", *overrides])
 
 
 @pytest.mark.slow
@@ -349,10 +349,8 @@ def test_training_from_a_saved_dataset_and_from_a_mapped_trl_jsonl(tmp_path):
     no_mu = _write_jsonl(tmp_path / "trl_no_mu.jsonl", [{k: v for k, v in r.items() if k != "ref_logp"} for r in trl])
     scored = tmp_path / "scored.jsonl"
     columns = ",".join(f"{f}={c}" for f, c in TRL_COLUMNS.items() if f != "behavior_logprob")
-    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "score-logprobs", "--model", str(model_dir),
-                           "--data", str(no_mu), "--out", str(scored), "--seq-length", "512", "--columns", columns,
-                           "--device", "cpu"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = forked.run(["-m", "nemo_topr.cli", "score-logprobs", "--model", str(model_dir), "--data", str(no_mu),
+                       "--out", str(scored), "--seq-length", "512", "--columns", columns, "--device", "cpu"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     without_mu = [{k: v for k, v in r.items() if k != "behavior_logprob"} for r in records]
     assert [{k: v for k, v in r.items() if k != "behavior_logprob"} for r in _json(load_records(scored))] == without_mu

@@ -2,13 +2,13 @@
 
 import json
 import math
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.conftest import REPO, cli_verb, placeholder_hf_model, refusal
+from tests import forked
+from tests.conftest import cli_verb, placeholder_hf_model, refusal
 from nemo_topr.data.records import Record, load_records
 from nemo_topr.evaluation import evaluate, verifier
 from nemo_topr.evaluation.verifier import NO, YES, judge_accuracy, judge_prompt, judge_records, judged_problem
@@ -237,8 +237,7 @@ def replace_meta(record, **values):
 
 
 def nemo_topr(*args, module="nemo_topr.cli"):
-    proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
+    proc = forked.run(["-m", module, *map(str, args)], timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 

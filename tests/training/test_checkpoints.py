@@ -2,14 +2,13 @@
 by exactly one of the job's ranks."""
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests import forked
 from tests.conftest import REPO, WORKERS, checkout_env
 from nemo_topr.training.checkpoints import ensure_latest_complete, is_complete
 
@@ -117,19 +116,20 @@ def test_ranks_preparing_one_run_directory_repair_once_and_write_once(tmp_path):
     (run_dir / "configs" / "start_001.yaml").write_text("{}\n")
     ready.mkdir()
     data = REPO / "tests" / "fixtures" / "data" / "gsm8k_scored.jsonl"
-    ranks = [subprocess.Popen([sys.executable, str(WORKERS / "prepare_rank.py"), str(run_dir), str(ready), str(start),
-                               f"hf_model={model}", f"dataset.train_path={data}", "train.global_batch_size=2",
-                               "train.micro_batch_size=1"],
-                              env=checkout_env(RANK=str(rank), WORLD_SIZE="3", OMP_NUM_THREADS="1"),
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = [forked.start([str(WORKERS / "prepare_rank.py"), str(run_dir), str(ready), str(start),
+                           f"hf_model={model}", f"dataset.train_path={data}", "train.global_batch_size=2",
+                           "train.micro_batch_size=1"], tmp_path / f"rank{rank}.out",
+                          env=checkout_env(RANK=str(rank), WORLD_SIZE="3", OMP_NUM_THREADS="1"))
              for rank in range(3)]
     deadline = time.time() + 300
     while len(list(ready.iterdir())) < 3:
-        assert time.time() < deadline and all(rank.poll() is None for rank in ranks), [r.poll() for r in ranks]
+        assert time.time() < deadline and all(rank.exitcode is None for rank in ranks), [r.exitcode for r in ranks]
         time.sleep(0.05)
     start.touch()
-    outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
-    assert [rank.returncode for rank in ranks] == [0, 0, 0], "\n".join(out[-2000:] for out in outputs)
+    for rank in ranks:
+        rank.join(300)
+    outputs = [(tmp_path / f"rank{rank}.out").read_text() for rank in range(3)]
+    assert [rank.exitcode for rank in ranks] == [0, 0, 0], "\n".join(out[-2000:] for out in outputs)
     changes = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
 
     assert changes[1] == changes[2] == []

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import forked
 from tests.conftest import REPO, run_distributed, tensorboard_scalars
 from nemo_topr.training.checkpoints import is_complete, iteration_dir_name, latest_iteration, saved_iterations
 
@@ -134,14 +135,13 @@ SINGLE_THREADED = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _train_command(demo: Path, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "nemo_topr.cli", "train", "--config-name", "tiny_cpu",
+    return ["-m", "nemo_topr.cli", "train", "--config-name", "tiny_cpu",
             f"hf_model={demo / 'tiny_llama_hf'}", f"dataset.train_path={demo / 'data' / 'scored.jsonl'}",
             f"run_dir={run_dir}", "dataset.epochs=1", "checkpoint.save_interval=3"]
 
 
 def _train(demo: Path, run_dir: Path) -> None:
-    proc = subprocess.run(_train_command(demo, run_dir), cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env=SINGLE_THREADED)
+    proc = forked.run(_train_command(demo, run_dir), env=SINGLE_THREADED)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -184,15 +184,14 @@ def test_killed_run_resumes_with_exactly_the_remaining_samples_and_weights(demo,
     kill_after = kill_iteration(seed)
     replay = f"killed after iteration {kill_after} (seed {seed}; replay: NEMO_TOPR_TEST_SEED={seed})"
     print(replay)
-    proc = subprocess.Popen(_train_command(demo, killed_dir), cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, env=SINGLE_THREADED)
+    proc = forked.start(_train_command(demo, killed_dir), tmp_path / "killed.out", env=SINGLE_THREADED)
     ledger = killed_dir / "samples_dp0.jsonl"
     deadline = time.time() + 600
     while _last_iteration(ledger) < kill_after:
-        assert proc.poll() is None and time.time() < deadline, replay
+        assert proc.exitcode is None and time.time() < deadline, replay
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.killpg(proc.pid, signal.SIGKILL)  # the run and the checkpoint writer it started: its session
+    proc.join()
     checkpoints = killed_dir / "checkpoints"
     checkpoint_iteration = max(it for it in saved_iterations(checkpoints)  # what the resume starts from
                                if is_complete(checkpoints / iteration_dir_name(it)))
@@ -240,8 +239,7 @@ def test_a_finished_run_run_again_trains_nothing_and_leaves_its_files_as_they_we
         return {str(path): (path.stat().st_mtime_ns, path.read_bytes()) for path in kept if path.is_file()}
 
     before, losses = files(), tensorboard_scalars(run_dir, "topr_loss")
-    proc = subprocess.run([*_train_command(demo, run_dir), "checkpoint.save_interval=4"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    proc = forked.run([*_train_command(demo, run_dir), "checkpoint.save_interval=4"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"[nemo-topr] {run_dir} is finished (iteration {last} of {last}): nothing to train" in proc.stdout
     assert files() == before and tensorboard_scalars(run_dir, "topr_loss") == losses
@@ -280,10 +278,10 @@ def test_export_of_several_iterations_in_one_process(reference_dir, tmp_path):
     last = int((reference_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
     assert iterations[:2] == [3, 6] and iterations[-1] == last
     every, latest = tmp_path / "every", tmp_path / "latest"
-    cli = [sys.executable, "-m", "nemo_topr.cli", "export", "--ckpt", str(reference_dir), "--device", "cpu"]
+    cli = ["-m", "nemo_topr.cli", "export", "--ckpt", str(reference_dir), "--device", "cpu"]
     for extra, exported in ((["--hf-out", str(every), "--all-iterations"], len(iterations)),
                             (["--hf-out", str(latest)], 1)):
-        proc = subprocess.run(cli + extra, cwd=REPO, capture_output=True, text=True, timeout=600)
+        proc = forked.run(cli + extra)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         # export's own progress lines alone: none of torch's and Megatron's notes on reading a
         # checkpoint in one process (nemo_topr/model/quiet.py)
@@ -299,8 +297,7 @@ def test_export_of_several_iterations_in_one_process(reference_dir, tmp_path):
     assert all(any(not torch.equal(weights[i][k], reference[k]) for k in reference) for i in iterations[:-1])
     assert (every / f"iter_{last:07d}" / "tokenizer.json").is_file()
 
-    proc = subprocess.run(cli + ["--hf-out", str(tmp_path / "x"), "--iteration", "4"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    proc = forked.run(cli + ["--hf-out", str(tmp_path / "x"), "--iteration", "4"])
     assert proc.returncode != 0 and "iter_0000004" in proc.stderr and f"saved iterations: {iterations}" in proc.stderr
 
 
@@ -308,9 +305,8 @@ def test_a_run_whose_loss_turns_non_finite_stops_naming_the_iteration_and_its_sa
     """Issue 29: a NaN loss trained to COMPLETED. lr=1e30 makes Adam's first update (about lr per
     weight) overflow float32, so a later iteration's loss or gradient norm is NaN or infinite."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run([*_train_command(demo, run_dir), "optimizer.lr=1e30", "optimizer.min_lr=1e30",
-                           "checkpoint.save_interval=1"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env=SINGLE_THREADED)
+    proc = forked.run([*_train_command(demo, run_dir), "optimizer.lr=1e30", "optimizer.min_lr=1e30",
+                       "checkpoint.save_interval=1"], env=SINGLE_THREADED)
     last = proc.stderr.strip().splitlines()[-1]
     stopped = re.match(r"nemo-topr train: iteration (\d+): (loss|gradient norm) \S+ .*is not finite.*\[([\d, ]+)\]",
                        last)
@@ -339,7 +335,9 @@ def test_a_run_with_warnings_shows_them_again_at_its_end_on_a_short_console(demo
     moved.write_text("".join(json.dumps(row) + "\n" for row in rows))
     command = [arg if not arg.startswith("dataset.train_path=") else f"dataset.train_path={moved}"
                for arg in _train_command(demo, tmp_path / "run")]
-    proc = subprocess.run([*command, "dataset.too_long=drop"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    # a fresh interpreter: the console from its first line, start-up included
+    proc = subprocess.run([sys.executable, *command, "dataset.too_long=drop"], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     console = proc.stdout.splitlines()
     first_iteration = next(n for n, line in enumerate(console) if line.startswith("[nemo-topr] iteration 1/"))
@@ -379,19 +377,20 @@ def test_ctrl_c_and_the_exit_signal_stop_at_a_checkpoint_without_a_traceback(dem
     ledger = run_dir / "samples_dp0.jsonl"
     stopped_at = 0
     for stop_signal in (signal.SIGINT, signal.SIGTERM):  # a terminal's Ctrl-C, then the default exit signal
-        proc = subprocess.Popen(_train_command(demo, run_dir), cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True, env=SINGLE_THREADED)
+        console = tmp_path / f"{stop_signal.name}.out"
+        proc = forked.start(_train_command(demo, run_dir), console, env=SINGLE_THREADED)
         try:
             deadline = time.time() + 600
             while _last_iteration(ledger) <= stopped_at:  # this start is training
-                assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+                assert proc.exitcode is None and time.time() < deadline, console.read_text()[-3000:]
                 time.sleep(0.02)
             os.killpg(proc.pid, stop_signal)
-            output, _ = proc.communicate(timeout=300)
+            proc.join(300)
         finally:
-            if proc.poll() is None:
+            if proc.exitcode is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.returncode == 75, output[-3000:]
+        output = console.read_text()
+        assert proc.exitcode == 75, output[-3000:]
         for noise in ("Traceback", "Pretrain failed", "KeyboardInterrupt", "SystemExit"):
             assert noise not in output, output[-3000:]
         assert ("Ctrl-C: saving a checkpoint" in output) == (stop_signal == signal.SIGINT)

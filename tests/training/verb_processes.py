@@ -1,23 +1,23 @@
 """The `nemo-topr` verbs tests/training/test_checkpoint_route.py runs, each kind of process once:
-a fresh `nemo-topr` (training), several verbs in one process (tests/workers/nemo_topr_verbs.py,
-Megatron imported once), a torchrun world; and the readers of what they write."""
+a `nemo-topr` of its own (training), several verbs in one process (tests/workers/nemo_topr_verbs.py),
+both forked with Megatron imported (tests/forked.py); a torchrun world; and the readers of what
+they write."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-from tests.conftest import REPO, WORKERS, run_distributed
+from tests import forked
+from tests.conftest import WORKERS, run_distributed
 
 
 def nemo_topr(*args: str) -> subprocess.CompletedProcess:
-    """`nemo-topr ARGS` in a fresh process, which must succeed."""
-    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+    """`nemo-topr ARGS` in a process of its own (tests/forked.py), which must succeed."""
+    proc = forked.run(["-m", "nemo_topr.cli", *map(str, args)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -37,8 +37,7 @@ def verbs(work: Path, steps: dict[str, dict]) -> dict[str, dict]:
     returncode (or the exception it "raised"), stdout and stderr."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "steps.json").write_text(json.dumps(steps))
-    proc = subprocess.run([sys.executable, str(WORKERS / "nemo_topr_verbs.py"), str(work / "steps.json"),
-                           str(work / "results.json")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = forked.run([str(WORKERS / "nemo_topr_verbs.py"), str(work / "steps.json"), str(work / "results.json")])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((work / "results.json").read_text())
 
