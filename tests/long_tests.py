@@ -33,6 +33,9 @@ LONG_TESTS: dict[str, str] = {
         "the shipped sbatch script on a real Slurm: warned at a random moment, requeued, resumed to the end",
     "tests/slurm/test_scripts.py::test_a_warning_before_the_ranks_hold_it_requeues_the_real_job":
         "a real job whose warning comes before the ranks hold it: Slurm's requeue and a second start",
+    "tests/slurm/test_scripts.py::test_a_killed_rank_fails_the_real_job_without_a_requeue":
+        "a real job whose two ranks import Megatron and prepare the run before one is killed, then Slurm "
+        "ends the other (--kill-on-bad-exit) and the job",
     "tests/bench/test_gpu_verbs.py::test_every_verb_passes_on_cpu_and_the_copies_of_the_model_score_alike":
         "the first reader of the session's one CPU doctor run (tests/doctor/cpu_doctor.py): every verb "
         "in a process of its own, shared with tests/doctor/test_doctor.py",

@@ -852,15 +852,12 @@ def test_train_reports_config_and_data_errors_in_one_line_before_importing_megat
 def test_a_new_run_refused_for_its_data_after_megatrons_import_leaves_no_run_directory(tiny_hf, tmp_path):
     """Too long for model.seq_length is found while tokenizing, after the import and the lock: the
     base model's HF artifacts are written only after every check, so nothing is left."""
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
+    from tests import forked
 
     data = _graded_data(tmp_path / "scored.jsonl", records=2)
-    proc = subprocess.run([sys.executable, "-m", "nemo_topr.cli", "train", "--config-name", "tiny_cpu",
-                           f"base_model={tiny_hf}", f"dataset.train_path={data}", f"run_dir={tmp_path / 'run'}",
-                           "model.seq_length=64"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = forked.run(["-m", "nemo_topr.cli", "train", "--config-name", "tiny_cpu", f"base_model={tiny_hf}",
+                       f"dataset.train_path={data}", f"run_dir={tmp_path / 'run'}", "model.seq_length=64"],
+                      timeout=300)
     assert proc.returncode == 1 and proc.stderr.startswith(f"nemo-topr train: {data}:1: prompt: "), proc.stderr[-2000:]
     assert "> max_seq_length 64" in proc.stderr
     assert not (tmp_path / "run").exists()
