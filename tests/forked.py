@@ -79,15 +79,14 @@ def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -
 
 
 @contextlib.contextmanager
-def _server_environment():
-    """The fork server starts with this checkout importable and Megatron's start-up noise quiet."""
-    saved = {key: os.environ.get(key) for key in ("PYTHONPATH",)}
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved["PYTHONPATH"]]))
+def _checkout_first_on_pythonpath():
+    """The fork server is a fresh `python -c`, which imports the preload through PYTHONPATH."""
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved]))
     try:
         yield
     finally:
-        for key, value in saved.items():
-            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+        os.environ.pop("PYTHONPATH") if saved is None else os.environ.__setitem__("PYTHONPATH", saved)
 
 
 _context: list[multiprocessing.context.ForkServerContext] = []
@@ -97,7 +96,7 @@ def _server() -> multiprocessing.context.ForkServerContext:
     if not _context:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([PRELOAD])
-        with _server_environment():
+        with _checkout_first_on_pythonpath():
             from multiprocessing import forkserver
 
             forkserver.ensure_running()
@@ -155,7 +154,7 @@ def run_ranks(args: list[str], nproc: int, *, cwd: Path | str = REPO, env: dict[
     server: the environment torchrun gives a rank, and its rendezvous store, which this process
     holds as torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE: every rank a client of it),
     bound to a port the system picks. Returns each rank's stdout and stderr, rank after rank, as
-    stdout; the first failed rank's exit code, or 0."""
+    stdout, and the exit code of a rank that failed (rather than of one killed after it), or 0."""
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False)
@@ -172,9 +171,10 @@ def run_ranks(args: list[str], nproc: int, *, cwd: Path | str = REPO, env: dict[
         finished = _wait(ranks, timeout)
         output = "".join(Path(captured, f"{rank}.{stream}").read_text(errors="replace")
                          for rank in range(nproc) for stream in ("out", "err"))
-    del store
+    del store  # held until every rank has ended
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *args]
     if not finished:
         raise subprocess.TimeoutExpired(command, timeout, output)
-    code = next((rank.exitcode for rank in ranks if rank.exitcode != 0), 0)
+    failures = [rank.exitcode for rank in ranks if rank.exitcode != 0]
+    code = next((c for c in failures if c != -signal.SIGKILL), failures[0] if failures else 0)  # not one killed here
     return subprocess.CompletedProcess(command, code, output, None)

@@ -1,11 +1,13 @@
 """The harness tests this checkout: pytest, run_distributed's workers and scripts started with
-checkout_env() import ``nemo_topr`` from REPO, even when PYTHONPATH names another checkout."""
+checkout_env() import ``nemo_topr`` from REPO, even when PYTHONPATH names another checkout; and
+tests/forked.py's runs and ranks behave as a fresh `python` and torchrun's ranks do."""
 
 import os
 import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,26 @@ def test_a_forked_run_is_a_process_of_its_own_with_megatron_imported(tmp_path):
     assert version.returncode == 0 and version.stdout.startswith(f"nemo-topr {nemo_topr.__version__} (")
     with pytest.raises(subprocess.TimeoutExpired):
         forked.run([str(script), "sleep"], cwd=tmp_path, timeout=5)
+
+
+RANK_PROBE = """
+import os, sys, time
+print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], flush=True)
+if os.environ["RANK"] == "1":
+    sys.exit(3)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow  # the fork server imports Megatron once per pytest worker
+def test_forked_ranks_end_together_when_one_fails(tmp_path):
+    """tests/forked.py's run_ranks, as torchrun: once rank 1 fails, rank 0 is killed (it would wait
+    for ever in a collective), and the launch's exit code is rank 1's, not the killed rank's."""
+    from tests import forked
+
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_PROBE)
+    started = time.monotonic()
+    proc = forked.run_ranks([str(script)], 2, timeout=300)
+    assert time.monotonic() - started < 60
+    assert (proc.returncode, proc.stdout) == (3, "rank 0 of 2\nrank 1 of 2\n")
