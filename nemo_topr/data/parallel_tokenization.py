@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -72,6 +73,9 @@ def _chunk_results(bounds: list[tuple[int, int]], processes: int, work: tuple) -
 
 
 def _start_worker(records: RecordSet, tokenizer, settings: tuple) -> None:
+    # The pool ends its workers with SIGTERM. A Python handler forked from the parent (a run's
+    # stop handler) would run and let a worker wait on for a task, and the pool's exit for it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # a process a core: no encoding threads of its own
     _inherited.update(records=records, tokenizer=tokenizer, settings=settings)
 
