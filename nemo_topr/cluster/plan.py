@@ -7,8 +7,8 @@ Composes the run config exactly as `nemo-topr train` does (conf/ + key=value ove
 the layout against the rules Megatron-Core, Transformer Engine and the TOPR step enforce at
 start-up (so a bad layout fails here, not after the job waited in the queue), and estimates
 the memory of each GPU. Every key and value is checked as `train` checks it
-(`nemo_topr.training.config.check_values`: `nemo_topr.training.schema`, which imports Bridge's config
-classes, and `nemo_topr.training.validation`); the rest is
+(`nemo_topr.training.config.check_values`: `nemo_topr.training.schema`, against Bridge's config
+classes as `nemo_topr.training.bridge_schema` keeps them, and `nemo_topr.training.validation`); the rest is
 arithmetic: no model is built, no GPU is needed.
 
 The architecture comes from the HF config of ``base_model`` (its config.json, or a Megatron
@@ -159,7 +159,7 @@ def plan(cfg: dict[str, Any], title: str, args: argparse.Namespace) -> tuple[int
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     check_machine(args)
-    # Bridge's config classes take seconds to import: say what is under way first
+    # composing with Hydra takes seconds (Bridge's import too, where it is not the pinned one): say what is under way first
     print(f"nemo-topr plan: checking {args.config} as train would", file=sys.stderr, flush=True)
     cfg, title = compose_config(args.config, args.overrides, args.config_path)
     status, report = plan(cfg, title, args)

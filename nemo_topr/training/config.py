@@ -159,7 +159,7 @@ def check_values(values: dict[str, Any], base_model: ModelSource | None = None) 
     shape, training's cross-field rules (`nemo_topr.training.validation.validate`), each section
     against the Bridge dataclass it lands on (`nemo_topr.training.schema.check_schema`), the
     architecture keys against `base_model` (`check_architecture_overrides`). `plan` and `submit`
-    call this too, so what they pass `train` accepts. Imports Bridge (the classes); builds no model."""
+    call this too, so what they pass `train` accepts. Builds no model."""
     check_sections(values)
     refuse(validate(values))
     check_schema(values)
@@ -195,8 +195,10 @@ def check_architecture_overrides(values: dict[str, Any], base_model: ModelSource
     base_model = base_model or _visible_base_model(values)
     if base_model is None:  # not on this machine: plan takes the keys as the architecture to plan for
         return
+    from nemo_topr.model import cpu_runtime
     from nemo_topr.model.providers import hf_llama_provider
 
+    cpu_runtime.import_bridge()  # Bridge's AutoBridge reads the config.json
     _, provider = hf_llama_provider(base_model.hf_dir, load_weights=False)  # config.json only
     if changed := shape_changes(model, provider, "the base model"):
         raise ConfigError(f"{changed} ({base_model.describe()}): a run trains "

@@ -4,8 +4,8 @@ A run config's sections land on Megatron-Bridge's dataclasses (``ConfigContainer
 ``GPTModelProvider`` for ``model`` and ``ToprDatasetConfig`` for ``dataset``), ``objective`` on
 `nemo_topr.objective.ObjectiveConfig`. Every key is checked against its dataclass (its name, a
 scalar value's type, the bounds of a size or a rate); a typo is an error naming the key and the
-closest valid names, never a silently ignored setting. Bridge's classes are imported by
-`section_classes` alone, when a check needs them.
+closest valid names, never a silently ignored setting. Bridge's classes are read as
+`nemo_topr.training.bridge_schema` keeps them, without importing Bridge.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from nemo_topr.errors import nearest, suggestion
 from nemo_topr.objective import ObjectiveConfig
+from nemo_topr.training.bridge_schema import dataclass_in, load
 from nemo_topr.training.config_error import ConfigError
 
 OUR_KEYS = ("base_model", "resume_from_base", "run_dir", "objective", "device")
@@ -84,25 +85,10 @@ NOT_SETTINGS = {
 NEEDS_A_VALUE = ("train.global_batch_size", "train.micro_batch_size", "optimizer.lr", "optimizer.min_lr")
 
 
-def section_classes() -> dict[str, type]:
-    """The dataclass each top-level section lands on in `build_training_run`."""
-    from nemo_topr.model import cpu_runtime
-
-    cpu_runtime.import_bridge()
-    from megatron.bridge.models.gpt_provider import GPTModelProvider
-    from megatron.bridge.training.config import ConfigContainer
-
-    from nemo_topr.training.data import ToprDatasetConfig
-
-    classes = {name: dataclass_in(hint) for name, hint in typing.get_type_hints(ConfigContainer).items()
-               if not name.startswith("_")}
-    return {**classes, "model": GPTModelProvider, "dataset": ToprDatasetConfig}
-
-
-def dataclass_in(hint: Any) -> type | None:
-    """The dataclass an annotation names (alone, or in an Optional/Union), else None."""
-    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    return next((m for m in members if isinstance(m, type) and dataclasses.is_dataclass(m)), None)
+def section_classes() -> dict[str, type | None]:
+    """The dataclass each top-level section lands on in `build_training_run` (Bridge's, as
+    `nemo_topr.training.bridge_schema` keeps them)."""
+    return load().sections
 
 
 def admits_none(hint: Any) -> bool:
@@ -182,16 +168,13 @@ def check_value(dotted: str, value: Any, hint: Any) -> None:
 def check_bridge_name(dotted: str, value: str, hint: Any) -> None:
     """A dtype or an activation given by name, which Bridge converts by its own tables: an unknown
     one (`model.params_dtype=bf17`) was kept as the string and failed in arithmetic, or (an
-    activation) raised on every rank after the run directory was written. Only Bridge's sections
-    hold these, checked once `section_classes` has imported Bridge (the objective's, before it)."""
+    activation) raised on every rank after the run directory was written."""
     import torch
 
     dtype = torch.dtype in (hint, *typing.get_args(hint))
     if not dtype and not dotted.endswith(".activation_func"):
         return
-    from megatron.bridge.utils.activation_map import ACTIVATION_FUNC_MAP, DTYPE_MAP
-
-    table = DTYPE_MAP if dtype else ACTIVATION_FUNC_MAP
+    table = load().dtype_names if dtype else load().activation_names
     if value not in table:
         known = ", ".join(sorted(name for name in table if "." not in name))
         what = "a dtype" if dtype else "an activation function"
@@ -225,7 +208,7 @@ def check_sections(values: dict[str, Any]) -> None:
     """Every top-level key but our four values is a section. `train=5` replaced a whole section: a
     TypeError or AttributeError traceback from the checks, or (logger=abc) from Bridge's override
     code after the data was prepared. A value for a name that is no section (`epochs=2`, `lr=0.1`)
-    is an unknown key, with the keys it may mean (imports Bridge for its sections, on this path alone)."""
+    is an unknown key, with the keys it may mean."""
     for section, section_values in values.items():
         if section not in OUR_VALUES and section_values is not None and not isinstance(section_values, dict):
             classes = section_classes()
@@ -238,8 +221,8 @@ def check_sections(values: dict[str, Any]) -> None:
 
 def takes_null(dotted: str) -> bool:
     """Whether `dotted=null` is a value the checks accept: its field's annotation admits None, and it
-    is no NEEDS_A_VALUE key. Our own values and keys no section has take none. Imports Bridge for
-    its sections' classes, on this error path alone (`dataset.packed=null` was offered, then refused)."""
+    is no NEEDS_A_VALUE key. Our own values and keys no section has take none (`dataset.packed=null`
+    was offered, then refused)."""
     section, *keys = dotted.split(".")
     if not keys or section in OUR_VALUES or dotted in NEEDS_A_VALUE:
         return False
@@ -255,7 +238,7 @@ def takes_null(dotted: str) -> bool:
 
 def check_schema(values: dict[str, Any]) -> None:
     """Bridge's sections of a composed config, each against the dataclass it lands on (names,
-    scalar types, finite floats, the bounds). Imports Bridge (the classes); builds no model."""
+    scalar types, finite floats, the bounds). Builds no model."""
     classes = section_classes()
     # `model` first: the presets' dataset.seq_length interpolates model.seq_length, and a bad value
     # is named as it was written (`model.seq_length=abc`)
