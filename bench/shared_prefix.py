@@ -144,8 +144,9 @@ def _microbatches(seqs, shared: bool, seq_length: int):
     return [collate_packed(seqs, [row], seq_length, 0) for row in pack_sequences(seqs, seq_length, 0)]
 
 
-def time_step(seqs, shared_length: int, reps: int) -> dict:
-    """Step and scoring CPU time, unshared (a) against shared (b), on the same weights."""
+def time_step(seqs, shared_length: int, reps: int, warmup: int = 1) -> dict:
+    """Step and scoring CPU time, unshared (a) against shared (b), on the same weights, each after
+    `warmup` untimed runs."""
     from bench.common import interleaved
     from bench.step import run_step
     from nemo_topr.objective import ObjectiveConfig
@@ -161,8 +162,8 @@ def time_step(seqs, shared_length: int, reps: int) -> dict:
     scores = {name: {} for name in batches}
     score = {name: functools.partial(run_step, chunks, scoring_forward_step(scores[name], chunks[0].config), b,
                                      forward_only=True) for name, b in batches.items()}
-    step_times = interleaved(train["unshared"], train["shared"], reps)
-    scoring_times = interleaved(score["unshared"], score["shared"], reps)
+    step_times = interleaved(train["unshared"], train["shared"], reps, warmup)
+    scoring_times = interleaved(score["unshared"], score["shared"], reps, warmup)
     worst = max(abs(scores["shared"][k] / scores["unshared"][k] - 1) for k in scores["unshared"])
     # the shared rows again, through FlexCoreAttention (eager on CPU: it materialises the scores too)
     flex_chunks = _model(max(unshared_length, shared_length), flex=True)
@@ -170,7 +171,7 @@ def time_step(seqs, shared_length: int, reps: int) -> dict:
     run_step(flex_chunks, scoring_forward_step(flex_scores, flex_chunks[0].config), batches["shared"],
              forward_only=True)
     flex_step_times = interleaved(functools.partial(run_step, flex_chunks, step, batches["shared"]),
-                                  train["shared"], reps)
+                                  train["shared"], reps, warmup)
     flex_worst = max(abs(flex_scores[k] / scores["unshared"][k] - 1) for k in scores["unshared"])
     return {"microbatches": {name: len(b) for name, b in batches.items()},
             "step": step_times, "scoring": scoring_times, "scoring_max_relative_difference": worst,
@@ -185,7 +186,7 @@ def timing_length(seqs) -> int:
     return min(L for L in SWEEP_LENGTHS if L >= longest)
 
 
-def measure(questions: int, samples: int, reps: int, time_questions: int) -> dict:
+def measure(questions: int, samples: int, reps: int, time_questions: int, warmup: int = 1) -> dict:
     results = {}
     for name, (prompt_format, completion_scale) in WORKLOADS.items():
         groups = workload(prompt_format, questions, samples, completion_scale)
@@ -205,7 +206,7 @@ def measure(questions: int, samples: int, reps: int, time_questions: int) -> dic
         timed = sequences(groups[:time_questions])
         length = timing_length(seqs)
         entry["timing"] = {"questions": time_questions, "tokens": token_figures(timed, length),
-                           **time_step(timed, length, reps)}
+                           **time_step(timed, length, reps, warmup)}
         results[name] = entry
     return results
 
@@ -217,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=16, help="completions per question")
     parser.add_argument("--time-questions", type=int, default=1, help="questions in the timed optimizer step")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs of each side before the timed ones")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     from bench.common import environment
 
     env = environment()
-    results = {**measure(args.questions, args.samples, args.reps, args.time_questions),
+    results = {**measure(args.questions, args.samples, args.reps, args.time_questions, args.warmup),
                "environment": {key: env[key] for key in ("date_utc", "git_commit", "git_dirty_tracked_files",
                                                          "cpu_model", "torch", "megatron_core")}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
