@@ -26,6 +26,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).parent / "workers"
 
+# One torch thread in every test process and in what it starts (unless set already): `make test`'s
+# two workers share two cores, and a second OpenMP thread per process spins while the other
+# worker's processes hold the cores. A test about threads sets its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 # The modules whose tests start a real Slurm (the `slurm_cluster` or `slurm_two_nodes` fixture).
 # Each cluster is one unit of work, so that a single xdist worker starts and stops it: the two

@@ -19,7 +19,7 @@ from tests.doctor.cpu_doctor import doctor_on_cpu
 
 
 def _gpu_verbs(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**(env or {**os.environ, "PYTHONPATH": str(REPO)}), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2"}
+    env = {**(env or {**os.environ, "PYTHONPATH": str(REPO)}), "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run([sys.executable, "-m", "bench.gpu_verbs", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

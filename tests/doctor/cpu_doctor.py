@@ -18,7 +18,7 @@ from tests.conftest import REPO, with_cuda_only_packages
 
 
 def run_doctor(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**(env or {**os.environ, "PYTHONPATH": str(REPO)}), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2"}
+    env = {**(env or {**os.environ, "PYTHONPATH": str(REPO)}), "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run([sys.executable, "-m", "nemo_topr.cli", "doctor", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
