@@ -75,7 +75,8 @@ install_packages() {
 
 write_config() {
     local cpus mem_mb i node
-    cpus=$(nproc)
+    # nproc answers OMP_NUM_THREADS where it is set (coreutils): a node of 1 CPU would hold no 2-task job
+    cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
     # Leave 1 GiB to the system; RealMemory above what slurmd sees would drain the node.
     mem_mb=$(( $(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo) - 1024 ))
     mkdir -p "$conf_dir" "$state"/{ctld,dev} "$log_dir"
