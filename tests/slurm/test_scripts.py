@@ -999,22 +999,23 @@ def _prepared_data_line(start_logs: Path) -> tuple[str, str]:
 @pytest.mark.slurm
 def test_a_real_time_limit_preempts_with_its_warning_and_the_next_start_resumes(slurm_cluster, demo_inputs,
                                                                                tmp_path):
-    """`nemo-topr submit --time 00:02:00 --preemption-warning 30` with no signal sent by the test:
+    """`nemo-topr submit --time 00:02:00 --preemption-warning 45` with no signal sent by the test:
     Slurm's own warning must make the ranks save and requeue the job before the limit kills
     them (a job killed at its limit ends TIMEOUT, never requeued), and the requeued start must
     resume at the iteration saved, none lost or repeated.
 
     When the warning comes: slurmctld checks time limits every PERIODIC_TIMEOUT = 30 s and sends
-    it once `now + 30 + 30 >= end` (send_job_warn_signal, src/slurmctld/job_mgr.c, 22.05), so 60
-    to 90 s into each start: after srun has started the ranks (a warning with no step to signal
-    is lost) and while they train, since 250 epochs of the 48 samples take longer than one start
+    it once `now + 45 + 30 >= end` (send_job_warn_signal, src/slurmctld/job_mgr.c, 22.05), so 45
+    to 75 s into each start, leaving the ranks 45 s or more to save: after srun has started the
+    ranks (a warning with no step to signal is lost) and, their start-up taking 25-55 s on 2
+    loaded cores, mostly while they train, since 250 epochs of the 48 samples take longer than one start
     (measured: the first start stopped at iteration 160 of 240 on 2026-11-25, at 9 on 2026-11-27
     while the other xdist worker loaded both cores). Once the second start has trained an
     iteration the test cancels the job: training the rest to COMPLETED took up to 580 s of both
     cores, and a requeued start that completes with every sample trained once is what the other
     real-Slurm tests check (a warning while the ranks import, the shipped 8B sbatch, two nodes)."""
     run_dir, epochs = tmp_path / "run", 250
-    job_id = _submit_tiny_real_job(run_dir, demo_inputs, "--time", "00:02:00", "--preemption-warning", "30",
+    job_id = _submit_tiny_real_job(run_dir, demo_inputs, "--time", "00:02:00", "--preemption-warning", "45",
                                    overrides=("train.global_batch_size=24", f"dataset.epochs={epochs}"))
     with _cancelled_at_exit(job_id):
         _wait_for_restart(job_id)

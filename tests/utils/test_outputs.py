@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.conftest import REPO, checkout_env
 from nemo_topr.utils.outputs import (MARK, OutputError, OutputWriteError, claimed_output_dir, distinct_outputs,
                                fresh_output_dir, refuse_to_overwrite_an_input, writable_output_file, write_whole,
@@ -28,9 +29,10 @@ def _tree(root):
 
 
 def _run(cwd, *args) -> subprocess.CompletedProcess:
-    """`python ARGS` as a user runs it, in `cwd`, on CPU, with this checkout first on PYTHONPATH."""
-    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env=checkout_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"))
+    """`python ARGS` as a user runs it, in `cwd`, on CPU, with this checkout first on PYTHONPATH
+    (forked with Megatron imported: what is written is the subject, not the start-up)."""
+    return forked.run(list(map(str, args)), cwd=cwd, env=checkout_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"),
+                      timeout=300)
 
 
 def _refusal(proc: subprocess.CompletedProcess) -> str:
