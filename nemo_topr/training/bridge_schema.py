@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.metadata
 import json
 import sys
 import types
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from nemo_topr import installed_version
 
 SNAPSHOT = Path(__file__).with_name("bridge_schema.json")
 PACKAGES = ("megatron-bridge", "megatron-core")
@@ -47,13 +48,7 @@ class BridgeSchema:
 
 
 def installed_versions() -> dict[str, str | None]:
-    versions = {}
-    for package in PACKAGES:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    return versions
+    return {package: installed_version(package) for package in PACKAGES}
 
 
 def live_schema() -> BridgeSchema:
@@ -127,7 +122,7 @@ def decode(data: dict[str, Any]) -> BridgeSchema:
                                              [(name, Any, dataclasses.field(default=None)) for name in spec["fields"]],
                                              module=spec["module"])
             cls.__qualname__ = spec["qualname"]
-            built[key] = cls
+            built[key] = cls  # before its annotations: a field may name its own class
             cls.__annotations__ = {name: build_hint(hint) for name, hint in spec["fields"].items()}
         return built[key]
 
