@@ -159,7 +159,8 @@ def plan(cfg: dict[str, Any], title: str, args: argparse.Namespace) -> tuple[int
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     check_machine(args)
-    # composing with Hydra takes seconds (Bridge's import too, where it is not the pinned one): say what is under way first
+    # composing with Hydra takes seconds (and Bridge's import, where it is not the pinned one):
+    # say what is under way first
     print(f"nemo-topr plan: checking {args.config} as train would", file=sys.stderr, flush=True)
     cfg, title = compose_config(args.config, args.overrides, args.config_path)
     status, report = plan(cfg, title, args)

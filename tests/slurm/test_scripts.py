@@ -1008,7 +1008,8 @@ def test_a_real_time_limit_preempts_with_its_warning_and_the_next_start_resumes(
     it once `now + 45 + 30 >= end` (send_job_warn_signal, src/slurmctld/job_mgr.c, 22.05), so 45
     to 75 s into each start, leaving the ranks 45 s or more to save: after srun has started the
     ranks (a warning with no step to signal is lost) and, their start-up taking 25-55 s on 2
-    loaded cores, mostly while they train, since 250 epochs of the 48 samples take longer than one start
+    loaded cores, mostly while they train, since 250 epochs of the 48 samples take longer than
+    one start
     (measured: the first start stopped at iteration 160 of 240 on 2026-11-25, at 9 on 2026-11-27
     while the other xdist worker loaded both cores). Once the second start has trained an
     iteration the test cancels the job: training the rest to COMPLETED took up to 580 s of both

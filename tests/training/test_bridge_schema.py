@@ -102,7 +102,8 @@ try:
     key = None
 except Exception as error:
     key = error.key
-print(json.dumps({"planned": planned, "refused": key, "imported": sorted(m for m in sys.modules if m.startswith("megatron"))}))
+imported = sorted(m for m in sys.modules if m.startswith("megatron"))
+print(json.dumps({"planned": planned, "refused": key, "imported": imported}))
 '''
 
 
