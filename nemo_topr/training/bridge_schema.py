@@ -2,8 +2,8 @@
 their annotations, and the dtype and activation names Bridge converts.
 
 `plan`, `submit` and the iterate driver check a config's keys against Bridge's dataclasses
-(`nemo_topr.training.schema`) but build nothing from them. Importing Bridge for that took ~10
-CPU-s at every start; they read ``bridge_schema.json`` instead, written from the pinned Bridge by
+(`nemo_topr.training.schema`) but build nothing from them, and importing Bridge costs ~10 CPU-s a
+start. So they read ``bridge_schema.json``, written from the pinned Bridge by
 
     python -m nemo_topr.training.bridge_schema
 
