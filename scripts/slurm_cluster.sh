@@ -85,13 +85,15 @@ write_config() {
         # Same major/minor as /dev/null: a character device slurmd can stat and constrain.
         [[ -c $state/dev/gpu$i ]] || mknod "$state/dev/gpu$i" c 1 3
     done
+    # A requeued job waits cred_expire + 1 s (slurmctld's job_mgr.c) and then the scheduler's next
+    # pass: both at Slurm's minimum (5 s, 1 s), a requeued test job restarts about 6 s later.
     cat >"$conf_dir/slurm.conf" <<EOF
 # Written by nemo_topr scripts/slurm_cluster.sh: ${#nodes[@]} node(s), test suite only.
 ClusterName=$cluster_name
 SlurmctldHost=$ctld_host
 SlurmctldPort=$ctld_port
 AuthType=auth/munge
-AuthInfo=cred_expire=10
+AuthInfo=cred_expire=5
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$state/ctld
@@ -105,7 +107,7 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=5,bf_interval=5
+SchedulerParameters=sched_interval=1,bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
