@@ -67,10 +67,13 @@ def test_iterate_scores_and_trains_across_two_nodes_and_a_rerun_redoes_nothing(s
                                  "#SBATCH --time=00:20:00", "set -euo pipefail", f"cd {shlex.quote(str(REPO))}",
                                  driver, f"date +%s.%N > {shlex.quote(str(rerun_at))}", "echo RERUN", driver, ""]))
     batch_log = tmp_path / "job.out"
-    job = subprocess.run(["sbatch", "--parsable", "--wait", f"--output={batch_log}", str(script)], capture_output=True,
-                         text=True, timeout=1200, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    logs = batch_log.read_text() if batch_log.exists() else ""
-    assert job.returncode == 0, job.stderr + logs[-6000:]
+    # polled, not `sbatch --wait`: its sleeps grow to 32 s (src/sbatch/sbatch.c, _job_wait)
+    submitted = subprocess.run(["sbatch", "--parsable", f"--output={batch_log}", str(script)], capture_output=True,
+                               text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    job_id = submitted.stdout.strip().split(";")[0]
+    with _cancelled_at_exit(job_id):
+        state, job, logs = _real_job_end(job_id, batch_log, timeout=1200)
+    assert state == "COMPLETED", job + logs[-6000:]
     markers = check_two_rounds(out)
     for stage in ("score", "train"):  # srun --label: both ranks' lines, one rank on each node
         lines = (out / "round_0" / "logs" / f"{stage}.log").read_text().splitlines()
