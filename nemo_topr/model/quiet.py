@@ -113,6 +113,14 @@ def quiet_known_noise(environ=os.environ) -> bool:
     return True
 
 
+# Written on the pipe after this process's own output, so that the forwarder can say it has passed
+# all of it on: a child started inside (the checkpoint writer's multiprocessing manager and its
+# resource tracker, spawned by `import`) inherits descriptor 1 and keeps the pipe open for its
+# life, so the pipe's end is no sign of it.
+_END_OF_OURS = b"\x00nemo_topr.model.quiet: end of this process's output\x00\n"
+FORWARDED_WITHIN = 10.0  # seconds: a forwarder stuck on a full stderr does not hold the verb for good
+
+
 @contextlib.contextmanager
 def stdout_to_stderr(environ=os.environ) -> Iterator[None]:
     """What is written to file descriptor 1 inside goes to stderr, less HARMLESS_STDOUT_LINES
@@ -126,19 +134,24 @@ def stdout_to_stderr(environ=os.environ) -> Iterator[None]:
     os.dup2(write_end, 1)
     os.close(write_end)
 
-    def forward() -> None:
+    ours_forwarded = threading.Event()
+
+    def forward() -> None:  # until the pipe closes: what a child writes later goes on to stderr too
         with os.fdopen(read_end, "rb") as lines:
             for line in lines:
-                if verbose or not HARMLESS_STDOUT_LINES.match(line.decode("utf-8", "replace")):
+                if line.endswith(_END_OF_OURS):
+                    line = line[:-len(_END_OF_OURS)]  # a child's unfinished line may come before it
+                    ours_forwarded.set()
+                if line and (verbose or not HARMLESS_STDOUT_LINES.match(line.decode("utf-8", "replace"))):
                     os.write(2, line)
 
-    forwarder = threading.Thread(target=forward, name="stdout-to-stderr", daemon=True)
-    forwarder.start()
+    threading.Thread(target=forward, name="stdout-to-stderr", daemon=True).start()
     try:
         yield
     finally:
         sys.stdout.flush()
         ctypes.CDLL(None).fflush(None)  # C stdio's buffer for descriptor 1, into the pipe
-        os.dup2(kept, 1)  # the pipe's last write end closes: the forwarder reads to its end
+        os.write(1, _END_OF_OURS)
+        os.dup2(kept, 1)
         os.close(kept)
-        forwarder.join(timeout=10)  # a child process still holding the pipe keeps it open
+        ours_forwarded.wait(FORWARDED_WITHIN)

@@ -139,6 +139,32 @@ print("the result")
 '''
 
 
+# A child started inside holds the pipe until the parent lets it go, after the redirection; with
+# no time limit on the wait, a redirection that waited for the pipe to close would never end.
+HELD_BY_A_CHILD = r'''
+import subprocess
+from nemo_topr.model import quiet
+quiet.FORWARDED_WITHIN = None
+with quiet.stdout_to_stderr():
+    child = subprocess.Popen(["cat"], stdin=subprocess.PIPE)  # its stdout: the pipe
+    print("a line a user may act on")
+    print("unfinished", end="")
+print("the result", flush=True)
+child.stdin.close()
+child.wait()
+'''
+
+
+def test_a_child_holding_the_pipe_does_not_hold_the_verb():
+    """`nemo-topr import` lingered 10 s after its last line: the checkpoint writer's manager, spawned
+    inside, held the pipe, and the redirection waited for the pipe to close."""
+    proc = subprocess.run([sys.executable, "-c", HELD_BY_A_CHILD], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "the result\n"
+    assert proc.stderr == "a line a user may act on\nunfinished"  # everything written inside, in order
+
+
 @pytest.mark.parametrize("verbose", [False, True])
 def test_a_verbs_stdout_holds_its_result_and_the_rest_goes_to_stderr_less_known_noise(verbose):
     """`score-logprobs ... | jq` failed on Gloo's 24 lines and Megatron's prints before the JSON."""
