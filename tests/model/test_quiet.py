@@ -156,8 +156,8 @@ child.wait()
 
 
 def test_a_child_holding_the_pipe_does_not_hold_the_verb():
-    """`nemo-topr import` lingered 10 s after its last line: the checkpoint writer's manager, spawned
-    inside, held the pipe, and the redirection waited for the pipe to close."""
+    """A child started inside (as `import` spawns the checkpoint writer's manager) holds the pipe for
+    its life: the redirection ends once this process's own output is passed on, in order."""
     proc = subprocess.run([sys.executable, "-c", HELD_BY_A_CHILD], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
