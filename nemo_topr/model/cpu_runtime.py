@@ -14,7 +14,8 @@ Two entry points, both explicit (importing this module patches nothing):
   CUDA (``--device cpu``, a login node), the installed packages whose kernels need CUDA
   (:data:`CUDA_ONLY_PACKAGES`) are hidden for the rest of the process, so that Megatron-Core
   builds what the CPU machines this project is tested on build. It also makes Bridge use the
-  prebuilt dataset helpers (:func:`use_prebuilt_dataset_helpers`), on every device.
+  prebuilt dataset helpers (:func:`use_prebuilt_dataset_helpers`), on every device, and pauses
+  Python's cyclic garbage collector while it imports, then freezes what it imported (below).
 * :func:`enable_cpu_runtime` applies the CUDA-to-CPU patches listed in :data:`PATCHES`, each
   documented with the upstream ``file:line`` it works around (paths relative to
   ``site-packages/megatron``). It is a no-op when ``torch.cuda.is_available()``, idempotent,
@@ -28,6 +29,7 @@ spec instead of TE, fused kernels off, fp32). That is configuration, not a patch
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import importlib.abc
 import importlib.util
@@ -178,6 +180,13 @@ def import_bridge(modules: tuple[str, ...] = BRIDGE_MODULES) -> list[str]:
                            "could hide it: Megatron would build CUDA kernels for the CPU")
     missing = tuple(s for s in _IMPORT_STUBS if s.package in hidden or not _installed(s.package))
     finder = _ScopedStubFinder(missing, hidden)
+    # Importing Bridge makes ~0.8 M objects that live as long as the process, and next to no
+    # garbage: a collection during the import, or any full one after it, only walks them again.
+    # So the collector waits until the import is done, and what it made is frozen (gc.freeze:
+    # no collection looks at it again), a quarter of a CPU verb's start-up.
+    pause = gc.isenabled() and any(module not in sys.modules for module in modules)
+    if pause:
+        gc.disable()
     sys.meta_path.insert(0, finder)
     try:
         for module in modules:
@@ -190,6 +199,10 @@ def import_bridge(modules: tuple[str, ...] = BRIDGE_MODULES) -> list[str]:
             del sys.modules[name]
         for package in hidden:  # from now on `import` raises and find_spec() returns None
             sys.modules[package] = None
+        if pause:
+            gc.enable()
+    if pause:
+        gc.freeze()
     if any(s.package == "transformer_engine" for s in missing):
         fooled = [n for n, m in list(sys.modules.items())
                   if n.startswith("megatron.core") and m is not None and vars(m).get("HAVE_TE", False)]

@@ -1,5 +1,6 @@
 """The CPU runtime: explicit, documented, scoped, reversible, and a no-op with CUDA."""
 
+import gc
 import json
 import re
 import subprocess
@@ -131,6 +132,34 @@ def test_a_cuda_only_package_imported_before_it_could_be_hidden_is_an_error(monk
     with pytest.raises(RuntimeError, match=r"\['transformer_engine'\] imported in a process without CUDA before "
                                            r"nemo_topr.model.cpu_runtime.import_bridge\(\) could hide it"):
         cpu_runtime.import_bridge(modules=())
+
+
+def test_bridge_is_imported_with_the_collector_paused_and_then_frozen(tmp_path, monkeypatch):
+    """What import_bridge imports, it imports with the cyclic collector off, and then freezes; an
+    import with nothing new, or one that fails, freezes nothing, and the collector ends as it was."""
+    (tmp_path / "gc_probe.py").write_text("import gc\nCOLLECTING = gc.isenabled()\n")
+    (tmp_path / "gc_probe_broken.py").write_text("raise ImportError('broken')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("gc_probe", "gc_probe_broken"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    frozen_at: list[bool] = []  # whether the collector was on at each gc.freeze()
+    monkeypatch.setattr(gc, "freeze", lambda: frozen_at.append(gc.isenabled()))
+
+    cpu_runtime.import_bridge(modules=("gc_probe",))
+    assert sys.modules["gc_probe"].COLLECTING is False
+    assert gc.isenabled() and frozen_at == [True]
+    cpu_runtime.import_bridge(modules=("gc_probe",))  # already imported
+    assert frozen_at == [True]
+    with pytest.raises(ImportError, match="broken"):
+        cpu_runtime.import_bridge(modules=("gc_probe_broken",))
+    assert gc.isenabled() and frozen_at == [True]
+    gc.disable()  # a caller that manages the collector itself keeps it off
+    try:
+        monkeypatch.delitem(sys.modules, "gc_probe")
+        cpu_runtime.import_bridge(modules=("gc_probe",))
+        assert not gc.isenabled() and frozen_at == [True]
+    finally:
+        gc.enable()
 
 
 @pytest.mark.slow
