@@ -1,7 +1,7 @@
 """`python -m MODULE ARGS` or `python SCRIPT ARGS` in a process forked from one that has already
 imported Megatron-Bridge, for the tests whose subject is what a verb does, not how it starts.
 
-Importing Megatron-Bridge costs ~12 CPU-seconds a process; a verb on CPU pays it first
+Importing Megatron-Bridge costs ~8 CPU-seconds a process; a verb on CPU pays it first
 (``cpu_runtime.import_bridge``, through ``use_device``). Here one fork server per pytest worker
 pays it once (multiprocessing's "forkserver", preloading tests/forked_preload.py) and each run is
 a fresh fork of it: its own pid, session, working directory, environment, file descriptors 1

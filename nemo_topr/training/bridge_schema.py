@@ -2,7 +2,7 @@
 their annotations, and the dtype and activation names Bridge converts.
 
 `plan`, `submit` and the iterate driver check a config's keys against Bridge's dataclasses
-(`nemo_topr.training.schema`) but build nothing from them, and importing Bridge costs ~10 CPU-s a
+(`nemo_topr.training.schema`) but build nothing from them, and importing Bridge costs ~8 CPU-s a
 start. So they read ``bridge_schema.json``, written from the pinned Bridge by
 
     python -m nemo_topr.training.bridge_schema
