@@ -180,10 +180,10 @@ def import_bridge(modules: tuple[str, ...] = BRIDGE_MODULES) -> list[str]:
                            "could hide it: Megatron would build CUDA kernels for the CPU")
     missing = tuple(s for s in _IMPORT_STUBS if s.package in hidden or not _installed(s.package))
     finder = _ScopedStubFinder(missing, hidden)
-    # Importing Bridge makes ~0.8 M objects that live as long as the process, and next to no
-    # garbage: a collection during the import, or any full one after it, only walks them again.
-    # So the collector waits until the import is done, and what it made is frozen (gc.freeze:
-    # no collection looks at it again): a tiny CPU verb takes about a quarter less CPU time.
+    # Importing Bridge makes hundreds of thousands of objects that live as long as the process,
+    # and next to no garbage: a collection during the import, or any full one after it, only
+    # walks them again. So the collector waits until the import is done, and what it made is
+    # frozen (gc.freeze: no collection looks at it again).
     pause = gc.isenabled() and any(module not in sys.modules for module in modules)
     if pause:
         gc.disable()
